@@ -1,0 +1,121 @@
+#include "common/buffer.h"
+
+#include <bit>
+#include <cassert>
+#include <cstdlib>
+#include <new>
+
+namespace tessera {
+namespace {
+
+constexpr size_t kAlignment = 64;
+
+std::byte* AlignedAlloc(size_t size) {
+  size_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded == 0) rounded = kAlignment;
+  void* p = std::aligned_alloc(kAlignment, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  return static_cast<std::byte*>(p);
+}
+
+}  // namespace
+
+Buffer Buffer::Allocate(size_t size) {
+  if (size == 0) return Buffer();
+  std::byte* data = AlignedAlloc(size);
+  return Buffer(std::shared_ptr<void>(data, [](void* p) { std::free(p); }), data, size);
+}
+
+Buffer Buffer::CopyOf(const void* data, size_t size) {
+  Buffer b = Allocate(size);
+  if (size > 0) std::memcpy(b.mutable_data(), data, size);
+  return b;
+}
+
+Buffer Buffer::Borrow(const void* data, size_t size) {
+  return Buffer(nullptr, const_cast<std::byte*>(static_cast<const std::byte*>(data)), size);
+}
+
+Buffer Buffer::Adopt(std::shared_ptr<void> owner, void* data, size_t size) {
+  return Buffer(std::move(owner), static_cast<std::byte*>(data), size);
+}
+
+Buffer Buffer::Slice(size_t offset, size_t length) const {
+  assert(offset + length <= size_);
+  return Buffer(owner_, data_ + offset, length);
+}
+
+struct BufferPool::State {
+  explicit State(Options o) : options(o) {}
+  ~State() {
+    for (auto& cls : free_lists)
+      for (std::byte* p : cls) std::free(p);
+  }
+  const Options options;
+  mutable std::mutex mu;
+  std::vector<std::vector<std::byte*>> free_lists ABSL_GUARDED_BY(mu) =
+      std::vector<std::vector<std::byte*>>(64);
+  size_t cached ABSL_GUARDED_BY(mu) = 0;
+  uint64_t hits ABSL_GUARDED_BY(mu) = 0;
+  uint64_t misses ABSL_GUARDED_BY(mu) = 0;
+
+  void Return(std::byte* p, int cls) {
+    size_t bytes = size_t{1} << cls;
+    {
+      std::lock_guard lock(mu);
+      if (cached + bytes <= options.max_cached_bytes) {
+        free_lists[cls].push_back(p);
+        cached += bytes;
+        return;
+      }
+    }
+    std::free(p);
+  }
+};
+
+BufferPool::BufferPool(Options options) : state_(std::make_shared<State>(options)) {}
+BufferPool::~BufferPool() = default;
+
+Buffer BufferPool::Get(size_t size) {
+  if (size < state_->options.min_pooled_bytes) return Buffer::Allocate(size);
+  int cls = std::bit_width(size - 1);  // 2^cls >= size
+  std::byte* p = nullptr;
+  {
+    std::lock_guard lock(state_->mu);
+    auto& list = state_->free_lists[cls];
+    if (!list.empty()) {
+      p = list.back();
+      list.pop_back();
+      state_->cached -= size_t{1} << cls;
+      ++state_->hits;
+    } else {
+      ++state_->misses;
+    }
+  }
+  if (p == nullptr) p = AlignedAlloc(size_t{1} << cls);
+  std::weak_ptr<State> weak = state_;
+  std::shared_ptr<void> owner(p, [weak, cls](void* raw) {
+    auto* bytes = static_cast<std::byte*>(raw);
+    if (auto state = weak.lock()) {
+      state->Return(bytes, cls);
+    } else {
+      std::free(bytes);
+    }
+  });
+  return Buffer::Adopt(std::move(owner), p, size);
+}
+
+uint64_t BufferPool::hits() const {
+  std::lock_guard lock(state_->mu);
+  return state_->hits;
+}
+uint64_t BufferPool::misses() const {
+  std::lock_guard lock(state_->mu);
+  return state_->misses;
+}
+size_t BufferPool::cached_bytes() const {
+  std::lock_guard lock(state_->mu);
+  return state_->cached;
+}
+
+}  // namespace tessera

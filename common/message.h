@@ -1,0 +1,30 @@
+#pragma once
+// Message: one protocol message = a protobuf header (Envelope) plus raw data
+// frames (keys, values) that never pass through protobuf.
+#include <string>
+#include <vector>
+
+#include "common/buffer.h"
+#include "proto/tessera.pb.h"
+
+namespace tessera {
+
+struct Message {
+  proto::Envelope header;
+  std::vector<Buffer> frames;
+
+  // Total bytes of the data frames (what the data path moves).
+  size_t FrameBytes() const {
+    size_t n = 0;
+    for (const Buffer& f : frames) n += f.size();
+    return n;
+  }
+};
+
+// A message addressed to a node, as produced by the pure cores.
+struct Outgoing {
+  std::string to;  // transport address of the destination
+  Message message;
+};
+
+}  // namespace tessera

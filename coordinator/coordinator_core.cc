@@ -1,0 +1,290 @@
+#include "coordinator/coordinator_core.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/keys.h"
+
+namespace tessera {
+namespace {
+
+const char* RoleName(proto::Role role) {
+  switch (role) {
+    case proto::SERVER: return "server";
+    case proto::WORKER: return "worker";
+    case proto::COORDINATOR: return "coordinator";
+    default: return "node";
+  }
+}
+
+std::string Seconds(Nanos n) { return absl::StrCat(static_cast<double>(n / kMillis) / 1000.0, " s"); }
+
+void SetError(Message& reply, absl::StatusCode code, const std::string& message) {
+  auto* e = reply.header.mutable_error();
+  e->set_code(static_cast<int>(code));
+  e->set_message(message);
+}
+
+}  // namespace
+
+std::string CoordinatorCore::NodeName(proto::Role role, uint32_t rank) {
+  return absl::StrCat(RoleName(role), " ", rank);
+}
+
+CoordinatorCore::CoordinatorCore(CoordinatorOptions options, Nanos start)
+    : options_(std::move(options)), start_(start) {}
+
+Message CoordinatorCore::Reply(const Message& request) const {
+  Message reply;
+  reply.header.set_request_id(request.header.request_id());
+  reply.header.set_sender_id(0);
+  reply.header.set_epoch(shard_map_.epoch());
+  return reply;
+}
+
+void CoordinatorCore::Broadcast(const proto::Envelope& header, std::vector<Outgoing>& out) const {
+  // Deterministic order (by node id) so simulations replay exactly.
+  std::vector<uint32_t> ids;
+  for (const auto& [id, node] : nodes_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (uint32_t id : ids) {
+    Message m;
+    m.header = header;
+    out.push_back(Outgoing{nodes_.at(id).info.address(), std::move(m)});
+  }
+}
+
+std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
+  std::vector<Outgoing> out;
+  const proto::Envelope& h = m.header;
+  auto reply_to = [&](Message reply) {
+    if (h.request_id() != 0 && !h.sender_address().empty())
+      out.push_back(Outgoing{h.sender_address(), std::move(reply)});
+  };
+  if (h.body_case() == proto::Envelope::kRegisterRequest) {
+    HandleRegister(m, now, out);
+    return out;
+  }
+  auto it = node_by_address_.find(h.sender_address());
+  if (it == node_by_address_.end()) {
+    Message reply = Reply(m);
+    SetError(reply, absl::StatusCode::kFailedPrecondition,
+             absl::StrCat("node at '", h.sender_address(), "' is not registered with this job"));
+    reply_to(std::move(reply));
+    return out;
+  }
+  Node& node = nodes_.at(it->second);
+  node.last_seen = now;
+  switch (h.body_case()) {
+    case proto::Envelope::kHeartbeat: {
+      Message reply = Reply(m);
+      reply.header.mutable_heartbeat_ack();
+      reply_to(std::move(reply));
+      break;
+    }
+    case proto::Envelope::kBarrierRequest:
+      HandleBarrier(m, out);
+      break;
+    case proto::Envelope::kWorkerDone:
+      HandleWorkerDone(m, out);
+      break;
+    default: {
+      Message reply = Reply(m);
+      SetError(reply, absl::StatusCode::kInvalidArgument,
+               absl::StrCat("coordinator does not handle message type ", h.body_case()));
+      reply_to(std::move(reply));
+    }
+  }
+  return out;
+}
+
+void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Outgoing>& out) {
+  const auto& req = m.header.register_request();
+  Message reply = Reply(m);
+  auto send_reply = [&] {
+    if (!m.header.sender_address().empty()) out.push_back(Outgoing{m.header.sender_address(), std::move(reply)});
+  };
+  const std::string& address = m.header.sender_address();
+  if (address.empty()) return;  // nowhere to answer
+  // A repeated registration (a retry whose reply was lost) gets the same answer.
+  if (auto it = node_by_address_.find(address); it != node_by_address_.end()) {
+    *reply.header.mutable_register_reply()->mutable_self() = nodes_.at(it->second).info;
+    send_reply();
+    if (phase_ == Phase::kRunning) {
+      Message ready;
+      ready.header.set_sender_id(0);
+      auto* jr = ready.header.mutable_job_ready();
+      *jr->mutable_shard_map() = shard_map_;
+      out.push_back(Outgoing{address, std::move(ready)});
+    }
+    return;
+  }
+  if (phase_ != Phase::kAssembling) {
+    SetError(reply, absl::StatusCode::kFailedPrecondition,
+             phase_ == Phase::kRunning ? "the job has already started; late joins are not supported yet"
+                                       : absl::StrCat("the job has ended: ", failure_reason_));
+    send_reply();
+    return;
+  }
+  uint32_t count;
+  if (req.role() == proto::SERVER) {
+    count = options_.servers;
+  } else if (req.role() == proto::WORKER) {
+    count = options_.workers;
+  } else {
+    SetError(reply, absl::StatusCode::kInvalidArgument, "only servers and workers register");
+    send_reply();
+    return;
+  }
+  std::vector<bool> taken(count, false);
+  for (const auto& [id, n] : nodes_)
+    if (n.info.role() == req.role()) taken[n.info.rank()] = true;
+  int rank = req.rank();
+  if (rank >= 0) {
+    if (static_cast<uint32_t>(rank) >= count) {
+      SetError(reply, absl::StatusCode::kInvalidArgument,
+               absl::StrCat(NodeName(req.role(), rank), " does not exist: the job has ", count, " ",
+                            RoleName(req.role()), "s (ranks 0..", count - 1, ")"));
+      send_reply();
+      return;
+    }
+    if (taken[rank]) {
+      SetError(reply, absl::StatusCode::kAlreadyExists,
+               absl::StrCat(NodeName(req.role(), rank), " is already registered by another process"));
+      send_reply();
+      return;
+    }
+  } else {
+    auto free = std::find(taken.begin(), taken.end(), false);
+    if (free == taken.end()) {
+      SetError(reply, absl::StatusCode::kResourceExhausted,
+               absl::StrCat("all ", count, " ", RoleName(req.role()), " ranks are taken"));
+      send_reply();
+      return;
+    }
+    rank = static_cast<int>(free - taken.begin());
+  }
+  Node node;
+  node.info.set_node_id(next_node_id_++);
+  node.info.set_role(req.role());
+  node.info.set_rank(rank);
+  node.info.set_address(address);
+  node.last_seen = now;
+  *reply.header.mutable_register_reply()->mutable_self() = node.info;
+  node_by_address_[address] = node.info.node_id();
+  nodes_.emplace(node.info.node_id(), std::move(node));
+  send_reply();
+
+  if (nodes_.size() == size_t{options_.servers} + options_.workers) {
+    std::vector<proto::NodeInfo> servers(options_.servers);
+    for (const auto& [id, n] : nodes_)
+      if (n.info.role() == proto::SERVER) servers[n.info.rank()] = n.info;
+    shard_map_ = RoundRobinShardMap(1, options_.vshards, servers);
+    phase_ = Phase::kRunning;
+    proto::Envelope ready;
+    ready.set_epoch(shard_map_.epoch());
+    auto* jr = ready.mutable_job_ready();
+    *jr->mutable_shard_map() = shard_map_;
+    for (const auto& [id, n] : nodes_) *jr->add_nodes() = n.info;
+    std::sort(jr->mutable_nodes()->begin(), jr->mutable_nodes()->end(),
+              [](const auto& a, const auto& b) { return a.node_id() < b.node_id(); });
+    Broadcast(ready, out);
+  }
+}
+
+void CoordinatorCore::HandleBarrier(const Message& m, std::vector<Outgoing>& out) {
+  const std::string& name = m.header.barrier_request().name();
+  Message reply = Reply(m);
+  const Node& node = nodes_.at(node_by_address_.at(m.header.sender_address()));
+  if (phase_ != Phase::kRunning || node.info.role() != proto::WORKER) {
+    SetError(reply, absl::StatusCode::kFailedPrecondition,
+             phase_ != Phase::kRunning ? "barrier outside a running job" : "only workers take part in barriers");
+    out.push_back(Outgoing{m.header.sender_address(), std::move(reply)});
+    return;
+  }
+  auto& arrived = barriers_[name];
+  arrived.insert(node.info.node_id());
+  if (arrived.size() < options_.workers) return;
+  // Everyone is here: release all of them.
+  std::vector<uint32_t> ids(arrived.begin(), arrived.end());
+  std::sort(ids.begin(), ids.end());
+  barriers_.erase(name);
+  for (uint32_t id : ids) {
+    Message release;
+    release.header.mutable_barrier_release()->set_name(name);
+    out.push_back(Outgoing{nodes_.at(id).info.address(), std::move(release)});
+  }
+}
+
+void CoordinatorCore::HandleWorkerDone(const Message& m, std::vector<Outgoing>& out) {
+  Node& node = nodes_.at(node_by_address_.at(m.header.sender_address()));
+  Message reply = Reply(m);
+  if (node.info.role() != proto::WORKER) {
+    SetError(reply, absl::StatusCode::kFailedPrecondition, "only workers report done");
+  } else {
+    node.done = true;
+    node.report = m.header.worker_done();
+    reply.header.mutable_ack();
+  }
+  if (m.header.request_id() != 0) out.push_back(Outgoing{m.header.sender_address(), std::move(reply)});
+  size_t done = 0;
+  for (const auto& [id, n] : nodes_)
+    if (n.info.role() == proto::WORKER && n.done) ++done;
+  if (phase_ == Phase::kRunning && done == options_.workers) {
+    phase_ = Phase::kDone;
+    proto::Envelope shutdown;
+    shutdown.mutable_shutdown()->set_ok(true);
+    shutdown.mutable_shutdown()->set_reason("all workers finished");
+    Broadcast(shutdown, out);
+  }
+}
+
+std::vector<std::string> CoordinatorCore::MissingNodes() const {
+  std::vector<std::string> missing;
+  for (proto::Role role : {proto::SERVER, proto::WORKER}) {
+    uint32_t count = role == proto::SERVER ? options_.servers : options_.workers;
+    std::vector<bool> present(count, false);
+    for (const auto& [id, n] : nodes_)
+      if (n.info.role() == role) present[n.info.rank()] = true;
+    for (uint32_t r = 0; r < count; ++r)
+      if (!present[r]) missing.push_back(NodeName(role, r));
+  }
+  return missing;
+}
+
+void CoordinatorCore::Fail(const std::string& reason, std::vector<Outgoing>& out) {
+  phase_ = Phase::kFailed;
+  failure_reason_ = reason;
+  proto::Envelope shutdown;
+  shutdown.mutable_shutdown()->set_ok(false);
+  shutdown.mutable_shutdown()->set_reason(reason);
+  Broadcast(shutdown, out);
+}
+
+std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {
+  std::vector<Outgoing> out;
+  if (phase_ == Phase::kAssembling && now - start_ >= options_.assemble_timeout) {
+    Fail(absl::StrCat("job did not assemble within ", Seconds(options_.assemble_timeout), ": missing ",
+                      absl::StrJoin(MissingNodes(), ", ")),
+         out);
+    return out;
+  }
+  if (phase_ != Phase::kAssembling && phase_ != Phase::kRunning) return out;
+  std::vector<std::string> lost;
+  std::vector<uint32_t> ids;
+  for (const auto& [id, n] : nodes_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (uint32_t id : ids) {
+    const Node& n = nodes_.at(id);
+    if (n.done) continue;
+    if (now - n.last_seen >= options_.lease) {
+      lost.push_back(absl::StrCat(NodeName(n.info.role(), n.info.rank()), " (", n.info.address(),
+                                  "): no heartbeat for ", Seconds(now - n.last_seen)));
+    }
+  }
+  if (!lost.empty()) Fail(absl::StrCat("lost ", absl::StrJoin(lost, "; ")), out);
+  return out;
+}
+
+}  // namespace tessera

@@ -1,0 +1,93 @@
+#pragma once
+// CoordinatorCore: membership, the shard map, heartbeats, barriers and job
+// end, as a pure state machine. Step(message, now) and Tick(now) return the
+// messages to send; the tessera-coordinator binary is a thin shell.
+//
+// Lifecycle: kAssembling (nodes register) -> kRunning (everyone registered;
+// JobReady with the shard map sent to every node) -> kDone (every worker sent
+// WorkerDone; Shutdown{ok} sent to all) or kFailed (Shutdown{ok=false,
+// reason} sent to every registered node). kDone and kFailed are final.
+//
+// Promises:
+// - A job that has not assembled by assemble_timeout fails with a reason that
+//   names every missing node ("missing server 1, worker 0").
+// - A registered node that sends nothing for `lease` fails the job with a
+//   reason that names it and its address. (Workers that reported done are no
+//   longer watched.)
+// - Barriers release when every worker reached them; a barrier cannot hang
+//   without a message: a lost worker fails the job, which releases everyone
+//   with the reason.
+// - Every request with a request_id gets a reply (possibly an Error).
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "common/clock.h"
+#include "common/message.h"
+
+namespace tessera {
+
+struct CoordinatorOptions {
+  uint32_t servers = 1;                      // servers the job needs
+  uint32_t workers = 1;                      // workers the job needs
+  uint32_t vshards = 64;                     // virtual shards of the key space
+  Nanos assemble_timeout = 30 * kSeconds;    // registration deadline, from start
+  Nanos lease = 5 * kSeconds;                // silence after which a node is lost
+  std::string address;                       // the coordinator's own address
+};
+
+class CoordinatorCore {
+ public:
+  enum class Phase { kAssembling, kRunning, kDone, kFailed };
+
+  CoordinatorCore(CoordinatorOptions options, Nanos start);
+  CoordinatorCore(const CoordinatorCore&) = delete;
+  CoordinatorCore& operator=(const CoordinatorCore&) = delete;
+
+  std::vector<Outgoing> Step(const Message& message, Nanos now);
+  std::vector<Outgoing> Tick(Nanos now);
+
+  Phase phase() const { return phase_; }
+  bool finished() const { return phase_ == Phase::kDone || phase_ == Phase::kFailed; }
+  const std::string& failure_reason() const { return failure_reason_; }
+
+  struct Node {
+    proto::NodeInfo info;
+    Nanos last_seen = 0;
+    bool done = false;
+    proto::WorkerDone report;  // workers, once done
+  };
+  // Registered nodes by node id.
+  const absl::flat_hash_map<uint32_t, Node>& nodes() const { return nodes_; }
+  const proto::ShardMap& shard_map() const { return shard_map_; }
+
+  // Human name of a node: "server 1", "worker 0".
+  static std::string NodeName(proto::Role role, uint32_t rank);
+
+ private:
+  void HandleRegister(const Message& m, Nanos now, std::vector<Outgoing>& out);
+  void HandleBarrier(const Message& m, std::vector<Outgoing>& out);
+  void HandleWorkerDone(const Message& m, std::vector<Outgoing>& out);
+  void Fail(const std::string& reason, std::vector<Outgoing>& out);
+  void Broadcast(const proto::Envelope& header, std::vector<Outgoing>& out) const;
+  Message Reply(const Message& request) const;
+  std::vector<std::string> MissingNodes() const;
+
+  const CoordinatorOptions options_;
+  const Nanos start_;
+  Phase phase_ = Phase::kAssembling;
+  std::string failure_reason_;
+  uint32_t next_node_id_ = 1;  // 0 is "unregistered"; the coordinator is not in nodes_
+  // Invariants: ranks are unique per role and < the role's count; nodes_ holds
+  // at most servers + workers entries.
+  absl::flat_hash_map<uint32_t, Node> nodes_;
+  absl::flat_hash_map<std::string, uint32_t> node_by_address_;
+  proto::ShardMap shard_map_;
+  // Barrier name -> node ids of the workers that reached it.
+  absl::flat_hash_map<std::string, absl::flat_hash_set<uint32_t>> barriers_;
+};
+
+}  // namespace tessera

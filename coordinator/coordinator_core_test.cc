@@ -1,0 +1,191 @@
+#include "coordinator/coordinator_core.h"
+
+#include "absl/status/status.h"
+
+#include <gtest/gtest.h>
+
+namespace tessera {
+namespace {
+
+class CoordinatorCoreTest : public ::testing::Test {
+ protected:
+  CoordinatorOptions Options(uint32_t servers, uint32_t workers) {
+    CoordinatorOptions o;
+    o.servers = servers;
+    o.workers = workers;
+    o.vshards = 8;
+    o.assemble_timeout = 10 * kSeconds;
+    o.lease = 3 * kSeconds;
+    return o;
+  }
+
+  static Message From(const std::string& address, uint64_t request_id = 1) {
+    Message m;
+    m.header.set_sender_address(address);
+    m.header.set_request_id(request_id);
+    return m;
+  }
+
+  static Message Register(const std::string& address, proto::Role role, int rank) {
+    Message m = From(address);
+    m.header.mutable_register_request()->set_role(role);
+    m.header.mutable_register_request()->set_rank(rank);
+    return m;
+  }
+
+  static std::vector<Outgoing> To(const std::vector<Outgoing>& out, const std::string& address) {
+    std::vector<Outgoing> r;
+    for (const auto& o : out)
+      if (o.to == address) r.push_back(o);
+    return r;
+  }
+
+  // Registers s servers and w workers at time `now`; returns the last outputs.
+  std::vector<Outgoing> Assemble(CoordinatorCore& core, uint32_t s, uint32_t w, Nanos now = 0) {
+    std::vector<Outgoing> out;
+    for (uint32_t i = 0; i < s; ++i) out = core.Step(Register("s" + std::to_string(i), proto::SERVER, i), now);
+    for (uint32_t i = 0; i < w; ++i) out = core.Step(Register("w" + std::to_string(i), proto::WORKER, i), now);
+    return out;
+  }
+};
+
+TEST_F(CoordinatorCoreTest, AssemblesAndPublishesTheShardMap) {
+  CoordinatorCore core(Options(2, 2), 0);
+  auto out = Assemble(core, 2, 2);
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kRunning);
+  // The last registrant gets its reply, then everyone gets JobReady.
+  size_t ready = 0;
+  for (const auto& o : out) {
+    if (!o.message.header.has_job_ready()) continue;
+    ++ready;
+    const auto& map = o.message.header.job_ready().shard_map();
+    EXPECT_EQ(map.epoch(), 1u);
+    EXPECT_EQ(map.num_vshards(), 8u);
+    ASSERT_EQ(map.servers_size(), 2);
+    EXPECT_EQ(map.servers(1).address(), "s1");
+    EXPECT_EQ(o.message.header.job_ready().nodes_size(), 4);
+  }
+  EXPECT_EQ(ready, 4u);
+}
+
+TEST_F(CoordinatorCoreTest, RanksAreAssignedAndChecked) {
+  CoordinatorCore core(Options(2, 1), 0);
+  auto out = core.Step(Register("a", proto::SERVER, -1), 0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].message.header.register_reply().self().rank(), 0u);
+  out = core.Step(Register("b", proto::SERVER, 0), 0);  // taken
+  EXPECT_EQ(out[0].message.header.error().code(), static_cast<int>(absl::StatusCode::kAlreadyExists));
+  out = core.Step(Register("c", proto::SERVER, 5), 0);  // out of range
+  EXPECT_EQ(out[0].message.header.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(out[0].message.header.error().message().find("server 5 does not exist"), std::string::npos);
+  // A retried registration from the same address gets the same answer.
+  out = core.Step(Register("a", proto::SERVER, -1), 0);
+  EXPECT_EQ(out[0].message.header.register_reply().self().rank(), 0u);
+  EXPECT_EQ(core.nodes().size(), 1u);
+}
+
+TEST_F(CoordinatorCoreTest, AssemblyTimeoutNamesTheMissing) {
+  CoordinatorOptions options = Options(2, 2);
+  options.lease = 60 * kSeconds;  // so only the assembly deadline fires
+  CoordinatorCore core(options, 0);
+  core.Step(Register("s0", proto::SERVER, 0), 0);
+  core.Step(Register("w1", proto::WORKER, 1), 0);
+  EXPECT_TRUE(core.Tick(9 * kSeconds).empty());
+  auto out = core.Tick(10 * kSeconds);
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kFailed);
+  EXPECT_NE(core.failure_reason().find("missing server 1, worker 0"), std::string::npos) << core.failure_reason();
+  ASSERT_EQ(out.size(), 2u);  // Shutdown to both registered nodes
+  for (const auto& o : out) {
+    EXPECT_FALSE(o.message.header.shutdown().ok());
+    EXPECT_EQ(o.message.header.shutdown().reason(), core.failure_reason());
+  }
+}
+
+TEST_F(CoordinatorCoreTest, SilentNodeIsLostAndNamed) {
+  CoordinatorCore core(Options(2, 1), 0);
+  Assemble(core, 2, 1, 0);
+  Message hb = From("s0");
+  hb.header.mutable_heartbeat();
+  Message hbw = From("w0");
+  hbw.header.mutable_heartbeat();
+  auto out = core.Step(hb, 2 * kSeconds);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].message.header.has_heartbeat_ack());
+  core.Step(hbw, 2 * kSeconds);
+  EXPECT_TRUE(core.Tick(2 * kSeconds).empty());
+  core.Step(hb, 4 * kSeconds);
+  core.Step(hbw, 4 * kSeconds);
+  out = core.Tick(4 * kSeconds);  // s1 last seen at 0, lease 3 s
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kFailed);
+  EXPECT_NE(core.failure_reason().find("lost server 1 (s1)"), std::string::npos) << core.failure_reason();
+  EXPECT_EQ(out.size(), 3u);
+}
+
+TEST_F(CoordinatorCoreTest, BarrierReleasesWhenAllWorkersArrive) {
+  CoordinatorCore core(Options(1, 3), 0);
+  Assemble(core, 1, 3);
+  auto barrier = [&](const std::string& w) {
+    Message m = From(w);
+    m.header.mutable_barrier_request()->set_name("epoch-1");
+    return core.Step(m, 0);
+  };
+  EXPECT_TRUE(barrier("w0").empty());
+  EXPECT_TRUE(barrier("w2").empty());
+  EXPECT_TRUE(barrier("w0").empty());  // a repeat does not count twice
+  auto out = barrier("w1");
+  ASSERT_EQ(out.size(), 3u);
+  for (const auto& o : out) EXPECT_EQ(o.message.header.barrier_release().name(), "epoch-1");
+  // Servers cannot take part.
+  Message m = From("s0");
+  m.header.mutable_barrier_request()->set_name("x");
+  out = core.Step(m, 0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].message.header.has_error());
+}
+
+TEST_F(CoordinatorCoreTest, JobEndsWhenEveryWorkerIsDone) {
+  CoordinatorCore core(Options(1, 2), 0);
+  Assemble(core, 1, 2);
+  auto done = [&](const std::string& w, double loss) {
+    Message m = From(w);
+    m.header.mutable_worker_done()->set_final_loss(loss);
+    m.header.mutable_worker_done()->set_steps(10);
+    return core.Step(m, 0);
+  };
+  auto out = done("w0", 0.5);
+  EXPECT_EQ(out.size(), 1u);  // just the ack
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kRunning);
+  // A done worker is no longer watched for heartbeats.
+  Message hb = From("w1");
+  hb.header.mutable_heartbeat();
+  Message hs = From("s0");
+  hs.header.mutable_heartbeat();
+  core.Step(hb, 5 * kSeconds);
+  core.Step(hs, 5 * kSeconds);
+  EXPECT_TRUE(core.Tick(5 * kSeconds).empty());
+  out = done("w1", 0.25);
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kDone);
+  size_t shutdowns = 0;
+  for (const auto& o : out) shutdowns += o.message.header.has_shutdown() && o.message.header.shutdown().ok();
+  EXPECT_EQ(shutdowns, 3u);
+}
+
+TEST_F(CoordinatorCoreTest, UnregisteredSendersGetAnError) {
+  CoordinatorCore core(Options(1, 1), 0);
+  Message m = From("stranger");
+  m.header.mutable_heartbeat();
+  auto out = core.Step(m, 0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_NE(out[0].message.header.error().message().find("not registered"), std::string::npos);
+}
+
+TEST_F(CoordinatorCoreTest, LateRegistrationIsRefused) {
+  CoordinatorCore core(Options(1, 1), 0);
+  Assemble(core, 1, 1);
+  auto out = core.Step(Register("late", proto::WORKER, -1), 0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].message.header.has_error());
+}
+
+}  // namespace
+}  // namespace tessera

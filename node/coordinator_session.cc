@@ -1,0 +1,191 @@
+#include "node/coordinator_session.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace tessera {
+namespace {
+std::string Secs(Nanos n) { return absl::StrCat(static_cast<double>(n / kMillis) / 1000.0, " s"); }
+}  // namespace
+
+CoordinatorSession::CoordinatorSession(Options options, Transport* transport)
+    : options_(std::move(options)), transport_(transport) {}
+
+CoordinatorSession::~CoordinatorSession() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+}
+
+void CoordinatorSession::Send(proto::Envelope header) {
+  Message m;
+  header.set_sender_id(self_.node_id());
+  m.header = std::move(header);
+  if (auto s = transport_->Send(options_.coordinator, std::move(m)); !s.ok()) {
+    TLOG_WARN("send to coordinator {} failed: {}", options_.coordinator, s.ToString());
+  }
+}
+
+void CoordinatorSession::EndLocked(absl::Status status, std::unique_lock<std::mutex>& lock) {
+  if (ended_) return;
+  ended_ = status;
+  cv_.notify_all();
+  if (on_end_) {
+    lock.unlock();
+    on_end_(status);
+    lock.lock();
+  }
+}
+
+bool CoordinatorSession::Handle(const Message& m) {
+  const proto::Envelope& h = m.header;
+  std::unique_lock lock(mu_);
+  switch (h.body_case()) {
+    case proto::Envelope::kRegisterReply:
+      if (!registered_) registered_ = h.register_reply();
+      break;
+    case proto::Envelope::kJobReady:
+      if (!ready_) ready_ = h.job_ready();
+      break;
+    case proto::Envelope::kHeartbeatAck:
+      break;
+    case proto::Envelope::kBarrierRelease:
+      barriers_released_[h.barrier_release().name()] = true;
+      break;
+    case proto::Envelope::kShutdown:
+      EndLocked(h.shutdown().ok() ? absl::OkStatus()
+                                  : absl::AbortedError(absl::StrCat("job failed: ", h.shutdown().reason())),
+                lock);
+      break;
+    case proto::Envelope::kAck:
+    case proto::Envelope::kError: {
+      if ((h.request_id() & kSessionRequestBit) == 0) return false;
+      absl::Status s = h.has_error() ? absl::Status(static_cast<absl::StatusCode>(h.error().code()),
+                                                    absl::StrCat("coordinator: ", h.error().message()))
+                                     : absl::OkStatus();
+      if (!registered_ && h.has_error()) register_error_ = s;
+      replies_[h.request_id()] = s;
+      break;
+    }
+    default:
+      return false;
+  }
+  last_heard_ = MonotonicNow();
+  cv_.notify_all();
+  return true;
+}
+
+absl::StatusOr<proto::JobReady> CoordinatorSession::Join() {
+  const Nanos deadline = MonotonicNow() + options_.connect_timeout;
+  std::unique_lock lock(mu_);
+  // Register, resending until the coordinator answers.
+  while (!registered_ && !register_error_ && !ended_) {
+    if (MonotonicNow() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("coordinator at ", options_.coordinator,
+                                                      " did not answer within ", Secs(options_.connect_timeout)));
+    }
+    proto::Envelope h;
+    h.set_request_id(NextRequestIdLocked());
+    auto* r = h.mutable_register_request();
+    r->set_role(options_.role);
+    r->set_rank(options_.rank);
+    lock.unlock();
+    Send(std::move(h));
+    lock.lock();
+    cv_.wait_for(lock, std::chrono::nanoseconds(options_.register_retry),
+                 [&] { return registered_ || register_error_ || ended_; });
+  }
+  if (register_error_) return *register_error_;
+  if (ended_) return ended_->ok() ? absl::AbortedError("job ended before it started") : *ended_;
+  self_ = registered_->self();
+  last_heard_ = MonotonicNow();
+  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+  // Wait for the whole job to assemble.
+  bool ok = cv_.wait_for(lock, std::chrono::nanoseconds(std::max<Nanos>(0, deadline - MonotonicNow())),
+                         [&] { return ready_ || ended_; });
+  if (ended_) return ended_->ok() ? absl::AbortedError("job ended before it started") : *ended_;
+  if (!ok) {
+    return absl::DeadlineExceededError(absl::StrCat("the job did not assemble within ",
+                                                    Secs(options_.connect_timeout), " (coordinator at ",
+                                                    options_.coordinator, " did not send the shard map)"));
+  }
+  return *ready_;
+}
+
+void CoordinatorSession::HeartbeatLoop() {
+  std::unique_lock lock(mu_);
+  while (!stopping_ && !ended_) {
+    if (MonotonicNow() - last_heard_ >= options_.lease) {
+      EndLocked(absl::UnavailableError(absl::StrCat("lost the coordinator at ", options_.coordinator,
+                                                    ": no answer for ", Secs(MonotonicNow() - last_heard_))),
+                lock);
+      break;
+    }
+    proto::Envelope h;
+    h.set_request_id(NextRequestIdLocked());
+    h.mutable_heartbeat();
+    lock.unlock();
+    Send(std::move(h));
+    lock.lock();
+    cv_.wait_for(lock, std::chrono::nanoseconds(options_.heartbeat_interval), [&] { return stopping_ || ended_; });
+  }
+}
+
+absl::Status CoordinatorSession::Barrier(const std::string& name, Nanos timeout) {
+  std::unique_lock lock(mu_);
+  proto::Envelope h;
+  h.set_request_id(NextRequestIdLocked());
+  const uint64_t id = h.request_id();
+  h.mutable_barrier_request()->set_name(name);
+  barriers_released_.erase(name);
+  lock.unlock();
+  Send(std::move(h));
+  lock.lock();
+  bool done = cv_.wait_for(lock, std::chrono::nanoseconds(timeout),
+                           [&] { return barriers_released_.contains(name) || ended_ || replies_.contains(id); });
+  if (auto it = replies_.find(id); it != replies_.end()) {
+    absl::Status s = it->second;
+    replies_.erase(it);
+    if (!s.ok()) return s;
+  }
+  if (barriers_released_.contains(name)) {
+    barriers_released_.erase(name);
+    return absl::OkStatus();
+  }
+  if (ended_) return ended_->ok() ? absl::AbortedError("job ended during barrier '" + name + "'") : *ended_;
+  (void)done;
+  return absl::DeadlineExceededError(absl::StrCat("barrier '", name, "' not released within ", Secs(timeout),
+                                                  " (the coordinator at ", options_.coordinator,
+                                                  " waits for every worker)"));
+}
+
+absl::Status CoordinatorSession::ReportDone(const proto::WorkerDone& report, Nanos timeout) {
+  std::unique_lock lock(mu_);
+  proto::Envelope h;
+  h.set_request_id(NextRequestIdLocked());
+  const uint64_t id = h.request_id();
+  *h.mutable_worker_done() = report;
+  lock.unlock();
+  Send(std::move(h));
+  lock.lock();
+  cv_.wait_for(lock, std::chrono::nanoseconds(timeout), [&] { return replies_.contains(id) || ended_; });
+  if (auto it = replies_.find(id); it != replies_.end()) {
+    absl::Status s = it->second;
+    replies_.erase(it);
+    return s;
+  }
+  if (ended_) return *ended_;
+  return absl::DeadlineExceededError(absl::StrCat("coordinator at ", options_.coordinator,
+                                                  " did not acknowledge the done report within ", Secs(timeout)));
+}
+
+absl::Status CoordinatorSession::WaitForEnd() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return ended_.has_value(); });
+  return *ended_;
+}
+
+}  // namespace tessera

@@ -1,0 +1,98 @@
+#pragma once
+// CoordinatorSession: a server's or worker's side of the coordinator
+// protocol (register, wait for the job to assemble, heartbeats, barriers,
+// report done, wait for shutdown). A shell: it owns a heartbeat thread and
+// sends through the node's transport; the node's receive handler passes
+// every message to Handle() first.
+//
+// Promises:
+// - Join() returns the JobReady (shard map and nodes) or an error that says
+//   why: the coordinator's own reason (e.g. "job did not assemble within
+//   30 s: missing server 1"), or "coordinator at ADDR did not answer within
+//   N s" when nothing came back.
+// - After Join(), the session heartbeats every heartbeat_interval. If the
+//   coordinator is silent for `lease`, the job ends for this node with
+//   Unavailable("lost the coordinator at ADDR ...").
+// - The end of the job (Shutdown from the coordinator, or a lost
+//   coordinator) is reported exactly once, to WaitForEnd() and to the
+//   on_end callback. Barrier() and ReportDone() return early with the
+//   job's end status if the job ends while they wait.
+// Thread safety: all methods are thread-safe.
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "common/message.h"
+#include "transport/transport.h"
+
+namespace tessera {
+
+class CoordinatorSession {
+ public:
+  struct Options {
+    std::string coordinator;                  // the coordinator's address
+    proto::Role role = proto::WORKER;         // SERVER or WORKER
+    int rank = -1;                            // requested rank, -1 = any
+    Nanos connect_timeout = 30 * kSeconds;    // registration + assembly
+    Nanos heartbeat_interval = 1 * kSeconds;  // how often to heartbeat
+    Nanos lease = 5 * kSeconds;               // coordinator silence = lost
+    Nanos register_retry = 500 * kMillis;     // resend registration this often
+  };
+
+  // `transport` must be started, outlive the session, and route messages to Handle().
+  CoordinatorSession(Options options, Transport* transport);
+  ~CoordinatorSession();
+  CoordinatorSession(const CoordinatorSession&) = delete;
+  CoordinatorSession& operator=(const CoordinatorSession&) = delete;
+
+  // Consumes the message if it belongs to this session; returns whether it did.
+  bool Handle(const Message& message);
+
+  absl::StatusOr<proto::JobReady> Join();
+  const proto::NodeInfo& self() const { return self_; }
+
+  absl::Status Barrier(const std::string& name, Nanos timeout);
+  absl::Status ReportDone(const proto::WorkerDone& report, Nanos timeout);
+
+  // Blocks until the job ends; OK for an orderly shutdown.
+  absl::Status WaitForEnd();
+  // Called once, from some thread, when the job ends. Set before Join().
+  void set_on_end(std::function<void(const absl::Status&)> on_end) { on_end_ = std::move(on_end); }
+
+  // Request ids with this bit belong to the session.
+  static constexpr uint64_t kSessionRequestBit = 1ull << 63;
+
+ private:
+  void Send(proto::Envelope header);
+  void HeartbeatLoop();
+  void EndLocked(absl::Status status, std::unique_lock<std::mutex>& lock);
+  uint64_t NextRequestIdLocked() { return kSessionRequestBit | ++next_request_; }
+
+  const Options options_;
+  Transport* const transport_;
+  std::function<void(const absl::Status&)> on_end_;
+  proto::NodeInfo self_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t next_request_ = 0;
+  std::optional<proto::RegisterReply> registered_;
+  std::optional<absl::Status> register_error_;
+  std::optional<proto::JobReady> ready_;
+  std::optional<absl::Status> ended_;
+  Nanos last_heard_ = 0;
+  absl::flat_hash_map<std::string, bool> barriers_released_;
+  absl::flat_hash_map<uint64_t, absl::Status> replies_;  // request id -> result
+  bool stopping_ = false;
+  std::thread heartbeat_thread_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,204 @@
+#include "server/server_core.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+namespace tessera {
+namespace {
+
+proto::NodeInfo ServerInfo(uint32_t rank) {
+  proto::NodeInfo n;
+  n.set_rank(rank);
+  n.set_role(proto::SERVER);
+  n.set_address("inproc://server-" + std::to_string(rank));
+  return n;
+}
+
+class ServerCoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<proto::NodeInfo> servers = {ServerInfo(0), ServerInfo(1)};
+    map_ = RoundRobinShardMap(1, 16, servers);
+    ASSERT_TRUE(core_.InstallShardMap(map_, 0).ok());
+    view_.emplace(*ShardMapView::Create(map_));
+  }
+
+  Message Request(uint64_t id) {
+    Message m;
+    m.header.set_request_id(id);
+    m.header.set_sender_address("inproc://worker");
+    return m;
+  }
+
+  proto::Envelope StepOne(Message m, std::vector<Buffer>* frames = nullptr) {
+    auto out = core_.Step(std::move(m));
+    EXPECT_EQ(out.size(), 1u);
+    if (out.empty()) return {};
+    EXPECT_EQ(out[0].to, "inproc://worker");
+    if (frames) *frames = out[0].message.frames;
+    return out[0].message.header;
+  }
+
+  proto::Envelope Create(uint32_t id, uint32_t width, proto::TableKind kind = proto::SPARSE, uint64_t rows = 0) {
+    Message m = Request(100 + id);
+    auto* c = m.header.mutable_create_table()->mutable_config();
+    c->set_table_id(id);
+    c->set_width(width);
+    c->set_kind(kind);
+    c->set_dense_rows(rows);
+    c->set_optimizer(proto::ACCUMULATE);
+    return StepOne(std::move(m));
+  }
+
+  // Keys of `table` that this server (rank 0) holds.
+  std::vector<Key> OwnKeys(uint32_t table, size_t n) {
+    std::vector<Key> keys;
+    for (Key k = 0; keys.size() < n; ++k)
+      if (view_->ServerRankOfKey(table, k) == 0) keys.push_back(k);
+    return keys;
+  }
+
+  Message Push(uint64_t id, uint32_t table, const std::vector<Key>& keys, const std::vector<float>& values) {
+    Message m = Request(id);
+    m.header.mutable_push()->set_table_id(table);
+    m.header.mutable_push()->set_num_keys(keys.size());
+    m.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
+    m.frames.push_back(Buffer::CopyOf(values.data(), values.size() * sizeof(float)));
+    return m;
+  }
+
+  Message Pull(uint64_t id, uint32_t table, const std::vector<Key>& keys) {
+    Message m = Request(id);
+    m.header.mutable_pull()->set_table_id(table);
+    m.header.mutable_pull()->set_num_keys(keys.size());
+    m.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
+    return m;
+  }
+
+  std::vector<float> PullValues(uint32_t table, const std::vector<Key>& keys) {
+    std::vector<Buffer> frames;
+    auto h = StepOne(Pull(999, table, keys), &frames);
+    EXPECT_TRUE(h.has_pull_reply()) << h.ShortDebugString();
+    if (frames.size() != 1) return {};
+    auto span = frames[0].As<float>();
+    return {span.begin(), span.end()};
+  }
+
+  ServerCore core_{7};
+  proto::ShardMap map_;
+  std::optional<ShardMapView> view_;
+};
+
+TEST_F(ServerCoreTest, PushThenPullReturnsTheSum) {
+  ASSERT_TRUE(Create(1, 2).has_ack());
+  auto keys = OwnKeys(1, 3);
+  ASSERT_TRUE(StepOne(Push(1, 1, keys, {1, 2, 3, 4, 5, 6})).has_ack());
+  ASSERT_TRUE(StepOne(Push(2, 1, keys, {1, 1, 1, 1, 1, 1})).has_ack());
+  EXPECT_EQ(PullValues(1, keys), (std::vector<float>{2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(core_.stats().push_requests, 2u);
+  EXPECT_EQ(core_.stats().pull_requests, 1u);
+}
+
+TEST_F(ServerCoreTest, RepliesEchoTheRequestId) {
+  auto h = Create(1, 1);
+  EXPECT_EQ(h.request_id(), 101u);
+  EXPECT_EQ(h.sender_id(), 7u);
+}
+
+TEST_F(ServerCoreTest, NoReplyWithoutRequestId) {
+  Create(1, 1);
+  auto m = Push(0, 1, OwnKeys(1, 1), {1});
+  EXPECT_TRUE(core_.Step(std::move(m)).empty());
+}
+
+TEST_F(ServerCoreTest, CreateIsIdempotentButConflictsAreErrors) {
+  ASSERT_TRUE(Create(1, 2).has_ack());
+  ASSERT_TRUE(Create(1, 2).has_ack());
+  auto h = Create(1, 3);
+  ASSERT_TRUE(h.has_error());
+  EXPECT_EQ(h.error().code(), static_cast<int>(absl::StatusCode::kAlreadyExists));
+  EXPECT_EQ(core_.table(1)->width(), 2u);
+}
+
+TEST_F(ServerCoreTest, DenseTableHoldsOnlyItsShardsRows) {
+  ASSERT_TRUE(Create(2, 1, proto::DENSE, 100).has_ack());
+  size_t own = 0;
+  for (Key k = 0; k < 100; ++k) own += view_->ServerRankOfKey(2, k) == 0;
+  EXPECT_EQ(core_.table(2)->num_rows(), own);
+  EXPECT_GT(own, 20u);
+  EXPECT_LT(own, 80u);
+}
+
+TEST_F(ServerCoreTest, BadRequestsGetErrorsAndChangeNothing) {
+  ASSERT_TRUE(Create(1, 2).has_ack());
+  auto keys = OwnKeys(1, 2);
+  ASSERT_TRUE(StepOne(Push(1, 1, keys, {1, 2, 3, 4})).has_ack());
+  Key foreign = 0;
+  while (view_->ServerRankOfKey(1, foreign) == 0) ++foreign;
+
+  std::vector<Message> bad;
+  bad.push_back(Push(2, 1, keys, {1, 2, 3}));            // values too short
+  bad.push_back(Push(3, 9, keys, {1, 2, 3, 4}));         // unknown table
+  bad.push_back(Push(4, 1, {keys[0], foreign}, {1, 1, 1, 1}));  // key held elsewhere
+  {
+    Message m = Push(5, 1, keys, {1, 2, 3, 4});
+    m.frames.pop_back();  // missing values frame
+    bad.push_back(std::move(m));
+  }
+  {
+    Message m = Push(6, 1, keys, {1, 2, 3, 4});
+    m.header.mutable_push()->set_num_keys(1ull << 61);  // overflowing count
+    bad.push_back(std::move(m));
+  }
+  {
+    Message m = Pull(7, 1, keys);
+    m.frames[0] = m.frames[0].Slice(0, 5);  // truncated keys
+    bad.push_back(std::move(m));
+  }
+  {
+    Message m = Request(8);
+    m.header.mutable_heartbeat();  // not a server message
+    bad.push_back(std::move(m));
+  }
+  for (Message& m : bad) {
+    uint64_t id = m.header.request_id();
+    auto h = StepOne(std::move(m));
+    EXPECT_TRUE(h.has_error()) << "request " << id << ": " << h.ShortDebugString();
+    EXPECT_FALSE(h.error().message().empty());
+  }
+  EXPECT_EQ(core_.stats().bad_requests, bad.size());
+  EXPECT_EQ(PullValues(1, keys), (std::vector<float>{1, 2, 3, 4}));
+}
+
+TEST_F(ServerCoreTest, WithoutShardMapEverythingIsUnavailable) {
+  ServerCore fresh(1);
+  Message m = Request(1);
+  m.header.mutable_create_table()->mutable_config()->set_width(1);
+  auto out = fresh.Step(std::move(m));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].message.header.error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
+}
+
+TEST_F(ServerCoreTest, PullRepliesComeFromThePool) {
+  BufferPool pool;
+  ServerCore core(1, &pool);
+  ASSERT_TRUE(core.InstallShardMap(map_, 0).ok());
+  Message c = Request(1);
+  auto* cfg = c.header.mutable_create_table()->mutable_config();
+  cfg->set_table_id(1);
+  cfg->set_width(1 << 16);  // 256 KiB rows: pooled
+  cfg->set_kind(proto::SPARSE);
+  core.Step(std::move(c));
+  auto keys = OwnKeys(1, 1);
+  for (int i = 0; i < 3; ++i) {
+    auto out = core.Step(Pull(10 + i, 1, keys));
+    ASSERT_EQ(out.size(), 1u);
+    ASSERT_TRUE(out[0].message.header.has_pull_reply());
+  }  // each reply is dropped before the next pull: the block is reused
+  EXPECT_EQ(pool.misses(), 1u);
+  EXPECT_EQ(pool.hits(), 2u);
+}
+
+}  // namespace
+}  // namespace tessera

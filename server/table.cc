@@ -1,0 +1,120 @@
+#include "server/table.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace tessera {
+namespace {
+
+constexpr uint32_t kMaxWidth = 1u << 26;  // 256 MiB per row
+constexpr uint64_t kMaxDenseRows = 1ull << 32;
+
+// Uniform in [0, 1) from 24 high bits of a hash.
+float UnitFloat(uint64_t h) { return static_cast<float>(h >> 40) * (1.0f / 16777216.0f); }
+
+}  // namespace
+
+absl::Status ValidateTableConfig(const proto::TableConfig& c) {
+  if (c.width() == 0 || c.width() > kMaxWidth)
+    return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": width must be in [1, ", kMaxWidth,
+                                                   "], got ", c.width()));
+  if (!proto::TableKind_IsValid(c.kind()))
+    return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": unknown kind ", c.kind()));
+  if (c.kind() == proto::DENSE && (c.dense_rows() == 0 || c.dense_rows() > kMaxDenseRows))
+    return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": dense table needs dense_rows in [1, ",
+                                                   kMaxDenseRows, "], got ", c.dense_rows()));
+  if (c.kind() == proto::SPARSE && c.dense_rows() != 0)
+    return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": sparse table must not set dense_rows"));
+  if (!proto::OptimizerKind_IsValid(c.optimizer()))
+    return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": unknown optimizer ", c.optimizer()));
+  if (!proto::InitKind_IsValid(c.init()))
+    return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": unknown initializer ", c.init()));
+  if (!std::isfinite(c.learning_rate()) || c.learning_rate() < 0)
+    return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(),
+                                                   ": learning_rate must be finite and >= 0, got ", c.learning_rate()));
+  if (!std::isfinite(c.init_scale()) || c.init_scale() < 0)
+    return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(),
+                                                   ": init_scale must be finite and >= 0, got ", c.init_scale()));
+  return absl::OkStatus();
+}
+
+float InitialValue(const proto::TableConfig& c, Key key, uint32_t index) {
+  if (c.init() == proto::ZEROS) return 0.0f;
+  uint64_t base = Mix64(c.init_seed() ^ Mix64(key ^ (uint64_t{c.table_id()} << 40)));
+  uint64_t h1 = Mix64(base + 2 * uint64_t{index} + 1);
+  if (c.init() == proto::UNIFORM) return (2.0f * UnitFloat(h1) - 1.0f) * c.init_scale();
+  // NORMAL: Box-Muller on two independent uniforms; u1 in (0, 1].
+  uint64_t h2 = Mix64(base + 2 * uint64_t{index} + 2);
+  float u1 = 1.0f - UnitFloat(h1);
+  float u2 = UnitFloat(h2);
+  return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2) * c.init_scale();
+}
+
+absl::Status Table::CheckKeys(std::span<const Key> keys) const {
+  if (config_.kind() != proto::DENSE) return absl::OkStatus();
+  for (Key k : keys) {
+    if (!index_.contains(k)) {
+      return absl::InvalidArgumentError(absl::StrCat("table ", config_.table_id(), " is dense with ",
+                                                     config_.dense_rows(), " rows; key ", k,
+                                                     k < config_.dense_rows() ? " is not held by this server"
+                                                                              : " is out of range"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+float* Table::CreateRow(Key key) {
+  size_t row = index_.size();
+  if (row / rows_per_chunk_ >= chunks_.size()) {
+    chunks_.push_back(std::make_unique_for_overwrite<float[]>(rows_per_chunk_ * config_.width()));
+  }
+  float* p = chunks_[row / rows_per_chunk_].get() + (row % rows_per_chunk_) * config_.width();
+  for (uint32_t i = 0; i < config_.width(); ++i) p[i] = InitialValue(config_, key, i);
+  index_.emplace(key, static_cast<uint32_t>(row));
+  return p;
+}
+
+float* Table::Row(Key key) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return CreateRow(key);
+  size_t row = it->second;
+  return chunks_[row / rows_per_chunk_].get() + (row % rows_per_chunk_) * config_.width();
+}
+
+absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> values) {
+  const size_t w = config_.width();
+  if (values.size() != keys.size() * w) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", config_.table_id(), ": push of ", keys.size(),
+                                                   " keys needs ", keys.size() * w, " values, got ", values.size()));
+  }
+  if (auto s = CheckKeys(keys); !s.ok()) return s;
+  const float lr = config_.learning_rate();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    float* row = Row(keys[i]);
+    const float* g = values.data() + i * w;
+    switch (config_.optimizer()) {
+      case proto::ACCUMULATE:
+        for (size_t j = 0; j < w; ++j) row[j] += g[j];
+        break;
+      default:  // SGD
+        for (size_t j = 0; j < w; ++j) row[j] -= lr * g[j];
+        break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Table::ReadRows(std::span<const Key> keys, std::span<float> out) {
+  const size_t w = config_.width();
+  if (out.size() != keys.size() * w) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", config_.table_id(), ": pull of ", keys.size(),
+                                                   " keys needs room for ", keys.size() * w, " values"));
+  }
+  if (auto s = CheckKeys(keys); !s.ok()) return s;
+  for (size_t i = 0; i < keys.size(); ++i) std::memcpy(out.data() + i * w, Row(keys[i]), w * sizeof(float));
+  return absl::OkStatus();
+}
+
+}  // namespace tessera

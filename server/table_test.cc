@@ -1,0 +1,121 @@
+#include "server/table.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace tessera {
+namespace {
+
+proto::TableConfig Config(proto::TableKind kind, proto::OptimizerKind opt, uint32_t width) {
+  proto::TableConfig c;
+  c.set_table_id(3);
+  c.set_width(width);
+  c.set_kind(kind);
+  if (kind == proto::DENSE) c.set_dense_rows(10);
+  c.set_optimizer(opt);
+  c.set_learning_rate(0.5f);
+  return c;
+}
+
+TEST(TableTest, AccumulateAddsExactly) {
+  auto c = Config(proto::SPARSE, proto::ACCUMULATE, 2);
+  Table t(c, [](Key) { return true; });
+  std::vector<Key> keys = {7, 9, 7};
+  std::vector<float> g = {1, 2, 3, 4, 5, 6};
+  ASSERT_TRUE(t.ApplyPush(keys, g).ok());
+  std::vector<float> out(4);
+  ASSERT_TRUE(t.ReadRows(std::vector<Key>{7, 9}, out).ok());
+  EXPECT_EQ(out, (std::vector<float>{6, 8, 3, 4}));
+  EXPECT_EQ(t.num_rows(), 2u);
+}
+
+TEST(TableTest, SgdStepsAgainstTheGradient) {
+  auto c = Config(proto::SPARSE, proto::SGD, 1);
+  Table t(c, [](Key) { return true; });
+  ASSERT_TRUE(t.ApplyPush(std::vector<Key>{1}, std::vector<float>{4}).ok());
+  std::vector<float> out(1);
+  ASSERT_TRUE(t.ReadRows(std::vector<Key>{1}, out).ok());
+  EXPECT_FLOAT_EQ(out[0], -2.0f);
+}
+
+TEST(TableTest, DenseRejectsKeysItDoesNotHoldAndChangesNothing) {
+  auto c = Config(proto::DENSE, proto::ACCUMULATE, 1);
+  Table t(c, [](Key k) { return k % 2 == 0; });
+  EXPECT_EQ(t.num_rows(), 5u);
+  // Key 4 is held, key 3 is not: the whole push is refused.
+  auto s = t.ApplyPush(std::vector<Key>{4, 3}, std::vector<float>{1, 1});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("not held"), std::string::npos) << s;
+  s = t.ApplyPush(std::vector<Key>{12}, std::vector<float>{1});
+  EXPECT_NE(s.message().find("out of range"), std::string::npos) << s;
+  std::vector<float> out(1);
+  ASSERT_TRUE(t.ReadRows(std::vector<Key>{4}, out).ok());
+  EXPECT_EQ(out[0], 0.0f);
+}
+
+TEST(TableTest, WrongValueCountIsAnError) {
+  auto c = Config(proto::SPARSE, proto::ACCUMULATE, 4);
+  Table t(c, [](Key) { return true; });
+  EXPECT_FALSE(t.ApplyPush(std::vector<Key>{1, 2}, std::vector<float>(7)).ok());
+  EXPECT_EQ(t.num_rows(), 0u);
+  std::vector<float> out(3);
+  EXPECT_FALSE(t.ReadRows(std::vector<Key>{1}, out).ok());
+}
+
+TEST(TableTest, InitializerDependsOnlyOnSeedTableAndKey) {
+  auto c = Config(proto::SPARSE, proto::SGD, 8);
+  c.set_init(proto::UNIFORM);
+  c.set_init_scale(0.1f);
+  c.set_init_seed(42);
+  Table a(c, [](Key) { return true; });
+  Table b(c, [](Key) { return true; });
+  std::vector<float> ra(16), rb(16);
+  ASSERT_TRUE(a.ReadRows(std::vector<Key>{5, 6}, ra).ok());
+  ASSERT_TRUE(b.ReadRows(std::vector<Key>{6, 5}, rb).ok());  // other touch order
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(ra[i], rb[8 + i]);
+    EXPECT_EQ(ra[8 + i], rb[i]);
+    EXPECT_LE(std::fabs(ra[i]), 0.1f);
+  }
+  EXPECT_NE(ra[0], ra[8]);
+}
+
+TEST(TableTest, NormalInitializerHasTheRequestedSpread) {
+  proto::TableConfig c = Config(proto::SPARSE, proto::SGD, 1);
+  c.set_init(proto::NORMAL);
+  c.set_init_scale(2.0f);
+  double sum = 0, sq = 0;
+  const int n = 20000;
+  for (int k = 0; k < n; ++k) {
+    double v = InitialValue(c, k, 0);
+    sum += v;
+    sq += v * v;
+  }
+  double mean = sum / n, sd = std::sqrt(sq / n - mean * mean);
+  EXPECT_NEAR(mean, 0.0, 0.1);
+  EXPECT_NEAR(sd, 2.0, 0.1);
+}
+
+TEST(TableTest, ValidateRejectsBadConfigs) {
+  auto ok = Config(proto::DENSE, proto::SGD, 4);
+  EXPECT_TRUE(ValidateTableConfig(ok).ok());
+  auto c = ok;
+  c.set_width(0);
+  EXPECT_FALSE(ValidateTableConfig(c).ok());
+  c = ok;
+  c.set_dense_rows(0);
+  EXPECT_FALSE(ValidateTableConfig(c).ok());
+  c = ok;
+  c.set_learning_rate(NAN);
+  EXPECT_FALSE(ValidateTableConfig(c).ok());
+  c = ok;
+  c.set_optimizer(static_cast<proto::OptimizerKind>(99));
+  EXPECT_FALSE(ValidateTableConfig(c).ok());
+  c = Config(proto::SPARSE, proto::SGD, 4);
+  c.set_dense_rows(3);
+  EXPECT_FALSE(ValidateTableConfig(c).ok());
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,51 @@
+#pragma once
+// Transport: moves Messages between nodes named by address strings.
+// It holds no protocol logic: no retries, no ordering across peers, no
+// interpretation of the header beyond stamping the sender's address.
+//
+// Contract (every implementation; checked by transport_conformance_test):
+// - Start(handler) binds the local endpoint and starts delivery. After it
+//   returns OK, address() is the endpoint other nodes send to.
+// - Send(to, msg) is thread-safe and does not wait for the peer. It stamps
+//   msg.header.sender_address with address(). Frames are sent without copying
+//   their bytes where the medium allows; the Buffers are kept alive until the
+//   bytes are gone. Messages from one sender to one receiver arrive in the
+//   order they were sent; nothing is promised across different senders.
+//   A send to an address nobody listens on is not an error (the message may
+//   be queued or dropped); callers time out on replies, never on Send.
+// - The handler runs on the transport's delivery thread, one message at a
+//   time, in arrival order. It must not block for long; it may call Send.
+// - Stop() stops delivery and returns once the handler is no longer running
+//   and will not run again. Idempotent. The destructor calls Stop().
+// - Malformed incoming data (a header that does not parse) is logged and
+//   counted, never delivered, never fatal.
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/message.h"
+
+namespace tessera {
+
+struct TransportStats {
+  uint64_t messages_sent = 0;
+  uint64_t messages_received = 0;
+  uint64_t bytes_sent = 0;      // header + frames
+  uint64_t bytes_received = 0;  // header + frames
+  uint64_t malformed_received = 0;
+};
+
+class Transport {
+ public:
+  using Handler = std::function<void(Message)>;
+  virtual ~Transport() = default;
+
+  virtual absl::Status Start(Handler handler) = 0;
+  virtual const std::string& address() const = 0;
+  virtual absl::Status Send(const std::string& to, Message message) = 0;
+  virtual void Stop() = 0;
+  virtual TransportStats stats() const = 0;
+};
+
+}  // namespace tessera

@@ -1,0 +1,101 @@
+#pragma once
+// RequestTracker: the worker's book of requests in flight, as a pure core
+// (no sockets, threads or clocks; the Worker shell locks around it).
+//
+// An operation (a Push, a Pull or a CreateTable) is split into parts, one
+// request per server. The tracker remembers each part by request id, merges
+// replies back (a pull's values are scattered straight into the caller's
+// output rows), and completes the operation when every part has answered,
+// with the first error if any part failed.
+//
+// Promises:
+// - Every operation completes exactly once: all parts answered, a part timed
+//   out (Tick), or FailAll.
+// - A reply for an unknown request id (late, after a timeout, or duplicated)
+//   is ignored and counted.
+// - A malformed reply (wrong values size) fails its operation with an error
+//   that names the server; it never writes outside the caller's buffer.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "common/clock.h"
+#include "common/message.h"
+
+namespace tessera {
+
+class RequestTracker {
+ public:
+  // Opaque completion handle, owned by the caller (the Worker's future state).
+  using Handle = std::shared_ptr<void>;
+
+  struct Completion {
+    Handle handle;
+    absl::Status status;
+  };
+
+  // Where a pull part's rows go in the caller's output: either `contiguous`
+  // (part row i -> output row first_row + i) or row i -> output row rows[i].
+  struct Scatter {
+    uint64_t first_row = 0;
+    std::vector<uint32_t> rows;  // empty = contiguous
+    uint64_t num_keys = 0;
+  };
+
+  struct PartSpec {
+    uint64_t request_id;
+    uint32_t server_rank;
+    Scatter scatter;  // pulls only
+  };
+
+  // `server_names` name servers by rank in error messages.
+  explicit RequestTracker(std::vector<std::string> server_names) : server_names_(std::move(server_names)) {}
+
+  // Starts an operation. For pulls, `out` is the caller's output and `width`
+  // the row width. `what` describes it in errors ("pull of table 3").
+  void Begin(Handle handle, std::string what, std::vector<PartSpec> parts, Nanos deadline,
+             std::span<float> out = {}, uint32_t width = 0);
+
+  // Feeds a reply; returns the operation if this reply completed it.
+  std::vector<Completion> OnReply(const Message& reply);
+  // Fails operations with a part past its deadline.
+  std::vector<Completion> Tick(Nanos now);
+  // Fails every operation in flight (job ended, worker closing).
+  std::vector<Completion> FailAll(const absl::Status& status);
+
+  size_t in_flight() const { return ops_.size(); }
+  uint64_t ignored_replies() const { return ignored_replies_; }
+
+ private:
+  struct Op {
+    Handle handle;
+    std::string what;
+    std::span<float> out;
+    uint32_t width = 0;
+    Nanos deadline = 0;
+    size_t remaining = 0;
+    absl::Status status;
+    std::vector<uint64_t> request_ids;
+  };
+  struct Part {
+    Op* op;
+    uint32_t server_rank;
+    Scatter scatter;
+  };
+  absl::Status ApplyReply(const Part& part, const Message& reply);
+  Completion Finish(Op* op);
+  std::string ServerName(uint32_t rank) const;
+
+  std::vector<std::string> server_names_;
+  // Invariant: every Part's op is in ops_; an op's request_ids are exactly
+  // the parts in parts_ that point to it plus those already answered.
+  absl::flat_hash_map<Op*, std::unique_ptr<Op>> ops_;
+  absl::flat_hash_map<uint64_t, Part> parts_;
+  uint64_t ignored_replies_ = 0;
+};
+
+}  // namespace tessera

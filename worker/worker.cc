@@ -1,0 +1,346 @@
+// The Worker shell: transport, coordinator session, request slicing, and the
+// RequestTracker core under one mutex.
+#include "worker/worker.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "node/coordinator_session.h"
+#include "transport/transport_factory.h"
+#include "worker/request_tracker.h"
+
+namespace tessera {
+
+struct Future::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<absl::Status> status;
+
+  void Set(absl::Status s) {
+    {
+      std::lock_guard lock(mu);
+      if (status) return;
+      status = std::move(s);
+    }
+    cv.notify_all();
+  }
+};
+
+absl::Status Future::Wait() const {
+  if (!state_) return absl::FailedPreconditionError("waiting on an empty Future");
+  std::unique_lock lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->status.has_value(); });
+  return *state_->status;
+}
+
+bool Future::ready() const {
+  if (!state_) return false;
+  std::lock_guard lock(state_->mu);
+  return state_->status.has_value();
+}
+
+Future Future::Ready(absl::Status status) {
+  auto state = std::make_shared<State>();
+  state->status = std::move(status);
+  return Future(std::move(state));
+}
+
+namespace {
+
+proto::TableConfig ToConfig(const TableOptions& o) {
+  proto::TableConfig c;
+  c.set_table_id(o.id);
+  c.set_name(o.name);
+  c.set_width(o.width);
+  c.set_kind(o.kind);
+  c.set_dense_rows(o.dense_rows);
+  c.set_optimizer(o.optimizer);
+  c.set_learning_rate(o.learning_rate);
+  c.set_init(o.init);
+  c.set_init_scale(o.init_scale);
+  c.set_init_seed(o.init_seed);
+  return c;
+}
+
+class WorkerImpl final : public Worker {
+ public:
+  WorkerImpl(const WorkerOptions& options, std::unique_ptr<Transport> transport)
+      : options_(options), transport_(std::move(transport)) {}
+
+  ~WorkerImpl() override { Close(absl::CancelledError("worker closed")); }
+
+  absl::Status Start() {
+    CoordinatorSession::Options so;
+    so.coordinator = options_.coordinator;
+    so.role = proto::WORKER;
+    so.rank = options_.rank;
+    so.connect_timeout = options_.connect_timeout;
+    so.heartbeat_interval = options_.heartbeat_interval;
+    so.lease = options_.lease;
+    session_ = std::make_unique<CoordinatorSession>(so, transport_.get());
+    session_->set_on_end([this](const absl::Status& s) {
+      Complete(WithTracker([&](RequestTracker& t) {
+        return t.FailAll(s.ok() ? absl::CancelledError("the job has ended") : s);
+      }));
+    });
+    if (auto s = transport_->Start([this](Message m) { OnMessage(std::move(m)); }); !s.ok()) return s;
+    auto ready = session_->Join();
+    if (!ready.ok()) return ready.status();
+    auto map = ShardMapView::Create(ready->shard_map());
+    if (!map.ok()) return map.status();
+    std::vector<std::string> names;
+    for (size_t r = 0; r < map->num_servers(); ++r) names.push_back(map->server(r).address());
+    num_workers_ = 0;
+    for (const auto& n : ready->nodes())
+      if (n.role() == proto::WORKER) ++num_workers_;
+    {
+      std::lock_guard lock(mu_);
+      map_ = std::move(*map);
+      tracker_.emplace(std::move(names));
+    }
+    ticker_ = std::thread([this] { TickLoop(); });
+    TLOG_INFO("worker {} joined: {} servers, {} workers", rank(), num_servers(), num_workers_);
+    return absl::OkStatus();
+  }
+
+  uint32_t rank() const override { return session_->self().rank(); }
+  uint32_t num_workers() const override { return num_workers_; }
+  uint32_t num_servers() const override { return static_cast<uint32_t>(map_->num_servers()); }
+
+  absl::Status CreateTable(const TableOptions& options) override {
+    proto::TableConfig config = ToConfig(options);
+    std::vector<RequestTracker::PartSpec> parts;
+    std::vector<Outgoing> sends;
+    for (uint32_t r = 0; r < num_servers(); ++r) {
+      Message m = NewRequest();
+      *m.header.mutable_create_table()->mutable_config() = config;
+      parts.push_back({m.header.request_id(), r, {}});
+      sends.push_back({map_->server(r).address(), std::move(m)});
+    }
+    absl::Status s = Issue(absl::StrCat("create table ", options.id), std::move(parts), std::move(sends)).Wait();
+    if (s.ok()) {
+      std::lock_guard lock(mu_);
+      widths_[options.id] = options.width;
+    }
+    return s;
+  }
+
+  Future Push(uint32_t table, std::span<const Key> keys, std::span<const float> values) override {
+    auto width = TableWidth(table);
+    if (!width.ok()) return Future::Ready(width.status());
+    if (values.size() != keys.size() * *width) {
+      return Future::Ready(absl::InvalidArgumentError(absl::StrCat(
+          "push to table ", table, ": ", keys.size(), " keys of width ", *width, " need ", keys.size() * *width,
+          " values, got ", values.size())));
+    }
+    if (keys.empty()) return Future::Ready(absl::OkStatus());
+    const size_t row_bytes = size_t{*width} * sizeof(float);
+    std::vector<RequestTracker::PartSpec> parts;
+    std::vector<Outgoing> sends;
+    auto add_part = [&](uint32_t server, Buffer k, Buffer v, uint64_t n) {
+      Message m = NewRequest();
+      auto* p = m.header.mutable_push();
+      p->set_table_id(table);
+      p->set_num_keys(n);
+      m.frames.push_back(std::move(k));
+      m.frames.push_back(std::move(v));
+      parts.push_back({m.header.request_id(), server, {}});
+      sends.push_back({map_->server(server).address(), std::move(m)});
+    };
+    Slice(table, keys, [&](uint32_t server) {  // all keys on one server: no copy
+      add_part(server, Buffer::Borrow(keys.data(), keys.size_bytes()), Buffer::Borrow(values.data(), values.size_bytes()),
+               keys.size());
+    }, [&](uint32_t server, const std::vector<uint32_t>& rows) {
+      Buffer k = Buffer::Allocate(rows.size() * sizeof(Key));
+      Buffer v = Buffer::Allocate(rows.size() * row_bytes);
+      auto kd = k.AsMutable<Key>();
+      auto* vd = v.mutable_data();
+      const auto* src = reinterpret_cast<const std::byte*>(values.data());
+      for (size_t i = 0; i < rows.size(); ++i) {
+        kd[i] = keys[rows[i]];
+        std::memcpy(vd + i * row_bytes, src + size_t{rows[i]} * row_bytes, row_bytes);
+      }
+      add_part(server, std::move(k), std::move(v), rows.size());
+    });
+    pushes_++;
+    bytes_pushed_ += keys.size_bytes() + values.size_bytes();
+    return Issue(absl::StrCat("push to table ", table), std::move(parts), std::move(sends));
+  }
+
+  Future Pull(uint32_t table, std::span<const Key> keys, std::span<float> out) override {
+    auto width = TableWidth(table);
+    if (!width.ok()) return Future::Ready(width.status());
+    if (out.size() != keys.size() * *width) {
+      return Future::Ready(absl::InvalidArgumentError(absl::StrCat(
+          "pull from table ", table, ": ", keys.size(), " keys of width ", *width, " need room for ",
+          keys.size() * *width, " values, got ", out.size())));
+    }
+    if (keys.empty()) return Future::Ready(absl::OkStatus());
+    std::vector<RequestTracker::PartSpec> parts;
+    std::vector<Outgoing> sends;
+    auto add_part = [&](uint32_t server, Buffer k, RequestTracker::Scatter scatter) {
+      Message m = NewRequest();
+      auto* p = m.header.mutable_pull();
+      p->set_table_id(table);
+      p->set_num_keys(scatter.num_keys);
+      m.frames.push_back(std::move(k));
+      parts.push_back({m.header.request_id(), server, std::move(scatter)});
+      sends.push_back({map_->server(server).address(), std::move(m)});
+    };
+    Slice(table, keys, [&](uint32_t server) {
+      add_part(server, Buffer::Borrow(keys.data(), keys.size_bytes()), {0, {}, keys.size()});
+    }, [&](uint32_t server, const std::vector<uint32_t>& rows) {
+      Buffer k = Buffer::Allocate(rows.size() * sizeof(Key));
+      auto kd = k.AsMutable<Key>();
+      for (size_t i = 0; i < rows.size(); ++i) kd[i] = keys[rows[i]];
+      add_part(server, std::move(k), {0, rows, rows.size()});
+    });
+    pulls_++;
+    bytes_pulled_ += keys.size_bytes() + out.size_bytes();
+    return Issue(absl::StrCat("pull from table ", table), std::move(parts), std::move(sends), out, *width);
+  }
+
+  absl::Status Barrier(const std::string& name) override {
+    return session_->Barrier(name, options_.barrier_timeout);
+  }
+
+  absl::Status Finish(const proto::WorkerDone& report) override {
+    if (auto s = session_->ReportDone(report, options_.request_timeout); !s.ok()) return s;
+    absl::Status end = session_->WaitForEnd();
+    Close(absl::CancelledError("worker finished"));
+    return end;
+  }
+
+  WorkerStats stats() const override {
+    return WorkerStats{pushes_.load(), pulls_.load(), bytes_pushed_.load(), bytes_pulled_.load()};
+  }
+
+ private:
+  template <typename F>
+  std::vector<RequestTracker::Completion> WithTracker(F&& f) {
+    std::lock_guard lock(mu_);
+    if (!tracker_) return std::vector<RequestTracker::Completion>{};
+    return f(*tracker_);
+  }
+
+  static void Complete(std::vector<RequestTracker::Completion> done) {
+    for (auto& c : done) static_cast<Future::State*>(c.handle.get())->Set(std::move(c.status));
+  }
+
+  Message NewRequest() {
+    Message m;
+    m.header.set_request_id(next_request_.fetch_add(1) + 1);
+    m.header.set_sender_id(session_->self().node_id());
+    m.header.set_epoch(map_->epoch());
+    return m;
+  }
+
+  absl::StatusOr<uint32_t> TableWidth(uint32_t table) {
+    std::lock_guard lock(mu_);
+    if (closed_) return absl::CancelledError("worker is closed");
+    auto it = widths_.find(table);
+    if (it == widths_.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("table ", table, " is not open in this worker; call CreateTable first"));
+    }
+    return it->second;
+  }
+
+  // Calls single(server) if every key lives on one server, else multi(server,
+  // rows of that server) for each server that holds some keys.
+  template <typename Single, typename Multi>
+  void Slice(uint32_t table, std::span<const Key> keys, Single&& single, Multi&& multi) {
+    const uint32_t first = map_->ServerRankOfKey(table, keys[0]);
+    std::vector<uint32_t> owner(keys.size());
+    bool all_same = true;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      owner[i] = map_->ServerRankOfKey(table, keys[i]);
+      all_same &= owner[i] == first;
+    }
+    if (all_same) {
+      single(first);
+      return;
+    }
+    std::vector<std::vector<uint32_t>> rows(num_servers());
+    for (size_t i = 0; i < keys.size(); ++i) rows[owner[i]].push_back(static_cast<uint32_t>(i));
+    for (uint32_t s = 0; s < rows.size(); ++s)
+      if (!rows[s].empty()) multi(s, rows[s]);
+  }
+
+  Future Issue(std::string what, std::vector<RequestTracker::PartSpec> parts, std::vector<Outgoing> sends,
+               std::span<float> out = {}, uint32_t width = 0) {
+    auto state = std::make_shared<Future::State>();
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) return Future::Ready(absl::CancelledError("worker is closed"));
+      tracker_->Begin(state, std::move(what), std::move(parts), MonotonicNow() + options_.request_timeout, out, width);
+    }
+    for (Outgoing& o : sends) (void)transport_->Send(o.to, std::move(o.message));
+    return Future(std::move(state));
+  }
+
+  void OnMessage(Message m) {
+    if (session_->Handle(m)) return;
+    Complete(WithTracker([&](RequestTracker& t) { return t.OnReply(m); }));
+  }
+
+  void TickLoop() {
+    std::unique_lock lock(mu_);
+    while (!closed_) {
+      tick_cv_.wait_for(lock, std::chrono::milliseconds(100));
+      if (closed_) break;
+      auto done = tracker_->Tick(MonotonicNow());
+      lock.unlock();
+      Complete(std::move(done));
+      lock.lock();
+    }
+  }
+
+  void Close(const absl::Status& why) {
+    std::vector<RequestTracker::Completion> done;
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) return;
+      closed_ = true;
+      if (tracker_) done = tracker_->FailAll(why);
+    }
+    tick_cv_.notify_all();
+    Complete(std::move(done));
+    if (ticker_.joinable()) ticker_.join();
+    transport_->Stop();
+    session_.reset();
+  }
+
+  const WorkerOptions options_;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<CoordinatorSession> session_;
+  std::optional<ShardMapView> map_;  // set once in Start(), read-only afterwards
+  uint32_t num_workers_ = 0;
+  std::atomic<uint64_t> next_request_{0};
+  std::atomic<uint64_t> pushes_{0}, pulls_{0}, bytes_pushed_{0}, bytes_pulled_{0};
+
+  std::mutex mu_;
+  std::condition_variable tick_cv_;
+  std::optional<RequestTracker> tracker_;              // guarded by mu_
+  absl::flat_hash_map<uint32_t, uint32_t> widths_;     // guarded by mu_: table -> width
+  bool closed_ = false;                                // guarded by mu_
+  std::thread ticker_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Connect(const WorkerOptions& options) {
+  if (options.coordinator.empty()) return absl::InvalidArgumentError("WorkerOptions.coordinator is empty");
+  auto transport = MakeTransport(options.bind);
+  if (!transport.ok()) return transport.status();
+  auto worker = std::make_unique<WorkerImpl>(options, std::move(*transport));
+  if (auto s = worker->Start(); !s.ok()) return s;
+  return std::unique_ptr<Worker>(std::move(worker));
+}
+
+}  // namespace tessera

@@ -1,0 +1,117 @@
+#pragma once
+// tessera::Worker: the client library a training process links against.
+//
+// A Worker joins a job through the coordinator, learns the shard map, and then
+// pushes gradients and pulls weights. Requests are sliced across servers by
+// the shard map and merged back; many may be in flight at once.
+//
+// Contract:
+// - Connect() registers with the coordinator and returns once the whole job
+//   has assembled (every server and worker registered). It fails with an error
+//   that names the coordinator if it does not answer within
+//   options.connect_timeout, or with the coordinator's own reason (for
+//   example "job did not assemble: missing server 1").
+// - Push(table, keys, values): values holds keys.size() * width floats, row i
+//   for keys[i]. Pull(table, keys, out): out receives keys.size() * width
+//   floats, row i for keys[i], written straight into `out`.
+//   ZERO-COPY: the caller keeps keys, values and out valid and unchanged (out:
+//   untouched) until the returned Future is ready. Duplicate keys are allowed:
+//   a push applies each occurrence; a pull returns the row for each.
+// - A pull issued after a push from the same Worker object reflects that push
+//   (requests to one server are handled in issue order).
+// - Futures complete with OK, or with an error that says what failed and which
+//   server did not answer (DeadlineExceeded after options.request_timeout).
+// - Thread safety: all methods may be called from any thread concurrently,
+//   except Finish() and the destructor.
+// - The destructor fails any pending request with Cancelled and leaves the
+//   job without waiting (prefer Finish()).
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "common/keys.h"
+#include "proto/tessera.pb.h"
+
+namespace tessera {
+
+struct WorkerOptions {
+  std::string coordinator;                   // coordinator address, e.g. tcp://127.0.0.1:5000
+  int rank = -1;                             // requested worker rank, -1 = assigned by the coordinator
+  std::string bind = "tcp://127.0.0.1:0";   // where this worker receives replies
+  Nanos connect_timeout = 30 * kSeconds;     // for registration and job assembly
+  Nanos request_timeout = 60 * kSeconds;     // for every push, pull and table creation
+  Nanos barrier_timeout = 300 * kSeconds;    // for Barrier()
+  Nanos heartbeat_interval = 1 * kSeconds;   // heartbeats to the coordinator
+  Nanos lease = 5 * kSeconds;                // coordinator silent this long = lost
+  std::string name;                          // for logs, e.g. "worker-0"
+};
+
+// Options of one table. Workers that create the same table must pass equal
+// options; different options for an existing id are an error.
+struct TableOptions {
+  uint32_t id = 0;                                     // unique per job
+  std::string name;                                    // for logs and metrics
+  uint32_t width = 1;                                  // floats per key, >= 1
+  proto::TableKind kind = proto::SPARSE;               // DENSE: keys 0..dense_rows-1
+  uint64_t dense_rows = 0;                             // DENSE only, >= 1
+  proto::OptimizerKind optimizer = proto::SGD;         // applied on the server
+  float learning_rate = 0.01f;                         // SGD step size
+  proto::InitKind init = proto::ZEROS;                 // initial rows
+  float init_scale = 0.0f;                             // UNIFORM half-width / NORMAL stddev
+  uint64_t init_seed = 0;                              // initializer seed
+};
+
+// The completion of one request. Copyable handle to shared state.
+class Future {
+ public:
+  Future() = default;
+  // Blocks until the request completes; returns its status. Idempotent.
+  absl::Status Wait() const;
+  bool ready() const;
+
+  struct State;
+  explicit Future(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  static Future Ready(absl::Status status);  // an already-completed future
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+struct WorkerStats {
+  uint64_t pushes = 0;
+  uint64_t pulls = 0;
+  uint64_t bytes_pushed = 0;  // key + value bytes sent in pushes
+  uint64_t bytes_pulled = 0;  // key bytes sent + value bytes received in pulls
+};
+
+class Worker {
+ public:
+  static absl::StatusOr<std::unique_ptr<Worker>> Connect(const WorkerOptions& options);
+  virtual ~Worker() = default;
+
+  virtual uint32_t rank() const = 0;
+  virtual uint32_t num_workers() const = 0;
+  virtual uint32_t num_servers() const = 0;
+
+  // Creates the table on every server, or checks that it exists with equal
+  // options. Blocks until every server answered.
+  virtual absl::Status CreateTable(const TableOptions& options) = 0;
+
+  virtual Future Push(uint32_t table, std::span<const Key> keys, std::span<const float> values) = 0;
+  virtual Future Pull(uint32_t table, std::span<const Key> keys, std::span<float> out) = 0;
+
+  // Blocks until every worker reached the barrier of this name.
+  virtual absl::Status Barrier(const std::string& name) = 0;
+
+  // Reports this worker's final numbers to the coordinator, then waits until
+  // the coordinator ends the job (every worker finished) or fails it.
+  virtual absl::Status Finish(const proto::WorkerDone& report) = 0;
+
+  virtual WorkerStats stats() const = 0;
+};
+
+}  // namespace tessera
