@@ -338,7 +338,13 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Connect(const WorkerOptions& opt
   if (options.coordinator.empty()) return absl::InvalidArgumentError("WorkerOptions.coordinator is empty");
   auto transport = MakeTransport(options.bind);
   if (!transport.ok()) return transport.status();
-  auto worker = std::make_unique<WorkerImpl>(options, std::move(*transport));
+  return Connect(options, std::move(*transport));
+}
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Connect(const WorkerOptions& options,
+                                                        std::unique_ptr<Transport> transport) {
+  if (options.coordinator.empty()) return absl::InvalidArgumentError("WorkerOptions.coordinator is empty");
+  auto worker = std::make_unique<WorkerImpl>(options, std::move(transport));
   if (auto s = worker->Start(); !s.ok()) return s;
   return std::unique_ptr<Worker>(std::move(worker));
 }

@@ -38,6 +38,8 @@
 
 namespace tessera {
 
+class Transport;
+
 struct WorkerOptions {
   std::string coordinator;                   // coordinator address, e.g. tcp://127.0.0.1:5000
   int rank = -1;                             // requested worker rank, -1 = assigned by the coordinator
@@ -91,6 +93,10 @@ struct WorkerStats {
 class Worker {
  public:
   static absl::StatusOr<std::unique_ptr<Worker>> Connect(const WorkerOptions& options);
+  // The same over a transport made by the caller (not started yet; for
+  // in-process clusters). options.bind is ignored.
+  static absl::StatusOr<std::unique_ptr<Worker>> Connect(const WorkerOptions& options,
+                                                         std::unique_ptr<Transport> transport);
   virtual ~Worker() = default;
 
   virtual uint32_t rank() const = 0;

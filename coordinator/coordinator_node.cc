@@ -1,0 +1,125 @@
+#include "coordinator/coordinator_node.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace tessera {
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string JsonObjectOrString(const std::string& s) {
+  if (s.size() < 2 || s.front() != '{' || s.back() != '}') return JsonString(s);
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : s) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t' && c != '\r') return JsonString(s);
+    if (c == '"') in_string = true;
+    else if (c == '{' || c == '[') ++depth;
+    else if (c == '}' || c == ']') --depth;
+    if (depth < 0) return JsonString(s);
+  }
+  return depth == 0 && !in_string ? s : JsonString(s);
+}
+
+CoordinatorNode::CoordinatorNode(CoordinatorOptions options, std::unique_ptr<Transport> transport)
+    : options_(std::move(options)), transport_(std::move(transport)) {}
+
+CoordinatorNode::~CoordinatorNode() { transport_->Stop(); }
+
+absl::Status CoordinatorNode::Start() {
+  return transport_->Start([this](Message m) {
+    std::lock_guard lock(mu_);
+    inbox_.push_back(std::move(m));
+    cv_.notify_one();
+  });
+}
+
+absl::Status CoordinatorNode::Run() {
+  options_.address = transport_->address();
+  core_.emplace(options_, MonotonicNow());
+  CoordinatorCore& core = *core_;
+  auto send_all = [&](std::vector<Outgoing> out) {
+    for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
+  };
+  TLOG_INFO("listening on {}; waiting for {} servers and {} workers", transport_->address(), options_.servers,
+            options_.workers);
+  CoordinatorCore::Phase last_phase = core.phase();
+  while (!core.finished()) {
+    std::deque<Message> batch;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return !inbox_.empty(); });
+      batch.swap(inbox_);
+    }
+    for (Message& m : batch) send_all(core.Step(m, MonotonicNow()));
+    send_all(core.Tick(MonotonicNow()));
+    if (core.phase() != last_phase && core.phase() == CoordinatorCore::Phase::kRunning) {
+      TLOG_INFO("job assembled: {} servers, {} workers, {} virtual shards; shard map epoch {}", options_.servers,
+                options_.workers, options_.vshards, core.shard_map().epoch());
+    }
+    last_phase = core.phase();
+  }
+  // Give the shutdown messages time to leave before the transport closes.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  transport_->Stop();
+  if (core.phase() == CoordinatorCore::Phase::kDone) return absl::OkStatus();
+  return absl::AbortedError(core.failure_reason());
+}
+
+std::string CoordinatorNode::SummaryJson() const {
+  if (!core_) return "{}";
+  const CoordinatorCore& core = *core_;
+  std::vector<const CoordinatorCore::Node*> workers, servers;
+  for (const auto& [id, n] : core.nodes()) (n.info.role() == proto::WORKER ? workers : servers).push_back(&n);
+  auto by_rank = [](const auto* a, const auto* b) { return a->info.rank() < b->info.rank(); };
+  std::sort(workers.begin(), workers.end(), by_rank);
+  std::sort(servers.begin(), servers.end(), by_rank);
+  std::string j = absl::StrCat("{\"status\": ", core.phase() == CoordinatorCore::Phase::kDone ? "\"ok\"" : "\"failed\"",
+                               ", \"reason\": ", JsonString(core.failure_reason()), ", \"workers\": [");
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const auto& r = workers[i]->report;
+    absl::StrAppend(&j, i ? ", " : "", "{\"rank\": ", workers[i]->info.rank(),
+                    ", \"done\": ", workers[i]->done ? "true" : "false", ", \"steps\": ", r.steps(),
+                    ", \"final_loss\": ", r.final_loss(), ", \"bytes_pushed\": ", r.bytes_pushed(),
+                    ", \"bytes_pulled\": ", r.bytes_pulled(), ", \"report\": ",
+                    r.report_json().empty() ? "{}" : JsonObjectOrString(r.report_json()), "}");
+  }
+  absl::StrAppend(&j, "], \"servers\": [");
+  for (size_t i = 0; i < servers.size(); ++i) {
+    absl::StrAppend(&j, i ? ", " : "", "{\"rank\": ", servers[i]->info.rank(),
+                    ", \"address\": ", JsonString(servers[i]->info.address()), "}");
+  }
+  absl::StrAppend(&j, "]}\n");
+  return j;
+}
+
+}  // namespace tessera

@@ -1,0 +1,53 @@
+#pragma once
+// CoordinatorNode: the coordinator's I/O shell. Messages from the transport
+// are queued and fed to the CoordinatorCore on the thread that calls Run(),
+// with a Tick every 50 ms; outputs are sent as they come. Used by the
+// tessera-coordinator binary and by in-process cluster tests.
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "coordinator/coordinator_core.h"
+#include "transport/transport.h"
+
+namespace tessera {
+
+class CoordinatorNode {
+ public:
+  // options.address is filled in from the transport.
+  CoordinatorNode(CoordinatorOptions options, std::unique_ptr<Transport> transport);
+  ~CoordinatorNode();
+  CoordinatorNode(const CoordinatorNode&) = delete;
+  CoordinatorNode& operator=(const CoordinatorNode&) = delete;
+
+  // Starts listening. After OK, address() is where nodes register.
+  absl::Status Start();
+  const std::string& address() const { return transport_->address(); }
+
+  // Runs the job to its end. OK if every worker finished; Aborted with the
+  // reason if the job failed. Requires Start() to have succeeded.
+  absl::Status Run();
+
+  // The job summary as JSON (see docs/launcher.md); valid after Run().
+  std::string SummaryJson() const;
+
+ private:
+  CoordinatorOptions options_;
+  std::unique_ptr<Transport> transport_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Message> inbox_;  // guarded by mu_
+  std::optional<CoordinatorCore> core_;
+};
+
+// JSON helpers shared with tests.
+std::string JsonString(const std::string& s);
+// Embeds s as a JSON object if it looks like one (balanced, starts with '{'),
+// else as a JSON string.
+std::string JsonObjectOrString(const std::string& s);
+
+}  // namespace tessera

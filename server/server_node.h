@@ -1,0 +1,41 @@
+#pragma once
+// ServerNode: the server's I/O shell. It joins the job through the
+// coordinator, installs the shard map into a ServerCore, then feeds every
+// request to the core on the transport's delivery thread and sends the
+// replies. Used by the tessera-server binary and by in-process cluster tests.
+#include <memory>
+#include <mutex>
+
+#include "absl/status/status.h"
+#include "node/coordinator_session.h"
+#include "server/server_core.h"
+#include "transport/transport.h"
+
+namespace tessera {
+
+class ServerNode {
+ public:
+  // `transport` is not started yet; the node starts and stops it.
+  ServerNode(CoordinatorSession::Options session, std::unique_ptr<Transport> transport);
+  ~ServerNode();
+  ServerNode(const ServerNode&) = delete;
+  ServerNode& operator=(const ServerNode&) = delete;
+
+  // Joins the job and serves until the coordinator ends it. Returns OK for an
+  // orderly end, else the reason (could not join, job failed, coordinator lost).
+  absl::Status Run();
+
+  // Core statistics; valid after Run() returned.
+  ServerStats stats() const;
+
+ private:
+  void OnMessage(Message m);
+
+  std::unique_ptr<Transport> transport_;
+  CoordinatorSession session_;
+  BufferPool pool_;
+  mutable std::mutex mu_;  // guards core_ (set once; Step runs on the delivery thread only)
+  std::unique_ptr<ServerCore> core_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,238 @@
+// A whole job in one process: the real coordinator, server and worker shells
+// and cores, wired through the in-process transport.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <numeric>
+#include <thread>
+
+#include "coordinator/coordinator_node.h"
+#include "server/server_node.h"
+#include "transport/inproc_transport.h"
+#include "worker/worker.h"
+
+namespace tessera {
+namespace {
+
+struct ClusterOptions {
+  uint32_t servers = 2;
+  uint32_t workers = 2;
+  uint32_t started_servers = 2;  // fewer than `servers` simulates a missing one
+  uint32_t vshards = 32;
+  Nanos assemble_timeout = 10 * kSeconds;
+};
+
+class InProcCluster {
+ public:
+  explicit InProcCluster(ClusterOptions o) : options_(o) {
+    CoordinatorOptions co;
+    co.servers = o.servers;
+    co.workers = o.workers;
+    co.vshards = o.vshards;
+    co.assemble_timeout = o.assemble_timeout;
+    co.lease = 5 * kSeconds;
+    coordinator_ = std::make_unique<CoordinatorNode>(co, net_.Create("coordinator"));
+    EXPECT_TRUE(coordinator_->Start().ok());
+    coordinator_result_ = std::async(std::launch::async, [this] { return coordinator_->Run(); });
+    for (uint32_t i = 0; i < o.started_servers; ++i) {
+      CoordinatorSession::Options so;
+      so.coordinator = coordinator_->address();
+      so.rank = static_cast<int>(i);
+      so.connect_timeout = o.assemble_timeout + 5 * kSeconds;
+      servers_.push_back(std::make_unique<ServerNode>(so, net_.Create("server-" + std::to_string(i))));
+      ServerNode* s = servers_.back().get();
+      server_results_.push_back(std::async(std::launch::async, [s] { return s->Run(); }));
+    }
+  }
+
+  // Connects all workers concurrently (Connect blocks until the job assembles).
+  std::vector<absl::StatusOr<std::unique_ptr<Worker>>> ConnectWorkers() {
+    std::vector<std::future<absl::StatusOr<std::unique_ptr<Worker>>>> pending;
+    for (uint32_t i = 0; i < options_.workers; ++i) {
+      pending.push_back(std::async(std::launch::async, [this, i] {
+        WorkerOptions wo;
+        wo.coordinator = coordinator_->address();
+        wo.rank = static_cast<int>(i);
+        wo.connect_timeout = options_.assemble_timeout + 5 * kSeconds;
+        wo.request_timeout = 20 * kSeconds;
+        return Worker::Connect(wo, net_.Create("worker-" + std::to_string(i)));
+      }));
+    }
+    std::vector<absl::StatusOr<std::unique_ptr<Worker>>> out;
+    for (auto& p : pending) out.push_back(p.get());
+    return out;
+  }
+
+  absl::Status CoordinatorResult() { return coordinator_result_.get(); }
+  std::vector<absl::Status> ServerResults() {
+    std::vector<absl::Status> r;
+    for (auto& f : server_results_) r.push_back(f.get());
+    return r;
+  }
+  std::string Summary() const { return coordinator_->SummaryJson(); }
+
+ private:
+  ClusterOptions options_;
+  InProcNetwork net_;
+  std::unique_ptr<CoordinatorNode> coordinator_;
+  std::future<absl::Status> coordinator_result_;
+  std::vector<std::unique_ptr<ServerNode>> servers_;
+  std::vector<std::future<absl::Status>> server_results_;
+};
+
+// Runs fn(worker) on every worker concurrently and returns the statuses.
+template <typename Fn>
+std::vector<absl::Status> OnEachWorker(std::vector<std::unique_ptr<Worker>>& workers, Fn fn) {
+  std::vector<std::future<absl::Status>> f;
+  for (auto& w : workers) f.push_back(std::async(std::launch::async, [&fn, &w] { return fn(*w); }));
+  std::vector<absl::Status> r;
+  for (auto& x : f) r.push_back(x.get());
+  return r;
+}
+
+std::vector<std::unique_ptr<Worker>> Unwrap(std::vector<absl::StatusOr<std::unique_ptr<Worker>>> in) {
+  std::vector<std::unique_ptr<Worker>> out;
+  for (auto& w : in) {
+    EXPECT_TRUE(w.ok()) << w.status();
+    if (w.ok()) out.push_back(std::move(*w));
+  }
+  return out;
+}
+
+// The integer gradient worker w pushes for element j of key k in round r.
+float Gradient(uint32_t w, Key k, uint32_t j, uint32_t r) {
+  return static_cast<float>((w + 1) * ((k % 7) + 1) + j + r);
+}
+
+TEST(InProcClusterTest, PulledRowsEqualTheExactSumOfEveryPush) {
+  constexpr uint32_t kWorkers = 3, kWidth = 4, kKeys = 2000, kRounds = 4, kBatch = 250;
+  InProcCluster cluster({.servers = 3, .workers = kWorkers, .started_servers = 3, .vshards = 64});
+  auto workers = Unwrap(cluster.ConnectWorkers());
+  ASSERT_EQ(workers.size(), kWorkers);
+
+  TableOptions sparse{.id = 1, .name = "sparse", .width = kWidth, .kind = proto::SPARSE,
+                      .optimizer = proto::ACCUMULATE};
+  TableOptions dense{.id = 2, .name = "dense", .width = 1, .kind = proto::DENSE, .dense_rows = kKeys,
+                     .optimizer = proto::ACCUMULATE};
+  auto statuses = OnEachWorker(workers, [&](Worker& w) -> absl::Status {
+    if (auto s = w.CreateTable(sparse); !s.ok()) return s;
+    if (auto s = w.CreateTable(dense); !s.ok()) return s;
+    if (auto s = w.Barrier("created"); !s.ok()) return s;
+    // Many pushes in flight at once: every batch of every round is issued
+    // before any is waited for.
+    const uint32_t r = w.rank();
+    std::vector<std::vector<Key>> keys;
+    std::vector<std::vector<float>> values, ones;
+    for (uint32_t round = 0; round < kRounds; ++round) {
+      for (Key start = 0; start < kKeys; start += kBatch) {
+        std::vector<Key> k(kBatch);
+        std::iota(k.begin(), k.end(), start);
+        std::vector<float> v;
+        for (Key key : k)
+          for (uint32_t j = 0; j < kWidth; ++j) v.push_back(Gradient(r, key, j, round));
+        keys.push_back(std::move(k));
+        values.push_back(std::move(v));
+        ones.push_back(std::vector<float>(kBatch, 1.0f));
+      }
+    }
+    std::vector<Future> futures;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      futures.push_back(w.Push(1, keys[i], values[i]));
+      futures.push_back(w.Push(2, keys[i], ones[i]));
+    }
+    for (auto& f : futures)
+      if (auto s = f.Wait(); !s.ok()) return s;
+    return w.Barrier("pushed");
+  });
+  for (auto& s : statuses) ASSERT_TRUE(s.ok()) << s;
+
+  // Every worker pulls every row, in one request across all shards.
+  std::vector<Key> all(kKeys);
+  std::iota(all.begin(), all.end(), 0);
+  statuses = OnEachWorker(workers, [&](Worker& w) -> absl::Status {
+    std::vector<float> rows(kKeys * kWidth, -1.0f), counts(kKeys, -1.0f);
+    Future a = w.Pull(1, all, rows);
+    Future b = w.Pull(2, all, counts);
+    if (auto s = a.Wait(); !s.ok()) return s;
+    if (auto s = b.Wait(); !s.ok()) return s;
+    for (Key k = 0; k < kKeys; ++k) {
+      for (uint32_t j = 0; j < kWidth; ++j) {
+        float expected = 0;
+        for (uint32_t wr = 0; wr < kWorkers; ++wr)
+          for (uint32_t round = 0; round < kRounds; ++round) expected += Gradient(wr, k, j, round);
+        if (rows[k * kWidth + j] != expected) {
+          return absl::InternalError(absl::StrCat("key ", k, " element ", j, ": pulled ", rows[k * kWidth + j],
+                                                  ", expected ", expected));
+        }
+      }
+      if (counts[k] != kWorkers * kRounds) {
+        return absl::InternalError(absl::StrCat("dense key ", k, ": pulled ", counts[k]));
+      }
+    }
+    return absl::OkStatus();
+  });
+  for (auto& s : statuses) EXPECT_TRUE(s.ok()) << s;
+
+  statuses = OnEachWorker(workers, [](Worker& w) {
+    proto::WorkerDone done;
+    done.set_steps(7);
+    done.set_report_json("{\"checked\": true}");
+    return w.Finish(done);
+  });
+  for (auto& s : statuses) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(cluster.CoordinatorResult().ok());
+  for (auto& s : cluster.ServerResults()) EXPECT_TRUE(s.ok()) << s;
+  std::string summary = cluster.Summary();
+  EXPECT_NE(summary.find("\"status\": \"ok\""), std::string::npos) << summary;
+  EXPECT_NE(summary.find("{\"checked\": true}"), std::string::npos) << summary;
+}
+
+TEST(InProcClusterTest, PullSeesTheCallersOwnEarlierPush) {
+  InProcCluster cluster({.servers = 2, .workers = 1, .started_servers = 2});
+  auto workers = Unwrap(cluster.ConnectWorkers());
+  ASSERT_EQ(workers.size(), 1u);
+  Worker& w = *workers[0];
+  ASSERT_TRUE(w.CreateTable({.id = 5, .width = 1, .optimizer = proto::ACCUMULATE}).ok());
+  std::vector<Key> keys = {11, 12, 13, 14, 15, 16, 17, 18};
+  std::vector<float> ones(keys.size(), 1.0f), out(keys.size());
+  for (int i = 1; i <= 50; ++i) {
+    (void)w.Push(5, keys, ones);  // not waited for: ordering alone must make the pull see it
+    ASSERT_TRUE(w.Pull(5, keys, out).Wait().ok());
+    for (float v : out) ASSERT_EQ(v, static_cast<float>(i));
+  }
+  ASSERT_TRUE(w.Finish({}).ok());
+}
+
+TEST(InProcClusterTest, BadRequestsFailWithClearErrors) {
+  InProcCluster cluster({.servers = 2, .workers = 1, .started_servers = 2});
+  auto workers = Unwrap(cluster.ConnectWorkers());
+  ASSERT_EQ(workers.size(), 1u);
+  Worker& w = *workers[0];
+  std::vector<Key> keys = {1, 2};
+  std::vector<float> values = {1, 2};
+  auto s = w.Push(9, keys, values).Wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  ASSERT_TRUE(w.CreateTable({.id = 9, .width = 2}).ok());
+  s = w.Push(9, keys, values).Wait();  // 2 values for 2 keys of width 2
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  s = w.CreateTable({.id = 9, .width = 3});
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  EXPECT_NE(s.message().find("server"), std::string::npos) << s;
+  ASSERT_TRUE(w.Finish({}).ok());
+}
+
+TEST(InProcClusterTest, MissingServerFailsTheJobAndIsNamed) {
+  InProcCluster cluster({.servers = 2, .workers = 1, .started_servers = 1, .assemble_timeout = 1 * kSeconds});
+  auto workers = cluster.ConnectWorkers();
+  ASSERT_EQ(workers.size(), 1u);
+  ASSERT_FALSE(workers[0].ok());
+  EXPECT_NE(workers[0].status().message().find("missing server 1"), std::string::npos) << workers[0].status();
+  absl::Status c = cluster.CoordinatorResult();
+  EXPECT_NE(c.message().find("missing server 1"), std::string::npos) << c;
+  auto servers = cluster.ServerResults();
+  ASSERT_EQ(servers.size(), 1u);
+  EXPECT_NE(servers[0].message().find("missing server 1"), std::string::npos) << servers[0];
+}
+
+}  // namespace
+}  // namespace tessera
