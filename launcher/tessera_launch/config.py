@@ -1,0 +1,487 @@
+"""Loading, overriding and validating Tessera job configs.
+
+A job config is a YAML file with four sections: `job`, `cluster`, `timeouts`
+and `worker` (configs/README.md documents every key). `load_config` reads one,
+applies `--set key.path=value` overrides, fills in defaults and validates
+strictly. Every problem raises ConfigError; its message names where the bad
+value came from (`FILE:LINE`, `FILE`, or `--set ...`) and the key path, e.g.
+
+    configs/x.yaml:9: cluster.servers must be a positive integer, got "two"
+
+All problems found are reported together, one per line. Nothing here starts a
+process or writes a file.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import yaml
+
+TRANSPORTS = ("tcp", "ipc")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ARG_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+#: Flags the launcher passes to every worker program itself; worker.args may
+#: not use them.
+RESERVED_WORKER_FLAGS = ("coordinator", "rank", "name", "bind")
+
+
+class ConfigError(Exception):
+    """A config could not be loaded or is invalid. str() is the full message,
+    one problem per line, each naming its source and key path."""
+
+
+# --------------------------------------------------------------------------
+# The resolved config
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobSection:
+    name: str = "tessera-job"
+
+
+@dataclass(frozen=True)
+class ClusterSection:
+    servers: int = 1
+    workers: int = 1
+    vshards: int = 64
+    transport: str = "tcp"
+    host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class TimeoutsSection:
+    assemble_seconds: float = 30
+    heartbeat_seconds: float = 1
+    lease_seconds: float = 5
+
+
+@dataclass(frozen=True)
+class WorkerSection:
+    program: str
+    args: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """A validated job config with every default filled in.
+
+    `source` is the file it was read from and `overrides` the `--set`
+    arguments applied on top, in order.
+    """
+
+    job: JobSection
+    cluster: ClusterSection
+    timeouts: TimeoutsSection
+    worker: WorkerSection
+    source: str
+    overrides: tuple = ()
+
+    def to_dict(self) -> dict:
+        """The config as plain data, in file order, loadable again."""
+        return {
+            "job": dataclasses.asdict(self.job),
+            "cluster": dataclasses.asdict(self.cluster),
+            "timeouts": dataclasses.asdict(self.timeouts),
+            "worker": {
+                "program": self.worker.program,
+                "args": dict(self.worker.args),
+            },
+        }
+
+    def to_yaml(self) -> str:
+        """The resolved config as YAML, headed by a comment naming its origin."""
+        header = [f"# Resolved job config, from {self.source}"]
+        header += [f"# with --set {o}" for o in self.overrides]
+        body = yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+        return "\n".join(header) + "\n" + body
+
+
+# --------------------------------------------------------------------------
+# The schema: one Field per key, each with a check and a default
+# --------------------------------------------------------------------------
+
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Field:
+    """One config key: `check(value)` returns None when the value is fine,
+    otherwise what is wrong (e.g. "must be a positive integer")."""
+
+    check: Callable[[Any], Optional[str]]
+    default: Any
+    doc: str
+
+
+def _positive_int(value: Any) -> Optional[str]:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return "must be a positive integer"
+    return None
+
+
+def _positive_number(value: Any) -> Optional[str]:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        return "must be a positive number (seconds)"
+    return None
+
+
+def _job_name(value: Any) -> Optional[str]:
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        return "must be a name of letters, digits, '.', '_' and '-' (it names the run directory)"
+    return None
+
+
+def _transport(value: Any) -> Optional[str]:
+    if value not in TRANSPORTS:
+        return "must be one of " + " | ".join(TRANSPORTS)
+    return None
+
+
+def _nonempty_string(value: Any) -> Optional[str]:
+    if not isinstance(value, str) or not value.strip() or value != value.strip():
+        return "must be a non-empty string without surrounding spaces"
+    return None
+
+
+def _worker_args(value: Any) -> Optional[str]:
+    if not isinstance(value, dict):
+        return "must be a mapping of flag name to value"
+    return None
+
+
+SCHEMA: dict[str, dict[str, Field]] = {
+    "job": {
+        "name": Field(_job_name, "tessera-job", "job name; names the run directory"),
+    },
+    "cluster": {
+        "servers": Field(_positive_int, 1, "number of tessera-server processes"),
+        "workers": Field(_positive_int, 1, "number of worker processes"),
+        "vshards": Field(_positive_int, 64, "virtual shards the key space is hashed onto"),
+        "transport": Field(_transport, "tcp", "tcp | ipc"),
+        "host": Field(_nonempty_string, "127.0.0.1", "address processes bind and advertise (tcp)"),
+    },
+    "timeouts": {
+        "assemble_seconds": Field(_positive_number, 30, "time for every process to register"),
+        "heartbeat_seconds": Field(_positive_number, 1, "heartbeat interval"),
+        "lease_seconds": Field(_positive_number, 5, "silence after which a node is lost"),
+    },
+    "worker": {
+        "program": Field(_nonempty_string, _REQUIRED, "worker program: build-tree name or path"),
+        "args": Field(_worker_args, {}, "passed to the program as --key value"),
+    },
+}
+
+_SECTION_TYPES = {
+    "job": JobSection,
+    "cluster": ClusterSection,
+    "timeouts": TimeoutsSection,
+    "worker": WorkerSection,
+}
+
+
+def all_key_paths() -> list[str]:
+    """Every documented key path, e.g. "cluster.servers"."""
+    return [f"{s}.{k}" for s, fields in SCHEMA.items() for k in fields]
+
+
+# --------------------------------------------------------------------------
+# YAML loading that remembers line numbers and rejects duplicate keys
+# --------------------------------------------------------------------------
+
+
+class _MarkedDict(dict):
+    """A mapping read from YAML that remembers the (1-based) line of each key."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.key_lines: dict = {}
+
+    def __deepcopy__(self, memo):
+        clone = _MarkedDict({k: copy.deepcopy(v, memo) for k, v in self.items()})
+        clone.key_lines = dict(self.key_lines)
+        return clone
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader whose mappings are _MarkedDicts and that refuses a key given
+    twice in one mapping (plain PyYAML silently keeps the last one)."""
+
+
+def _construct_marked_mapping(loader: _StrictLoader, node: yaml.MappingNode):
+    result = _MarkedDict()
+    yield result
+    explicit = [k for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"]
+    seen: dict = {}
+    for key_node in explicit:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, "a mapping key must be a plain value", key_node.start_mark
+            ) from None
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping",
+                node.start_mark,
+                f"duplicate key {key!r} (first given on line {seen[key]})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line + 1
+    loader.flatten_mapping(node)
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        result[key] = loader.construct_object(value_node, deep=True)
+        result.key_lines[key] = key_node.start_mark.line + 1
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _construct_marked_mapping)
+
+
+def _read_yaml(path: Path) -> Any:
+    """Parses the file; raises ConfigError naming the file (and line) on failure."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: is not UTF-8 text") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read: {e.strerror}") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = e.problem or e.context or "invalid YAML"
+        kind = "invalid YAML" if isinstance(e, yaml.constructor.ConstructorError) else "YAML syntax error"
+        raise ConfigError(f"{where}: {kind}: {problem}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: YAML error: {e}") from None
+
+
+# --------------------------------------------------------------------------
+# --set overrides
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Override:
+    """One `--set key.path=value`: the path and the value, parsed as YAML."""
+
+    path: tuple
+    value: Any
+    text: str
+
+
+def parse_override(text: str) -> Override:
+    """Parses "a.b.c=value". The value is read as a YAML scalar (so `3` is an
+    integer and `ipc` a string); text YAML cannot parse is taken as a string.
+    Raises ConfigError on a malformed argument."""
+    key, sep, raw_value = text.partition("=")
+    path = tuple(key.strip().split("."))
+    if not sep or not key.strip() or any(not part for part in path):
+        raise ConfigError(f"--set {text}: expected KEY.PATH=VALUE, e.g. cluster.servers=4")
+    try:
+        value = yaml.safe_load(raw_value) if raw_value.strip() else None
+    except yaml.YAMLError:
+        value = raw_value
+    return Override(path, value, text)
+
+
+def _apply_override(data: dict, override: Override) -> None:
+    node = data
+    for depth, part in enumerate(override.path[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = _MarkedDict()
+        elif not isinstance(child, dict):
+            prefix = ".".join(override.path[: depth + 1])
+            raise ConfigError(f"--set {override.text}: {prefix} is not a mapping")
+        node = child
+    node[override.path[-1]] = override.value
+
+
+# --------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------
+
+
+def _render(value: Any) -> str:
+    """A value as it would read in YAML, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
+
+
+class _Validator:
+    """Validates raw config data, collecting every problem with its location."""
+
+    def __init__(self, data: dict, source: str, overrides: list):
+        self.data = data
+        self.source = source
+        self.overrides = overrides
+        self.errors: list = []
+
+    def where(self, path: tuple) -> str:
+        """Where the value at `path` came from: the last --set that covers it,
+        else FILE:LINE of the deepest key found in the file, else the --set
+        that created the key, else FILE."""
+        for override in reversed(self.overrides):
+            if path[: len(override.path)] == override.path:
+                return f"--set {override.text}"
+        line = None
+        node: Any = self.data
+        for part in path:
+            if not isinstance(node, dict) or part not in node:
+                break
+            line = getattr(node, "key_lines", {}).get(part, line)
+            node = node[part]
+        if line is None:
+            for override in reversed(self.overrides):
+                if override.path[: len(path)] == path:
+                    return f"--set {override.text}"  # the override created it
+        return f"{self.source}:{line}" if line else self.source
+
+    def error(self, path: tuple, message: str) -> None:
+        self.errors.append(f"{self.where(path)}: {message}")
+
+    def unknown_keys(self, mapping: dict, known, path: tuple) -> None:
+        for key in mapping:
+            if key in known:
+                continue
+            full = ".".join(path + (str(key),))
+            hint = difflib.get_close_matches(str(key), list(known), n=1)
+            suggestion = f"; did you mean {'.'.join(path + (hint[0],))}?" if hint else ""
+            self.error(path + (key,), f"unknown key {full}{suggestion} (known: {', '.join(known)})")
+
+    def section(self, name: str) -> dict:
+        """The section's values after checks, with defaults for missing keys."""
+        raw = self.data.get(name)
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            self.error((name,), f"{name} must be a mapping, got {_render(raw)}")
+            raw = {}
+        fields = SCHEMA[name]
+        self.unknown_keys(raw, fields, (name,))
+        values = {}
+        for key, field in fields.items():
+            path = (name, key)
+            if key not in raw:
+                if field.default is _REQUIRED:
+                    self.error(path, f"{name}.{key} is required ({field.doc})")
+                else:
+                    values[key] = copy.deepcopy(field.default)
+                continue
+            value = raw[key]
+            problem = field.check(value)
+            if problem:
+                self.error(path, f"{name}.{key} {problem}, got {_render(value)}")
+            else:
+                values[key] = value
+        return values
+
+    def worker_args(self, args: dict) -> dict:
+        for key, value in args.items():
+            path = ("worker", "args", key)
+            if not isinstance(key, str) or not _ARG_KEY_RE.match(key):
+                self.error(path, f"worker.args key {_render(key)} is not a valid flag name")
+            elif key in RESERVED_WORKER_FLAGS:
+                self.error(path, f"worker.args.{key} is reserved: the launcher passes --{key} itself")
+            elif value is None or isinstance(value, (dict, list)):
+                self.error(path, f"worker.args.{key} must be a string, number or boolean, got {_render(value)}")
+        return dict(args)
+
+    def cross_checks(self, cluster: dict, timeouts: dict) -> None:
+        if "vshards" in cluster and "servers" in cluster and cluster["vshards"] < cluster["servers"]:
+            self.error(
+                ("cluster", "vshards"),
+                f"cluster.vshards ({cluster['vshards']}) must be at least cluster.servers ({cluster['servers']})",
+            )
+        if (
+            "lease_seconds" in timeouts
+            and "heartbeat_seconds" in timeouts
+            and timeouts["lease_seconds"] <= timeouts["heartbeat_seconds"]
+        ):
+            self.error(
+                ("timeouts", "lease_seconds"),
+                f"timeouts.lease_seconds ({timeouts['lease_seconds']}) must be greater than "
+                f"timeouts.heartbeat_seconds ({timeouts['heartbeat_seconds']})",
+            )
+
+
+def validate(data: Any, source: str, overrides: list = ()) -> JobConfig:
+    """Validates raw config data (as parsed from YAML, overrides applied).
+
+    Returns the JobConfig with defaults filled in; raises ConfigError listing
+    every problem found.
+    """
+    overrides = list(overrides)
+    if data is None:
+        data = _MarkedDict()
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: the top level must be a mapping of sections "
+            f"({', '.join(SCHEMA)}), got {_render(data)}"
+        )
+    checker = _Validator(data, source, overrides)
+    checker.unknown_keys(data, SCHEMA, ())
+    sections = {name: checker.section(name) for name in SCHEMA}
+    if "args" in sections["worker"]:
+        sections["worker"]["args"] = checker.worker_args(sections["worker"]["args"])
+    checker.cross_checks(sections["cluster"], sections["timeouts"])
+    if checker.errors:
+        raise ConfigError("\n".join(checker.errors))
+    return JobConfig(
+        **{name: _SECTION_TYPES[name](**values) for name, values in sections.items()},
+        source=source,
+        overrides=tuple(o.text for o in overrides),
+    )
+
+
+def load_config(path, overrides=()) -> JobConfig:
+    """Reads the YAML file at `path`, applies `overrides` (strings of the form
+    "key.path=value", in order; later ones win) and validates the result.
+
+    Raises ConfigError (message naming the file, line and key path) on any
+    problem: unreadable file, YAML syntax error, duplicate or unknown key,
+    wrong type, out-of-range value, malformed override.
+    """
+    source = str(path)
+    data = _read_yaml(Path(path))
+    parsed = [parse_override(text) for text in overrides]
+    if data is None:
+        data = _MarkedDict()
+    if parsed and isinstance(data, dict):
+        data = copy.deepcopy(data)
+        for override in parsed:
+            _apply_override(data, override)
+    return validate(data, source, parsed)

@@ -1,0 +1,696 @@
+"""Process supervision: run a set of processes as one job.
+
+A Supervisor starts processes (each in its own session and process group, and
+on Linux with PR_SET_PDEATHSIG=SIGKILL so that none outlives a launcher that
+is killed outright), streams each one's stdout and stderr line by line,
+prefixed with its name, to the terminal and to LOG_DIR/<name>.log, parses the
+worker line protocol (TESSERA_PROGRESS / TESSERA_RESULT) and applies one
+policy:
+
+  * the first process that exits non-zero or is killed by a signal ends the
+    job: the others get a short settle time (1 s) to exit by themselves, as
+    failures cascade (a coordinator that saw a server die exits too, and
+    should not be mistaken for a process the launcher stopped); then every
+    process still running is stopped and the job has failed;
+  * SIGINT, SIGTERM or SIGHUP to the launcher ends the job the same way (a
+    second one skips the grace period);
+  * a timeout ends the job, naming who was still running;
+  * when every process has exited with status 0, the job has completed.
+
+Stopping means SIGTERM to each process group, then SIGKILL to the groups still
+alive after the grace period. When a process exits, whatever is left of its
+process group is killed too, so no grandchild outlives its parent's exit.
+
+Everything runs on the calling thread (one selector loop, no reader threads),
+which keeps preexec_fn safe and output ordering simple. A Supervisor that
+handles signals must be used from the main thread, as a context manager.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import json
+import math
+import os
+import selectors
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, TextIO
+
+PROGRESS_TAG = "TESSERA_PROGRESS"
+RESULT_TAG = "TESSERA_RESULT"
+
+#: Longest line kept whole; longer output is split into pieces of this size.
+MAX_LINE_BYTES = 1 << 20
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_libc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
+
+
+def _child_setup(parent_pid: int) -> None:
+    """Runs in the child between fork and exec: ask the kernel to SIGKILL us
+    when the launcher dies, and die now if it already has (the race between
+    fork and prctl)."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def describe_exit(code: Optional[int]) -> str:
+    """'exited with status 3', 'was killed by SIGKILL', 'was not started'."""
+    if code is None:
+        return "was not started"
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"was killed by {name}"
+
+
+# --------------------------------------------------------------------------
+# Terminal output
+# --------------------------------------------------------------------------
+
+
+class Console:
+    """The launcher's terminal output, optionally mirrored to a log file.
+
+    `say` is for the launcher's own messages (always shown, always logged),
+    `process_line` for a line of a child's output (shown unless
+    echo_processes is False). A terminal that goes away (closed pipe) only
+    silences the terminal side; the run goes on.
+    """
+
+    def __init__(self, stream: TextIO = None, log_path: Optional[Path] = None, echo_processes: bool = True):
+        self.stream = stream if stream is not None else sys.stdout
+        self.echo_processes = echo_processes
+        self._log = open(log_path, "a", encoding="utf-8", buffering=1) if log_path else None
+
+    def say(self, text: str, tag: str = "launch") -> None:
+        line = f"[{tag}] {text}"
+        self._write(line)
+        if self._log:
+            self._log.write(line + "\n")
+
+    def block(self, lines) -> None:
+        """Plain lines (the final report): terminal and log, no prefix."""
+        for line in lines:
+            self._write(line)
+            if self._log:
+                self._log.write(line + "\n")
+
+    def note(self, text: str) -> None:
+        """A launcher message for the log file only (e.g. full command lines)."""
+        if self._log:
+            self._log.write(f"[launch] {text}\n")
+
+    def process_line(self, line: str) -> None:
+        if self.echo_processes:
+            self._write(line)
+
+    def _write(self, line: str) -> None:
+        if self.stream is None:
+            return
+        try:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            self.stream = None
+
+    def close(self) -> None:
+        if self._log:
+            self._log.close()
+            self._log = None
+
+
+# --------------------------------------------------------------------------
+# Progress
+# --------------------------------------------------------------------------
+
+
+def _number(value) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+class ProgressTracker:
+    """Collects TESSERA_PROGRESS records from workers.
+
+    Every record is appended at once to a JSON-lines file as the worker's
+    object plus "time" (Unix seconds), "elapsed" (seconds since the tracker
+    was made) and "worker" (rank). `due_report` returns a one-line summary of
+    the latest record of every worker (epoch: the highest; step: the sum,
+    i.e. steps done by the whole job; loss: the mean; steps/s: steps done
+    since the last report, a worker's first record being its base) at most once per `interval` seconds, the first one `interval`
+    after the first record, and only when something new arrived.
+    """
+
+    def __init__(self, jsonl_path: Optional[Path], interval: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time):
+        self.interval = interval
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._started = clock()
+        self._file = open(jsonl_path, "a", encoding="utf-8", buffering=1) if jsonl_path else None
+        self.latest: dict = {}  # rank -> last payload
+        self.records = 0
+        self._fresh = False
+        self._last_report_at: Optional[float] = None  # set by the first record
+        self._steps_at_last_report: dict = {}  # rank -> step, the base of steps/s
+
+    def record(self, rank: int, payload: dict) -> dict:
+        """Stores one worker's progress object; returns the record written."""
+        now = self._clock()
+        entry = dict(payload)
+        entry.update(time=round(self._wall_clock(), 3), elapsed=round(now - self._started, 3), worker=rank)
+        if self._file:
+            self._file.write(json.dumps(entry) + "\n")
+        self.latest[rank] = payload
+        self.records += 1
+        self._fresh = True
+        if self._last_report_at is None:  # the rate is measured from here on
+            self._last_report_at = now
+        self._steps_at_last_report.setdefault(rank, _number(payload.get("step")) or 0.0)
+        return entry
+
+    def due_report(self) -> Optional[str]:
+        """The progress line if one is due now, else None."""
+        now = self._clock()
+        if not self._fresh or now - self._last_report_at < self.interval:
+            return None
+        current = {rank: _number(p.get("step")) or 0.0 for rank, p in self.latest.items()}
+        done = sum(current[rank] - self._steps_at_last_report[rank] for rank in current)
+        rate = done / (now - self._last_report_at)
+        self._last_report_at, self._steps_at_last_report, self._fresh = now, current, False
+        return self._format(sum(current.values()), rate, now - self._started)
+
+    def _format(self, steps: float, rate: float, elapsed: float) -> str:
+        parts = []
+        epochs = [e for e in (_number(p.get("epoch")) for p in self.latest.values()) if e is not None]
+        if epochs:
+            parts.append(f"epoch {int(max(epochs))}")
+        parts.append(f"step {int(steps)}")
+        losses = [x for x in (_number(p.get("loss")) for p in self.latest.values()) if x is not None]
+        if losses:
+            parts.append(f"loss {sum(losses) / len(losses):.4g}")
+        parts.append(f"{rate:.1f} steps/s")
+        minutes, seconds = divmod(int(elapsed), 60)
+        parts.append(f"elapsed {minutes}:{seconds:02d}")
+        parts.append(f"{len(self.latest)} worker{'s' if len(self.latest) != 1 else ''} reporting")
+        return " | ".join(parts)
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()
+            self._file = None
+
+
+# --------------------------------------------------------------------------
+# Processes
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class ProcessSpec:
+    """One process of a job.
+
+    name:  prefixes its output and names its log file (e.g. "server-0").
+    argv:  the command; argv[0] is executed directly (no shell).
+    rank:  set for worker programs: their TESSERA_PROGRESS and TESSERA_RESULT
+           lines are parsed (and progress lines kept off the terminal).
+    env:   variables added to the launcher's environment.
+    cwd:   working directory (default: the launcher's).
+    """
+
+    name: str
+    argv: list
+    rank: Optional[int] = None
+    env: dict = field(default_factory=dict)
+    cwd: Optional[str] = None
+
+
+@dataclass
+class Outcome:
+    """How a job ended.
+
+    status:        "completed" (every process exited 0), "failed",
+                   "timeout" or "interrupted".
+    reason:        one line for a human.
+    culprit:       the process whose failure ended the job, if any.
+    culprit_code:  its exit code (negative: killed by that signal).
+    exit_codes:    name -> exit code, None for a process never started.
+    still_running: at a timeout, who was still running.
+    signal:        for "interrupted", the signal the launcher received.
+    stragglers:    processes stopped because they did not exit within the
+                   grace after the leader finished.
+    stopped:       processes the supervisor stopped (SIGTERM/SIGKILL) when
+                   the job ended; their exit codes are a consequence, not a
+                   cause.
+    """
+
+    status: str
+    reason: str
+    culprit: Optional[str] = None
+    culprit_code: Optional[int] = None
+    exit_codes: dict = field(default_factory=dict)
+    still_running: list = field(default_factory=list)
+    signal: Optional[int] = None
+    stragglers: list = field(default_factory=list)
+    stopped: list = field(default_factory=list)
+
+
+class _Managed:
+    """A started process and the state of its output pipe."""
+
+    def __init__(self, spec: ProcessSpec, popen: subprocess.Popen, log: TextIO, tail_lines: int):
+        self.spec = spec
+        self.popen = popen
+        self.log = log
+        self.fd = popen.stdout.fileno()
+        self.pipe_open = True
+        self.pending = bytearray()
+        self.tail = collections.deque(maxlen=tail_lines)
+        self.returncode: Optional[int] = None
+        self.warned_malformed = False
+
+    @property
+    def alive(self) -> bool:
+        return self.returncode is None
+
+    def signal_group(self, signum: int) -> None:
+        """Signals the process group (its pgid is its pid: own session)."""
+        try:
+            os.killpg(self.popen.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+_WAKEUP = object()
+
+
+class Supervisor:
+    """Runs the processes of one job; see the module docstring for the policy.
+
+    Use as a context manager: entering installs the signal handlers (when
+    handle_signals is set), leaving stops whatever still runs and restores
+    them. Not thread-safe; call everything from one thread.
+    """
+
+    def __init__(self, log_dir: Path, console: Optional[Console] = None,
+                 progress: Optional[ProgressTracker] = None, grace_seconds: float = 3.0,
+                 settle_seconds: float = 1.0, handle_signals: bool = True, tail_lines: int = 20,
+                 clock: Callable[[], float] = time.monotonic):
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.console = console or Console()
+        self.progress = progress
+        self.grace_seconds = grace_seconds
+        self.settle_seconds = settle_seconds
+        self.handle_signals = handle_signals
+        self.tail_lines = tail_lines
+        self.results: dict = {}  # process name -> TESSERA_RESULT object
+        self._clock = clock
+        self._started_at = clock()
+        self._processes: dict = {}  # name -> _Managed, in start order
+        self._never_started: list = []
+        self._selector = selectors.DefaultSelector()
+        self._outcome: Optional[Outcome] = None
+        self._stopped = False
+        self._signals: list = []
+        self._kill_now = False
+        self._saved_handlers: dict = {}
+        self._saved_wakeup_fd: Optional[int] = None
+        self._wakeup_pipe: Optional[tuple] = None
+
+    # -- context management and signals ------------------------------------
+
+    def __enter__(self) -> "Supervisor":
+        if self.handle_signals:
+            read_end, write_end = os.pipe()
+            os.set_blocking(read_end, False)
+            os.set_blocking(write_end, False)
+            self._wakeup_pipe = (read_end, write_end)
+            self._selector.register(read_end, selectors.EVENT_READ, _WAKEUP)
+            self._saved_wakeup_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+            for signum in _STOP_SIGNALS:
+                self._saved_handlers[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        try:
+            if any(m.alive for m in self._processes.values()):
+                self.stop("failed", "the launcher is exiting")
+        finally:
+            self._restore_signals()
+            self._close_pipes()
+            self._selector.close()
+
+    def _on_signal(self, signum, _frame) -> None:
+        self._signals.append(signum)
+
+    def _restore_signals(self) -> None:
+        for signum, handler in self._saved_handlers.items():
+            signal.signal(signum, handler)
+        self._saved_handlers.clear()
+        if self._wakeup_pipe:
+            signal.set_wakeup_fd(self._saved_wakeup_fd if self._saved_wakeup_fd is not None else -1)
+            self._selector.unregister(self._wakeup_pipe[0])
+            for fd in self._wakeup_pipe:
+                os.close(fd)
+            self._wakeup_pipe = None
+
+    # -- public API ----------------------------------------------------------
+
+    @property
+    def outcome(self) -> Optional[Outcome]:
+        """How the job ended; None while it has not."""
+        return self._outcome
+
+    def running_names(self) -> list:
+        return [name for name, m in self._processes.items() if m.alive]
+
+    def exit_codes(self) -> dict:
+        """name -> exit code (None: not started or still running)."""
+        codes = {name: m.returncode for name, m in self._processes.items()}
+        codes.update({name: None for name in self._never_started})
+        return codes
+
+    def results_by_rank(self) -> dict:
+        """Worker rank -> its TESSERA_RESULT object, for workers that printed one."""
+        return {self._processes[name].spec.rank: result for name, result in self.results.items()}
+
+    def tail(self, name: str) -> list:
+        """The last lines (up to tail_lines) a process printed."""
+        managed = self._processes.get(name)
+        return list(managed.tail) if managed else []
+
+    def start(self, spec: ProcessSpec) -> bool:
+        """Starts a process. Returns False, without starting it, once the job
+        has ended; a process that cannot be executed ends the job (failed)."""
+        if self._outcome is not None:
+            return False
+        if spec.name in self._processes:
+            raise ValueError(f"duplicate process name {spec.name!r}")
+        log = open(self.log_dir / f"{spec.name}.log", "a", encoding="utf-8", buffering=1)
+        try:
+            popen = subprocess.Popen(
+                spec.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **spec.env},
+                cwd=spec.cwd,
+                start_new_session=True,
+                preexec_fn=lambda parent=os.getpid(): _child_setup(parent),
+            )
+        except OSError as e:
+            log.close()
+            self._never_started.append(spec.name)
+            reason = f"could not start {spec.name}: {e.strerror or e}: {spec.argv[0]}"
+            self.console.say(reason)
+            self._outcome = Outcome("failed", reason, culprit=spec.name)
+            return False
+        managed = _Managed(spec, popen, log, self.tail_lines)
+        os.set_blocking(managed.fd, False)
+        self._selector.register(managed.fd, selectors.EVENT_READ, managed)
+        self._processes[spec.name] = managed
+        self.console.say(f"started {spec.name} (pid {popen.pid})")
+        self.console.note(f"{spec.name}: {shlex.join(spec.argv)}")
+        return True
+
+    def note_skipped(self, name: str) -> None:
+        """Records a process deliberately not started (exit code None)."""
+        self._never_started.append(name)
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: Optional[float]) -> str:
+        """Supervises until predicate() holds ("satisfied"), `timeout` seconds
+        pass ("timeout"), or the job ends or nothing runs any more ("ended").
+        A failure seen meanwhile stops everything before returning."""
+        deadline = None if timeout is None else self._clock() + timeout
+        while True:
+            if self._outcome is not None:
+                self._stop_all()
+                return "ended"
+            if predicate():
+                return "satisfied"
+            if not any(m.alive for m in self._processes.values()):
+                return "ended"
+            now = self._clock()
+            if deadline is not None and now >= deadline:
+                return "timeout"
+            self._pump(0.25 if deadline is None else min(0.25, deadline - now))
+
+    def run(self, timeout: Optional[float] = None, leader: Optional[str] = None,
+            leader_grace: float = 10.0) -> Outcome:
+        """Supervises until the job ends and returns its Outcome.
+
+        timeout:      seconds from now after which everything is stopped
+                      (status "timeout", naming who was still running).
+        leader:       the process whose exit 0 means the job is done; the
+                      others then get `leader_grace` seconds to exit on their
+                      own before they are stopped (and listed as stragglers).
+        """
+        deadline = None if timeout is None else self._clock() + timeout
+        leader_done_at = None
+        while self._outcome is None:
+            alive = self.running_names()
+            if not alive:
+                self._outcome = Outcome("completed", "every process exited with status 0")
+                break
+            now = self._clock()
+            if deadline is not None and now >= deadline:
+                self._outcome = Outcome(
+                    "timeout",
+                    f"timed out after {self.elapsed():.1f} s; still running: {', '.join(alive)}",
+                    still_running=alive,
+                )
+                break
+            leader_proc = self._processes.get(leader) if leader else None
+            if leader_proc is not None and leader_proc.returncode == 0:
+                leader_done_at = leader_done_at if leader_done_at is not None else now
+                if now - leader_done_at >= leader_grace:
+                    self.console.say(
+                        f"{', '.join(alive)} still running {leader_grace:g} s after {leader} finished; stopping")
+                    self._outcome = Outcome("completed", f"{leader} finished", stragglers=alive)
+                    break
+            waits = [0.25]
+            if deadline is not None:
+                waits.append(deadline - now)
+            if leader_done_at is not None:
+                waits.append(leader_done_at + leader_grace - now)
+            self._pump(max(0.0, min(waits)))
+        self._stop_all()
+        return self._outcome
+
+    def stop(self, status: str, reason: str, culprit: Optional[str] = None) -> Outcome:
+        """Ends the job now (unless it already ended) with the given status
+        and reason, stopping every process. Returns the Outcome."""
+        if self._outcome is None:
+            self._outcome = Outcome(status, reason, culprit=culprit)
+        self._stop_all()
+        return self._outcome
+
+    def elapsed(self) -> float:
+        return self._clock() - self._started_at
+
+    # -- the event loop ------------------------------------------------------
+
+    def _pump(self, max_wait: float) -> None:
+        """One turn: read output, notice signals and exits, report progress."""
+        for key, _ in self._selector.select(max(0.0, max_wait)):
+            if key.data is _WAKEUP:
+                self._drain_wakeup()
+            else:
+                self._read(key.data)
+        self._handle_signals()
+        self._reap()
+        if self.progress is not None:
+            report = self.progress.due_report()
+            if report:
+                self.console.say(report, tag="progress")
+
+    def _drain_wakeup(self) -> None:
+        try:
+            while os.read(self._wakeup_pipe[0], 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _handle_signals(self) -> None:
+        while self._signals:
+            signum = self._signals.pop(0)
+            name = signal.Signals(signum).name
+            if self._outcome is None:
+                self.console.say(f"received {name}; stopping the job (again to kill at once)")
+                self._outcome = Outcome("interrupted", f"the launcher received {name}", signal=signum)
+            elif not self._kill_now:
+                self.console.say(f"received {name} again; killing everything now")
+                self._kill_now = True
+
+    def _reap(self) -> None:
+        for managed in list(self._processes.values()):
+            if managed.alive and self._has_exited(managed):
+                self._on_exit(managed)
+
+    @staticmethod
+    def _has_exited(managed: _Managed) -> bool:
+        """Whether the process has exited, leaving it unreaped (a zombie keeps
+        its pid and process group id from being reused)."""
+        try:
+            return os.waitid(os.P_PID, managed.popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
+
+    def _on_exit(self, managed: _Managed) -> None:
+        managed.signal_group(signal.SIGKILL)  # whatever it left behind
+        managed.returncode = managed.popen.wait()
+        self._read(managed, until_blocked=True)
+        name, code = managed.spec.name, managed.returncode
+        self.console.say(f"{name} {describe_exit(code)}")
+        if code != 0 and self._outcome is None:
+            self._outcome = Outcome("failed", f"{name} {describe_exit(code)}", culprit=name, culprit_code=code)
+
+    def _stop_all(self) -> None:
+        """After a process failure, wait up to settle_seconds for others to
+        exit by themselves; then SIGTERM every live process group, SIGKILL
+        those alive after the grace period, and wait for all to be reaped.
+        Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._outcome.culprit_code is not None:  # a process failed: let the cascade settle
+            self._wait_for_exits(self.settle_seconds)
+        alive = [m for m in self._processes.values() if m.alive]
+        self._outcome.stopped = [m.spec.name for m in alive]
+        if alive:
+            names = ", ".join(m.spec.name for m in alive)
+            self.console.say(f"stopping {names} (SIGTERM, then SIGKILL after {self.grace_seconds:g} s)")
+            for managed in alive:
+                managed.signal_group(signal.SIGTERM)
+            self._wait_for_exits(self.grace_seconds)
+            stubborn = [m for m in self._processes.values() if m.alive]
+            for managed in stubborn:
+                self.console.say(f"{managed.spec.name} is still running; sending SIGKILL")
+                managed.signal_group(signal.SIGKILL)
+            self._wait_for_exits(10.0, ignore_kill_now=True)
+        self._close_pipes()
+        if self.progress is not None:
+            report = self.progress.due_report()
+            if report:
+                self.console.say(report, tag="progress")
+        self._outcome.exit_codes = self.exit_codes()
+
+    def _wait_for_exits(self, seconds: float, ignore_kill_now: bool = False) -> None:
+        deadline = self._clock() + seconds
+        while any(m.alive for m in self._processes.values()):
+            if self._kill_now and not ignore_kill_now:
+                return
+            now = self._clock()
+            if now >= deadline:
+                return
+            self._pump(min(0.05, deadline - now))
+
+    # -- output --------------------------------------------------------------
+
+    def _read(self, managed: _Managed, until_blocked: bool = False) -> None:
+        """Reads what the pipe holds (one chunk, or until it would block)."""
+        while managed.pipe_open:
+            try:
+                data = os.read(managed.fd, 65536)
+            except BlockingIOError:
+                return
+            if not data:
+                self._close_pipe(managed)
+                return
+            managed.pending += data
+            self._split_lines(managed)
+            if not until_blocked:
+                return
+
+    def _split_lines(self, managed: _Managed) -> None:
+        while True:
+            newline = managed.pending.find(b"\n")
+            if newline < 0:
+                if len(managed.pending) < MAX_LINE_BYTES:
+                    return
+                newline = MAX_LINE_BYTES
+                chunk, managed.pending = managed.pending[:newline], managed.pending[newline:]
+            else:
+                chunk, managed.pending = managed.pending[:newline], managed.pending[newline + 1:]
+            self._handle_line(managed, bytes(chunk).decode("utf-8", errors="replace").rstrip("\r"))
+
+    def _close_pipe(self, managed: _Managed) -> None:
+        if not managed.pipe_open:
+            return
+        managed.pipe_open = False
+        self._selector.unregister(managed.fd)
+        if managed.pending:
+            text = bytes(managed.pending).decode("utf-8", errors="replace").rstrip("\r")
+            managed.pending = bytearray()
+            self._handle_line(managed, text)
+        managed.popen.stdout.close()
+        managed.log.close()
+
+    def _close_pipes(self) -> None:
+        for managed in self._processes.values():
+            if managed.pipe_open:
+                self._read(managed, until_blocked=True)
+                self._close_pipe(managed)
+
+    def _handle_line(self, managed: _Managed, text: str) -> None:
+        """Logs one line of output, and acts on the worker line protocol."""
+        name = managed.spec.name
+        prefixed = f"[{name}] {text}"
+        managed.log.write(prefixed + "\n")
+        if managed.spec.rank is not None:
+            if text.startswith(PROGRESS_TAG):
+                payload = self._protocol_payload(managed, text, PROGRESS_TAG)
+                if payload is not None:
+                    if self.progress is not None:
+                        self.progress.record(managed.spec.rank, payload)
+                    return  # progress lines stay off the terminal
+            elif text.startswith(RESULT_TAG):
+                payload = self._protocol_payload(managed, text, RESULT_TAG)
+                if payload is not None:
+                    self.results[name] = payload
+        managed.tail.append(text)
+        self.console.process_line(prefixed)
+
+    def _protocol_payload(self, managed: _Managed, text: str, tag: str) -> Optional[dict]:
+        """The JSON object after `tag`, or None (with one warning per process)
+        when the line is not `TAG {json object}`."""
+        rest = text[len(tag):]
+        if rest[:1] in (" ", "\t"):
+            try:
+                payload = json.loads(rest)
+            except ValueError:
+                payload = None
+            if isinstance(payload, dict):
+                return payload
+        if not managed.warned_malformed:
+            managed.warned_malformed = True
+            self.console.say(f"{managed.spec.name}: malformed {tag} line (expected '{tag} {{json object}}'); "
+                             "treating it as log text")
+        return None

@@ -1,0 +1,175 @@
+"""Stand-ins for tessera-coordinator, tessera-server and a worker program.
+
+They follow the launcher's process contract (docs/launcher.md): the same
+flags, the address file, the coordinator's summary file, the worker line
+protocol, exit statuses. Their "protocol" is one line of text per message over
+a TCP or Unix socket, just enough for a coordinator to know who registered,
+who finished and whom to shut down. They let the local back-end be tested
+without the C++ binaries.
+
+Usage: fake_cluster.py coordinator|server|worker [the binary's flags]
+
+Behaviour switches (environment):
+  FAKE_COORDINATOR_CRASH=1   the coordinator prints an error and exits 3
+                             before writing its address
+  FAKE_WORKER_FAIL=R         worker R exits 5 after its first progress line
+  FAKE_WORKER_STEPS=N        steps per worker (default 6)
+"""
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+
+def log(text):
+    print(text, flush=True)
+
+
+def listen(bind):
+    if bind.startswith("tcp://"):
+        host, _, port = bind[len("tcp://"):].rpartition(":")
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind((host, int(port)))
+        server.listen(64)
+        return server, f"tcp://{host}:{server.getsockname()[1]}"
+    path = bind[len("ipc://"):]
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(64)
+    return server, bind
+
+
+def connect(address, timeout):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if address.startswith("tcp://"):
+                host, _, port = address[len("tcp://"):].rpartition(":")
+                sock = socket.create_connection((host, int(port)), timeout=1)
+                sock.settimeout(None)
+                return sock
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(address[len("ipc://"):])
+            return sock
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def write_atomically(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def coordinator(argv):
+    p = argparse.ArgumentParser()
+    for flag in ("--bind", "--address-file", "--summary-file", "--name"):
+        p.add_argument(flag, required=True)
+    for flag in ("--servers", "--workers", "--vshards"):
+        p.add_argument(flag, type=int, required=True)
+    for flag in ("--assemble-timeout", "--heartbeat-interval", "--lease"):
+        p.add_argument(flag, type=float, required=True)
+    p.add_argument("--debug", action="store_true")
+    a = p.parse_args(argv)
+    if os.environ.get("FAKE_COORDINATOR_CRASH"):
+        log("ERROR cannot bind: address already in use (fake crash)")
+        sys.exit(3)
+    server, address = listen(a.bind)
+    write_atomically(a.address_file, address + "\n")
+    log(f"INFO coordinator listening on {address}")
+
+    def finish(status, reason, workers=(), code=0):
+        summary = {"status": status, "reason": reason, "workers": list(workers),
+                   "servers": [{"rank": r, "address": f"fake://server-{r}"} for r in range(a.servers)]}
+        write_atomically(a.summary_file, json.dumps(summary))
+        if status != "ok":
+            log(f"ERROR {reason}")
+        sys.exit(code)
+
+    members = {}  # name -> (socket, reader)
+    deadline = time.monotonic() + a.assemble_timeout
+    expected = [f"server-{r}" for r in range(a.servers)] + [f"worker-{r}" for r in range(a.workers)]
+    server.settimeout(0.1)
+    while len(members) < len(expected):
+        if time.monotonic() > deadline:
+            missing = [n for n in expected if n not in members]
+            finish("failed", f"{', '.join(missing)} did not register within {a.assemble_timeout:g} s", code=1)
+        try:
+            conn, _ = server.accept()
+        except socket.timeout:
+            continue
+        conn.settimeout(None)
+        reader = conn.makefile("r")
+        name = reader.readline().split()[-1]
+        members[name] = (conn, reader)
+        log(f"INFO {name} registered")
+    for name, (conn, _) in members.items():
+        if name.startswith("worker"):
+            conn.sendall(b"start\n")
+    reports = []
+    for r in range(a.workers):
+        line = members[f"worker-{r}"][1].readline()
+        if not line.startswith("done "):
+            finish("failed", f"worker-{r} was lost", reports, code=1)
+        reports.append(json.loads(line[len("done "):]))
+    for name, (conn, _) in members.items():
+        if name.startswith("server"):
+            conn.sendall(b"shutdown\n")
+    finish("ok", "all workers done", reports)
+
+
+def server_main(argv):
+    p = argparse.ArgumentParser()
+    for flag in ("--coordinator", "--bind", "--name"):
+        p.add_argument(flag, required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--connect-timeout", type=float, required=True)
+    p.add_argument("--debug", action="store_true")
+    a = p.parse_args(argv)
+    sock = connect(a.coordinator, a.connect_timeout)
+    sock.sendall(f"register {a.name}\n".encode())
+    log(f"INFO {a.name} registered with {a.coordinator}")
+    line = sock.makefile("r").readline()
+    if line.strip() != "shutdown":
+        log(f"ERROR {a.name}: lost the coordinator")
+        sys.exit(1)
+    log(f"INFO {a.name} shutting down")
+
+
+def worker_main(argv):
+    p = argparse.ArgumentParser()
+    for flag in ("--coordinator", "--name"):
+        p.add_argument(flag, required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--bind")
+    a, extra = p.parse_known_args(argv)
+    log(f"INFO {a.name} args {' '.join(extra)}")
+    sock = connect(a.coordinator, 10)
+    sock.sendall(f"register {a.name}\n".encode())
+    sock.makefile("r").readline()  # start
+    steps = int(os.environ.get("FAKE_WORKER_STEPS", "6"))
+    loss = 0.7
+    for step in range(1, steps + 1):
+        loss *= 0.9
+        print("TESSERA_PROGRESS " + json.dumps({"epoch": 1, "step": step, "loss": loss}), flush=True)
+        if os.environ.get("FAKE_WORKER_FAIL") == str(a.rank):
+            log(f"ERROR {a.name}: fake failure")
+            sys.exit(5)
+        time.sleep(0.02)
+    result = {"steps": steps, "final_loss": loss, "test_auc": 0.75 + 0.01 * a.rank, "examples": 100}
+    print("TESSERA_RESULT " + json.dumps(result), flush=True)
+    report = {"rank": a.rank, "steps": steps, "final_loss": loss, "bytes_pushed": 1000,
+              "bytes_pulled": 2000, "report": {"pushes": steps}}
+    sock.sendall(f"done {json.dumps(report)}\n".encode())
+
+
+if __name__ == "__main__":
+    role, rest = sys.argv[1], sys.argv[2:]
+    {"coordinator": coordinator, "server": server_main, "worker": worker_main}[role](rest)

@@ -1,0 +1,258 @@
+"""Tests of tessera_launch.config: loading, --set overrides, defaults and
+strict validation with messages that name the file, line and key path."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import LAUNCHER_DIR
+from tessera_launch.config import ConfigError, all_key_paths, load_config, parse_override
+
+REPO = LAUNCHER_DIR.parent
+
+MINIMAL = """\
+worker:
+  program: tessera-logreg
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "job.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def error_of(path, overrides=()) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    return str(info.value)
+
+
+# -- the shipped config and defaults ----------------------------------------
+
+
+def test_shipped_local_config_is_valid():
+    config = load_config(REPO / "configs" / "local.yaml")
+    assert config.job.name == "logreg-local"
+    assert (config.cluster.servers, config.cluster.workers, config.cluster.vshards) == (2, 2, 64)
+    assert config.cluster.transport == "tcp"
+    assert config.worker.program == "tessera-logreg"
+    assert config.worker.args["epochs"] == 3
+    assert config.timeouts.lease_seconds == 5
+
+
+def test_missing_optional_sections_get_defaults(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL))
+    assert config.job.name == "tessera-job"
+    assert (config.cluster.servers, config.cluster.workers, config.cluster.vshards) == (1, 1, 64)
+    assert (config.cluster.transport, config.cluster.host) == ("tcp", "127.0.0.1")
+    assert (config.timeouts.assemble_seconds, config.timeouts.heartbeat_seconds,
+            config.timeouts.lease_seconds) == (30, 1, 5)
+    assert config.worker.args == {}
+
+
+def test_empty_section_means_defaults(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL + "timeouts:\ncluster:\n"))
+    assert config.timeouts.assemble_seconds == 30
+    assert config.cluster.servers == 1
+
+
+def test_resolved_config_round_trips(tmp_path):
+    config = load_config(REPO / "configs" / "local.yaml", ["cluster.servers=3"])
+    again = load_config(write(tmp_path, config.to_yaml()))
+    assert again.to_dict() == config.to_dict()
+    assert "--set cluster.servers=3" in config.to_yaml()
+
+
+def test_every_key_is_documented():
+    readme = (REPO / "configs" / "README.md").read_text()
+    for key in all_key_paths():
+        assert f"`{key}`" in readme, f"configs/README.md does not document {key}"
+
+
+# -- errors: each names the file (and line) and the key path -----------------
+
+
+def test_missing_file_is_named(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    assert error_of(missing) == f"{missing}: no such file"
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path):
+    path = write(tmp_path, """\
+        job:
+          name: x
+        cluster:
+          servers: [2
+        worker:
+          program: p
+        """)
+    message = error_of(path)
+    assert message.startswith(f"{path}:5:")
+    assert "YAML syntax error" in message
+
+
+def test_duplicate_key_is_an_error(tmp_path):
+    path = write(tmp_path, MINIMAL + "cluster:\n  servers: 2\n  servers: 3\n")
+    message = error_of(path)
+    assert message.startswith(f"{path}:5:")
+    assert "duplicate key 'servers' (first given on line 4)" in message
+
+
+def test_unknown_key_names_path_and_suggests(tmp_path):
+    path = write(tmp_path, MINIMAL + "cluster:\n  srevers: 2\n")
+    assert error_of(path) == (
+        f"{path}:4: unknown key cluster.srevers; did you mean cluster.servers? "
+        "(known: servers, workers, vshards, transport, host)")
+
+
+def test_unknown_section(tmp_path):
+    path = write(tmp_path, MINIMAL + "clusters:\n  servers: 2\n")
+    assert f"{path}:3: unknown key clusters; did you mean cluster?" in error_of(path)
+
+
+def test_wrong_type_names_file_line_key_and_value(tmp_path):
+    path = write(tmp_path, MINIMAL + "cluster:\n  servers: two\n")
+    assert error_of(path) == f'{path}:4: cluster.servers must be a positive integer, got "two"'
+
+
+@pytest.mark.parametrize("value, shown", [
+    ("-1", "-1"), ("0", "0"), ("2.5", "2.5"), ("true", "true"), ("null", "null"), ("[1, 2]", "a list"),
+])
+def test_non_positive_or_non_integer_counts(tmp_path, value, shown):
+    path = write(tmp_path, MINIMAL + f"cluster:\n  workers: {value}\n")
+    assert error_of(path) == f"{path}:4: cluster.workers must be a positive integer, got {shown}"
+
+
+def test_unknown_transport(tmp_path):
+    path = write(tmp_path, MINIMAL + "cluster:\n  transport: udp\n")
+    assert error_of(path) == f'{path}:4: cluster.transport must be one of tcp | ipc, got "udp"'
+
+
+def test_timeouts_must_be_positive_numbers(tmp_path):
+    path = write(tmp_path, MINIMAL + "timeouts:\n  assemble_seconds: soon\n  lease_seconds: -5\n")
+    message = error_of(path)
+    assert f'{path}:4: timeouts.assemble_seconds must be a positive number (seconds), got "soon"' in message
+    assert f"{path}:5: timeouts.lease_seconds must be a positive number (seconds), got -5" in message
+
+
+def test_fractional_seconds_are_fine(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL + "timeouts:\n  heartbeat_seconds: 0.2\n  lease_seconds: 1\n"))
+    assert config.timeouts.heartbeat_seconds == 0.2
+
+
+def test_all_errors_are_reported_together(tmp_path):
+    path = write(tmp_path, "cluster:\n  servers: 0\n  workers: x\n  transport: rdma\n")
+    lines = error_of(path).splitlines()
+    assert len(lines) == 4  # servers, workers, transport, and the missing worker.program
+    assert any("worker.program is required" in line for line in lines)
+
+
+def test_section_must_be_a_mapping(tmp_path):
+    path = write(tmp_path, MINIMAL + "cluster: 4\n")
+    assert error_of(path) == f"{path}:3: cluster must be a mapping, got 4"
+
+
+def test_top_level_must_be_a_mapping(tmp_path):
+    path = write(tmp_path, "- job\n- cluster\n")
+    assert "the top level must be a mapping of sections" in error_of(path)
+
+
+def test_worker_program_is_required(tmp_path):
+    path = write(tmp_path, "cluster:\n  servers: 2\n")
+    assert error_of(path).startswith(f"{path}: worker.program is required")
+
+
+def test_job_name_must_be_usable_as_a_directory_name(tmp_path):
+    path = write(tmp_path, MINIMAL + "job:\n  name: ../escape\n")
+    assert f'{path}:4: job.name must be a name of letters' in error_of(path)
+
+
+def test_worker_args_rules(tmp_path):
+    path = write(tmp_path, """\
+        worker:
+          program: p
+          args:
+            rank: 3
+            nested: {a: 1}
+            "bad key": 1
+            fine_key: 0.5
+        """)
+    message = error_of(path)
+    assert f"{path}:4: worker.args.rank is reserved: the launcher passes --rank itself" in message
+    assert f"{path}:5: worker.args.nested must be a string, number or boolean, got a mapping" in message
+    assert f'{path}:6: worker.args key "bad key" is not a valid flag name' in message
+    assert "fine_key" not in message
+
+
+def test_cross_field_checks(tmp_path):
+    path = write(tmp_path, MINIMAL + textwrap.dedent("""\
+        cluster:
+          servers: 8
+          vshards: 4
+        timeouts:
+          heartbeat_seconds: 2
+          lease_seconds: 2
+        """))
+    message = error_of(path)
+    assert "cluster.vshards (4) must be at least cluster.servers (8)" in message
+    assert "timeouts.lease_seconds (2) must be greater than timeouts.heartbeat_seconds (2)" in message
+
+
+# -- --set overrides ---------------------------------------------------------
+
+
+def test_overrides_apply_in_order_with_yaml_typing(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    config = load_config(path, ["cluster.servers=3", "cluster.servers=4", "cluster.transport=ipc",
+                                "timeouts.lease_seconds=2.5", "worker.args.epochs=1",
+                                "worker.args.name_prefix=abc", "job.name=exp-7"])
+    assert config.cluster.servers == 4
+    assert config.cluster.transport == "ipc"
+    assert config.timeouts.lease_seconds == 2.5
+    assert config.worker.args == {"epochs": 1, "name_prefix": "abc"}
+    assert config.job.name == "exp-7"
+    assert config.overrides[0] == "cluster.servers=3"
+
+
+def test_override_can_supply_a_required_key(tmp_path):
+    path = write(tmp_path, "cluster:\n  servers: 2\n")
+    assert load_config(path, ["worker.program=./my-worker"]).worker.program == "./my-worker"
+
+
+def test_bad_override_value_is_blamed_on_the_override(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    assert error_of(path, ["cluster.servers=two"]) == (
+        '--set cluster.servers=two: cluster.servers must be a positive integer, got "two"')
+
+
+def test_override_of_unknown_key(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    assert error_of(path, ["cluster.replicas=2"]).startswith(
+        "--set cluster.replicas=2: unknown key cluster.replicas")
+    assert error_of(path, ["cluster.servers=2", "cluster.servers.x=2"]) == (
+        "--set cluster.servers.x=2: cluster.servers is not a mapping")
+
+
+@pytest.mark.parametrize("text", ["cluster.servers", "=3", "cluster..servers=3", ".x=1"])
+def test_malformed_override(text):
+    with pytest.raises(ConfigError, match="expected KEY.PATH=VALUE"):
+        parse_override(text)
+
+
+def test_override_values_are_yaml_scalars():
+    assert parse_override("a.b=3").value == 3
+    assert parse_override("a.b=0.5").value == 0.5
+    assert parse_override("a.b=true").value is True
+    assert parse_override("a.b=x=y").value == "x=y"
+    assert parse_override("a.b=").value is None
+    assert parse_override("a.b=[unclosed").value == "[unclosed"  # not YAML: taken as text
+
+
+def test_overrides_do_not_change_the_file_or_its_line_numbers(tmp_path):
+    path = write(tmp_path, MINIMAL + "cluster:\n  servers: 2\n  workers: zero\n")
+    message = error_of(path, ["cluster.servers=5"])
+    assert message == f'{path}:5: cluster.workers must be a positive integer, got "zero"'
+    assert yaml.safe_load(path.read_text())["cluster"]["servers"] == 2
