@@ -6,6 +6,7 @@
 #include <numeric>
 #include <thread>
 
+#include "common/logging.h"
 #include "coordinator/coordinator_node.h"
 #include "server/server_node.h"
 #include "transport/inproc_transport.h"
@@ -25,6 +26,9 @@ struct ClusterOptions {
 class InProcCluster {
  public:
   explicit InProcCluster(ClusterOptions o) : options_(o) {
+    // Create the default logger on this thread before the nodes log from
+    // theirs (binaries do this in main through InitLogging).
+    spdlog::default_logger()->set_level(spdlog::level::warn);
     CoordinatorOptions co;
     co.servers = o.servers;
     co.workers = o.workers;
