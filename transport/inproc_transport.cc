@@ -16,9 +16,10 @@ absl::Status InProcNetwork::Attach(const std::string& address, InProcTransport* 
   return absl::OkStatus();
 }
 
-void InProcNetwork::Detach(const std::string& address) {
+void InProcNetwork::Detach(const std::string& address, const InProcTransport* endpoint) {
   std::lock_guard lock(mu_);
-  endpoints_.erase(address);
+  auto it = endpoints_.find(address);
+  if (it != endpoints_.end() && it->second == endpoint) endpoints_.erase(it);
 }
 
 bool InProcNetwork::Deliver(const std::string& to, Message message) {
@@ -44,6 +45,10 @@ absl::Status InProcTransport::Start(Handler handler) {
 }
 
 absl::Status InProcTransport::Send(const std::string& to, Message message) {
+  {
+    std::lock_guard lock(mu_);
+    if (!started_ || stopping_) return absl::FailedPreconditionError("transport is not running");
+  }
   message.header.set_sender_address(address_);
   size_t bytes = message.header.ByteSizeLong() + message.FrameBytes();
   {
@@ -79,7 +84,7 @@ void InProcTransport::DeliveryLoop() {
 }
 
 void InProcTransport::Stop() {
-  network_->Detach(address_);
+  network_->Detach(address_, this);
   {
     std::lock_guard lock(mu_);
     stopping_ = true;

@@ -31,7 +31,7 @@ class InProcNetwork {
   friend class InProcTransport;
   bool Deliver(const std::string& to, Message message);
   absl::Status Attach(const std::string& address, InProcTransport* endpoint);
-  void Detach(const std::string& address);
+  void Detach(const std::string& address, const InProcTransport* endpoint);  // only if it is the owner
 
   std::mutex mu_;
   absl::flat_hash_map<std::string, InProcTransport*> endpoints_ ABSL_GUARDED_BY(mu_);

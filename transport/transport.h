@@ -13,6 +13,7 @@
 //   order they were sent; nothing is promised across different senders.
 //   A send to an address nobody listens on is not an error (the message may
 //   be queued or dropped); callers time out on replies, never on Send.
+//   Send before Start() or after Stop() returns FailedPrecondition.
 // - The handler runs on the transport's delivery thread, one message at a
 //   time, in arrival order. It must not block for long; it may call Send.
 // - Stop() stops delivery and returns once the handler is no longer running

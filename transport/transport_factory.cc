@@ -1,0 +1,43 @@
+#include "transport/transport_factory.h"
+
+#include <unistd.h>
+
+#include <atomic>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace tessera {
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& bind) {
+  ZmqTransport::Options options;
+  options.bind = bind;
+  return MakeTransport(std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(ZmqTransport::Options options) {
+  const std::string& bind = options.bind;
+  const bool tcp = absl::StartsWith(bind, "tcp://") && bind.size() > 6;
+  const bool ipc = absl::StartsWith(bind, "ipc://") && bind.size() > 6;
+  if (!tcp && !ipc) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unsupported transport endpoint '", bind,
+        "': accepted schemes are tcp:// (e.g. tcp://127.0.0.1:0) and ipc:// (e.g. ipc:///tmp/node.sock)"));
+  }
+  return std::unique_ptr<Transport>(new ZmqTransport(std::move(options)));
+}
+
+std::string DefaultBind(const std::string& scheme, const std::string& host) {
+  if (scheme == "tcp") {
+    std::string h = host.empty() ? "127.0.0.1" : host;
+    if (h.find(':') != std::string::npos && !absl::StartsWith(h, "[")) h = absl::StrCat("[", h, "]");
+    return absl::StrCat("tcp://", h, ":0");
+  }
+  if (scheme == "ipc") {
+    static std::atomic<uint64_t> counter{0};
+    return absl::StrCat("ipc:///tmp/tessera-", getpid(), "-", counter.fetch_add(1), ".sock");
+  }
+  return "";
+}
+
+}  // namespace tessera

@@ -1,0 +1,512 @@
+#include "transport/zmq_transport.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+#if defined(__SANITIZE_THREAD__)
+// libzmq is not built with ThreadSanitizer. It passes messages between its
+// I/O threads and ours through lock-free queues that TSan cannot see, so the
+// allocations and copies it makes (free, memcpy, recv called from inside
+// libzmq) would be reported as races against our reads of the same memory.
+// Ignore accesses made from inside libzmq; our own code stays checked (the
+// hand-off of sent frames carries its own acquire/release, see SendHold).
+// Every binary that links the ZeroMQ transport gets this suppression; more
+// can be added with TSAN_OPTIONS=suppressions=FILE.
+extern "C" const char* __tsan_default_suppressions() { return "called_from_lib:libzmq.so\n"; }
+#endif
+
+namespace tessera {
+namespace {
+
+// Set on a transport's delivery thread while it runs, so Stop() can tell that
+// it is called from inside the handler (and must not join itself).
+thread_local const void* tls_delivering_transport = nullptr;
+
+// Received frames are handed over without a copy only at this alignment.
+constexpr uintptr_t kReceiveAlignment = 8;
+
+// Keeps a sent frame's bytes alive until libzmq releases the message. The
+// atomic flag gives ThreadSanitizer the happens-before edge that libzmq's
+// own (uninstrumented) queues provide between the sending thread and the I/O
+// thread that frees the message.
+struct SendHold {
+  explicit SendHold(Buffer b) : buffer(std::move(b)) {}
+  Buffer buffer;
+  std::atomic<bool> published{false};
+};
+
+void ReleaseSendHold(void* /*data*/, void* hint) {
+  auto* hold = static_cast<SendHold*>(hint);
+  (void)hold->published.load(std::memory_order_acquire);
+  delete hold;
+}
+
+std::string Hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+bool IsWildcardHost(const std::string& host) {
+  return host == "*" || host == "0.0.0.0" || host == "[::]" || host == "::" || host == "[::0]";
+}
+
+std::string BracketIfIpv6(const std::string& host) {
+  if (host.find(':') != std::string::npos && !absl::StartsWith(host, "[")) {
+    return absl::StrCat("[", host, "]");
+  }
+  return host;
+}
+
+std::string ErrorText(const zmq::error_t& e) { return absl::StrCat(e.what(), " (errno ", e.num(), ")"); }
+
+// Whether to log the n-th malformed message: the first ten, then powers of two.
+bool ShouldLogMalformed(uint64_t n) { return n <= 10 || std::has_single_bit(n); }
+
+}  // namespace
+
+class ZmqTransport::Impl {
+ public:
+  explicit Impl(Options options) : options_(std::move(options)) {}
+  ~Impl() { Finish(); }
+
+  absl::Status Start(std::shared_ptr<Impl> self, Handler handler);
+  absl::Status Send(const std::string& to, Message message);
+  void Stop();
+  TransportStats stats() const;
+  const std::string& address() const { return address_; }
+  const Options& options() const { return options_; }
+
+ private:
+  // One outgoing connection. The socket is used by whoever holds `mu`
+  // (ZeroMQ sockets may move between threads across a memory barrier).
+  struct Peer {
+    std::mutex mu;
+    zmq::socket_t socket ABSL_GUARDED_BY(mu);  // closed (null) after Stop
+  };
+  // A message as read off the ROUTER, before validation.
+  struct Incoming {
+    std::vector<zmq::message_t> parts;  // identity, header, data frames (capped)
+    size_t frames_over_limit = 0;       // parts beyond the cap, read and dropped
+    uint64_t bytes = 0;                 // header + data frames, all of them
+  };
+  enum class ReadResult { kMessage, kTerminated };
+  enum State : int { kNew, kRunning, kStopping };
+
+  absl::Status Validate() const;
+  std::string AdvertisedAddress(const std::string& endpoint) const;
+  absl::StatusOr<std::shared_ptr<Peer>> PeerFor(const std::string& to);
+  zmq::message_t FrameToZmq(Buffer frame) const;
+  Buffer ZmqToFrame(zmq::message_t&& part);
+  void ReceiveLoop();
+  ReadResult ReadMessage(Incoming& in);
+  void Deliver(Incoming& in);
+  void DropMalformed(const std::string& reason);
+  void CloseDealers();
+  void Finish();
+  void RememberIpcFile(const std::string& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_mu_);
+  void RemoveIpcFile() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_mu_);
+
+  const Options options_;
+  // For received frames that are copied (small or misaligned); large frames
+  // normally arrive aligned and are adopted, so little is ever cached here.
+  BufferPool receive_pool_{BufferPool::Options{.max_cached_bytes = 64u << 20}};
+
+  // Lifecycle. Start and Finish hold lifecycle_mu_; state_ is also read
+  // without it (Send, the delivery loop).
+  // Invariants: ctx_ is set from a successful Start until Finish; router_ is
+  // used only by Start (before the thread exists) and then by the delivery
+  // thread, which closes it on exit; the context is terminated only after
+  // the thread is joined and every DEALER is closed.
+  std::mutex lifecycle_mu_;
+  std::atomic<int> state_{kNew};
+  std::optional<zmq::context_t> ctx_;  // written under lifecycle_mu_ before/after the thread
+  zmq::socket_t router_;
+  std::thread thread_ ABSL_GUARDED_BY(lifecycle_mu_);
+  std::string address_;  // written once in Start, before state_ becomes kRunning
+  Handler handler_;      // written once in Start, then only called by the thread
+  // The socket file an ipc bind created. libzmq leaves it behind on close, so
+  // Finish removes it, but only if the path still names the file we bound: a
+  // later bind of the same path by someone else replaces it.
+  struct IpcFile {
+    std::string path;
+    dev_t device = 0;
+    ino_t inode = 0;
+  };
+  std::optional<IpcFile> ipc_file_ ABSL_GUARDED_BY(lifecycle_mu_);
+
+  // Outgoing connections, one per destination address.
+  // Invariants: once dealers_closed_ is set, no Peer is added and every Peer
+  // that was in peers_ has (or is about to have) a closed socket.
+  std::mutex peers_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(peers_mu_);
+  bool dealers_closed_ ABSL_GUARDED_BY(peers_mu_) = false;
+
+  std::atomic<uint64_t> messages_sent_{0};
+  std::atomic<uint64_t> messages_received_{0};
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> malformed_received_{0};
+};
+
+absl::Status ZmqTransport::Impl::Validate() const {
+  if (options_.io_threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("io_threads must be at least 1, got ", options_.io_threads));
+  }
+  if (options_.linger_ms < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("linger_ms must be -1 or more, got ", options_.linger_ms));
+  }
+  if (options_.max_message_bytes == 0 || options_.max_message_bytes > static_cast<size_t>(INT64_MAX)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_message_bytes out of range: ", options_.max_message_bytes));
+  }
+  if (!absl::StartsWith(options_.bind, "tcp://") && !absl::StartsWith(options_.bind, "ipc://")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot bind '", options_.bind, "': ZmqTransport accepts tcp:// and ipc:// endpoints"));
+  }
+  return absl::OkStatus();
+}
+
+std::string ZmqTransport::Impl::AdvertisedAddress(const std::string& endpoint) const {
+  constexpr absl::string_view kTcp = "tcp://";
+  if (!absl::StartsWith(endpoint, kTcp)) return endpoint;
+  const std::string host_port = endpoint.substr(kTcp.size());
+  const size_t colon = host_port.rfind(':');
+  if (colon == std::string::npos) return endpoint;
+  std::string host = host_port.substr(0, colon);
+  const std::string port = host_port.substr(colon + 1);
+  if (!options_.advertise_host.empty()) {
+    host = BracketIfIpv6(options_.advertise_host);
+  } else if (IsWildcardHost(host)) {
+    host = Hostname();
+  }
+  return absl::StrCat(kTcp, host, ":", port);
+}
+
+absl::Status ZmqTransport::Impl::Start(std::shared_ptr<Impl> self, Handler handler) {
+  std::lock_guard lock(lifecycle_mu_);
+  if (state_.load() == kRunning) return absl::FailedPreconditionError("transport already started");
+  if (state_.load() == kStopping) return absl::FailedPreconditionError("transport was stopped");
+  if (absl::Status s = Validate(); !s.ok()) return s;
+  if (!handler) return absl::InvalidArgumentError("Start needs a handler");
+
+  std::string endpoint;
+  try {
+    ctx_.emplace(options_.io_threads);
+    router_ = zmq::socket_t(*ctx_, zmq::socket_type::router);
+    router_.set(zmq::sockopt::linger, options_.linger_ms);
+    router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options_.max_message_bytes));
+    router_.bind(options_.bind);
+    endpoint = router_.get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t& e) {
+    router_.close();
+    ctx_.reset();
+    return absl::UnavailableError(absl::StrCat("cannot bind ", options_.bind, ": ", ErrorText(e)));
+  }
+  address_ = AdvertisedAddress(endpoint);
+  RememberIpcFile(endpoint);
+  handler_ = std::move(handler);
+  state_.store(kRunning);
+  thread_ = std::thread([self = std::move(self)]() mutable {
+    self->ReceiveLoop();
+    self.reset();  // may destroy the transport state, if the owner let go from the handler
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<ZmqTransport::Impl::Peer>> ZmqTransport::Impl::PeerFor(const std::string& to) {
+  std::lock_guard lock(peers_mu_);
+  if (dealers_closed_) return absl::FailedPreconditionError("transport was stopped");
+  if (auto it = peers_.find(to); it != peers_.end()) return it->second;
+  auto peer = std::make_shared<Peer>();
+  try {
+    zmq::socket_t socket(*ctx_, zmq::socket_type::dealer);
+    socket.set(zmq::sockopt::sndhwm, 0);         // queue without bound: Send never waits
+    socket.set(zmq::sockopt::immediate, false);  // queue for peers not connected yet
+    socket.set(zmq::sockopt::linger, options_.linger_ms);
+    socket.connect(to);
+    std::lock_guard peer_lock(peer->mu);
+    peer->socket = std::move(socket);
+  } catch (const zmq::error_t& e) {
+    if (e.num() == ETERM) return absl::FailedPreconditionError("transport was stopped");
+    if (e.num() == EINVAL || e.num() == EPROTONOSUPPORT || e.num() == ENOCOMPATPROTO) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot connect to '", to, "': ", ErrorText(e)));
+    }
+    return absl::UnavailableError(absl::StrCat("cannot connect to '", to, "': ", ErrorText(e)));
+  }
+  peers_.emplace(to, peer);
+  return peer;
+}
+
+zmq::message_t ZmqTransport::Impl::FrameToZmq(Buffer frame) const {
+  if (frame.empty()) return zmq::message_t();
+  if (frame.size() < options_.send_copy_below_bytes) return zmq::message_t(frame.data(), frame.size());
+  auto* hold = new SendHold(std::move(frame));
+  void* data = const_cast<std::byte*>(hold->buffer.data());
+  const size_t size = hold->buffer.size();
+  hold->published.store(true, std::memory_order_release);  // our last access before libzmq owns it
+  try {
+    return zmq::message_t(data, size, &ReleaseSendHold, hold);
+  } catch (...) {
+    delete hold;  // zmq_msg_init_data failed and did not take the hint
+    throw;
+  }
+}
+
+absl::Status ZmqTransport::Impl::Send(const std::string& to, Message message) {
+  const int state = state_.load(std::memory_order_acquire);
+  if (state != kRunning) {
+    return absl::FailedPreconditionError(state == kNew ? "transport not started" : "transport was stopped");
+  }
+  if (message.frames.size() > options_.max_data_frames) {
+    return absl::InvalidArgumentError(absl::StrCat("message has ", message.frames.size(),
+                                                   " data frames; the limit is ", options_.max_data_frames));
+  }
+  message.header.set_sender_address(address_);
+  const size_t header_bytes = message.header.ByteSizeLong();
+  const uint64_t total_bytes = header_bytes + message.FrameBytes();
+  if (total_bytes > options_.max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("message of ", total_bytes, " bytes exceeds max_message_bytes ",
+                                                   options_.max_message_bytes));
+  }
+
+  // Build the parts before taking the destination's lock.
+  std::vector<zmq::message_t> parts;
+  parts.reserve(1 + message.frames.size());
+  try {
+    parts.emplace_back(header_bytes);
+    message.header.SerializeWithCachedSizesToArray(static_cast<uint8_t*>(parts.back().data()));
+    for (Buffer& frame : message.frames) parts.push_back(FrameToZmq(std::move(frame)));
+  } catch (const zmq::error_t& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot build message for ", to, ": ", ErrorText(e)));
+  }
+
+  absl::StatusOr<std::shared_ptr<Peer>> peer = PeerFor(to);
+  if (!peer.ok()) return peer.status();
+  {
+    std::lock_guard lock((*peer)->mu);
+    zmq::socket_t& socket = (*peer)->socket;
+    if (!socket) return absl::FailedPreconditionError("transport was stopped");
+    try {
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const bool last = i + 1 == parts.size();
+        const zmq::send_flags flags =
+            last ? zmq::send_flags::dontwait : (zmq::send_flags::dontwait | zmq::send_flags::sndmore);
+        if (!socket.send(parts[i], flags)) {
+          // Not expected with an unbounded queue; the contract allows a drop.
+          TLOG_WARN("{}: send queue to {} refused a message; dropped", address_, to);
+          return absl::OkStatus();
+        }
+      }
+    } catch (const zmq::error_t& e) {
+      if (e.num() == ETERM) return absl::FailedPreconditionError("transport was stopped");
+      return absl::UnavailableError(absl::StrCat("send to ", to, " failed: ", ErrorText(e)));
+    }
+  }
+  messages_sent_.fetch_add(1, std::memory_order_relaxed);
+  bytes_sent_.fetch_add(total_bytes, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+Buffer ZmqTransport::Impl::ZmqToFrame(zmq::message_t&& part) {
+  const size_t size = part.size();
+  if (size == 0) return Buffer();
+  const bool aligned = reinterpret_cast<uintptr_t>(part.data()) % kReceiveAlignment == 0;
+  if (size >= options_.receive_copy_below_bytes && aligned) {
+    auto owner = std::make_shared<zmq::message_t>(std::move(part));
+    void* data = owner->data();  // after the move: small messages live inside message_t
+    return Buffer::Adopt(std::move(owner), data, size);
+  }
+  Buffer copy = receive_pool_.Get(size);
+  std::memcpy(copy.mutable_data(), part.data(), size);
+  return copy;
+}
+
+ZmqTransport::Impl::ReadResult ZmqTransport::Impl::ReadMessage(Incoming& in) {
+  in.parts.clear();
+  in.frames_over_limit = 0;
+  in.bytes = 0;
+  const size_t cap = 2 + options_.max_data_frames;  // identity + header + data frames
+  for (;;) {
+    zmq::message_t part;
+    try {
+      if (!router_.recv(part, zmq::recv_flags::none)) continue;  // EAGAIN: no timeout is set
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;  // nothing was consumed; read the same part again
+      if (e.num() != ETERM) TLOG_ERROR("{}: receive failed, delivery stops: {}", address_, ErrorText(e));
+      return ReadResult::kTerminated;
+    }
+    const bool more = part.more();
+    if (!in.parts.empty() || in.frames_over_limit > 0) in.bytes += part.size();  // not the identity
+    if (in.parts.size() < cap) {
+      in.parts.push_back(std::move(part));
+    } else {
+      ++in.frames_over_limit;
+    }
+    if (!more) return ReadResult::kMessage;
+  }
+}
+
+void ZmqTransport::Impl::DropMalformed(const std::string& reason) {
+  const uint64_t n = malformed_received_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (ShouldLogMalformed(n)) {
+    TLOG_WARN("{}: dropped malformed message: {} ({} malformed so far)", address_, reason, n);
+  }
+}
+
+void ZmqTransport::Impl::Deliver(Incoming& in) {
+  if (in.parts.size() < 2) return DropMalformed("no header frame");
+  if (in.frames_over_limit > 0) {
+    return DropMalformed(absl::StrCat("more than ", options_.max_data_frames, " data frames"));
+  }
+  if (in.bytes > options_.max_message_bytes) {
+    return DropMalformed(absl::StrCat(in.bytes, " bytes exceed max_message_bytes ", options_.max_message_bytes));
+  }
+  const zmq::message_t& header_part = in.parts[1];
+  Message message;
+  if (header_part.size() > static_cast<size_t>(INT_MAX) ||
+      !message.header.ParseFromArray(header_part.data(), static_cast<int>(header_part.size()))) {
+    return DropMalformed(absl::StrCat("header of ", header_part.size(), " bytes does not parse"));
+  }
+  if (message.header.sender_address().empty()) return DropMalformed("header names no sender_address");
+  message.frames.reserve(in.parts.size() - 2);
+  for (size_t i = 2; i < in.parts.size(); ++i) message.frames.push_back(ZmqToFrame(std::move(in.parts[i])));
+  in.parts.clear();
+  messages_received_.fetch_add(1, std::memory_order_relaxed);
+  bytes_received_.fetch_add(in.bytes, std::memory_order_relaxed);
+
+  if (state_.load(std::memory_order_acquire) != kRunning) return;
+  try {
+    handler_(std::move(message));
+  } catch (const std::exception& e) {
+    TLOG_ERROR("{}: message handler threw: {}", address_, e.what());
+  } catch (...) {
+    TLOG_ERROR("{}: message handler threw a non-standard exception", address_);
+  }
+}
+
+void ZmqTransport::Impl::ReceiveLoop() {
+  tls_delivering_transport = this;
+  Incoming in;
+  while (state_.load(std::memory_order_acquire) == kRunning) {
+    if (ReadMessage(in) == ReadResult::kTerminated) break;
+    Deliver(in);
+  }
+  in.parts.clear();
+  router_.close();
+  tls_delivering_transport = nullptr;
+}
+
+void ZmqTransport::Impl::RememberIpcFile(const std::string& endpoint) {
+  constexpr absl::string_view kIpc = "ipc://";
+  if (!absl::StartsWith(endpoint, kIpc)) return;
+  std::string path = endpoint.substr(kIpc.size());
+  if (path.empty() || path[0] == '@') return;  // abstract namespace: no file
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return;
+  ipc_file_ = IpcFile{std::move(path), st.st_dev, st.st_ino};
+}
+
+void ZmqTransport::Impl::RemoveIpcFile() {
+  if (!ipc_file_) return;
+  struct stat st {};
+  if (stat(ipc_file_->path.c_str(), &st) == 0 && st.st_dev == ipc_file_->device && st.st_ino == ipc_file_->inode) {
+    unlink(ipc_file_->path.c_str());
+  }
+  ipc_file_.reset();
+}
+
+void ZmqTransport::Impl::CloseDealers() {
+  absl::flat_hash_map<std::string, std::shared_ptr<Peer>> peers;
+  {
+    std::lock_guard lock(peers_mu_);
+    dealers_closed_ = true;
+    peers.swap(peers_);
+  }
+  for (auto& [address, peer] : peers) {
+    std::lock_guard lock(peer->mu);
+    peer->socket.close();
+  }
+}
+
+void ZmqTransport::Impl::Stop() {
+  state_.store(kStopping, std::memory_order_release);
+  if (tls_delivering_transport == this) {
+    // Inside the handler: the delivery thread cannot join itself. Make every
+    // ZeroMQ call fail fast, close the outgoing sockets, and let the loop end
+    // when the handler returns; Finish() (a later Stop, or the destructor)
+    // terminates the context. ctx_ cannot change meanwhile: Finish joins us.
+    if (ctx_) ctx_->shutdown();
+    CloseDealers();
+    return;
+  }
+  Finish();
+}
+
+void ZmqTransport::Impl::Finish() {
+  std::lock_guard lock(lifecycle_mu_);
+  state_.store(kStopping, std::memory_order_release);  // again under the lock: a racing Start cannot undo it
+  if (ctx_) ctx_->shutdown();  // wakes the delivery thread with ETERM
+  if (thread_.joinable()) {
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();  // the last owner let go inside the handler; this is the loop's own exit
+    } else {
+      thread_.join();
+    }
+  }
+  CloseDealers();
+  router_.close();  // already closed by the loop, unless it never ran
+  ctx_.reset();     // zmq_ctx_term: returns once every socket is closed
+  RemoveIpcFile();
+}
+
+TransportStats ZmqTransport::Impl::stats() const {
+  TransportStats s;
+  s.messages_sent = messages_sent_.load(std::memory_order_relaxed);
+  s.messages_received = messages_received_.load(std::memory_order_relaxed);
+  s.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
+  s.bytes_received = bytes_received_.load(std::memory_order_relaxed);
+  s.malformed_received = malformed_received_.load(std::memory_order_relaxed);
+  return s;
+}
+
+ZmqTransport::ZmqTransport(Options options) : impl_(std::make_shared<Impl>(std::move(options))) {}
+
+ZmqTransport::~ZmqTransport() { impl_->Stop(); }
+
+absl::Status ZmqTransport::Start(Handler handler) { return impl_->Start(impl_, std::move(handler)); }
+
+const std::string& ZmqTransport::address() const { return impl_->address(); }
+
+absl::Status ZmqTransport::Send(const std::string& to, Message message) {
+  return impl_->Send(to, std::move(message));
+}
+
+void ZmqTransport::Stop() { impl_->Stop(); }
+
+TransportStats ZmqTransport::stats() const { return impl_->stats(); }
+
+const ZmqTransport::Options& ZmqTransport::options() const { return impl_->options(); }
+
+}  // namespace tessera
