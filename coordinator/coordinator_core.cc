@@ -203,17 +203,29 @@ void CoordinatorCore::HandleBarrier(const Message& m, std::vector<Outgoing>& out
     out.push_back(Outgoing{m.header.sender_address(), std::move(reply)});
     return;
   }
-  auto& arrived = barriers_[name];
-  arrived.insert(node.info.node_id());
-  if (arrived.size() < options_.workers) return;
-  // Everyone is here: release all of them.
-  std::vector<uint32_t> ids(arrived.begin(), arrived.end());
-  std::sort(ids.begin(), ids.end());
-  barriers_.erase(name);
-  for (uint32_t id : ids) {
-    Message release;
-    release.header.mutable_barrier_release()->set_name(name);
-    out.push_back(Outgoing{nodes_.at(id).info.address(), std::move(release)});
+  barriers_[name].insert(node.info.node_id());
+  ReleaseBarriers(out);
+}
+
+void CoordinatorCore::ReleaseBarriers(std::vector<Outgoing>& out) {
+  std::vector<std::string> names;
+  for (const auto& [name, arrived] : barriers_) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    const auto& arrived = barriers_.at(name);
+    bool complete = true;
+    for (const auto& [id, n] : nodes_) {
+      if (n.info.role() == proto::WORKER && !n.done && !n.lost && !arrived.contains(id)) complete = false;
+    }
+    if (!complete) continue;
+    std::vector<uint32_t> ids(arrived.begin(), arrived.end());
+    std::sort(ids.begin(), ids.end());
+    for (uint32_t id : ids) {
+      Message release;
+      release.header.mutable_barrier_release()->set_name(name);
+      out.push_back(Outgoing{nodes_.at(id).info.address(), std::move(release)});
+    }
+    barriers_.erase(name);
   }
 }
 
@@ -228,16 +240,45 @@ void CoordinatorCore::HandleWorkerDone(const Message& m, std::vector<Outgoing>& 
     reply.header.mutable_ack();
   }
   if (m.header.request_id() != 0) out.push_back(Outgoing{m.header.sender_address(), std::move(reply)});
-  size_t done = 0;
+  if (node.done) AnnounceWorkerLeft(node, "finished", out);
+  ReleaseBarriers(out);
+  MaybeFinish(out);
+}
+
+void CoordinatorCore::AnnounceWorkerLeft(const Node& worker, const std::string& reason,
+                                         std::vector<Outgoing>& out) const {
+  std::vector<uint32_t> servers;
   for (const auto& [id, n] : nodes_)
-    if (n.info.role() == proto::WORKER && n.done) ++done;
-  if (phase_ == Phase::kRunning && done == options_.workers) {
-    phase_ = Phase::kDone;
-    proto::Envelope shutdown;
-    shutdown.mutable_shutdown()->set_ok(true);
-    shutdown.mutable_shutdown()->set_reason("all workers finished");
-    Broadcast(shutdown, out);
+    if (n.info.role() == proto::SERVER) servers.push_back(id);
+  std::sort(servers.begin(), servers.end());
+  for (uint32_t id : servers) {
+    Message m;
+    m.header.mutable_workers_left()->add_worker_node_ids(worker.info.node_id());
+    m.header.mutable_workers_left()->set_reason(
+        absl::StrCat(NodeName(proto::WORKER, worker.info.rank()), " ", reason));
+    out.push_back(Outgoing{nodes_.at(id).info.address(), std::move(m)});
   }
+}
+
+void CoordinatorCore::MaybeFinish(std::vector<Outgoing>& out) {
+  if (phase_ != Phase::kRunning) return;
+  size_t done = 0, lost = 0;
+  for (const auto& [id, n] : nodes_) {
+    if (n.info.role() != proto::WORKER) continue;
+    done += n.done;
+    lost += n.lost;
+  }
+  if (done + lost < options_.workers) return;
+  if (done == 0) {
+    Fail(absl::StrCat("every worker was lost"), out);
+    return;
+  }
+  phase_ = Phase::kDone;
+  proto::Envelope shutdown;
+  shutdown.mutable_shutdown()->set_ok(true);
+  shutdown.mutable_shutdown()->set_reason(lost == 0 ? "all workers finished"
+                                                    : absl::StrCat(done, " workers finished, ", lost, " lost"));
+  Broadcast(shutdown, out);
 }
 
 std::vector<std::string> CoordinatorCore::MissingNodes() const {
@@ -271,19 +312,30 @@ std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {
     return out;
   }
   if (phase_ != Phase::kAssembling && phase_ != Phase::kRunning) return out;
-  std::vector<std::string> lost;
+  std::vector<std::string> fatal;
   std::vector<uint32_t> ids;
   for (const auto& [id, n] : nodes_) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
   for (uint32_t id : ids) {
-    const Node& n = nodes_.at(id);
-    if (n.done) continue;
-    if (now - n.last_seen >= options_.lease) {
-      lost.push_back(absl::StrCat(NodeName(n.info.role(), n.info.rank()), " (", n.info.address(),
-                                  "): no heartbeat for ", Seconds(now - n.last_seen)));
+    Node& n = nodes_.at(id);
+    if (n.done || n.lost || now - n.last_seen < options_.lease) continue;
+    std::string what = absl::StrCat(NodeName(n.info.role(), n.info.rank()), " (", n.info.address(),
+                                    "): no heartbeat for ", Seconds(now - n.last_seen));
+    if (n.info.role() == proto::WORKER && phase_ == Phase::kRunning &&
+        options_.on_worker_loss == WorkerLossPolicy::kContinue) {
+      n.lost = true;
+      n.lost_reason = what;
+      AnnounceWorkerLeft(n, absl::StrCat("was lost: no heartbeat for ", Seconds(now - n.last_seen)), out);
+      continue;
     }
+    fatal.push_back(std::move(what));
   }
-  if (!lost.empty()) Fail(absl::StrCat("lost ", absl::StrJoin(lost, "; ")), out);
+  if (!fatal.empty()) {
+    Fail(absl::StrCat("lost ", absl::StrJoin(fatal, "; ")), out);
+    return out;
+  }
+  ReleaseBarriers(out);
+  MaybeFinish(out);
   return out;
 }
 

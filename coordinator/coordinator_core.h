@@ -11,9 +11,12 @@
 // Promises:
 // - A job that has not assembled by assemble_timeout fails with a reason that
 //   names every missing node ("missing server 1, worker 0").
-// - A registered node that sends nothing for `lease` fails the job with a
-//   reason that names it and its address. (Workers that reported done are no
-//   longer watched.)
+// - A registered node that sends nothing for `lease` is lost. A lost server
+//   fails the job with a reason that names it and its address. A lost worker
+//   does too under WorkerLossPolicy::kStopJob; under kContinue it is
+//   announced to the servers (WorkersLeft) so nobody waits for its clock, and
+//   the job ends when every other worker is done. (Workers that reported
+//   done are no longer watched; they are announced as left too.)
 // - Barriers release when every worker reached them; a barrier cannot hang
 //   without a message: a lost worker fails the job, which releases everyone
 //   with the reason.
@@ -30,6 +33,12 @@
 
 namespace tessera {
 
+// What the job does when a worker is lost (its lease expired).
+enum class WorkerLossPolicy {
+  kStopJob,   // fail the job, naming the worker
+  kContinue,  // drop it from the clock tables and go on with the others
+};
+
 struct CoordinatorOptions {
   uint32_t servers = 1;                      // servers the job needs
   uint32_t workers = 1;                      // workers the job needs
@@ -37,6 +46,7 @@ struct CoordinatorOptions {
   Nanos assemble_timeout = 30 * kSeconds;    // registration deadline, from start
   Nanos lease = 5 * kSeconds;                // silence after which a node is lost
   std::string address;                       // the coordinator's own address
+  WorkerLossPolicy on_worker_loss = WorkerLossPolicy::kStopJob;
 };
 
 class CoordinatorCore {
@@ -58,6 +68,8 @@ class CoordinatorCore {
     proto::NodeInfo info;
     Nanos last_seen = 0;
     bool done = false;
+    bool lost = false;         // lease expired (kContinue policy)
+    std::string lost_reason;
     proto::WorkerDone report;  // workers, once done
   };
   // Registered nodes by node id.
@@ -72,6 +84,10 @@ class CoordinatorCore {
   void HandleBarrier(const Message& m, std::vector<Outgoing>& out);
   void HandleWorkerDone(const Message& m, std::vector<Outgoing>& out);
   void Fail(const std::string& reason, std::vector<Outgoing>& out);
+  void AnnounceWorkerLeft(const Node& worker, const std::string& reason, std::vector<Outgoing>& out) const;
+  void MaybeFinish(std::vector<Outgoing>& out);
+  // Releases every barrier that all live (not done, not lost) workers reached.
+  void ReleaseBarriers(std::vector<Outgoing>& out);
   void Broadcast(const proto::Envelope& header, std::vector<Outgoing>& out) const;
   Message Reply(const Message& request) const;
   std::vector<std::string> MissingNodes() const;

@@ -153,7 +153,10 @@ TEST_F(CoordinatorCoreTest, JobEndsWhenEveryWorkerIsDone) {
     return core.Step(m, 0);
   };
   auto out = done("w0", 0.5);
-  EXPECT_EQ(out.size(), 1u);  // just the ack
+  ASSERT_EQ(out.size(), 2u);  // the ack, and WorkersLeft to the server
+  EXPECT_TRUE(out[0].message.header.has_ack());
+  EXPECT_EQ(out[1].to, "s0");
+  EXPECT_EQ(out[1].message.header.workers_left().worker_node_ids(0), core.nodes().at(2).info.node_id());
   EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kRunning);
   // A done worker is no longer watched for heartbeats.
   Message hb = From("w1");

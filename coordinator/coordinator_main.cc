@@ -49,6 +49,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--lease", lease, "Seconds of silence after which a node is declared lost")
       ->check(CLI::PositiveNumber);
+  std::string on_worker_loss = "stop";
+  app.add_option("--on-worker-loss", on_worker_loss,
+                 "stop: a lost worker fails the job; continue: drop it from the clock tables and go on")
+      ->check(CLI::IsMember({"stop", "continue"}));
   app.add_option("--name", name, "Name in log lines");
   app.add_flag("--debug", debug, "Log debug lines");
   CLI11_PARSE(app, argc, argv);
@@ -60,6 +64,8 @@ int main(int argc, char** argv) {
   }
   options.assemble_timeout = static_cast<tessera::Nanos>(assemble_timeout * 1e9);
   options.lease = static_cast<tessera::Nanos>(lease * 1e9);
+  options.on_worker_loss = on_worker_loss == "continue" ? tessera::WorkerLossPolicy::kContinue
+                                                        : tessera::WorkerLossPolicy::kStopJob;
 
   auto transport = tessera::MakeTransport(bind);
   if (!transport.ok()) {

@@ -108,7 +108,9 @@ std::string CoordinatorNode::SummaryJson() const {
   for (size_t i = 0; i < workers.size(); ++i) {
     const auto& r = workers[i]->report;
     absl::StrAppend(&j, i ? ", " : "", "{\"rank\": ", workers[i]->info.rank(),
-                    ", \"done\": ", workers[i]->done ? "true" : "false", ", \"steps\": ", r.steps(),
+                    ", \"done\": ", workers[i]->done ? "true" : "false",
+                    ", \"lost\": ", workers[i]->lost ? JsonString(workers[i]->lost_reason) : "null",
+                    ", \"steps\": ", r.steps(),
                     ", \"final_loss\": ", r.final_loss(), ", \"bytes_pushed\": ", r.bytes_pushed(),
                     ", \"bytes_pulled\": ", r.bytes_pulled(), ", \"report\": ",
                     r.report_json().empty() ? "{}" : JsonObjectOrString(r.report_json()), "}");

@@ -2,9 +2,37 @@
 
 #include <google/protobuf/util/message_differencer.h>
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 
 namespace tessera {
+namespace {
+
+constexpr uint64_t kUnbounded = std::numeric_limits<uint64_t>::max();
+
+// Staleness of a table: BSP 0, SSP its bound, ASP unbounded.
+uint64_t Staleness(const proto::TableConfig& c) {
+  switch (c.consistency()) {
+    case proto::SSP: return c.staleness();
+    case proto::ASP: return kUnbounded;
+    default: return 0;
+  }
+}
+
+// The min clock a reader at `clock` needs: clock - staleness, saturating.
+uint64_t Required(uint64_t clock, uint64_t staleness) {
+  return staleness == kUnbounded || clock <= staleness ? 0 : clock - staleness;
+}
+
+void SetError(Message& reply, const absl::Status& status) {
+  reply.frames.clear();
+  auto* e = reply.header.mutable_error();
+  e->set_code(static_cast<int>(status.code()));
+  e->set_message(std::string(status.message()));
+}
+
+}  // namespace
 
 absl::Status ServerCore::InstallShardMap(const proto::ShardMap& map, uint32_t my_rank) {
   auto view = ShardMapView::Create(map);
@@ -21,6 +49,10 @@ absl::Status ServerCore::InstallShardMap(const proto::ShardMap& map, uint32_t my
   return absl::OkStatus();
 }
 
+void ServerCore::SetWorkers(const absl::flat_hash_map<uint32_t, uint32_t>& worker_rank_by_node) {
+  clocks_.Reset(worker_rank_by_node);
+}
+
 const Table* ServerCore::table(uint32_t id) const {
   auto it = tables_.find(id);
   return it == tables_.end() ? nullptr : it->second.get();
@@ -29,68 +61,170 @@ const Table* ServerCore::table(uint32_t id) const {
 Message ServerCore::Reply(const Message& request) const {
   Message reply;
   reply.header.set_request_id(request.header.request_id());
-  reply.header.set_sender_id(node_id_);
+  reply.header.set_sender_id(options_.node_id);
   if (map_) reply.header.set_epoch(map_->epoch());
   return reply;
 }
 
-std::vector<Outgoing> ServerCore::Step(Message request) {
+uint64_t ServerCore::StrictestStaleness() const {
+  uint64_t s = kUnbounded;
+  for (const auto& [id, t] : tables_) s = std::min(s, Staleness(t->config()));
+  return s;
+}
+
+absl::StatusOr<uint64_t> ServerCore::RequiredMinClock(const Message& m) {
+  const proto::Envelope& h = m.header;
+  if (h.has_pull()) {
+    if (options_.answer_pulls_early) return 0;
+    auto table = FindTable(h.pull().table_id());
+    if (!table.ok()) return table.status();
+    return Required(h.pull().clock(), Staleness((*table)->config()));
+  }
+  if (h.has_clock_advance()) return Required(h.clock_advance().clock(), StrictestStaleness());
+  return 0;
+}
+
+std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
+  std::vector<Outgoing> out;
+  const proto::Envelope& h = request.header;
+  const bool wants_reply = h.request_id() != 0 && !h.sender_address().empty();
+  const std::string reply_to = h.sender_address();  // `request` may be moved below
+  auto send = [&](Message reply) {
+    if (wants_reply) out.push_back(Outgoing{reply_to, std::move(reply)});
+  };
+  if (!map_) {
+    Message reply = Reply(request);
+    SetError(reply, absl::UnavailableError("server has no shard map yet"));
+    stats_.bad_requests++;
+    send(std::move(reply));
+    return out;
+  }
+  bool clocks_moved = false;
+  if (h.has_clock_advance()) {
+    if (auto s = clocks_.Advance(h.sender_id(), h.clock_advance().clock()); !s.ok()) {
+      Message reply = Reply(request);
+      SetError(reply, s);
+      stats_.bad_requests++;
+      send(std::move(reply));
+      return out;
+    }
+    clocks_moved = true;
+  } else if (h.has_workers_left()) {
+    for (uint32_t node : h.workers_left().worker_node_ids()) clocks_.Remove(node);
+    clocks_moved = true;
+  }
+  // A malformed pull is answered (with its error) at once, never held.
+  const bool well_formed_pull = h.has_pull() && request.frames.size() == 1 &&
+                                FindTable(h.pull().table_id()).ok() &&
+                                KeysFrame(request, h.pull().num_keys(), h.pull().table_id()).ok();
+  if (well_formed_pull || h.has_clock_advance()) {
+    auto required = RequiredMinClock(request);
+    if (required.ok() && clocks_.min_clock() < *required) {
+      uint64_t timeout_ms = h.has_pull() ? h.pull().hold_timeout_ms() : h.clock_advance().hold_timeout_ms();
+      Nanos timeout = timeout_ms ? static_cast<Nanos>(timeout_ms) * kMillis : options_.default_hold_timeout;
+      stats_.held_requests++;
+      held_.push_back(Held{std::move(request), *required, now, now + timeout});
+      if (clocks_moved) ReleaseHeld(now, out);
+      return out;
+    }
+  }
+  const bool is_workers_left = h.has_workers_left();
+  if (!is_workers_left) send(Answer(std::move(request), 0));
+  if (clocks_moved) ReleaseHeld(now, out);
+  return out;
+}
+
+void ServerCore::ReleaseHeld(Nanos now, std::vector<Outgoing>& out) {
+  const uint64_t min = clocks_.min_clock();
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->required_min_clock <= min) {
+      std::string to = it->request.header.sender_address();
+      Nanos held_for = now - it->arrived;
+      out.push_back(Outgoing{std::move(to), Answer(std::move(it->request), held_for)});
+      it = held_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::vector<Outgoing> ServerCore::Tick(Nanos now) {
+  std::vector<Outgoing> out;
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (now < it->deadline) {
+      ++it;
+      continue;
+    }
+    const proto::Envelope& h = it->request.header;
+    Message reply = Reply(it->request);
+    std::string what = h.has_pull() ? absl::StrCat("pull of table ", h.pull().table_id(), " at clock ", h.pull().clock())
+                                    : absl::StrCat("clock ", h.clock_advance().clock());
+    SetError(reply, absl::DeadlineExceededError(absl::StrCat(
+                        what, " waited ", (now - it->arrived) / kMillis, " ms for slower workers: ",
+                        clocks_.DescribeBehind(it->required_min_clock), " (needs every live worker at clock >= ",
+                        it->required_min_clock, ")")));
+    out.push_back(Outgoing{h.sender_address(), std::move(reply)});
+    it = held_.erase(it);
+  }
+  return out;
+}
+
+Message ServerCore::Answer(Message request, Nanos held_for) {
   const proto::Envelope& h = request.header;
   absl::Status status;
   Message reply = Reply(request);
-  if (!map_ && h.body_case() != proto::Envelope::BODY_NOT_SET) {
-    status = absl::UnavailableError("server has no shard map yet");
-  } else {
-    switch (h.body_case()) {
-      case proto::Envelope::kCreateTable:
-        status = HandleCreateTable(h.create_table());
-        if (status.ok()) reply.header.mutable_ack();
-        break;
-      case proto::Envelope::kPush:
-        stats_.push_requests++;
-        status = HandlePush(h.push(), request);
-        if (status.ok()) reply.header.mutable_ack();
-        break;
-      case proto::Envelope::kPull: {
-        stats_.pull_requests++;
-        auto values = HandlePull(h.pull(), request);
-        status = values.status();
-        if (status.ok()) {
-          auto* pr = reply.header.mutable_pull_reply();
-          pr->set_num_keys(h.pull().num_keys());
-          pr->set_width(values->size() / sizeof(float) / std::max<uint64_t>(1, h.pull().num_keys()));
-          stats_.bytes_out += values->size();
-          reply.frames.push_back(std::move(*values));
-        }
-        break;
+  const uint64_t min = clocks_.min_clock();
+  switch (h.body_case()) {
+    case proto::Envelope::kCreateTable:
+      status = HandleCreateTable(h.create_table());
+      if (status.ok()) reply.header.mutable_ack();
+      break;
+    case proto::Envelope::kPush:
+      stats_.push_requests++;
+      status = HandlePush(h.push(), request);
+      if (status.ok()) reply.header.mutable_ack();
+      break;
+    case proto::Envelope::kPull: {
+      stats_.pull_requests++;
+      auto values = HandlePull(h.pull(), request);
+      status = values.status();
+      if (status.ok()) {
+        auto* pr = reply.header.mutable_pull_reply();
+        pr->set_num_keys(h.pull().num_keys());
+        pr->set_width(values->size() / sizeof(float) / std::max<uint64_t>(1, h.pull().num_keys()));
+        pr->set_min_clock(min);
+        pr->set_held_us(held_for / 1000);
+        pr->set_staleness(min == ClockTable::kNoWorkers || min >= h.pull().clock() ? 0 : h.pull().clock() - min);
+        stats_.bytes_out += values->size();
+        reply.frames.push_back(std::move(*values));
       }
-      case proto::Envelope::kStatsRequest: {
-        auto* s = reply.header.mutable_stats_reply();
-        s->set_push_requests(stats_.push_requests);
-        s->set_pull_requests(stats_.pull_requests);
-        s->set_bytes_in(stats_.bytes_in);
-        s->set_bytes_out(stats_.bytes_out);
-        uint64_t rows = 0;
-        for (const auto& [id, t] : tables_) rows += t->num_rows();
-        s->set_rows(rows);
-        break;
-      }
-      default:
-        status = absl::InvalidArgumentError(absl::StrCat("server does not handle message type ", h.body_case()));
+      break;
     }
+    case proto::Envelope::kClockAdvance: {
+      auto* ack = reply.header.mutable_clock_ack();
+      ack->set_min_clock(min);
+      ack->set_held_us(held_for / 1000);
+      break;
+    }
+    case proto::Envelope::kStatsRequest: {
+      auto* s = reply.header.mutable_stats_reply();
+      s->set_push_requests(stats_.push_requests);
+      s->set_pull_requests(stats_.pull_requests);
+      s->set_bytes_in(stats_.bytes_in);
+      s->set_bytes_out(stats_.bytes_out);
+      uint64_t rows = 0;
+      for (const auto& [id, t] : tables_) rows += t->num_rows();
+      s->set_rows(rows);
+      break;
+    }
+    default:
+      status = absl::InvalidArgumentError(absl::StrCat("server does not handle message type ", h.body_case()));
   }
   if (!status.ok()) {
     stats_.bad_requests++;
-    reply.frames.clear();
-    auto* e = reply.header.mutable_error();
-    e->set_code(static_cast<int>(status.code()));
-    e->set_message(std::string(status.message()));
+    SetError(reply, status);
   }
-  std::vector<Outgoing> out;
-  if (h.request_id() != 0 && !h.sender_address().empty()) {
-    out.push_back(Outgoing{h.sender_address(), std::move(reply)});
-  }
-  return out;
+  return reply;
 }
 
 absl::Status ServerCore::HandleCreateTable(const proto::CreateTable& req) {
@@ -138,6 +272,11 @@ absl::Status ServerCore::HandlePush(const proto::Push& req, const Message& m) {
     return absl::InvalidArgumentError(absl::StrCat("push needs 2 frames (keys, values), got ", m.frames.size()));
   }
   stats_.bytes_in += m.FrameBytes();
+  const uint32_t sender = m.header.sender_id();
+  if (clocks_.IsLive(sender) && req.clock() < clocks_.ClockOf(sender)) {
+    return absl::InvalidArgumentError(absl::StrCat("push stamped clock ", req.clock(), " arrived after the worker ",
+                                                   "announced clock ", clocks_.ClockOf(sender)));
+  }
   auto table = FindTable(req.table_id());
   if (!table.ok()) return table.status();
   auto keys = KeysFrame(m, req.num_keys(), req.table_id());
@@ -161,7 +300,7 @@ absl::StatusOr<Buffer> ServerCore::HandlePull(const proto::Pull& req, const Mess
   auto keys = KeysFrame(m, req.num_keys(), req.table_id());
   if (!keys.ok()) return keys.status();
   const size_t bytes = keys->size() * (*table)->width() * sizeof(float);
-  Buffer out = pool_ ? pool_->Get(bytes) : Buffer::Allocate(bytes);
+  Buffer out = options_.pool ? options_.pool->Get(bytes) : Buffer::Allocate(bytes);
   if (auto s = (*table)->ReadRows(*keys, out.AsMutable<float>()); !s.ok()) return s;
   return out;
 }

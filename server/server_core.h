@@ -14,8 +14,17 @@
 //   problem and changes nothing.
 // - Requests are applied in the order Step is called; so a pull that follows
 //   a push from the same sender sees it.
+// - Consistency (../shared/DESIGN.md section 5): a Pull stamped clock c of a
+//   table with staleness s is answered only once every live worker has
+//   announced clock >= c - s (BSP: s = 0; ASP: never held), so it reflects
+//   every push stamped <= c - s - 1. A ClockAdvance is acknowledged only once
+//   the slowest live worker is within the strictest staleness of any table.
+//   Held requests are answered, in arrival order, as soon as the clock table
+//   allows, or with DeadlineExceeded naming the workers still behind after
+//   their hold timeout (Tick). Workers that left (WorkersLeft) are not waited for.
 // Thread safety: none; the shell serializes calls.
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -25,11 +34,21 @@
 #include "common/buffer.h"
 #include "common/keys.h"
 #include "common/message.h"
+#include "common/clock.h"
+#include "server/clock_table.h"
 #include "server/table.h"
 
 namespace tessera {
 
+struct ServerCoreOptions {
+  uint32_t node_id = 0;                     // stamped on replies
+  BufferPool* pool = nullptr;               // reply buffers (not owned; may be null)
+  Nanos default_hold_timeout = 60 * kSeconds;  // for held requests that name none
+  bool answer_pulls_early = false;          // TEST ONLY: break I2 (negative control for checkers)
+};
+
 struct ServerStats {
+  uint64_t held_requests = 0;  // pulls and clock advances that had to wait
   uint64_t push_requests = 0;
   uint64_t pull_requests = 0;
   uint64_t bad_requests = 0;
@@ -39,16 +58,27 @@ struct ServerStats {
 
 class ServerCore {
  public:
-  // `pool` (optional, not owned, must outlive the core) provides reply buffers.
-  explicit ServerCore(uint32_t node_id, BufferPool* pool = nullptr) : node_id_(node_id), pool_(pool) {}
+  explicit ServerCore(ServerCoreOptions options) : options_(options) {}
+  // Shorthand for tests.
+  explicit ServerCore(uint32_t node_id, BufferPool* pool = nullptr)
+      : ServerCore(ServerCoreOptions{.node_id = node_id, .pool = pool}) {}
   ServerCore(const ServerCore&) = delete;
   ServerCore& operator=(const ServerCore&) = delete;
 
   // Sets which virtual shards this server (by rank in the map) holds.
   absl::Status InstallShardMap(const proto::ShardMap& map, uint32_t my_rank);
 
-  // Handles one request; returns the replies to send.
-  std::vector<Outgoing> Step(Message request);
+  // The job's workers (node id -> rank), all at clock 0.
+  void SetWorkers(const absl::flat_hash_map<uint32_t, uint32_t>& worker_rank_by_node);
+
+  // Handles one request at time `now`; returns the replies to send (possibly
+  // for earlier, held requests that this one released).
+  std::vector<Outgoing> Step(Message request, Nanos now = 0);
+  // Answers held requests whose hold timeout passed.
+  std::vector<Outgoing> Tick(Nanos now);
+
+  const ClockTable& clocks() const { return clocks_; }
+  size_t held() const { return held_.size(); }
 
   const ServerStats& stats() const { return stats_; }
   size_t num_tables() const { return tables_.size(); }
@@ -58,12 +88,26 @@ class ServerCore {
   absl::Status HandleCreateTable(const proto::CreateTable& req);
   absl::Status HandlePush(const proto::Push& req, const Message& m);
   absl::StatusOr<Buffer> HandlePull(const proto::Pull& req, const Message& m);
+  // The min clock a request needs before it may be answered.
+  absl::StatusOr<uint64_t> RequiredMinClock(const Message& m);
+  // Builds the reply to an admitted request (never holds).
+  Message Answer(Message request, Nanos held_for);
+  void ReleaseHeld(Nanos now, std::vector<Outgoing>& out);
+  uint64_t StrictestStaleness() const;
   absl::StatusOr<Table*> FindTable(uint32_t id);
   absl::StatusOr<std::span<const Key>> KeysFrame(const Message& m, uint64_t num_keys, uint32_t table_id);
   Message Reply(const Message& request) const;
 
-  const uint32_t node_id_;
-  BufferPool* const pool_;
+  struct Held {
+    Message request;
+    uint64_t required_min_clock;
+    Nanos arrived;
+    Nanos deadline;
+  };
+
+  const ServerCoreOptions options_;
+  ClockTable clocks_;
+  std::deque<Held> held_;  // arrival order
   std::optional<ShardMapView> map_;
   uint32_t my_rank_ = 0;
   // Invariant: every table here has a config that passed ValidateTableConfig.

@@ -1,25 +1,27 @@
 #include "server/server_node.h"
 
+#include <thread>
+
 #include "common/logging.h"
 
 namespace tessera {
 
-ServerNode::ServerNode(CoordinatorSession::Options session, std::unique_ptr<Transport> transport)
-    : transport_(std::move(transport)), session_([&] {
+ServerNode::ServerNode(CoordinatorSession::Options session, std::unique_ptr<Transport> transport,
+                       ServerCoreOptions core_options)
+    : transport_(std::move(transport)),
+      session_([&] {
         session.role = proto::SERVER;
         return session;
-      }(), transport_.get()) {}
+      }(), transport_.get()),
+      core_options_(core_options) {}
 
 ServerNode::~ServerNode() { transport_->Stop(); }
 
 void ServerNode::OnMessage(Message m) {
   if (session_.Handle(m)) return;
-  ServerCore* core;
-  {
-    std::lock_guard lock(mu_);
-    core = core_.get();
-  }
-  if (core == nullptr) {
+  std::unique_lock lock(mu_);
+  if (core_ == nullptr) {
+    lock.unlock();
     // Not serving yet: answer, so the client is not left waiting for nothing.
     if (m.header.request_id() == 0) return;
     Message reply;
@@ -29,7 +31,21 @@ void ServerNode::OnMessage(Message m) {
     (void)transport_->Send(m.header.sender_address(), std::move(reply));
     return;
   }
-  for (Outgoing& o : core->Step(std::move(m))) (void)transport_->Send(o.to, std::move(o.message));
+  std::vector<Outgoing> out = core_->Step(std::move(m), MonotonicNow());
+  lock.unlock();
+  for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
+}
+
+void ServerNode::TickLoop() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    tick_cv_.wait_for(lock, std::chrono::milliseconds(100));
+    if (stopping_ || core_ == nullptr) continue;
+    std::vector<Outgoing> out = core_->Tick(MonotonicNow());
+    lock.unlock();
+    for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
+    lock.lock();
+  }
 }
 
 absl::Status ServerNode::Run() {
@@ -40,19 +56,33 @@ absl::Status ServerNode::Run() {
     transport_->Stop();
     return ready.status();
   }
-  auto core = std::make_unique<ServerCore>(session_.self().node_id(), &pool_);
+  ServerCoreOptions core_options = core_options_;
+  core_options.node_id = session_.self().node_id();
+  core_options.pool = &pool_;
+  auto core = std::make_unique<ServerCore>(core_options);
   if (auto s = core->InstallShardMap(ready->shard_map(), session_.self().rank()); !s.ok()) {
     transport_->Stop();
     return absl::Status(s.code(), "bad shard map from the coordinator: " + std::string(s.message()));
   }
+  absl::flat_hash_map<uint32_t, uint32_t> workers;
+  for (const auto& n : ready->nodes())
+    if (n.role() == proto::WORKER) workers[n.node_id()] = n.rank();
+  core->SetWorkers(workers);
   {
     std::lock_guard lock(mu_);
     core_ = std::move(core);
   }
+  std::thread ticker([this] { TickLoop(); });
   TLOG_INFO("server {} (node {}) serving; shard map epoch {}, {} virtual shards over {} servers",
             session_.self().rank(), session_.self().node_id(), ready->shard_map().epoch(),
             ready->shard_map().num_vshards(), ready->shard_map().servers_size());
   absl::Status end = session_.WaitForEnd();
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  tick_cv_.notify_all();
+  ticker.join();
   transport_->Stop();
   ServerStats st = stats();
   TLOG_INFO("served {} pushes and {} pulls ({} bytes in, {} bytes out, {} bad requests)", st.push_requests,

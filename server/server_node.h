@@ -4,6 +4,7 @@
 // request to the core on the transport's delivery thread and sends the
 // replies. Used by the tessera-server binary and by in-process cluster tests.
 #include <memory>
+#include <condition_variable>
 #include <mutex>
 
 #include "absl/status/status.h"
@@ -16,7 +17,8 @@ namespace tessera {
 class ServerNode {
  public:
   // `transport` is not started yet; the node starts and stops it.
-  ServerNode(CoordinatorSession::Options session, std::unique_ptr<Transport> transport);
+  ServerNode(CoordinatorSession::Options session, std::unique_ptr<Transport> transport,
+             ServerCoreOptions core_options = {});
   ~ServerNode();
   ServerNode(const ServerNode&) = delete;
   ServerNode& operator=(const ServerNode&) = delete;
@@ -30,11 +32,15 @@ class ServerNode {
 
  private:
   void OnMessage(Message m);
+  void TickLoop();
 
   std::unique_ptr<Transport> transport_;
   CoordinatorSession session_;
+  const ServerCoreOptions core_options_;
   BufferPool pool_;
-  mutable std::mutex mu_;  // guards core_ (set once; Step runs on the delivery thread only)
+  mutable std::mutex mu_;  // guards core_ and every call into it (delivery and tick threads)
+  std::condition_variable tick_cv_;
+  bool stopping_ = false;  // guarded by mu_
   std::unique_ptr<ServerCore> core_;
 };
 

@@ -35,8 +35,8 @@ absl::Status RequestTracker::ApplyReply(const Part& part, const Message& reply) 
     return absl::Status(static_cast<absl::StatusCode>(h.error().code()),
                         absl::StrCat(op.what, ": ", ServerName(part.server_rank), ": ", h.error().message()));
   }
-  if (op.width == 0) {  // push or control: an Ack is all we expect
-    if (h.has_ack()) return absl::OkStatus();
+  if (op.width == 0) {  // push, clock or control: an acknowledgement is all we expect
+    if (h.has_ack() || h.has_clock_ack()) return absl::OkStatus();
     return absl::InternalError(absl::StrCat(op.what, ": ", ServerName(part.server_rank),
                                             " sent an unexpected reply type ", h.body_case()));
   }

@@ -64,6 +64,8 @@ proto::TableConfig ToConfig(const TableOptions& o) {
   c.set_init(o.init);
   c.set_init_scale(o.init_scale);
   c.set_init_seed(o.init_seed);
+  c.set_consistency(o.consistency);
+  c.set_staleness(o.consistency == proto::SSP ? o.staleness : 0);
   return c;
 }
 
@@ -139,6 +141,7 @@ class WorkerImpl final : public Worker {
           " values, got ", values.size())));
     }
     if (keys.empty()) return Future::Ready(absl::OkStatus());
+    const uint64_t clock = clock_.load();
     const size_t row_bytes = size_t{*width} * sizeof(float);
     std::vector<RequestTracker::PartSpec> parts;
     std::vector<Outgoing> sends;
@@ -147,6 +150,7 @@ class WorkerImpl final : public Worker {
       auto* p = m.header.mutable_push();
       p->set_table_id(table);
       p->set_num_keys(n);
+      p->set_clock(clock);
       m.frames.push_back(std::move(k));
       m.frames.push_back(std::move(v));
       parts.push_back({m.header.request_id(), server, {}});
@@ -181,6 +185,7 @@ class WorkerImpl final : public Worker {
           keys.size() * *width, " values, got ", out.size())));
     }
     if (keys.empty()) return Future::Ready(absl::OkStatus());
+    const uint64_t clock = clock_.load();
     std::vector<RequestTracker::PartSpec> parts;
     std::vector<Outgoing> sends;
     auto add_part = [&](uint32_t server, Buffer k, RequestTracker::Scatter scatter) {
@@ -188,6 +193,8 @@ class WorkerImpl final : public Worker {
       auto* p = m.header.mutable_pull();
       p->set_table_id(table);
       p->set_num_keys(scatter.num_keys);
+      p->set_clock(clock);
+      p->set_hold_timeout_ms(options_.hold_timeout / kMillis);
       m.frames.push_back(std::move(k));
       parts.push_back({m.header.request_id(), server, std::move(scatter)});
       sends.push_back({map_->server(server).address(), std::move(m)});
@@ -202,8 +209,34 @@ class WorkerImpl final : public Worker {
     });
     pulls_++;
     bytes_pulled_ += keys.size_bytes() + out.size_bytes();
-    return Issue(absl::StrCat("pull from table ", table), std::move(parts), std::move(sends), out, *width);
+    return Issue(absl::StrCat("pull from table ", table, " at clock ", clock), std::move(parts), std::move(sends),
+                 out, *width, options_.hold_timeout);
   }
+
+  absl::Status Clock() override {
+    const Nanos start = MonotonicNow();
+    // From here on, pushes are stamped with the new clock; everything sent
+    // before reaches each server ahead of the announcement.
+    const uint64_t clock = clock_.fetch_add(1) + 1;
+    std::vector<RequestTracker::PartSpec> parts;
+    std::vector<Outgoing> sends;
+    for (uint32_t r = 0; r < num_servers(); ++r) {
+      Message m = NewRequest();
+      m.header.mutable_clock_advance()->set_clock(clock);
+      m.header.mutable_clock_advance()->set_hold_timeout_ms(options_.hold_timeout / kMillis);
+      parts.push_back({m.header.request_id(), r, {}});
+      sends.push_back({map_->server(r).address(), std::move(m)});
+    }
+    absl::Status s = Issue(absl::StrCat("clock ", clock), std::move(parts), std::move(sends), {}, 0,
+                           options_.hold_timeout)
+                         .Wait();
+    std::lock_guard lock(mu_);
+    stats_.clock_wait += MonotonicNow() - start;
+    if (s.ok()) stats_.clocks++;
+    return s;
+  }
+
+  uint64_t clock() const override { return clock_.load(); }
 
   absl::Status Barrier(const std::string& name) override {
     return session_->Barrier(name, options_.barrier_timeout);
@@ -217,7 +250,13 @@ class WorkerImpl final : public Worker {
   }
 
   WorkerStats stats() const override {
-    return WorkerStats{pushes_.load(), pulls_.load(), bytes_pushed_.load(), bytes_pulled_.load()};
+    std::lock_guard lock(mu_);
+    WorkerStats s = stats_;
+    s.pushes = pushes_.load();
+    s.pulls = pulls_.load();
+    s.bytes_pushed = bytes_pushed_.load();
+    s.bytes_pulled = bytes_pulled_.load();
+    return s;
   }
 
  private:
@@ -272,13 +311,16 @@ class WorkerImpl final : public Worker {
       if (!rows[s].empty()) multi(s, rows[s]);
   }
 
+  // `hold` is how long servers may hold the request for slower workers, on
+  // top of the request timeout.
   Future Issue(std::string what, std::vector<RequestTracker::PartSpec> parts, std::vector<Outgoing> sends,
-               std::span<float> out = {}, uint32_t width = 0) {
+               std::span<float> out = {}, uint32_t width = 0, Nanos hold = 0) {
     auto state = std::make_shared<Future::State>();
     {
       std::lock_guard lock(mu_);
       if (closed_) return Future::Ready(absl::CancelledError("worker is closed"));
-      tracker_->Begin(state, std::move(what), std::move(parts), MonotonicNow() + options_.request_timeout, out, width);
+      tracker_->Begin(state, std::move(what), std::move(parts), MonotonicNow() + options_.request_timeout + hold, out,
+                      width);
     }
     for (Outgoing& o : sends) (void)transport_->Send(o.to, std::move(o.message));
     return Future(std::move(state));
@@ -286,7 +328,14 @@ class WorkerImpl final : public Worker {
 
   void OnMessage(Message m) {
     if (session_->Handle(m)) return;
-    Complete(WithTracker([&](RequestTracker& t) { return t.OnReply(m); }));
+    Complete(WithTracker([&](RequestTracker& t) {
+      if (m.header.has_pull_reply()) {  // mu_ is held here
+        const auto& pr = m.header.pull_reply();
+        stats_.pull_held += static_cast<Nanos>(pr.held_us()) * 1000;
+        stats_.staleness[std::min<uint64_t>(pr.staleness(), WorkerStats::kStalenessBuckets - 1)]++;
+      }
+      return t.OnReply(m);
+    }));
   }
 
   void TickLoop() {
@@ -322,10 +371,12 @@ class WorkerImpl final : public Worker {
   std::optional<ShardMapView> map_;  // set once in Start(), read-only afterwards
   uint32_t num_workers_ = 0;
   std::atomic<uint64_t> next_request_{0};
+  std::atomic<uint64_t> clock_{0};
   std::atomic<uint64_t> pushes_{0}, pulls_{0}, bytes_pushed_{0}, bytes_pulled_{0};
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable tick_cv_;
+  WorkerStats stats_;                                  // guarded by mu_: clock and pull-hold figures
   std::optional<RequestTracker> tracker_;              // guarded by mu_
   absl::flat_hash_map<uint32_t, uint32_t> widths_;     // guarded by mu_: table -> width
   bool closed_ = false;                                // guarded by mu_

@@ -19,12 +19,20 @@
 //   a push applies each occurrence; a pull returns the row for each.
 // - A pull issued after a push from the same Worker object reflects that push
 //   (requests to one server are handled in issue order).
+// - Clocks (../shared/DESIGN.md section 5): clock() starts at 0; every push
+//   and pull is stamped with it; Clock() advances it. For a table with
+//   staleness s (BSP 0, SSP its bound, ASP unbounded), a pull at clock c
+//   reflects every push stamped <= c - s - 1 from every live worker, and
+//   Clock() to c returns only once every live worker has reached c - s for
+//   the strictest table. A wait that exceeds options.hold_timeout fails with
+//   DeadlineExceeded naming the workers still behind.
 // - Futures complete with OK, or with an error that says what failed and which
 //   server did not answer (DeadlineExceeded after options.request_timeout).
 // - Thread safety: all methods may be called from any thread concurrently,
 //   except Finish() and the destructor.
 // - The destructor fails any pending request with Cancelled and leaves the
 //   job without waiting (prefer Finish()).
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -45,7 +53,8 @@ struct WorkerOptions {
   int rank = -1;                             // requested worker rank, -1 = assigned by the coordinator
   std::string bind = "tcp://127.0.0.1:0";   // where this worker receives replies
   Nanos connect_timeout = 30 * kSeconds;     // for registration and job assembly
-  Nanos request_timeout = 60 * kSeconds;     // for every push, pull and table creation
+  Nanos request_timeout = 60 * kSeconds;     // for every push, pull and table creation (on top of any hold)
+  Nanos hold_timeout = 120 * kSeconds;       // longest wait for slower workers in Clock() or a pull
   Nanos barrier_timeout = 300 * kSeconds;    // for Barrier()
   Nanos heartbeat_interval = 1 * kSeconds;   // heartbeats to the coordinator
   Nanos lease = 5 * kSeconds;                // coordinator silent this long = lost
@@ -65,6 +74,8 @@ struct TableOptions {
   proto::InitKind init = proto::ZEROS;                 // initial rows
   float init_scale = 0.0f;                             // UNIFORM half-width / NORMAL stddev
   uint64_t init_seed = 0;                              // initializer seed
+  proto::ConsistencyKind consistency = proto::BSP;     // BSP, SSP or ASP
+  uint32_t staleness = 0;                              // SSP only: the bound s
 };
 
 // The completion of one request. Copyable handle to shared state.
@@ -84,10 +95,15 @@ class Future {
 };
 
 struct WorkerStats {
+  static constexpr size_t kStalenessBuckets = 17;  // 0..15, and 16 = "16 or more"
   uint64_t pushes = 0;
   uint64_t pulls = 0;
   uint64_t bytes_pushed = 0;  // key + value bytes sent in pushes
   uint64_t bytes_pulled = 0;  // key bytes sent + value bytes received in pulls
+  uint64_t clocks = 0;               // Clock() calls completed
+  Nanos clock_wait = 0;              // total time blocked in Clock()
+  Nanos pull_held = 0;               // total time servers held this worker's pulls (sum over parts)
+  std::array<uint64_t, kStalenessBuckets> staleness{};  // pulls (parts) by observed staleness
 };
 
 class Worker {
@@ -109,6 +125,11 @@ class Worker {
 
   virtual Future Push(uint32_t table, std::span<const Key> keys, std::span<const float> values) = 0;
   virtual Future Pull(uint32_t table, std::span<const Key> keys, std::span<float> out) = 0;
+
+  // Announces that this worker finished its current clock, and blocks while
+  // it is more than the strictest staleness ahead of the slowest live worker.
+  virtual absl::Status Clock() = 0;
+  virtual uint64_t clock() const = 0;
 
   // Blocks until every worker reached the barrier of this name.
   virtual absl::Status Barrier(const std::string& name) = 0;

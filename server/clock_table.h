@@ -1,0 +1,54 @@
+#pragma once
+// ClockTable: the clock of every live worker as one server knows it. Pure.
+//
+// A worker's clock is the number of Clock() calls it has announced; every
+// push it made before announcing clock c is stamped < c and, because
+// messages from one worker to one server arrive in order, has already been
+// applied here when the announcement arrives.
+//
+// Invariants:
+// - A worker's clock never decreases (an older announcement is ignored).
+// - min_clock() is the minimum over live workers, or kNoWorkers when none is
+//   live (nobody left to wait for).
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+
+namespace tessera {
+
+class ClockTable {
+ public:
+  static constexpr uint64_t kNoWorkers = std::numeric_limits<uint64_t>::max();
+
+  // Starts tracking these workers (node id -> rank, for messages) at clock 0.
+  void Reset(const absl::flat_hash_map<uint32_t, uint32_t>& worker_rank_by_node);
+
+  // Records that `worker` announced `clock`. Unknown or removed workers are
+  // an error; an older clock than known is ignored (a duplicate).
+  absl::Status Advance(uint32_t worker, uint64_t clock);
+  // The worker left the job (finished or lost): nobody waits for it again.
+  void Remove(uint32_t worker);
+
+  bool IsLive(uint32_t worker) const { return clocks_.contains(worker); }
+  bool IsKnown(uint32_t worker) const { return ranks_.contains(worker); }
+  uint64_t ClockOf(uint32_t worker) const;
+  uint64_t min_clock() const { return min_clock_; }
+  size_t live_workers() const { return clocks_.size(); }
+
+  // "worker 2 (at clock 3), worker 0 (at clock 4)": live workers whose clock
+  // is below `clock`, slowest first.
+  std::string DescribeBehind(uint64_t clock) const;
+
+ private:
+  void RecomputeMin();
+
+  absl::flat_hash_map<uint32_t, uint32_t> ranks_;   // every worker ever tracked
+  absl::flat_hash_map<uint32_t, uint64_t> clocks_;  // live workers only
+  uint64_t min_clock_ = kNoWorkers;
+};
+
+}  // namespace tessera

@@ -1,0 +1,44 @@
+#include "server/clock_table.h"
+
+#include <gtest/gtest.h>
+
+namespace tessera {
+namespace {
+
+TEST(ClockTableTest, MinFollowsTheSlowestLiveWorker) {
+  ClockTable t;
+  EXPECT_EQ(t.min_clock(), ClockTable::kNoWorkers);
+  t.Reset({{10, 0}, {11, 1}, {12, 2}});
+  EXPECT_EQ(t.min_clock(), 0u);
+  ASSERT_TRUE(t.Advance(10, 2).ok());
+  ASSERT_TRUE(t.Advance(11, 1).ok());
+  EXPECT_EQ(t.min_clock(), 0u);
+  ASSERT_TRUE(t.Advance(12, 3).ok());
+  EXPECT_EQ(t.min_clock(), 1u);
+  EXPECT_EQ(t.DescribeBehind(3), "worker 1 (at clock 1), worker 0 (at clock 2)");
+  t.Remove(11);
+  EXPECT_EQ(t.min_clock(), 2u);
+  t.Remove(10);
+  t.Remove(12);
+  EXPECT_EQ(t.min_clock(), ClockTable::kNoWorkers);
+}
+
+TEST(ClockTableTest, ClocksNeverGoBackwards) {
+  ClockTable t;
+  t.Reset({{1, 0}});
+  ASSERT_TRUE(t.Advance(1, 5).ok());
+  ASSERT_TRUE(t.Advance(1, 3).ok());  // a stale duplicate is ignored
+  EXPECT_EQ(t.ClockOf(1), 5u);
+}
+
+TEST(ClockTableTest, UnknownAndDepartedWorkersAreErrors) {
+  ClockTable t;
+  t.Reset({{1, 0}});
+  EXPECT_EQ(t.Advance(7, 1).code(), absl::StatusCode::kFailedPrecondition);
+  t.Remove(1);
+  auto s = t.Advance(1, 1);
+  EXPECT_NE(s.message().find("worker 0 has left"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,169 @@
+// ServerCore under BSP, SSP and ASP, message by message.
+#include <gtest/gtest.h>
+
+#include "server/server_core.h"
+
+namespace tessera {
+namespace {
+
+constexpr uint32_t kW0 = 100, kW1 = 101;  // worker node ids
+
+class ConsistencyCoreTest : public ::testing::Test {
+ protected:
+  void Init(proto::ConsistencyKind kind, uint32_t staleness, bool early = false) {
+    core_ = std::make_unique<ServerCore>(ServerCoreOptions{.node_id = 1, .answer_pulls_early = early});
+    proto::NodeInfo s;
+    s.set_address("inproc://s0");
+    std::vector<proto::NodeInfo> servers = {s};
+    ASSERT_TRUE(core_->InstallShardMap(RoundRobinShardMap(1, 4, servers), 0).ok());
+    core_->SetWorkers({{kW0, 0}, {kW1, 1}});
+    Message m = From(kW0, 1);
+    auto* c = m.header.mutable_create_table()->mutable_config();
+    c->set_table_id(1);
+    c->set_width(1);
+    c->set_kind(proto::SPARSE);
+    c->set_optimizer(proto::ACCUMULATE);
+    c->set_consistency(kind);
+    c->set_staleness(staleness);
+    ASSERT_EQ(core_->Step(std::move(m), 0).size(), 1u);
+  }
+
+  static Message From(uint32_t worker, uint64_t id) {
+    Message m;
+    m.header.set_request_id(id);
+    m.header.set_sender_id(worker);
+    m.header.set_sender_address("inproc://w" + std::to_string(worker));
+    return m;
+  }
+
+  std::vector<Outgoing> Push(uint32_t w, uint64_t clock, float v, Nanos now = 0) {
+    Message m = From(w, next_id_++);
+    m.header.mutable_push()->set_table_id(1);
+    m.header.mutable_push()->set_num_keys(1);
+    m.header.mutable_push()->set_clock(clock);
+    Key k = 42;
+    m.frames.push_back(Buffer::CopyOf(&k, sizeof k));
+    m.frames.push_back(Buffer::CopyOf(&v, sizeof v));
+    return core_->Step(std::move(m), now);
+  }
+
+  std::vector<Outgoing> Pull(uint32_t w, uint64_t clock, uint64_t id, Nanos now = 0, uint64_t timeout_ms = 0) {
+    Message m = From(w, id);
+    m.header.mutable_pull()->set_table_id(1);
+    m.header.mutable_pull()->set_num_keys(1);
+    m.header.mutable_pull()->set_clock(clock);
+    m.header.mutable_pull()->set_hold_timeout_ms(timeout_ms);
+    Key k = 42;
+    m.frames.push_back(Buffer::CopyOf(&k, sizeof k));
+    return core_->Step(std::move(m), now);
+  }
+
+  std::vector<Outgoing> Clock(uint32_t w, uint64_t clock, uint64_t id, Nanos now = 0) {
+    Message m = From(w, id);
+    m.header.mutable_clock_advance()->set_clock(clock);
+    return core_->Step(std::move(m), now);
+  }
+
+  static float Value(const Outgoing& o) {
+    EXPECT_TRUE(o.message.header.has_pull_reply()) << o.message.header.ShortDebugString();
+    return o.message.frames.empty() ? -1 : o.message.frames[0].As<float>()[0];
+  }
+
+  std::unique_ptr<ServerCore> core_;
+  uint64_t next_id_ = 1000;
+};
+
+TEST_F(ConsistencyCoreTest, BspHoldsAPullUntilEveryWorkerFinishedTheClock) {
+  Init(proto::BSP, 0);
+  Push(kW0, 0, 1);
+  ASSERT_EQ(Clock(kW0, 1, 1).size(), 0u);  // w0 waits for w1 in Clock()
+  EXPECT_EQ(Pull(kW0, 1, 2).size(), 0u);   // and a pull at clock 1 waits too
+  EXPECT_EQ(core_->held(), 2u);
+  Push(kW1, 0, 10);
+  auto out = Clock(kW1, 1, 3);  // w1 finishes clock 0: everything is released
+  ASSERT_EQ(out.size(), 3u);
+  // w1's own acknowledgement, then the held ones in arrival order.
+  EXPECT_EQ(out[0].message.header.request_id(), 3u);
+  EXPECT_EQ(out[1].message.header.request_id(), 1u);
+  EXPECT_TRUE(out[1].message.header.has_clock_ack());
+  EXPECT_EQ(out[2].message.header.request_id(), 2u);
+  EXPECT_EQ(Value(out[2]), 11.0f);  // both clock-0 pushes are in
+  EXPECT_EQ(out[2].message.header.pull_reply().staleness(), 0u);
+}
+
+TEST_F(ConsistencyCoreTest, SspLetsAReaderRunAheadByTheBound) {
+  Init(proto::SSP, 2);
+  for (uint64_t c = 1; c <= 2; ++c) ASSERT_EQ(Clock(kW0, c, c).size(), 1u);  // within the bound
+  auto out = Pull(kW0, 2, 10);
+  ASSERT_EQ(out.size(), 1u);  // clock 2 - staleness 2 = 0: w1 at 0 suffices
+  EXPECT_EQ(out[0].message.header.pull_reply().staleness(), 2u);
+  EXPECT_EQ(Clock(kW0, 3, 11).size(), 0u);  // 3 - 2 = 1 > w1's 0: held
+  EXPECT_EQ(Pull(kW0, 3, 12).size(), 0u);
+  out = Clock(kW1, 1, 13);
+  EXPECT_EQ(out.size(), 3u);
+}
+
+TEST_F(ConsistencyCoreTest, AspNeverHolds) {
+  Init(proto::ASP, 0);
+  EXPECT_EQ(Clock(kW0, 50, 1).size(), 1u);
+  EXPECT_EQ(Pull(kW0, 50, 2).size(), 1u);
+}
+
+TEST_F(ConsistencyCoreTest, WorkersThatLeftAreNotWaitedFor) {
+  Init(proto::BSP, 0);
+  EXPECT_EQ(Pull(kW0, 1, 1).size(), 0u);
+  Clock(kW0, 1, 2);
+  Message left;
+  left.header.mutable_workers_left()->add_worker_node_ids(kW1);
+  auto out = core_->Step(std::move(left), 0);
+  ASSERT_EQ(out.size(), 2u);  // the held pull and clock, nothing for WorkersLeft itself
+  EXPECT_EQ(out[0].message.header.request_id(), 1u);
+  // A push from the departed worker's clock table entry is refused.
+  auto late = Clock(kW1, 1, 3);
+  ASSERT_EQ(late.size(), 1u);
+  EXPECT_TRUE(late[0].message.header.has_error());
+}
+
+TEST_F(ConsistencyCoreTest, HeldRequestsTimeOutNamingTheLaggards) {
+  Init(proto::BSP, 0);
+  Clock(kW0, 1, 1, 0);
+  Clock(kW0, 2, 2, 0);
+  EXPECT_EQ(Pull(kW0, 2, 3, 0, /*timeout_ms=*/500).size(), 0u);
+  EXPECT_TRUE(core_->Tick(499 * kMillis).empty());
+  auto out = core_->Tick(500 * kMillis);
+  ASSERT_EQ(out.size(), 1u);
+  const auto& e = out[0].message.header.error();
+  EXPECT_EQ(e.code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_NE(e.message().find("worker 1 (at clock 0)"), std::string::npos) << e.message();
+  EXPECT_EQ(core_->held(), 2u);  // the two clock acks use the default timeout
+}
+
+TEST_F(ConsistencyCoreTest, PushStampedBeforeTheAnnouncedClockIsRefused) {
+  Init(proto::ASP, 0);
+  Clock(kW0, 3, 1);
+  auto out = Push(kW0, 2, 1.0f);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].message.header.has_error());
+  EXPECT_NE(out[0].message.header.error().message().find("announced clock 3"), std::string::npos);
+}
+
+TEST_F(ConsistencyCoreTest, MalformedPullIsAnsweredAtOnceNotHeld) {
+  Init(proto::BSP, 0);
+  Message m = From(kW0, 5);
+  m.header.mutable_pull()->set_table_id(1);
+  m.header.mutable_pull()->set_num_keys(3);  // but one key in the frame
+  m.header.mutable_pull()->set_clock(9);
+  Key k = 42;
+  m.frames.push_back(Buffer::CopyOf(&k, sizeof k));
+  auto out = core_->Step(std::move(m), 0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].message.header.has_error());
+}
+
+TEST_F(ConsistencyCoreTest, TheEarlyAnswerSwitchBreaksFreshness) {
+  Init(proto::BSP, 0, /*early=*/true);
+  EXPECT_EQ(Pull(kW0, 5, 1).size(), 1u);  // answered although w1 is at clock 0
+}
+
+}  // namespace
+}  // namespace tessera
