@@ -11,7 +11,7 @@ constexpr uint32_t kW0 = 100, kW1 = 101;  // worker node ids
 class ConsistencyCoreTest : public ::testing::Test {
  protected:
   void Init(proto::ConsistencyKind kind, uint32_t staleness, bool early = false) {
-    core_ = std::make_unique<ServerCore>(ServerCoreOptions{.node_id = 1, .answer_pulls_early = early});
+    core_ = std::make_unique<ServerCore>(ServerCoreOptions{.node_id = 1, .answer_early = early});
     proto::NodeInfo s;
     s.set_address("inproc://s0");
     std::vector<proto::NodeInfo> servers = {s};

@@ -74,8 +74,8 @@ uint64_t ServerCore::StrictestStaleness() const {
 
 absl::StatusOr<uint64_t> ServerCore::RequiredMinClock(const Message& m) {
   const proto::Envelope& h = m.header;
+  if (options_.answer_early) return 0;
   if (h.has_pull()) {
-    if (options_.answer_pulls_early) return 0;
     auto table = FindTable(h.pull().table_id());
     if (!table.ok()) return table.status();
     return Required(h.pull().clock(), Staleness((*table)->config()));

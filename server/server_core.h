@@ -44,7 +44,7 @@ struct ServerCoreOptions {
   uint32_t node_id = 0;                     // stamped on replies
   BufferPool* pool = nullptr;               // reply buffers (not owned; may be null)
   Nanos default_hold_timeout = 60 * kSeconds;  // for held requests that name none
-  bool answer_pulls_early = false;          // TEST ONLY: break I2 (negative control for checkers)
+  bool answer_early = false;                // TEST ONLY: never hold pulls or clock acks (negative control)
 };
 
 struct ServerStats {

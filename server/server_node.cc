@@ -21,13 +21,18 @@ void ServerNode::OnMessage(Message m) {
   if (session_.Handle(m)) return;
   std::unique_lock lock(mu_);
   if (core_ == nullptr) {
+    // Not serving yet (a worker can learn the map before this server does):
+    // keep the request and answer it once serving, in arrival order.
+    if (early_.size() < kMaxEarlyRequests) {
+      early_.push_back(std::move(m));
+      return;
+    }
     lock.unlock();
-    // Not serving yet: answer, so the client is not left waiting for nothing.
     if (m.header.request_id() == 0) return;
     Message reply;
     reply.header.set_request_id(m.header.request_id());
     reply.header.mutable_error()->set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-    reply.header.mutable_error()->set_message("server has not joined the job yet");
+    reply.header.mutable_error()->set_message("server has not joined the job yet and its queue is full");
     (void)transport_->Send(m.header.sender_address(), std::move(reply));
     return;
   }
@@ -68,10 +73,15 @@ absl::Status ServerNode::Run() {
   for (const auto& n : ready->nodes())
     if (n.role() == proto::WORKER) workers[n.node_id()] = n.rank();
   core->SetWorkers(workers);
+  std::vector<Outgoing> out;
   {
     std::lock_guard lock(mu_);
+    for (Message& m : early_)
+      for (Outgoing& o : core->Step(std::move(m), MonotonicNow())) out.push_back(std::move(o));
+    early_.clear();
     core_ = std::move(core);
   }
+  for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
   std::thread ticker([this] { TickLoop(); });
   TLOG_INFO("server {} (node {}) serving; shard map epoch {}, {} virtual shards over {} servers",
             session_.self().rank(), session_.self().node_id(), ready->shard_map().epoch(),

@@ -5,6 +5,7 @@
 // replies. Used by the tessera-server binary and by in-process cluster tests.
 #include <memory>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 
 #include "absl/status/status.h"
@@ -42,6 +43,8 @@ class ServerNode {
   std::condition_variable tick_cv_;
   bool stopping_ = false;  // guarded by mu_
   std::unique_ptr<ServerCore> core_;
+  static constexpr size_t kMaxEarlyRequests = 100000;
+  std::deque<Message> early_;  // guarded by mu_: requests that arrived before core_ existed
 };
 
 }  // namespace tessera

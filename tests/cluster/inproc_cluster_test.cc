@@ -6,102 +6,10 @@
 #include <numeric>
 #include <thread>
 
-#include "common/logging.h"
-#include "coordinator/coordinator_node.h"
-#include "server/server_node.h"
-#include "transport/inproc_transport.h"
-#include "worker/worker.h"
+#include "tests/cluster/inproc_cluster.h"
 
 namespace tessera {
 namespace {
-
-struct ClusterOptions {
-  uint32_t servers = 2;
-  uint32_t workers = 2;
-  uint32_t started_servers = 2;  // fewer than `servers` simulates a missing one
-  uint32_t vshards = 32;
-  Nanos assemble_timeout = 10 * kSeconds;
-};
-
-class InProcCluster {
- public:
-  explicit InProcCluster(ClusterOptions o) : options_(o) {
-    // Create the default logger on this thread before the nodes log from
-    // theirs (binaries do this in main through InitLogging).
-    spdlog::default_logger()->set_level(spdlog::level::warn);
-    CoordinatorOptions co;
-    co.servers = o.servers;
-    co.workers = o.workers;
-    co.vshards = o.vshards;
-    co.assemble_timeout = o.assemble_timeout;
-    co.lease = 5 * kSeconds;
-    coordinator_ = std::make_unique<CoordinatorNode>(co, net_.Create("coordinator"));
-    EXPECT_TRUE(coordinator_->Start().ok());
-    coordinator_result_ = std::async(std::launch::async, [this] { return coordinator_->Run(); });
-    for (uint32_t i = 0; i < o.started_servers; ++i) {
-      CoordinatorSession::Options so;
-      so.coordinator = coordinator_->address();
-      so.rank = static_cast<int>(i);
-      so.connect_timeout = o.assemble_timeout + 5 * kSeconds;
-      servers_.push_back(std::make_unique<ServerNode>(so, net_.Create("server-" + std::to_string(i))));
-      ServerNode* s = servers_.back().get();
-      server_results_.push_back(std::async(std::launch::async, [s] { return s->Run(); }));
-    }
-  }
-
-  // Connects all workers concurrently (Connect blocks until the job assembles).
-  std::vector<absl::StatusOr<std::unique_ptr<Worker>>> ConnectWorkers() {
-    std::vector<std::future<absl::StatusOr<std::unique_ptr<Worker>>>> pending;
-    for (uint32_t i = 0; i < options_.workers; ++i) {
-      pending.push_back(std::async(std::launch::async, [this, i] {
-        WorkerOptions wo;
-        wo.coordinator = coordinator_->address();
-        wo.rank = static_cast<int>(i);
-        wo.connect_timeout = options_.assemble_timeout + 5 * kSeconds;
-        wo.request_timeout = 20 * kSeconds;
-        return Worker::Connect(wo, net_.Create("worker-" + std::to_string(i)));
-      }));
-    }
-    std::vector<absl::StatusOr<std::unique_ptr<Worker>>> out;
-    for (auto& p : pending) out.push_back(p.get());
-    return out;
-  }
-
-  absl::Status CoordinatorResult() { return coordinator_result_.get(); }
-  std::vector<absl::Status> ServerResults() {
-    std::vector<absl::Status> r;
-    for (auto& f : server_results_) r.push_back(f.get());
-    return r;
-  }
-  std::string Summary() const { return coordinator_->SummaryJson(); }
-
- private:
-  ClusterOptions options_;
-  InProcNetwork net_;
-  std::unique_ptr<CoordinatorNode> coordinator_;
-  std::future<absl::Status> coordinator_result_;
-  std::vector<std::unique_ptr<ServerNode>> servers_;
-  std::vector<std::future<absl::Status>> server_results_;
-};
-
-// Runs fn(worker) on every worker concurrently and returns the statuses.
-template <typename Fn>
-std::vector<absl::Status> OnEachWorker(std::vector<std::unique_ptr<Worker>>& workers, Fn fn) {
-  std::vector<std::future<absl::Status>> f;
-  for (auto& w : workers) f.push_back(std::async(std::launch::async, [&fn, &w] { return fn(*w); }));
-  std::vector<absl::Status> r;
-  for (auto& x : f) r.push_back(x.get());
-  return r;
-}
-
-std::vector<std::unique_ptr<Worker>> Unwrap(std::vector<absl::StatusOr<std::unique_ptr<Worker>>> in) {
-  std::vector<std::unique_ptr<Worker>> out;
-  for (auto& w : in) {
-    EXPECT_TRUE(w.ok()) << w.status();
-    if (w.ok()) out.push_back(std::move(*w));
-  }
-  return out;
-}
 
 // The integer gradient worker w pushes for element j of key k in round r.
 float Gradient(uint32_t w, Key k, uint32_t j, uint32_t r) {

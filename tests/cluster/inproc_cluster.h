@@ -1,0 +1,115 @@
+#pragma once
+// InProcCluster: a whole job in one process (test-only): the real
+// coordinator, server and worker shells and cores, wired through the
+// in-process transport. Each node runs on its own threads, like a process.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/logging.h"
+#include "coordinator/coordinator_node.h"
+#include "server/server_node.h"
+#include "transport/inproc_transport.h"
+#include "worker/worker.h"
+
+namespace tessera {
+
+struct ClusterOptions {
+  uint32_t servers = 2;
+  uint32_t workers = 2;
+  uint32_t started_servers = 2;  // fewer than `servers` simulates a missing one
+  uint32_t vshards = 32;
+  Nanos assemble_timeout = 10 * kSeconds;
+  Nanos lease = 5 * kSeconds;
+  WorkerLossPolicy on_worker_loss = WorkerLossPolicy::kStopJob;
+  ServerCoreOptions server;  // e.g. the test-only answer_early switch
+};
+
+class InProcCluster {
+ public:
+  explicit InProcCluster(ClusterOptions o) : options_(o) {
+    // Create the default logger on this thread before the nodes log from
+    // theirs (binaries do this in main through InitLogging).
+    spdlog::default_logger()->set_level(spdlog::level::warn);
+    CoordinatorOptions co;
+    co.servers = o.servers;
+    co.workers = o.workers;
+    co.vshards = o.vshards;
+    co.assemble_timeout = o.assemble_timeout;
+    co.lease = o.lease;
+    co.on_worker_loss = o.on_worker_loss;
+    coordinator_ = std::make_unique<CoordinatorNode>(co, net_.Create("coordinator"));
+    EXPECT_TRUE(coordinator_->Start().ok());
+    coordinator_result_ = std::async(std::launch::async, [this] { return coordinator_->Run(); });
+    for (uint32_t i = 0; i < o.started_servers; ++i) {
+      CoordinatorSession::Options so;
+      so.coordinator = coordinator_->address();
+      so.rank = static_cast<int>(i);
+      so.connect_timeout = o.assemble_timeout + 5 * kSeconds;
+      so.heartbeat_interval = o.lease / 5;
+      servers_.push_back(std::make_unique<ServerNode>(so, net_.Create("server-" + std::to_string(i)), o.server));
+      ServerNode* s = servers_.back().get();
+      server_results_.push_back(std::async(std::launch::async, [s] { return s->Run(); }));
+    }
+  }
+
+  // Connects all workers concurrently (Connect blocks until the job assembles).
+  std::vector<absl::StatusOr<std::unique_ptr<Worker>>> ConnectWorkers() {
+    std::vector<std::future<absl::StatusOr<std::unique_ptr<Worker>>>> pending;
+    for (uint32_t i = 0; i < options_.workers; ++i) {
+      pending.push_back(std::async(std::launch::async, [this, i] {
+        WorkerOptions wo;
+        wo.coordinator = coordinator_->address();
+        wo.rank = static_cast<int>(i);
+        wo.connect_timeout = options_.assemble_timeout + 5 * kSeconds;
+        wo.request_timeout = 20 * kSeconds;
+        wo.heartbeat_interval = options_.lease / 5;
+        return Worker::Connect(wo, net_.Create("worker-" + std::to_string(i)));
+      }));
+    }
+    std::vector<absl::StatusOr<std::unique_ptr<Worker>>> out;
+    for (auto& p : pending) out.push_back(p.get());
+    return out;
+  }
+
+  absl::Status CoordinatorResult() { return coordinator_result_.get(); }
+  std::vector<absl::Status> ServerResults() {
+    std::vector<absl::Status> r;
+    for (auto& f : server_results_) r.push_back(f.get());
+    return r;
+  }
+  std::string Summary() const { return coordinator_->SummaryJson(); }
+
+ private:
+  ClusterOptions options_;
+  InProcNetwork net_;
+  std::unique_ptr<CoordinatorNode> coordinator_;
+  std::future<absl::Status> coordinator_result_;
+  std::vector<std::unique_ptr<ServerNode>> servers_;
+  std::vector<std::future<absl::Status>> server_results_;
+};
+
+// Runs fn(worker) on every worker concurrently and returns the statuses.
+template <typename Fn>
+std::vector<absl::Status> OnEachWorker(std::vector<std::unique_ptr<Worker>>& workers, Fn fn) {
+  std::vector<std::future<absl::Status>> f;
+  for (auto& w : workers) f.push_back(std::async(std::launch::async, [&fn, &w] { return fn(*w); }));
+  std::vector<absl::Status> r;
+  for (auto& x : f) r.push_back(x.get());
+  return r;
+}
+
+// The workers that connected; a failure is reported to GoogleTest.
+inline std::vector<std::unique_ptr<Worker>> Unwrap(std::vector<absl::StatusOr<std::unique_ptr<Worker>>> in) {
+  std::vector<std::unique_ptr<Worker>> out;
+  for (auto& w : in) {
+    if (!w.ok()) ADD_FAILURE() << w.status();
+    if (w.ok()) out.push_back(std::move(*w));
+  }
+  return out;
+}
+
+}  // namespace tessera
