@@ -385,6 +385,16 @@ class WorkerImpl final : public Worker {
 
 }  // namespace
 
+std::string StatsJson(const WorkerStats& s) {
+  std::string hist;
+  for (size_t i = 0; i < s.staleness.size(); ++i) absl::StrAppend(&hist, i ? "," : "", s.staleness[i]);
+  return absl::StrCat("{\"pushes\":", s.pushes, ",\"pulls\":", s.pulls, ",\"bytes_pushed\":", s.bytes_pushed,
+                      ",\"bytes_pulled\":", s.bytes_pulled, ",\"clocks\":", s.clocks,
+                      ",\"clock_wait_seconds\":", static_cast<double>(s.clock_wait) / kSeconds,
+                      ",\"pull_held_seconds\":", static_cast<double>(s.pull_held) / kSeconds,
+                      ",\"staleness_histogram\":[", hist, "]}");
+}
+
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Connect(const WorkerOptions& options) {
   if (options.coordinator.empty()) return absl::InvalidArgumentError("WorkerOptions.coordinator is empty");
   auto transport = MakeTransport(options.bind);

@@ -106,6 +106,11 @@ struct WorkerStats {
   std::array<uint64_t, kStalenessBuckets> staleness{};  // pulls (parts) by observed staleness
 };
 
+// The stats as a JSON object, for a worker program's report:
+// {"pushes":..,"pulls":..,"bytes_pushed":..,"bytes_pulled":..,"clocks":..,
+//  "clock_wait_seconds":..,"pull_held_seconds":..,"staleness_histogram":[..17 counts..]}
+std::string StatsJson(const WorkerStats& stats);
+
 class Worker {
  public:
   static absl::StatusOr<std::unique_ptr<Worker>> Connect(const WorkerOptions& options);
