@@ -58,6 +58,7 @@ class ClusterSection:
     vshards: int = 64
     transport: str = "tcp"
     host: str = "127.0.0.1"
+    on_worker_loss: str = "stop"
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,15 @@ def _transport(value: Any) -> Optional[str]:
     return None
 
 
+WORKER_LOSS_POLICIES = ("stop", "continue")
+
+
+def _worker_loss(value: Any) -> Optional[str]:
+    if value not in WORKER_LOSS_POLICIES:
+        return "must be one of " + " | ".join(WORKER_LOSS_POLICIES)
+    return None
+
+
 def _nonempty_string(value: Any) -> Optional[str]:
     if not isinstance(value, str) or not value.strip() or value != value.strip():
         return "must be a non-empty string without surrounding spaces"
@@ -176,6 +186,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "vshards": Field(_positive_int, 64, "virtual shards the key space is hashed onto"),
         "transport": Field(_transport, "tcp", "tcp | ipc"),
         "host": Field(_nonempty_string, "127.0.0.1", "address processes bind and advertise (tcp)"),
+        "on_worker_loss": Field(_worker_loss, "stop",
+                                "stop: a lost worker fails the job; continue: the others go on without it"),
     },
     "timeouts": {
         "assemble_seconds": Field(_positive_number, 30, "time for every process to register"),

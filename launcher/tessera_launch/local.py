@@ -212,6 +212,7 @@ def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, d
         "--assemble-timeout", _seconds(t.assemble_seconds),
         "--heartbeat-interval", _seconds(t.heartbeat_seconds),
         "--lease", _seconds(t.lease_seconds),
+        "--on-worker-loss", config.cluster.on_worker_loss,
         "--summary-file", str(layout.coordinator_summary),
         "--name", "coordinator",
     ]
@@ -289,7 +290,8 @@ def _start_cluster(sup: Supervisor, config: JobConfig, binaries: Binaries, layou
     env = {"PYTHONUNBUFFERED": "1"}
     specs = [ProcessSpec(f"server-{r}", server_argv(config, binaries, layout, r, address, debug), env=env)
              for r in range(config.cluster.servers)]
-    specs += [ProcessSpec(f"worker-{r}", worker_argv(config, binaries, layout, r, address), rank=r, env=env)
+    specs += [ProcessSpec(f"worker-{r}", worker_argv(config, binaries, layout, r, address), rank=r, env=env,
+                       may_fail=config.cluster.on_worker_loss == "continue")
               for r in range(config.cluster.workers)]
     for spec in specs:
         if spec.name in skips:

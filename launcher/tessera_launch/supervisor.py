@@ -242,6 +242,8 @@ class ProcessSpec:
            lines are parsed (and progress lines kept off the terminal).
     env:   variables added to the launcher's environment.
     cwd:   working directory (default: the launcher's).
+    may_fail: its failure is reported but does not end the job (workers
+           under on_worker_loss: continue, where the coordinator decides).
     """
 
     name: str
@@ -249,6 +251,7 @@ class ProcessSpec:
     rank: Optional[int] = None
     env: dict = field(default_factory=dict)
     cwd: Optional[str] = None
+    may_fail: bool = False
 
 
 @dataclass
@@ -331,6 +334,7 @@ class Supervisor:
         self.handle_signals = handle_signals
         self.tail_lines = tail_lines
         self.results: dict = {}  # process name -> TESSERA_RESULT object
+        self.tolerated_failures: dict = {}  # name -> exit code, for may_fail processes
         self._clock = clock
         self._started_at = clock()
         self._processes: dict = {}  # name -> _Managed, in start order
@@ -569,6 +573,10 @@ class Supervisor:
         self._read(managed, until_blocked=True)
         name, code = managed.spec.name, managed.returncode
         self.console.say(f"{name} {describe_exit(code)}")
+        if code != 0 and managed.spec.may_fail:
+            self.tolerated_failures[name] = code
+            self.console.say(f"{name} failed; the job goes on without it (on_worker_loss: continue)")
+            return
         if code != 0 and self._outcome is None:
             self._outcome = Outcome("failed", f"{name} {describe_exit(code)}", culprit=name, culprit_code=code)
 
