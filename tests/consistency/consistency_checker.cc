@@ -142,6 +142,7 @@ absl::Status RunWorkload(Worker& w, const WorkloadOptions& o, Recorder& rec) {
     int64_t called = NowNs();
     if (auto s = w.Clock(); !s.ok()) return s;
     rec.Add(ClockEvent{me, w.clock(), called, NowNs()});
+    if (o.on_clock) o.on_clock(w.clock());
   }
   rec.Add(FinishEvent{me, NowNs()});
   return absl::OkStatus();

@@ -16,6 +16,7 @@
 // by all processes of one host, so the checker can order events across
 // processes.
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -82,6 +83,7 @@ struct WorkloadOptions {
   uint32_t staleness = 0;
   uint32_t max_sleep_us = 3000;   // random pause per clock; worker 0 sleeps 3x longer (a straggler)
   uint64_t seed = 1;
+  std::function<void(uint64_t)> on_clock;  // called after each Clock() with the new clock (fault injection)
 };
 
 // Runs the workload on one worker (creates the table; every worker calls it).

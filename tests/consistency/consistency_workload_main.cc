@@ -1,6 +1,7 @@
 // tessera-consistency-workload: a worker program (started by tessera-launch)
 // that runs the consistency workload and writes its events to
 // --records DIR/worker-RANK.txt for tessera-consistency-check.
+#include <csignal>
 #include <cstdio>
 
 #include "CLI/CLI.hpp"
@@ -23,6 +24,10 @@ int main(int argc, char** argv) {
   app.add_option("--keys", o.num_keys, "Keys in the table");
   app.add_option("--max-sleep-us", o.max_sleep_us, "Longest random pause per clock (worker 0: 3x)");
   app.add_option("--seed", o.seed, "Random seed");
+  int die_rank = -1;
+  uint32_t die_at_clock = 0;
+  app.add_option("--die-rank", die_rank, "Fault injection: this worker kills itself (SIGKILL) ...");
+  app.add_option("--die-at-clock", die_at_clock, "... when it reaches this clock");
   CLI11_PARSE(app, argc, argv);
   tessera::InitLogging(name, false);
   if (!bind.empty()) wo.bind = bind;
@@ -34,6 +39,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   tessera::consistency::Recorder rec;
+  if (die_rank >= 0 && static_cast<uint32_t>(die_rank) == (*worker)->rank()) {
+    o.on_clock = [die_at_clock](uint64_t clock) {
+      if (clock >= die_at_clock) std::raise(SIGKILL);
+    };
+  }
   absl::Status s = tessera::consistency::RunWorkload(**worker, o, rec);
   if (s.ok()) s = rec.WriteTo(records + "/worker-" + std::to_string((*worker)->rank()) + ".txt");
   if (!s.ok()) {

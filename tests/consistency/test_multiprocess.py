@@ -1,6 +1,7 @@
 """I1-I4 with real processes on loopback: the consistency workload is run
 through tessera-launch for BSP, SSP(1), SSP(3) and ASP, and the recorded
 events of all workers are checked by tessera-consistency-check."""
+import json
 import os
 import subprocess
 import sys
@@ -32,3 +33,32 @@ def test_invariants_hold_across_processes(tmp_path, model, staleness):
         capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "I1 0, I2 0, I3 0, I4 0" in check.stdout
+
+
+@pytest.mark.parametrize("policy", ["continue", "stop"])
+def test_worker_killed_mid_job_under_bsp(tmp_path, policy):
+    """Worker 2 kills itself (SIGKILL) at clock 5 of 40. With `continue` the
+    others finish and the job is ok; with `stop` the job fails naming it."""
+    records = tmp_path / "records"
+    records.mkdir()
+    run = subprocess.run(
+        [sys.executable, str(REPO / "launcher" / "tessera-launch"), "local", "--config", str(CONFIG),
+         "--build-dir", str(BUILD), "--run-dir", str(tmp_path / "run"), "--quiet", "--timeout", "120",
+         "--set", f"worker.program={BUILD / 'tests' / 'consistency' / 'tessera-consistency-workload'}",
+         "--set", f"worker.args.records={records}",
+         "--set", "worker.args.clocks=40", "--set", "worker.args.die-rank=2", "--set", "worker.args.die-at-clock=5",
+         "--set", "timeouts.lease_seconds=2", "--set", "timeouts.heartbeat_seconds=0.4",
+         "--set", f"cluster.on_worker_loss={policy}"],
+        capture_output=True, text=True, timeout=180)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    lost = [w for w in summary["worker_reports"] if w.get("lost")]
+    if policy == "continue":
+        assert run.returncode == 0, run.stdout[-3000:]
+        assert summary["status"] == "ok"
+        assert [w["rank"] for w in lost] == [2], summary["worker_reports"]
+        assert "worker 2" in lost[0]["lost"]
+        assert sorted(p.name for p in records.iterdir()) == ["worker-0.txt", "worker-1.txt"]
+    else:
+        assert run.returncode == 1
+        assert summary["status"] == "failed"
+        assert "worker-2" in summary["reason"] or "worker 2" in summary["reason"], summary["reason"]
