@@ -4,6 +4,7 @@
 
 #include "CLI/CLI.hpp"
 #include "common/logging.h"
+#include "common/memory.h"
 #include "server/server_node.h"
 #include "transport/transport_factory.h"
 
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
   if (name.empty()) name = so.rank >= 0 ? "server-" + std::to_string(so.rank) : "server";
   tessera::InitLogging(name, debug);
   std::signal(SIGPIPE, SIG_IGN);
+  tessera::KeepLargeAllocationsMapped();  // large receives come back warm (common/memory.h)
   so.connect_timeout = static_cast<tessera::Nanos>(connect_timeout * 1e9);
   so.heartbeat_interval = static_cast<tessera::Nanos>(heartbeat_interval * 1e9);
   so.lease = static_cast<tessera::Nanos>(lease * 1e9);

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/memory.h"
 #include "node/coordinator_session.h"
 #include "transport/transport_factory.h"
 #include "worker/request_tracker.h"
@@ -405,6 +406,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Connect(const WorkerOptions& opt
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Connect(const WorkerOptions& options,
                                                         std::unique_ptr<Transport> transport) {
   if (options.coordinator.empty()) return absl::InvalidArgumentError("WorkerOptions.coordinator is empty");
+  if (options.keep_allocations_mapped) KeepLargeAllocationsMapped();
   auto worker = std::make_unique<WorkerImpl>(options, std::move(transport));
   if (auto s = worker->Start(); !s.ok()) return s;
   return std::unique_ptr<Worker>(std::move(worker));

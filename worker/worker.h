@@ -59,6 +59,7 @@ struct WorkerOptions {
   Nanos heartbeat_interval = 1 * kSeconds;   // heartbeats to the coordinator
   Nanos lease = 5 * kSeconds;                // coordinator silent this long = lost
   std::string name;                          // for logs, e.g. "worker-0"
+  bool keep_allocations_mapped = true;       // process-wide malloc tuning for large receives (common/memory.h)
 };
 
 // Options of one table. Workers that create the same table must pass equal
