@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Push/pull throughput of Tessera against raw ZeroMQ, on this machine.
+#
+#   bench/run_push_pull.sh [BUILD_DIR]
+#
+# Builds the targets it needs, runs the raw ZeroMQ baseline (bench/raw_zmq_bench,
+# two processes) three times: with glibc's default allocator settings; with
+# those of Tessera's binaries (large blocks kept in an untrimmed heap, see
+# common/memory.h), which the ratios compare against; and with those plus the
+# receiver adding each payload into a row of floats (the work a Tessera server
+# does for a push). Then it runs the Tessera driver (tessera-push-pull-bench:
+# 1 server, 1 worker, through launcher/tessera-launch with
+# configs/bench_push_pull.yaml), and prints one Markdown table of medians.
+# Like is matched with like: sequential with sequential, 8 in flight with 8 in
+# flight, and the raw one-way PUSH/PULL stream with Tessera pushes 64 in
+# flight.
+#
+# Environment: REPEATS (default 5), MIN_SECONDS (0.5), MIN_MESSAGES (20),
+# SIZES (4096,1048576,16777216), KEEP=1 to keep the raw results and the run
+# directory (printed at the end).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=$(realpath -m "${1:-${TESSERA_BUILD_DIR:-$ROOT/build}}")
+PYTHON=/usr/bin/python3
+REPEATS=${REPEATS:-5}
+MIN_SECONDS=${MIN_SECONDS:-0.5}
+MIN_MESSAGES=${MIN_MESSAGES:-20}
+SIZES=${SIZES:-4096,1048576,16777216}
+
+if [ ! -f "$BUILD/build.ninja" ] && [ ! -f "$BUILD/Makefile" ]; then
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+fi
+WORK=$(mktemp -d /tmp/tessera-bench.XXXXXX)
+if ! cmake --build "$BUILD" --target raw_zmq_bench tessera-push-pull-bench tessera-coordinator tessera-server \
+    >"$WORK/build.log" 2>&1; then
+  tail -30 "$WORK/build.log" >&2
+  echo "run_push_pull.sh: the build failed (log above)" >&2
+  rm -rf "$WORK"
+  exit 1
+fi
+if [ "${KEEP:-0}" != 1 ]; then trap 'rm -rf "$WORK"' EXIT; fi
+
+# name: receiver work, extra flags
+for variant in "default:none:" "mapped:none:--keep_allocations_mapped" "mapped-acc:accumulate:--keep_allocations_mapped"; do
+  IFS=: read -r name work extra <<<"$variant"
+  echo "raw ZeroMQ baseline ($name) ..." >&2
+  # shellcheck disable=SC2086
+  "$BUILD/bench/raw_zmq_bench" --sizes "$SIZES" --repeats "$REPEATS" --min_seconds "$MIN_SECONDS" \
+    --min_messages "$MIN_MESSAGES" --receiver_work "$work" $extra --json "$WORK/raw-$name.json"
+done
+
+echo "Tessera push/pull (1 server, 1 worker) ..." >&2
+if ! "$PYTHON" "$ROOT/launcher/tessera-launch" local --config "$ROOT/configs/bench_push_pull.yaml" \
+    --build-dir "$BUILD" --run-dir "$WORK/run" --quiet --timeout 1200 \
+    --set "worker.program=$BUILD/bench/tessera-push-pull-bench" \
+    --set "worker.args.sizes=\"$SIZES\"" --set "worker.args.repeats=$REPEATS" \
+    --set "worker.args.min_seconds=$MIN_SECONDS" --set "worker.args.min_messages=$MIN_MESSAGES" >&2; then
+  echo "run_push_pull.sh: the Tessera run failed; logs in $WORK/run/logs" >&2
+  trap - EXIT
+  exit 1
+fi
+
+"$PYTHON" - "$WORK" <<'PY'
+import json
+import sys
+
+work = sys.argv[1]
+summary = json.load(open(f"{work}/run/summary.json"))
+tessera = {(r["size"], r["op"], r["mode"]): r["median_mbps"]
+           for r in summary["worker_reports"][0]["report"]["results"]}
+raw = {}
+for name in ("default", "mapped", "mapped-acc"):
+    data = json.load(open(f"{work}/raw-{name}.json"))
+    sizes = data["sizes"]
+    raw[name] = {(r["size"], r["mode"]): r["median_mbps"] for r in data["results"]}
+
+def size_name(n):
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+def fmt(v):
+    return "–" if v is None else f"{v:,.0f}"
+
+def ratio(a, b):
+    return "–" if a is None or not b else f"{a / b:.2f}"
+
+print("| size | mode | raw ZMQ, default malloc | raw ZMQ | raw ZMQ + accumulate | Tessera push | Tessera pull "
+      "| Tessera push+pull | push/raw | push/(raw+acc) | pull/raw |")
+print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for size in sizes:
+    for label, mode in (("sequential", "sequential"), ("8 in flight", "inflight8"), ("stream", "stream")):
+        default = raw["default"].get((size, mode))
+        base = raw["mapped"].get((size, mode))
+        base_acc = raw["mapped-acc"].get((size, mode))
+        push, pull, both = (tessera.get((size, op, mode)) for op in ("push", "pull", "pushpull"))
+        if label == "stream":
+            label = "stream (raw PUSH/PULL; Tessera 64 pushes in flight)"
+        print(f"| {size_name(size)} | {label} | {fmt(default)} | {fmt(base)} | {fmt(base_acc)} | {fmt(push)} | "
+              f"{fmt(pull)} | {fmt(both)} | {ratio(push, base)} | {ratio(push, base_acc)} | {ratio(pull, base)} |")
+print()
+print("MB/s of payload (1 MB = 10^6 bytes), medians. 'raw ZMQ' and 'raw ZMQ + accumulate' run with the allocator")
+print("settings of Tessera's binaries (--keep_allocations_mapped); the ratios compare with those.")
+PY
+if [ "${KEEP:-0}" = 1 ]; then echo "results kept in $WORK" >&2; fi

@@ -1,0 +1,423 @@
+// tessera-logreg: sparse logistic regression on a synthetic click log,
+// trained against the parameter server.
+//
+// Model: one weight per feature key in SPARSE table 0 (width 1, created on
+// first touch as zero) and the bias in DENSE table 1 (one row). Both tables
+// use the server-side SGD optimizer with --learning_rate, so a worker pushes
+// the mean log-loss gradient of its minibatch and the server takes the step.
+//
+// One step: unique the batch's keys, pull their weights and the bias, compute
+// the gradient, push it. The pushes of step t are in flight while the keys of
+// step t+1 are prepared; the pull of step t+1 is issued after they complete,
+// so every step reads this worker's own previous update. After each step the
+// worker calls Clock() (except with asp, the default, where clocks bound
+// nothing): with --consistency ssp or bsp the servers then bound how stale
+// the weights it reads may be.
+// Every worker takes the same number of steps per epoch.
+//
+// Per epoch every worker passes Barrier("epoch-N"), then evaluates AUC and
+// log-loss on the whole held-out test set (the same set on every worker) and
+// prints one TESSERA_PROGRESS line with test_auc. At the end it prints one
+// TESSERA_RESULT line and reports the same JSON to the coordinator through
+// Worker::Finish. Exit status 0 iff everything succeeded; otherwise one
+// error line on stderr and status 1.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "examples/synthetic_clicklog.h"
+#include "worker/worker.h"
+
+namespace tessera::examples {
+namespace {
+
+constexpr uint32_t kWeightTable = 0;
+constexpr uint32_t kBiasTable = 1;
+constexpr Key kBiasKey = 0;
+constexpr uint64_t kProgressEverySteps = 50;
+
+struct LogRegFlags {
+  // The process contract: set by the launcher.
+  std::string coordinator;                 // coordinator address
+  int rank = -1;                           // requested worker rank, -1 = assigned
+  std::string name;                        // for logs; default worker-RANK
+  std::string bind = "tcp://127.0.0.1:0";  // where replies arrive
+  bool debug = false;                      // debug log lines
+  double connect_timeout_seconds = 30;     // registration and job assembly
+  double request_timeout_seconds = 60;     // every push, pull, table creation
+  // The job; the defaults are those of configs/local.yaml.
+  uint64_t features = 5000;          // distinct feature ids
+  uint32_t fields = 20;              // active features per example
+  double zipf = 1.0;                 // exponent of the feature-id distribution
+  uint64_t train_examples = 500000;  // of the whole job, split across workers
+  uint64_t test_examples = 20000;    // held out, the same on every worker
+  uint32_t epochs = 3;               // passes over the training data
+  uint32_t batch = 200;              // examples per step
+  float learning_rate = 1.0f;        // server-side SGD step size
+  uint64_t seed = 7;                 // data, ground truth and shuffling
+  std::string consistency = "asp";   // asp | ssp | bsp, for both tables
+  uint32_t staleness = 2;            // ssp only: the staleness bound
+};
+
+// A JSON number, or null when it is not finite (JSON has no NaN).
+std::string JsonNumber(double v) { return std::isfinite(v) ? absl::StrFormat("%.6g", v) : "null"; }
+
+// Waits for every future (their buffers must outlive them, even on error)
+// and returns the first error, prefixed with `what`.
+absl::Status WaitAll(std::span<const Future> futures, const char* what) {
+  absl::Status first;
+  for (const Future& f : futures) {
+    absl::Status s = f.Wait();
+    if (first.ok() && !s.ok()) first = absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  }
+  return first;
+}
+
+void EmitLine(const std::string& tag, const std::string& json) {
+  std::fputs(absl::StrCat(tag, " ", json, "\n").c_str(), stdout);
+  std::fflush(stdout);
+}
+
+// The keys of one minibatch, deduplicated, and where each example's features
+// sit among them. Reused across steps to avoid reallocation.
+struct MinibatchKeys {
+  std::vector<Key> unique_keys;
+  std::vector<uint32_t> slot;  // per feature occurrence: index into unique_keys
+  absl::flat_hash_map<Key, uint32_t> index;
+
+  void Build(const ClickLogBatch& data, std::span<const uint32_t> examples) {
+    unique_keys.clear();
+    slot.clear();
+    index.clear();
+    for (uint32_t e : examples) {
+      for (Key k : data.keys_of(e)) {
+        auto [it, inserted] = index.try_emplace(k, static_cast<uint32_t>(unique_keys.size()));
+        if (inserted) unique_keys.push_back(k);
+        slot.push_back(it->second);
+      }
+    }
+  }
+};
+
+class LogRegJob {
+ public:
+  LogRegJob(const LogRegFlags& flags, Worker& worker, const SyntheticClickLog& log)
+      : flags_(flags), worker_(worker), log_(log) {}
+
+  absl::Status Run();
+
+ private:
+  absl::Status CreateTables();
+  // Trains one epoch over this worker's partition in a seeded shuffled order.
+  absl::Status TrainEpoch(uint32_t epoch);
+  // Pulls the weights of every test key and scores the test set.
+  absl::Status Evaluate(double& auc, double& loss);
+
+  const LogRegFlags& flags_;
+  Worker& worker_;
+  const SyntheticClickLog& log_;
+  ClickLogBatch train_;
+  ClickLogBatch test_;
+
+  uint64_t steps_ = 0;
+  double epoch_loss_sum_ = 0;   // sum of example losses this epoch
+  uint64_t epoch_examples_ = 0;
+  double window_loss_sum_ = 0;  // since the last progress line
+  uint64_t window_examples_ = 0;
+  double final_train_loss_ = NAN;
+};
+
+absl::Status LogRegJob::CreateTables() {
+  TableOptions weights;
+  weights.id = kWeightTable;
+  weights.name = "logreg.weights";
+  weights.width = 1;
+  weights.kind = proto::SPARSE;
+  weights.optimizer = proto::SGD;
+  weights.learning_rate = flags_.learning_rate;
+  weights.init = proto::ZEROS;
+  weights.consistency = flags_.consistency == "bsp"   ? proto::BSP
+                        : flags_.consistency == "ssp" ? proto::SSP
+                                                      : proto::ASP;
+  weights.staleness = flags_.consistency == "ssp" ? flags_.staleness : 0;
+  if (absl::Status s = worker_.CreateTable(weights); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("creating the weight table: ", s.message()));
+  }
+  TableOptions bias = weights;
+  bias.id = kBiasTable;
+  bias.name = "logreg.bias";
+  bias.kind = proto::DENSE;
+  bias.dense_rows = 1;
+  if (absl::Status s = worker_.CreateTable(bias); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("creating the bias table: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LogRegJob::TrainEpoch(uint32_t epoch) {
+  std::vector<uint32_t> order(train_.size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  SplitMixRng shuffle_rng(Mix64(flags_.seed ^ Mix64((uint64_t{worker_.rank()} << 32) | epoch)));
+  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[shuffle_rng.Next() % i]);
+
+  // Every worker takes the same number of steps (and clocks) per epoch, as
+  // many as the largest partition needs: partitions differ by at most one
+  // example, and with BSP or SSP a worker that clocked once more than the
+  // others would wait for them forever. A worker's surplus steps are empty.
+  const size_t batch = flags_.batch;
+  const uint64_t largest_partition = (flags_.train_examples + worker_.num_workers() - 1) / worker_.num_workers();
+  const size_t steps = (largest_partition + batch - 1) / batch;
+  const auto examples_of = [&](size_t step) {
+    const size_t begin = std::min(order.size(), step * batch);
+    return std::span<const uint32_t>(order).subspan(begin, std::min(batch, order.size() - begin));
+  };
+
+  const bool asp = flags_.consistency == "asp";
+  const Key bias_key = kBiasKey;
+  const size_t fields = train_.fields;
+  // Two sets of buffers: the pushes of one step read one set while the keys
+  // of the next step are built in the other.
+  MinibatchKeys keys[2];
+  std::vector<float> weights[2], gradient[2];
+  float bias[2] = {0, 0}, bias_gradient[2] = {0, 0};
+  // Empty Futures are an error to wait on: start with completed ones.
+  Future pending_push[2] = {Future::Ready(absl::OkStatus()), Future::Ready(absl::OkStatus())};
+
+  if (steps > 0) keys[0].Build(train_, examples_of(0));
+  for (size_t step = 0; step < steps; ++step) {
+    const int cur = static_cast<int>(step % 2);
+    const std::span<const uint32_t> examples = examples_of(step);
+    const size_t count = examples.size();
+    MinibatchKeys& mk = keys[cur];
+
+    // The previous step's pushes must be applied before this step reads.
+    if (absl::Status s = WaitAll(pending_push, "push"); !s.ok()) return s;
+
+    if (count > 0) {
+      weights[cur].resize(mk.unique_keys.size());
+      const Future pulls[] = {
+          worker_.Pull(kWeightTable, mk.unique_keys, weights[cur]),
+          worker_.Pull(kBiasTable, std::span<const Key>(&bias_key, 1), std::span<float>(&bias[cur], 1))};
+      if (absl::Status s = WaitAll(pulls, "pull"); !s.ok()) return s;
+
+      // Mean log-loss gradient: d/dw_j = mean over examples of (p - y) x_j.
+      gradient[cur].assign(mk.unique_keys.size(), 0.0f);
+      double bias_grad = 0;
+      double loss_sum = 0;
+      const double inv_count = 1.0 / static_cast<double>(count);
+      for (size_t i = 0; i < count; ++i) {
+        const uint32_t* slots = &mk.slot[i * fields];
+        double z = bias[cur];
+        for (size_t f = 0; f < fields; ++f) z += weights[cur][slots[f]];
+        const float y = train_.labels[examples[i]];
+        loss_sum += LogLossOfLogit(z, y);
+        const double d = (Sigmoid(z) - y) * inv_count;
+        for (size_t f = 0; f < fields; ++f) gradient[cur][slots[f]] += static_cast<float>(d);
+        bias_grad += d;
+      }
+      bias_gradient[cur] = static_cast<float>(bias_grad);
+      pending_push[0] = worker_.Push(kWeightTable, mk.unique_keys, gradient[cur]);
+      pending_push[1] = worker_.Push(kBiasTable, std::span<const Key>(&bias_key, 1),
+                                     std::span<const float>(&bias_gradient[cur], 1));
+      epoch_loss_sum_ += loss_sum;
+      epoch_examples_ += count;
+      window_loss_sum_ += loss_sum;
+      window_examples_ += count;
+    }
+
+    // Overlap: prepare the next step's keys while the pushes travel.
+    if (step + 1 < steps) keys[1 - cur].Build(train_, examples_of(step + 1));
+
+    // This step's pushes carry the current clock; the next step's pulls the
+    // next one. Under BSP or SSP this may wait for slower workers. Under ASP
+    // nothing ever waits on clocks, so the round trip to every server that a
+    // Clock() costs is skipped.
+    if (absl::Status s = asp ? absl::OkStatus() : worker_.Clock(); !s.ok()) {
+      (void)WaitAll(pending_push, "push");
+      return absl::Status(s.code(), absl::StrCat("clock: ", s.message()));
+    }
+
+    ++steps_;
+    if (steps_ % kProgressEverySteps == 0 && window_examples_ > 0) {
+      EmitLine("TESSERA_PROGRESS",
+               absl::StrCat("{\"epoch\":", epoch + 1, ",\"step\":", steps_, ",\"loss\":",
+                            JsonNumber(window_loss_sum_ / static_cast<double>(window_examples_)), "}"));
+      window_loss_sum_ = 0;
+      window_examples_ = 0;
+    }
+  }
+  return WaitAll(pending_push, "push");
+}
+
+absl::Status LogRegJob::Evaluate(double& auc, double& loss) {
+  MinibatchKeys mk;
+  std::vector<uint32_t> all(test_.size());
+  for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+  mk.Build(test_, all);
+  std::vector<float> weights(mk.unique_keys.size());
+  float bias = 0;
+  const Key bias_key = kBiasKey;
+  const Future pulls[] = {
+      worker_.Pull(kWeightTable, mk.unique_keys, weights),
+      worker_.Pull(kBiasTable, std::span<const Key>(&bias_key, 1), std::span<float>(&bias, 1))};
+  if (absl::Status s = WaitAll(pulls, "evaluation pull"); !s.ok()) return s;
+
+  std::vector<float> logits(test_.size());
+  const size_t fields = test_.fields;
+  for (size_t i = 0; i < test_.size(); ++i) {
+    double z = bias;
+    for (size_t f = 0; f < fields; ++f) z += weights[mk.slot[i * fields + f]];
+    logits[i] = static_cast<float>(z);
+  }
+  absl::StatusOr<double> a = Auc(logits, test_.labels);
+  if (!a.ok()) return a.status();
+  auc = *a;
+  loss = LogLossFromLogits(logits, test_.labels);
+  return absl::OkStatus();
+}
+
+absl::Status LogRegJob::Run() {
+  const Nanos start = MonotonicNow();
+  if (absl::Status s = CreateTables(); !s.ok()) return s;
+
+  train_ = log_.TrainPartition(worker_.rank(), worker_.num_workers(), flags_.train_examples);
+  test_ = log_.TestSet(flags_.test_examples);
+  absl::StatusOr<double> truth_auc = Auc(test_.truth_logits, test_.labels);
+  if (!truth_auc.ok()) {
+    return absl::Status(truth_auc.status().code(),
+                        absl::StrCat("test set: ", truth_auc.status().message(), " (raise --test_examples)"));
+  }
+  const double truth_loss = LogLossFromLogits(test_.truth_logits, test_.labels);
+  TLOG_INFO("worker {} of {}: {} train examples, {} test examples, truth test AUC {:.4f}", worker_.rank(),
+            worker_.num_workers(), train_.size(), test_.size(), *truth_auc);
+
+  if (absl::Status s = worker_.Barrier("start"); !s.ok()) return s;
+
+  double test_auc = NAN, test_loss = NAN;
+  for (uint32_t epoch = 0; epoch < flags_.epochs; ++epoch) {
+    epoch_loss_sum_ = 0;
+    epoch_examples_ = 0;
+    if (absl::Status s = TrainEpoch(epoch); !s.ok()) return s;
+    final_train_loss_ = epoch_examples_ > 0 ? epoch_loss_sum_ / static_cast<double>(epoch_examples_) : NAN;
+    if (absl::Status s = worker_.Barrier(absl::StrCat("epoch-", epoch + 1)); !s.ok()) return s;
+    if (absl::Status s = Evaluate(test_auc, test_loss); !s.ok()) return s;
+    TLOG_INFO("epoch {}: train loss {:.4f}, test loss {:.4f}, test AUC {:.4f} (truth {:.4f})", epoch + 1,
+              final_train_loss_, test_loss, test_auc, *truth_auc);
+    EmitLine("TESSERA_PROGRESS",
+             absl::StrCat("{\"epoch\":", epoch + 1, ",\"step\":", steps_, ",\"loss\":", JsonNumber(final_train_loss_),
+                          ",\"test_loss\":", JsonNumber(test_loss), ",\"test_auc\":", JsonNumber(test_auc), "}"));
+  }
+
+  const WorkerStats stats = worker_.stats();
+  const double seconds = static_cast<double>(MonotonicNow() - start) / kSeconds;
+  const std::string result = absl::StrCat(
+      "{\"steps\":", steps_, ",\"final_loss\":", JsonNumber(final_train_loss_), ",\"test_loss\":",
+      JsonNumber(test_loss), ",\"test_auc\":", JsonNumber(test_auc), ",\"truth_auc\":", JsonNumber(*truth_auc),
+      ",\"truth_loss\":", JsonNumber(truth_loss), ",\"train_examples\":", train_.size(), ",\"seconds\":",
+      JsonNumber(seconds), ",\"consistency\":\"", flags_.consistency, "\",\"worker_stats\":", StatsJson(stats),
+      ",\"bytes_pushed\":", stats.bytes_pushed, ",\"bytes_pulled\":", stats.bytes_pulled, "}");
+  EmitLine("TESSERA_RESULT", result);
+
+  proto::WorkerDone done;
+  done.set_steps(steps_);
+  done.set_final_loss(final_train_loss_);
+  done.set_bytes_pushed(stats.bytes_pushed);
+  done.set_bytes_pulled(stats.bytes_pulled);
+  done.set_report_json(result);
+  if (absl::Status s = worker_.Finish(done); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("finish: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  LogRegFlags flags;
+  CLI::App app{
+      "tessera-logreg: sparse logistic regression on a synthetic click log, trained against a Tessera "
+      "parameter server. Started by tessera-launch; prints TESSERA_PROGRESS and TESSERA_RESULT lines on stdout."};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--coordinator", flags.coordinator, "coordinator address, e.g. tcp://127.0.0.1:5000")->required();
+  app.add_option("--rank", flags.rank, "requested worker rank (-1: assigned by the coordinator)");
+  app.add_option("--name", flags.name, "name for logs, e.g. worker-0");
+  app.add_option("--bind", flags.bind, "endpoint this worker receives replies on");
+  app.add_flag("--debug", flags.debug, "log debug lines");
+  app.add_option("--connect_timeout_seconds,--connect-timeout-seconds", flags.connect_timeout_seconds,
+                 "seconds to wait for the coordinator and the job to assemble")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--request_timeout_seconds,--request-timeout-seconds", flags.request_timeout_seconds, "seconds before a push or pull fails")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--features", flags.features, "distinct feature ids of the synthetic click log")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--fields", flags.fields, "active features per example")->check(CLI::PositiveNumber);
+  app.add_option("--zipf", flags.zipf, "exponent of the Zipf distribution of feature ids")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--train_examples,--train-examples", flags.train_examples, "training examples of the whole job, split across workers")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--test_examples,--test-examples", flags.test_examples, "held-out examples every worker evaluates on")
+      ->check(CLI::Range(uint64_t{2}, uint64_t{1} << 32));
+  app.add_option("--epochs", flags.epochs, "passes over the training data")->check(CLI::PositiveNumber);
+  app.add_option("--batch", flags.batch, "examples per minibatch (one pull and one push each)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--learning_rate,--learning-rate", flags.learning_rate, "SGD step size applied by the servers")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--seed", flags.seed, "seed of the data, the ground truth and the shuffling");
+  app.add_option("--consistency", flags.consistency,
+                 "consistency model of both tables: asp (asynchronous), ssp (stale synchronous, see "
+                 "--staleness) or bsp (bulk synchronous); with ssp and bsp the worker clocks once per step")
+      ->check(CLI::IsMember({"asp", "ssp", "bsp"}));
+  app.add_option("--staleness", flags.staleness, "ssp only: how many clocks a worker may run ahead of the slowest");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "tessera-logreg: %s (see --help)\n", e.what());
+    return 1;
+  }
+  if (flags.name.empty()) flags.name = flags.rank >= 0 ? absl::StrCat("worker-", flags.rank) : "worker";
+  InitLogging(flags.name, flags.debug);
+
+  ClickLogOptions data;
+  data.features = flags.features;
+  data.fields = flags.fields;
+  data.zipf = flags.zipf;
+  data.seed = flags.seed;
+  absl::StatusOr<SyntheticClickLog> log = SyntheticClickLog::Create(data);
+  if (!log.ok()) {
+    TLOG_ERROR("invalid data options: {}", log.status().message());
+    return 1;
+  }
+
+  WorkerOptions options;
+  options.coordinator = flags.coordinator;
+  options.rank = flags.rank;
+  options.bind = flags.bind;
+  options.name = flags.name;
+  options.connect_timeout = static_cast<Nanos>(flags.connect_timeout_seconds * kSeconds);
+  options.request_timeout = static_cast<Nanos>(flags.request_timeout_seconds * kSeconds);
+  absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Connect(options);
+  if (!worker.ok()) {
+    TLOG_ERROR("could not join the job: {}", worker.status().ToString());
+    return 1;
+  }
+  LogRegJob job(flags, **worker, *log);
+  if (absl::Status s = job.Run(); !s.ok()) {
+    TLOG_ERROR("training failed: {}", s.ToString());
+    return 1;
+  }
+  TLOG_INFO("done");
+  return 0;
+}
+
+}  // namespace
+}  // namespace tessera::examples
+
+int main(int argc, char** argv) { return tessera::examples::Main(argc, argv); }
