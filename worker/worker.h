@@ -84,6 +84,8 @@ class Future {
  public:
   Future() = default;
   // Blocks until the request completes; returns its status. Idempotent.
+  // A default-constructed Future belongs to no request: Wait() returns
+  // FailedPrecondition at once.
   absl::Status Wait() const;
   bool ready() const;
 
