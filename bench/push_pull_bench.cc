@@ -206,13 +206,7 @@ absl::Status PushPullBench::Run() {
     out << report << "\n";
     if (!out) return absl::InternalError(absl::StrCat("cannot write ", flags_.out));
   }
-  proto::WorkerDone done;
-  done.set_steps(ops_);
-  done.set_final_loss(0);
-  done.set_bytes_pushed(stats.bytes_pushed);
-  done.set_bytes_pulled(stats.bytes_pulled);
-  done.set_report_json(report);
-  if (absl::Status s = worker_.Finish(done); !s.ok()) {
+  if (absl::Status s = worker_.Finish(MakeWorkerDone(stats, ops_, 0, report)); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("finish: ", s.message()));
   }
   return absl::OkStatus();

@@ -326,13 +326,7 @@ absl::Status LogRegJob::Run() {
       ",\"bytes_pushed\":", stats.bytes_pushed, ",\"bytes_pulled\":", stats.bytes_pulled, "}");
   EmitLine("TESSERA_RESULT", result);
 
-  proto::WorkerDone done;
-  done.set_steps(steps_);
-  done.set_final_loss(final_train_loss_);
-  done.set_bytes_pushed(stats.bytes_pushed);
-  done.set_bytes_pulled(stats.bytes_pulled);
-  done.set_report_json(result);
-  if (absl::Status s = worker_.Finish(done); !s.ok()) {
+  if (absl::Status s = worker_.Finish(MakeWorkerDone(stats, steps_, final_train_loss_, result)); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("finish: ", s.message()));
   }
   return absl::OkStatus();

@@ -396,6 +396,17 @@ std::string StatsJson(const WorkerStats& s) {
                       ",\"staleness_histogram\":[", hist, "]}");
 }
 
+proto::WorkerDone MakeWorkerDone(const WorkerStats& stats, uint64_t steps, double final_loss,
+                                 const std::string& report_json) {
+  proto::WorkerDone done;
+  done.set_steps(steps);
+  done.set_final_loss(final_loss);
+  done.set_bytes_pushed(stats.bytes_pushed);
+  done.set_bytes_pulled(stats.bytes_pulled);
+  done.set_report_json(report_json);
+  return done;
+}
+
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Connect(const WorkerOptions& options) {
   if (options.coordinator.empty()) return absl::InvalidArgumentError("WorkerOptions.coordinator is empty");
   auto transport = MakeTransport(options.bind);

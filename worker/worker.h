@@ -114,6 +114,11 @@ struct WorkerStats {
 //  "clock_wait_seconds":..,"pull_held_seconds":..,"staleness_histogram":[..17 counts..]}
 std::string StatsJson(const WorkerStats& stats);
 
+// The report a worker program passes to Finish(): its steps, final loss,
+// byte counts from `stats`, and its own metrics as a JSON object.
+proto::WorkerDone MakeWorkerDone(const WorkerStats& stats, uint64_t steps, double final_loss,
+                                 const std::string& report_json);
+
 class Worker {
  public:
   static absl::StatusOr<std::unique_ptr<Worker>> Connect(const WorkerOptions& options);
