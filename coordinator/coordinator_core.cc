@@ -113,9 +113,7 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
     send_reply();
     if (phase_ == Phase::kRunning) {
       Message ready;
-      ready.header.set_sender_id(0);
-      auto* jr = ready.header.mutable_job_ready();
-      *jr->mutable_shard_map() = shard_map_;
+      ready.header = JobReadyEnvelope();
       out.push_back(Outgoing{address, std::move(ready)});
     }
     return;
@@ -182,15 +180,19 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
       if (n.info.role() == proto::SERVER) servers[n.info.rank()] = n.info;
     shard_map_ = RoundRobinShardMap(1, options_.vshards, servers);
     phase_ = Phase::kRunning;
-    proto::Envelope ready;
-    ready.set_epoch(shard_map_.epoch());
-    auto* jr = ready.mutable_job_ready();
-    *jr->mutable_shard_map() = shard_map_;
-    for (const auto& [id, n] : nodes_) *jr->add_nodes() = n.info;
-    std::sort(jr->mutable_nodes()->begin(), jr->mutable_nodes()->end(),
-              [](const auto& a, const auto& b) { return a.node_id() < b.node_id(); });
-    Broadcast(ready, out);
+    Broadcast(JobReadyEnvelope(), out);
   }
+}
+
+proto::Envelope CoordinatorCore::JobReadyEnvelope() const {
+  proto::Envelope ready;
+  ready.set_epoch(shard_map_.epoch());
+  auto* jr = ready.mutable_job_ready();
+  *jr->mutable_shard_map() = shard_map_;
+  for (const auto& [id, n] : nodes_) *jr->add_nodes() = n.info;
+  std::sort(jr->mutable_nodes()->begin(), jr->mutable_nodes()->end(),
+            [](const auto& a, const auto& b) { return a.node_id() < b.node_id(); });
+  return ready;
 }
 
 void CoordinatorCore::HandleBarrier(const Message& m, std::vector<Outgoing>& out) {

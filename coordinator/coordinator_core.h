@@ -90,6 +90,8 @@ class CoordinatorCore {
   void ReleaseBarriers(std::vector<Outgoing>& out);
   void Broadcast(const proto::Envelope& header, std::vector<Outgoing>& out) const;
   Message Reply(const Message& request) const;
+  // JobReady with the shard map and every node (sorted by node id).
+  proto::Envelope JobReadyEnvelope() const;
   std::vector<std::string> MissingNodes() const;
 
   const CoordinatorOptions options_;

@@ -182,6 +182,17 @@ TEST_F(CoordinatorCoreTest, UnregisteredSendersGetAnError) {
   EXPECT_NE(out[0].message.header.error().message().find("not registered"), std::string::npos);
 }
 
+TEST_F(CoordinatorCoreTest, RetriedRegistrationAfterStartGetsTheWholeJobReady) {
+  CoordinatorCore core(Options(1, 2), 0);
+  Assemble(core, 1, 2);
+  auto out = core.Step(Register("w1", proto::WORKER, 1), 0);  // its first reply was lost
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].message.header.register_reply().self().rank(), 1u);
+  ASSERT_TRUE(out[1].message.header.has_job_ready());
+  EXPECT_EQ(out[1].message.header.job_ready().nodes_size(), 3);  // servers learn the workers from it
+  EXPECT_EQ(out[1].message.header.job_ready().shard_map().epoch(), 1u);
+}
+
 TEST_F(CoordinatorCoreTest, LateRegistrationIsRefused) {
   CoordinatorCore core(Options(1, 1), 0);
   Assemble(core, 1, 1);

@@ -12,20 +12,26 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("TESSERA_BUILD_DIR", REPO / "build"))
 CONFIG = REPO / "configs" / "consistency_check.yaml"
+WORKLOAD = BUILD / "tests" / "consistency" / "tessera-consistency-workload"
+
+
+def launch_workload(tmp_path, records, *overrides):
+    """Runs the consistency workload through tessera-launch with the given
+    --set overrides; returns the finished process."""
+    argv = [sys.executable, str(REPO / "launcher" / "tessera-launch"), "local", "--config", str(CONFIG),
+            "--build-dir", str(BUILD), "--run-dir", str(tmp_path / "run"), "--quiet", "--timeout", "120",
+            "--set", f"worker.program={WORKLOAD}", "--set", f"worker.args.records={records}"]
+    for override in overrides:
+        argv += ["--set", override]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=180)
 
 
 @pytest.mark.parametrize("model,staleness", [("bsp", 0), ("ssp", 1), ("ssp", 3), ("asp", 0)])
 def test_invariants_hold_across_processes(tmp_path, model, staleness):
     records = tmp_path / "records"
     records.mkdir()
-    run = subprocess.run(
-        [sys.executable, str(REPO / "launcher" / "tessera-launch"), "local", "--config", str(CONFIG),
-         "--build-dir", str(BUILD), "--run-dir", str(tmp_path / "run"), "--quiet", "--timeout", "120",
-         "--set", f"worker.program={BUILD / 'tests' / 'consistency' / 'tessera-consistency-workload'}",
-         "--set", f"worker.args.records={records}",
-         "--set", f"worker.args.consistency={model}",
-         "--set", f"worker.args.staleness={staleness}"],
-        capture_output=True, text=True, timeout=180)
+    run = launch_workload(tmp_path, records, f"worker.args.consistency={model}",
+                          f"worker.args.staleness={staleness}")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     check = subprocess.run(
         [str(BUILD / "tests" / "consistency" / "tessera-consistency-check"), "--records", str(records),
@@ -41,15 +47,9 @@ def test_worker_killed_mid_job_under_bsp(tmp_path, policy):
     others finish and the job is ok; with `stop` the job fails naming it."""
     records = tmp_path / "records"
     records.mkdir()
-    run = subprocess.run(
-        [sys.executable, str(REPO / "launcher" / "tessera-launch"), "local", "--config", str(CONFIG),
-         "--build-dir", str(BUILD), "--run-dir", str(tmp_path / "run"), "--quiet", "--timeout", "120",
-         "--set", f"worker.program={BUILD / 'tests' / 'consistency' / 'tessera-consistency-workload'}",
-         "--set", f"worker.args.records={records}",
-         "--set", "worker.args.clocks=40", "--set", "worker.args.die-rank=2", "--set", "worker.args.die-at-clock=5",
-         "--set", "timeouts.lease_seconds=2", "--set", "timeouts.heartbeat_seconds=0.4",
-         "--set", f"cluster.on_worker_loss={policy}"],
-        capture_output=True, text=True, timeout=180)
+    run = launch_workload(tmp_path, records, "worker.args.clocks=40", "worker.args.die-rank=2",
+                          "worker.args.die-at-clock=5", "timeouts.lease_seconds=2",
+                          "timeouts.heartbeat_seconds=0.4", f"cluster.on_worker_loss={policy}")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     lost = [w for w in summary["worker_reports"] if w.get("lost")]
     if policy == "continue":
