@@ -73,6 +73,18 @@ class ConsistencyCoreTest : public ::testing::Test {
   uint64_t next_id_ = 1000;
 };
 
+TEST_F(ConsistencyCoreTest, AClockNoticeAdvancesWithoutAReplyAndReleasesHeldPulls) {
+  Init(proto::BSP, 0);
+  Push(kW0, 0, 1);
+  ASSERT_EQ(Clock(kW0, 1, 1).size(), 0u);  // w0 waits for w1
+  ASSERT_EQ(Pull(kW0, 1, 2).size(), 0u);
+  auto out = Clock(kW1, 1, 0);  // a notice from w1: request id 0
+  // The notice itself gets no answer; w0's clock ack and pull are released.
+  ASSERT_EQ(out.size(), 2u);
+  for (const auto& o : out) EXPECT_EQ(o.to, "inproc://w100") << o.message.header.ShortDebugString();
+  EXPECT_EQ(core_->stats().held_requests, 2u);
+}
+
 TEST_F(ConsistencyCoreTest, BspHoldsAPullUntilEveryWorkerFinishedTheClock) {
   Init(proto::BSP, 0);
   Push(kW0, 0, 1);

@@ -117,7 +117,8 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
   const bool well_formed_pull = h.has_pull() && request.frames.size() == 1 &&
                                 FindTable(h.pull().table_id()).ok() &&
                                 KeysFrame(request, h.pull().num_keys(), h.pull().table_id()).ok();
-  if (well_formed_pull || h.has_clock_advance()) {
+  // A clock notice (no reply wanted) only records the clock; nothing to hold.
+  if (well_formed_pull || (h.has_clock_advance() && wants_reply)) {
     auto required = RequiredMinClock(request);
     if (required.ok() && clocks_.min_clock() < *required) {
       uint64_t timeout_ms = h.has_pull() ? h.pull().hold_timeout_ms() : h.clock_advance().hold_timeout_ms();

@@ -129,6 +129,7 @@ class WorkerImpl final : public Worker {
     if (s.ok()) {
       std::lock_guard lock(mu_);
       widths_[options.id] = options.width;
+      if (options.consistency != proto::ASP) synchronous_tables_++;
     }
     return s;
   }
@@ -219,6 +220,7 @@ class WorkerImpl final : public Worker {
     // From here on, pushes are stamped with the new clock; everything sent
     // before reaches each server ahead of the announcement.
     const uint64_t clock = clock_.fetch_add(1) + 1;
+    if (!HasSynchronousTables()) return NotifyClock(clock, start);
     std::vector<RequestTracker::PartSpec> parts;
     std::vector<Outgoing> sends;
     for (uint32_t r = 0; r < num_servers(); ++r) {
@@ -238,6 +240,29 @@ class WorkerImpl final : public Worker {
   }
 
   uint64_t clock() const override { return clock_.load(); }
+
+  bool HasSynchronousTables() const {
+    std::lock_guard lock(mu_);
+    return synchronous_tables_ > 0;
+  }
+
+  // Clock() when every open table is ASP: a notice to each server, no wait.
+  absl::Status NotifyClock(uint64_t clock, Nanos start) {
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) return absl::CancelledError("worker is closed");
+    }
+    for (uint32_t r = 0; r < num_servers(); ++r) {
+      Message m = NewRequest();
+      m.header.set_request_id(0);  // a notice: servers record it and answer nothing
+      m.header.mutable_clock_advance()->set_clock(clock);
+      if (auto s = transport_->Send(map_->server(r).address(), std::move(m)); !s.ok()) return s;
+    }
+    std::lock_guard lock(mu_);
+    stats_.clock_wait += MonotonicNow() - start;
+    stats_.clocks++;
+    return absl::OkStatus();
+  }
 
   absl::Status Barrier(const std::string& name) override {
     return session_->Barrier(name, options_.barrier_timeout);
@@ -380,6 +405,7 @@ class WorkerImpl final : public Worker {
   WorkerStats stats_;                                  // guarded by mu_: clock and pull-hold figures
   std::optional<RequestTracker> tracker_;              // guarded by mu_
   absl::flat_hash_map<uint32_t, uint32_t> widths_;     // guarded by mu_: table -> width
+  uint32_t synchronous_tables_ = 0;                     // guarded by mu_: open BSP or SSP tables
   bool closed_ = false;                                // guarded by mu_
   std::thread ticker_;
 };

@@ -25,7 +25,10 @@
 //   reflects every push stamped <= c - s - 1 from every live worker, and
 //   Clock() to c returns only once every live worker has reached c - s for
 //   the strictest table. A wait that exceeds options.hold_timeout fails with
-//   DeadlineExceeded naming the workers still behind.
+//   DeadlineExceeded naming the workers still behind. A worker whose open
+//   tables are all ASP has nothing to wait for: its Clock() only tells the
+//   servers (no round trip), so that workers of synchronous tables elsewhere
+//   in the job still see it advance.
 // - Futures complete with OK, or with an error that says what failed and which
 //   server did not answer (DeadlineExceeded after options.request_timeout).
 // - Thread safety: all methods may be called from any thread concurrently,

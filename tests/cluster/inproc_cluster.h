@@ -25,6 +25,7 @@ struct ClusterOptions {
   Nanos assemble_timeout = 10 * kSeconds;
   Nanos lease = 5 * kSeconds;
   WorkerLossPolicy on_worker_loss = WorkerLossPolicy::kStopJob;
+  Nanos hold_timeout = 120 * kSeconds;  // workers' wait for slower workers
   ServerCoreOptions server;  // e.g. the test-only answer_early switch
 };
 
@@ -67,6 +68,7 @@ class InProcCluster {
         wo.connect_timeout = options_.assemble_timeout + 5 * kSeconds;
         wo.request_timeout = 20 * kSeconds;
         wo.heartbeat_interval = options_.lease / 5;
+        wo.hold_timeout = options_.hold_timeout;
         return Worker::Connect(wo, net_.Create("worker-" + std::to_string(i)));
       }));
     }

@@ -99,6 +99,25 @@ TEST(InProcClusterTest, PulledRowsEqualTheExactSumOfEveryPush) {
   EXPECT_NE(summary.find("{\"checked\": true}"), std::string::npos) << summary;
 }
 
+// A worker whose tables are all ASP does not wait in Clock(), yet workers of a
+// BSP table in the same job still see its clock advance.
+TEST(InProcClusterTest, AspOnlyWorkerClocksWithoutWaitingAndStillReleasesBspWorkers) {
+  InProcCluster cluster({.servers = 2, .workers = 2, .started_servers = 2, .hold_timeout = 3 * kSeconds});
+  auto workers = Unwrap(cluster.ConnectWorkers());
+  ASSERT_EQ(workers.size(), 2u);
+  Worker& bsp = *workers[0];
+  Worker& asp = *workers[1];
+  ASSERT_TRUE(bsp.CreateTable({.id = 1, .width = 1, .consistency = proto::BSP}).ok());
+  ASSERT_TRUE(asp.CreateTable({.id = 2, .width = 1, .consistency = proto::ASP}).ok());
+  // The BSP worker has not clocked: a synchronous Clock() here would be held.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(asp.Clock().ok());
+  EXPECT_EQ(asp.stats().clocks, 3u);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(bsp.Clock().ok()) << "clock " << i + 1;
+  EXPECT_EQ(bsp.clock(), 3u);
+  auto statuses = OnEachWorker(workers, [](Worker& w) { return w.Finish({}); });
+  for (auto& s : statuses) EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST(InProcClusterTest, PullSeesTheCallersOwnEarlierPush) {
   InProcCluster cluster({.servers = 2, .workers = 1, .started_servers = 2});
   auto workers = Unwrap(cluster.ConnectWorkers());
