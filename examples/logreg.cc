@@ -12,8 +12,17 @@
 // so every step reads this worker's own previous update. After each step the
 // worker calls Clock() (except with asp, the default, where clocks bound
 // nothing): with --consistency ssp or bsp the servers then bound how stale
-// the weights it reads may be.
+// the weights it reads may be (under asp, Clock() is a notice that waits for
+// nothing).
 // Every worker takes the same number of steps per epoch.
+//
+// For experiments on stragglers, --step_ms pads the compute of every step to
+// a minimum time (the toy model computes in well under a millisecond; a real
+// one does not), and --straggler slows one worker's compute by
+// --straggler_slowdown: always the same worker (fixed) or a different one
+// from time to time (rotating), see examples/straggler.h. With --eval_every,
+// worker 0 also evaluates the test set every that many steps. Progress lines
+// carry "t", the seconds since training started (the "start" barrier).
 //
 // Per epoch every worker passes Barrier("epoch-N"), then evaluates AUC and
 // log-loss on the whole held-out test set (the same set on every worker) and
@@ -25,6 +34,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -33,6 +43,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "examples/straggler.h"
 #include "examples/synthetic_clicklog.h"
 #include "worker/worker.h"
 
@@ -65,6 +76,13 @@ struct LogRegFlags {
   uint64_t seed = 7;                 // data, ground truth and shuffling
   std::string consistency = "asp";   // asp | ssp | bsp, for both tables
   uint32_t staleness = 2;            // ssp only: the staleness bound
+  // Experiments (examples/straggler.h).
+  double step_ms = 0;                 // minimum compute time of a step
+  std::string straggler = "none";     // none | fixed | rotating
+  int straggler_rank = -1;            // fixed: the slow worker (-1: the last)
+  double straggler_slowdown = 2.0;    // compute-time factor of the slow worker
+  uint64_t straggler_period = 1;      // rotating: steps before the slow worker changes
+  uint64_t eval_every = 0;            // worker 0 evaluates every this many steps (0: per epoch only)
 };
 
 // A JSON number, or null when it is not finite (JSON has no NaN).
@@ -120,6 +138,8 @@ class LogRegJob {
   absl::Status TrainEpoch(uint32_t epoch);
   // Pulls the weights of every test key and scores the test set.
   absl::Status Evaluate(double& auc, double& loss);
+  // Seconds since training started.
+  double TrainSeconds() const { return static_cast<double>(MonotonicNow() - train_start_) / kSeconds; }
 
   const LogRegFlags& flags_;
   Worker& worker_;
@@ -128,6 +148,8 @@ class LogRegJob {
   ClickLogBatch test_;
 
   uint64_t steps_ = 0;
+  StragglerModel straggler_;
+  Nanos train_start_ = 0;
   double epoch_loss_sum_ = 0;   // sum of example losses this epoch
   uint64_t epoch_examples_ = 0;
   double window_loss_sum_ = 0;  // since the last progress line
@@ -180,7 +202,6 @@ absl::Status LogRegJob::TrainEpoch(uint32_t epoch) {
     return std::span<const uint32_t>(order).subspan(begin, std::min(batch, order.size() - begin));
   };
 
-  const bool asp = flags_.consistency == "asp";
   const Key bias_key = kBiasKey;
   const size_t fields = train_.fields;
   // Two sets of buffers: the pushes of one step read one set while the keys
@@ -207,6 +228,7 @@ absl::Status LogRegJob::TrainEpoch(uint32_t epoch) {
           worker_.Pull(kWeightTable, mk.unique_keys, weights[cur]),
           worker_.Pull(kBiasTable, std::span<const Key>(&bias_key, 1), std::span<float>(&bias[cur], 1))};
       if (absl::Status s = WaitAll(pulls, "pull"); !s.ok()) return s;
+      const Nanos compute_start = MonotonicNow();
 
       // Mean log-loss gradient: d/dw_j = mean over examples of (p - y) x_j.
       gradient[cur].assign(mk.unique_keys.size(), 0.0f);
@@ -224,6 +246,11 @@ absl::Status LogRegJob::TrainEpoch(uint32_t epoch) {
         bias_grad += d;
       }
       bias_gradient[cur] = static_cast<float>(bias_grad);
+      if (flags_.step_ms > 0) {  // the compute a real model would take
+        const double ms = flags_.step_ms * straggler_.Factor(worker_.rank(), worker_.num_workers(), steps_);
+        std::this_thread::sleep_until(std::chrono::steady_clock::time_point(
+            std::chrono::nanoseconds(compute_start + static_cast<Nanos>(ms * kMillis))));
+      }
       pending_push[0] = worker_.Push(kWeightTable, mk.unique_keys, gradient[cur]);
       pending_push[1] = worker_.Push(kBiasTable, std::span<const Key>(&bias_key, 1),
                                      std::span<const float>(&bias_gradient[cur], 1));
@@ -237,10 +264,8 @@ absl::Status LogRegJob::TrainEpoch(uint32_t epoch) {
     if (step + 1 < steps) keys[1 - cur].Build(train_, examples_of(step + 1));
 
     // This step's pushes carry the current clock; the next step's pulls the
-    // next one. Under BSP or SSP this may wait for slower workers. Under ASP
-    // nothing ever waits on clocks, so the round trip to every server that a
-    // Clock() costs is skipped.
-    if (absl::Status s = asp ? absl::OkStatus() : worker_.Clock(); !s.ok()) {
+    // next one. Under BSP or SSP this may wait for slower workers.
+    if (absl::Status s = worker_.Clock(); !s.ok()) {
       (void)WaitAll(pending_push, "push");
       return absl::Status(s.code(), absl::StrCat("clock: ", s.message()));
     }
@@ -249,9 +274,17 @@ absl::Status LogRegJob::TrainEpoch(uint32_t epoch) {
     if (steps_ % kProgressEverySteps == 0 && window_examples_ > 0) {
       EmitLine("TESSERA_PROGRESS",
                absl::StrCat("{\"epoch\":", epoch + 1, ",\"step\":", steps_, ",\"loss\":",
-                            JsonNumber(window_loss_sum_ / static_cast<double>(window_examples_)), "}"));
+                            JsonNumber(window_loss_sum_ / static_cast<double>(window_examples_)),
+                            ",\"t\":", JsonNumber(TrainSeconds()), "}"));
       window_loss_sum_ = 0;
       window_examples_ = 0;
+    }
+    if (flags_.eval_every > 0 && worker_.rank() == 0 && steps_ % flags_.eval_every == 0) {
+      double auc = NAN, loss = NAN;
+      if (absl::Status s = Evaluate(auc, loss); !s.ok()) return s;
+      EmitLine("TESSERA_PROGRESS", absl::StrCat("{\"epoch\":", epoch + 1, ",\"step\":", steps_, ",\"test_loss\":",
+                                                JsonNumber(loss), ",\"test_auc\":", JsonNumber(auc),
+                                                ",\"t\":", JsonNumber(TrainSeconds()), "}"));
     }
   }
   return WaitAll(pending_push, "push");
@@ -286,6 +319,15 @@ absl::Status LogRegJob::Evaluate(double& auc, double& loss) {
 
 absl::Status LogRegJob::Run() {
   const Nanos start = MonotonicNow();
+  absl::StatusOr<StragglerModel::Mode> mode = StragglerModel::ParseMode(flags_.straggler);
+  if (!mode.ok()) return mode.status();
+  straggler_ = StragglerModel{.mode = *mode,
+                              .rank = flags_.straggler_rank >= 0 ? static_cast<uint32_t>(flags_.straggler_rank)
+                                                                 : worker_.num_workers() - 1,
+                              .slowdown = flags_.straggler_slowdown,
+                              .period = flags_.straggler_period,
+                              .seed = flags_.seed};
+  if (absl::Status s = straggler_.Validate(worker_.num_workers()); !s.ok()) return s;
   if (absl::Status s = CreateTables(); !s.ok()) return s;
 
   train_ = log_.TrainPartition(worker_.rank(), worker_.num_workers(), flags_.train_examples);
@@ -300,12 +342,15 @@ absl::Status LogRegJob::Run() {
             worker_.num_workers(), train_.size(), test_.size(), *truth_auc);
 
   if (absl::Status s = worker_.Barrier("start"); !s.ok()) return s;
+  train_start_ = MonotonicNow();
+  double train_seconds = 0;
 
   double test_auc = NAN, test_loss = NAN;
   for (uint32_t epoch = 0; epoch < flags_.epochs; ++epoch) {
     epoch_loss_sum_ = 0;
     epoch_examples_ = 0;
     if (absl::Status s = TrainEpoch(epoch); !s.ok()) return s;
+    train_seconds = TrainSeconds();  // this worker's steps are done (barriers and evaluation excluded)
     final_train_loss_ = epoch_examples_ > 0 ? epoch_loss_sum_ / static_cast<double>(epoch_examples_) : NAN;
     if (absl::Status s = worker_.Barrier(absl::StrCat("epoch-", epoch + 1)); !s.ok()) return s;
     if (absl::Status s = Evaluate(test_auc, test_loss); !s.ok()) return s;
@@ -313,7 +358,8 @@ absl::Status LogRegJob::Run() {
               final_train_loss_, test_loss, test_auc, *truth_auc);
     EmitLine("TESSERA_PROGRESS",
              absl::StrCat("{\"epoch\":", epoch + 1, ",\"step\":", steps_, ",\"loss\":", JsonNumber(final_train_loss_),
-                          ",\"test_loss\":", JsonNumber(test_loss), ",\"test_auc\":", JsonNumber(test_auc), "}"));
+                          ",\"test_loss\":", JsonNumber(test_loss), ",\"test_auc\":", JsonNumber(test_auc),
+                          ",\"t\":", JsonNumber(TrainSeconds()), "}"));
   }
 
   const WorkerStats stats = worker_.stats();
@@ -322,7 +368,7 @@ absl::Status LogRegJob::Run() {
       "{\"steps\":", steps_, ",\"final_loss\":", JsonNumber(final_train_loss_), ",\"test_loss\":",
       JsonNumber(test_loss), ",\"test_auc\":", JsonNumber(test_auc), ",\"truth_auc\":", JsonNumber(*truth_auc),
       ",\"truth_loss\":", JsonNumber(truth_loss), ",\"train_examples\":", train_.size(), ",\"seconds\":",
-      JsonNumber(seconds), ",\"consistency\":\"", flags_.consistency, "\",\"worker_stats\":", StatsJson(stats),
+      JsonNumber(seconds), ",\"train_seconds\":", JsonNumber(train_seconds), ",\"consistency\":\"", flags_.consistency, "\",\"worker_stats\":", StatsJson(stats),
       ",\"bytes_pushed\":", stats.bytes_pushed, ",\"bytes_pulled\":", stats.bytes_pulled, "}");
   EmitLine("TESSERA_RESULT", result);
 
@@ -368,12 +414,34 @@ int Main(int argc, char** argv) {
                  "--staleness) or bsp (bulk synchronous); with ssp and bsp the worker clocks once per step")
       ->check(CLI::IsMember({"asp", "ssp", "bsp"}));
   app.add_option("--staleness", flags.staleness, "ssp only: how many clocks a worker may run ahead of the slowest");
+  app.add_option("--step_ms,--step-ms", flags.step_ms,
+                 "experiments: pad the compute of every step to at least this many milliseconds (0: no padding)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--straggler", flags.straggler,
+                 "experiments: none, fixed (--straggler_rank computes --straggler_slowdown times slower at every "
+                 "step) or rotating (at every step one worker is that much slower; a different one every "
+                 "--straggler_period steps); needs --step_ms")
+      ->check(CLI::IsMember({"none", "fixed", "rotating"}));
+  app.add_option("--straggler_rank,--straggler-rank", flags.straggler_rank, "fixed: the slow worker (-1: the last)");
+  app.add_option("--straggler_slowdown,--straggler-slowdown", flags.straggler_slowdown,
+                 "compute-time factor of the slow worker")
+      ->check(CLI::Range(1.0, 1000.0));
+  app.add_option("--straggler_period,--straggler-period", flags.straggler_period,
+                 "rotating: steps before the slow worker changes")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--eval_every,--eval-every", flags.eval_every,
+                 "worker 0 evaluates the test set every this many steps and reports test_loss (0: per epoch only)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "tessera-logreg: %s (see --help)\n", e.what());
+    return 1;
+  }
+  if (flags.straggler != "none" && flags.step_ms <= 0) {
+    std::fprintf(stderr, "tessera-logreg: --straggler %s needs --step_ms > 0 (the base compute time it slows)\n",
+                 flags.straggler.c_str());
     return 1;
   }
   if (flags.name.empty()) flags.name = flags.rank >= 0 ? absl::StrCat("worker-", flags.rank) : "worker";

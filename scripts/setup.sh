@@ -11,7 +11,7 @@ PACKAGES=(
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libabsl-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
-  python3-yaml python3-numpy python3-pytest
+  python3-yaml python3-numpy python3-pytest python3-matplotlib
 )
 
 missing=()
