@@ -1,0 +1,642 @@
+#include "compress/cpu_kernels.h"
+
+#include <cstring>
+
+#include "compress/scalar_ops.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TESSERA_HAVE_X86 1
+#else
+#define TESSERA_HAVE_X86 0
+#endif
+
+namespace tessera::compress::kernels {
+namespace {
+
+namespace s = ::tessera::compress::scalar;
+
+#define TESSERA_BODY [[gnu::always_inline]] inline
+
+// ---- unaligned little-endian access to wire bytes -------------------------
+TESSERA_BODY uint16_t LoadU16(const std::byte* p, size_t i) {
+  uint16_t v;
+  std::memcpy(&v, p + 2 * i, 2);
+  return v;
+}
+TESSERA_BODY void StoreU16(std::byte* p, size_t i, uint16_t v) { std::memcpy(p + 2 * i, &v, 2); }
+TESSERA_BODY float LoadF32(const std::byte* p, size_t i) {
+  float v;
+  std::memcpy(&v, p + 4 * i, 4);
+  return v;
+}
+
+// ---- loop bodies: compiled once per table ----------------------------------
+// Each body is a plain loop; the portable table compiles it for the baseline
+// ISA, the AVX2 table inlines it into a function compiled for AVX2+F16C.
+
+TESSERA_BODY uint32_t MaxAbsBitsBody(const float* __restrict x, size_t n) {
+  uint32_t m = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    b &= 0x7fffffffu;
+    m = b > m ? b : m;
+  }
+  return m;
+}
+
+TESSERA_BODY void EncodeFp16Body(const float* __restrict x, size_t n, std::byte* __restrict out) {
+  for (size_t i = 0; i < n; ++i) StoreU16(out, i, s::FloatToHalf(x[i]));
+}
+
+TESSERA_BODY void DecodeFp16Body(const std::byte* __restrict in, size_t n, float* __restrict dst,
+                                 float alpha, bool add) {
+  if (add) {
+    for (size_t i = 0; i < n; ++i) dst[i] += alpha * s::HalfToFloat(LoadU16(in, i));
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = s::HalfToFloat(LoadU16(in, i));
+  }
+}
+
+TESSERA_BODY void EncodeBf16Body(const float* __restrict x, size_t n, std::byte* __restrict out) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    const uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+    const uint32_t nan = (b >> 16) | 0x40u;
+    StoreU16(out, i, static_cast<uint16_t>((b & 0x7fffffffu) > 0x7f800000u ? nan : rounded));
+  }
+}
+
+TESSERA_BODY void DecodeBf16Body(const std::byte* __restrict in, size_t n, float* __restrict dst,
+                                 float alpha, bool add) {
+  if (add) {
+    for (size_t i = 0; i < n; ++i) dst[i] += alpha * s::Bf16ToFloat(LoadU16(in, i));
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = s::Bf16ToFloat(LoadU16(in, i));
+  }
+}
+
+TESSERA_BODY void DecodeFp32Body(const std::byte* __restrict in, size_t n, float* __restrict dst,
+                                 float alpha, bool add) {
+  if (add) {
+    for (size_t i = 0; i < n; ++i) dst[i] += alpha * LoadF32(in, i);
+  } else {
+    std::memcpy(dst, in, n * 4);
+  }
+}
+
+TESSERA_BODY int8_t QsgdOne(float x, float inv, uint32_t levels, uint32_t u16) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  const float a = s::BitsToFloat(b & 0x7fffffffu);
+  const int32_t q = static_cast<int32_t>(s::StochasticLevel(a, inv, levels, u16));
+  return static_cast<int8_t>((b >> 31) ? -q : q);
+}
+
+TESSERA_BODY void EncodeQsgdBody(const float* __restrict x, size_t n, float inv, uint32_t levels,
+                                 uint64_t key, uint64_t index0, int8_t* __restrict out) {
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = QsgdOne(x[i], inv, levels, s::ElementUniform16(key, index0 + i));
+  }
+}
+
+TESSERA_BODY uint32_t MaxAbsInt8Body(const int8_t* __restrict q, size_t n) {
+  int32_t m = 0;
+  for (size_t i = 0; i < n; ++i) {
+    int32_t a = q[i] < 0 ? -q[i] : q[i];
+    m = a > m ? a : m;
+  }
+  return static_cast<uint32_t>(m);
+}
+
+TESSERA_BODY void DecodeQsgdBody(const int8_t* __restrict q, size_t n, float step,
+                                 float* __restrict dst, float alpha, bool add) {
+  if (add) {
+    for (size_t i = 0; i < n; ++i) dst[i] += alpha * (static_cast<float>(q[i]) * step);
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(q[i]) * step;
+  }
+}
+
+TESSERA_BODY uint32_t TernCode(float x, float inv, uint32_t u16) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  const float a = s::BitsToFloat(b & 0x7fffffffu);
+  const uint32_t q = s::StochasticLevel(a, inv, 1, u16);
+  return q == 0 ? 0u : ((b >> 31) ? 2u : 1u);
+}
+
+TESSERA_BODY void EncodeTernBody(const float* __restrict x, size_t n, float inv, uint64_t key,
+                                 uint64_t index0, std::byte* __restrict out) {
+  const size_t full = n / 4;
+  for (size_t j = 0; j < full; ++j) {
+    uint32_t byte = 0;
+    for (size_t t = 0; t < 4; ++t) {
+      const size_t i = 4 * j + t;
+      byte |= TernCode(x[i], inv, s::ElementUniform16(key, index0 + i)) << (2 * t);
+    }
+    out[j] = static_cast<std::byte>(byte);
+  }
+  if (n % 4) {
+    uint32_t byte = 0;
+    for (size_t i = 4 * full; i < n; ++i) {
+      byte |= TernCode(x[i], inv, s::ElementUniform16(key, index0 + i)) << (2 * (i % 4));
+    }
+    out[full] = static_cast<std::byte>(byte);
+  }
+}
+
+TESSERA_BODY bool ValidTernBody(const std::byte* __restrict in, size_t n) {
+  const size_t bytes = (n + 3) / 4;
+  uint32_t bad = 0;
+  for (size_t j = 0; j < bytes; ++j) {
+    const uint32_t b = static_cast<uint32_t>(in[j]);
+    // a code of 3 has both bits set: (b & (b >> 1)) & 0x55
+    bad |= (b & (b >> 1)) & 0x55u;
+  }
+  if (n % 4) {
+    const uint32_t last = static_cast<uint32_t>(in[bytes - 1]);
+    bad |= last >> (2 * (n % 4));
+  }
+  return bad == 0;
+}
+
+TESSERA_BODY void DecodeTernBody(const std::byte* __restrict in, size_t n, float scale,
+                                 float* __restrict dst, float alpha, bool add) {
+  const float neg = -scale;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t code = (static_cast<uint32_t>(in[i / 4]) >> (2 * (i % 4))) & 3u;
+    const float v = code == 1 ? scale : (code == 2 ? neg : 0.0f);
+    if (add) {
+      dst[i] += alpha * v;
+    } else {
+      dst[i] = v;
+    }
+  }
+}
+
+TESSERA_BODY double CombineLanes(double* lanes) {
+  for (int width = 8; width >= 1; width /= 2) {
+    for (int j = 0; j < width; ++j) lanes[j] += lanes[j + width];
+  }
+  return lanes[0];
+}
+
+TESSERA_BODY double EncodeSignsBody(const float* __restrict x, size_t n, std::byte* __restrict out) {
+  double lanes[16] = {};
+  const size_t full = n / 16;
+  for (size_t j = 0; j < full; ++j) {
+    uint32_t bits = 0;
+    for (size_t t = 0; t < 16; ++t) {
+      uint32_t b;
+      std::memcpy(&b, x + 16 * j + t, 4);
+      bits |= (b >> 31) << t;
+      lanes[t] += static_cast<double>(s::BitsToFloat(b & 0x7fffffffu));
+    }
+    out[2 * j] = static_cast<std::byte>(bits & 0xff);
+    out[2 * j + 1] = static_cast<std::byte>(bits >> 8);
+  }
+  const size_t bytes = (n + 7) / 8;
+  for (size_t b = 2 * full; b < bytes; ++b) out[b] = std::byte{0};
+  for (size_t i = 16 * full; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    out[i / 8] |= static_cast<std::byte>((b >> 31) << (i % 8));
+    lanes[i % 16] += static_cast<double>(s::BitsToFloat(b & 0x7fffffffu));
+  }
+  return CombineLanes(lanes);
+}
+
+TESSERA_BODY void DecodeSignsBody(const std::byte* __restrict in, size_t n, float scale,
+                                  float* __restrict dst, float alpha, bool add) {
+  const float neg = -scale;
+  for (size_t i = 0; i < n; ++i) {
+    const bool negative = (static_cast<uint32_t>(in[i / 8]) >> (i % 8)) & 1u;
+    const float v = negative ? neg : scale;
+    if (add) {
+      dst[i] += alpha * v;
+    } else {
+      dst[i] = v;
+    }
+  }
+}
+
+TESSERA_BODY size_t CollectBody(const float* __restrict x, size_t n, uint32_t threshold,
+                                uint32_t* __restrict out, size_t capacity) {
+  size_t count = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    if ((b & 0x7fffffffu) >= threshold) {
+      if (count < capacity) out[count] = static_cast<uint32_t>(i);
+      ++count;
+    }
+  }
+  return count;
+}
+
+// ---- portable table ---------------------------------------------------------
+namespace portable {
+uint32_t MaxAbsBits(const float* x, size_t n) { return MaxAbsBitsBody(x, n); }
+void EncodeFp16(const float* x, size_t n, std::byte* out) { EncodeFp16Body(x, n, out); }
+void DecodeFp16(const std::byte* in, size_t n, float* d, float a, bool add) {
+  DecodeFp16Body(in, n, d, a, add);
+}
+void EncodeBf16(const float* x, size_t n, std::byte* out) { EncodeBf16Body(x, n, out); }
+void DecodeBf16(const std::byte* in, size_t n, float* d, float a, bool add) {
+  DecodeBf16Body(in, n, d, a, add);
+}
+void DecodeFp32(const std::byte* in, size_t n, float* d, float a, bool add) {
+  DecodeFp32Body(in, n, d, a, add);
+}
+void EncodeQsgd(const float* x, size_t n, float inv, uint32_t levels, uint64_t key, uint64_t i0,
+                int8_t* out) {
+  EncodeQsgdBody(x, n, inv, levels, key, i0, out);
+}
+uint32_t MaxAbsInt8(const int8_t* q, size_t n) { return MaxAbsInt8Body(q, n); }
+void DecodeQsgd(const int8_t* q, size_t n, float step, float* d, float a, bool add) {
+  DecodeQsgdBody(q, n, step, d, a, add);
+}
+void EncodeTern(const float* x, size_t n, float inv, uint64_t key, uint64_t i0, std::byte* out) {
+  EncodeTernBody(x, n, inv, key, i0, out);
+}
+bool ValidTern(const std::byte* in, size_t n) { return ValidTernBody(in, n); }
+void DecodeTern(const std::byte* in, size_t n, float scale, float* d, float a, bool add) {
+  DecodeTernBody(in, n, scale, d, a, add);
+}
+double EncodeSigns(const float* x, size_t n, std::byte* out) { return EncodeSignsBody(x, n, out); }
+void DecodeSigns(const std::byte* in, size_t n, float scale, float* d, float a, bool add) {
+  DecodeSignsBody(in, n, scale, d, a, add);
+}
+size_t Collect(const float* x, size_t n, uint32_t t, uint32_t* out, size_t cap) {
+  return CollectBody(x, n, t, out, cap);
+}
+}  // namespace portable
+
+constexpr KernelTable kPortable = {
+    "portable",
+    portable::MaxAbsBits,
+    portable::EncodeFp16,
+    portable::DecodeFp16,
+    portable::EncodeBf16,
+    portable::DecodeBf16,
+    portable::DecodeFp32,
+    portable::EncodeQsgd,
+    portable::MaxAbsInt8,
+    portable::DecodeQsgd,
+    portable::EncodeTern,
+    portable::ValidTern,
+    portable::DecodeTern,
+    portable::EncodeSigns,
+    portable::DecodeSigns,
+    portable::Collect,
+};
+
+// ---- AVX2 + F16C table ------------------------------------------------------
+#if TESSERA_HAVE_X86
+#define TESSERA_AVX2 [[gnu::target("avx2,f16c")]]
+namespace avx2 {
+
+TESSERA_AVX2 uint32_t MaxAbsBits(const float* x, size_t n) { return MaxAbsBitsBody(x, n); }
+
+TESSERA_AVX2 void EncodeFp16(const float* x, size_t n, std::byte* out) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m128i a = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
+    const __m128i b = _mm256_cvtps_ph(_mm256_loadu_ps(x + i + 8), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), a);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i + 16), b);
+  }
+  for (; i < n; ++i) StoreU16(out, i, s::FloatToHalf(x[i]));
+}
+
+TESSERA_AVX2 void DecodeFp16(const std::byte* in, size_t n, float* dst, float alpha, bool add) {
+  size_t i = 0;
+  if (add) {
+    const __m256 va = _mm256_set1_ps(alpha);
+    for (; i + 8 <= n; i += 8) {
+      const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i)));
+      _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_mul_ps(va, v)));
+    }
+    for (; i < n; ++i) dst[i] += alpha * s::HalfToFloat(LoadU16(in, i));
+  } else {
+    for (; i + 8 <= n; i += 8) {
+      _mm256_storeu_ps(dst + i,
+                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i))));
+    }
+    for (; i < n; ++i) dst[i] = s::HalfToFloat(LoadU16(in, i));
+  }
+}
+
+TESSERA_AVX2 inline __m256i Bf16Round(__m256i b) {
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256i nan_val = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
+  const __m256i abs = _mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff));
+  const __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(rounded, nan_val, is_nan);
+}
+
+TESSERA_AVX2 void EncodeBf16(const float* x, size_t n, std::byte* out) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i a = Bf16Round(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)));
+    const __m256i b = Bf16Round(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 8)));
+    // packus works per 128-bit lane: [a0..3 b0..3 | a4..7 b4..7]; reorder the quadwords.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i), packed);
+  }
+  EncodeBf16Body(x + i, n - i, out + 2 * i);
+}
+
+TESSERA_AVX2 void DecodeBf16(const std::byte* in, size_t n, float* dst, float alpha, bool add) {
+  size_t i = 0;
+  if (add) {
+    const __m256 va = _mm256_set1_ps(alpha);
+    for (; i + 8 <= n; i += 8) {
+      const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i)));
+      const __m256 v = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+      _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_mul_ps(va, v)));
+    }
+  } else {
+    for (; i + 8 <= n; i += 8) {
+      const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i)));
+      _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    }
+  }
+  DecodeBf16Body(in + 2 * i, n - i, dst + i, alpha, add);
+}
+
+TESSERA_AVX2 void DecodeFp32(const std::byte* in, size_t n, float* d, float a, bool add) {
+  DecodeFp32Body(in, n, d, a, add);
+}
+
+// CounterHash32 of eight consecutive counters c0..c0+7.
+TESSERA_AVX2 inline __m256i Hash8(__m256i counters, __m256i k0, __m256i k1) {
+  __m256i x = _mm256_xor_si256(counters, k0);
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7feb352d));
+  x = _mm256_xor_si256(x, k1);
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
+  return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+}
+
+// Stochastic levels of 8 floats given their 16-bit uniforms (as int32 lanes).
+// Returns signed levels as int32 lanes. Mirrors scalar::StochasticLevel.
+TESSERA_AVX2 inline __m256i Levels8(__m256 v, __m256 inv, __m256i levels, __m256i u16) {
+  const __m256 sign_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 a = _mm256_and_ps(v, sign_mask);
+  const __m256 t = _mm256_mul_ps(a, inv);
+  const __m256i l = _mm256_cvttps_epi32(t);
+  const __m256 frac = _mm256_sub_ps(t, _mm256_cvtepi32_ps(l));
+  const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(u16), _mm256_set1_ps(1.0f / 65536.0f));
+  const __m256i up = _mm256_castps_si256(_mm256_cmp_ps(u, frac, _CMP_LT_OQ));  // -1 or 0
+  __m256i q = _mm256_sub_epi32(l, up);
+  q = _mm256_min_epi32(q, levels);
+  // negate where the sign bit of v is set: sign_epi32 needs a signed selector.
+  return _mm256_sign_epi32(q, _mm256_or_si256(_mm256_castps_si256(v), _mm256_set1_epi32(1)));
+}
+
+// Signed levels of the 16 elements x[i..i+16) whose first global index
+// index0 + i is even: q_lo for i..i+7, q_hi for i+8..i+15.
+struct StochasticConsts {
+  __m256i k0, k1, levels, lane;
+  __m256 inv;
+};
+
+TESSERA_AVX2 inline StochasticConsts MakeStochasticConsts(float inv, uint32_t levels, uint64_t key) {
+  StochasticConsts c;
+  c.k0 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(key)));
+  c.k1 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(key >> 32)));
+  c.levels = _mm256_set1_epi32(static_cast<int>(levels));
+  c.lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  c.inv = _mm256_set1_ps(inv);
+  return c;
+}
+
+TESSERA_AVX2 inline void StochasticBlock(const float* x, size_t i, uint64_t index0,
+                                         const StochasticConsts& c, __m256i* q_lo, __m256i* q_hi) {
+  const uint32_t c0 = static_cast<uint32_t>((index0 + i) >> 1);
+  const __m256i h = Hash8(_mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(c0)), c.lane), c.k0, c.k1);
+  // As 16 little-endian u16 values, h holds the uniforms of elements i..i+15 in order.
+  const __m256i u_lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(h));
+  const __m256i u_hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1));
+  *q_lo = Levels8(_mm256_loadu_ps(x + i), c.inv, c.levels, u_lo);
+  *q_hi = Levels8(_mm256_loadu_ps(x + i + 8), c.inv, c.levels, u_hi);
+}
+
+TESSERA_AVX2 void EncodeQsgd(const float* x, size_t n, float inv, uint32_t levels, uint64_t key,
+                             uint64_t index0, int8_t* out) {
+  // One scalar element first when the global index is odd, so that blocks
+  // start on a draw boundary.
+  const size_t begin = ((index0 & 1) && n > 0) ? 1 : 0;
+  EncodeQsgdBody(x, begin, inv, levels, key, index0, out);
+  const StochasticConsts c = MakeStochasticConsts(inv, levels, key);
+  size_t i = begin;
+  for (; i + 16 <= n; i += 16) {
+    __m256i q_lo, q_hi;
+    StochasticBlock(x, i, index0, c, &q_lo, &q_hi);
+    // int32 -> int16 (per-lane pack, then fix the quadword order) -> int8.
+    const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(q_lo, q_hi), 0xd8);
+    const __m128i b = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), b);
+  }
+  EncodeQsgdBody(x + i, n - i, inv, levels, key, index0 + i, out + i);
+}
+
+TESSERA_AVX2 uint32_t MaxAbsInt8(const int8_t* q, size_t n) { return MaxAbsInt8Body(q, n); }
+TESSERA_AVX2 void DecodeQsgd(const int8_t* q, size_t n, float step, float* d, float a, bool add) {
+  DecodeQsgdBody(q, n, step, d, a, add);
+}
+
+// 2-bit codes (1 for q > 0, 2 for q < 0, 0 for 0) shifted to their slot in
+// a byte: lane j by 2 * (j % 4).
+TESSERA_AVX2 inline __m256i TernCodes8(__m256i q) {
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i pos = _mm256_and_si256(_mm256_cmpgt_epi32(q, zero), _mm256_set1_epi32(1));
+  const __m256i neg = _mm256_and_si256(_mm256_cmpgt_epi32(zero, q), _mm256_set1_epi32(2));
+  return _mm256_sllv_epi32(_mm256_or_si256(pos, neg), _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
+}
+
+TESSERA_AVX2 void EncodeTern(const float* x, size_t n, float inv, uint64_t key, uint64_t index0,
+                             std::byte* out) {
+  // Blocks of 16 elements fill 4 whole bytes and need an even global index at
+  // their start; parts that start at an odd index take the portable loop.
+  if (index0 & 1) {
+    EncodeTernBody(x, n, inv, key, index0, out);
+    return;
+  }
+  const StochasticConsts c = MakeStochasticConsts(inv, 1, key);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i q_lo, q_hi;
+    StochasticBlock(x, i, index0, c, &q_lo, &q_hi);
+    // u16 lanes after the pack: [lo0-3 hi0-3 | lo4-7 hi4-7]; OR each group
+    // of four into the low u16 of its quadword.
+    __m256i v = _mm256_packus_epi32(TernCodes8(q_lo), TernCodes8(q_hi));
+    v = _mm256_or_si256(v, _mm256_srli_epi64(v, 32));
+    v = _mm256_or_si256(v, _mm256_srli_epi64(v, 16));
+    const size_t j = i / 4;
+    out[j] = static_cast<std::byte>(_mm256_extract_epi64(v, 0) & 0xff);      // elements i..i+3
+    out[j + 1] = static_cast<std::byte>(_mm256_extract_epi64(v, 2) & 0xff);  // i+4..i+7
+    out[j + 2] = static_cast<std::byte>(_mm256_extract_epi64(v, 1) & 0xff);  // i+8..i+11
+    out[j + 3] = static_cast<std::byte>(_mm256_extract_epi64(v, 3) & 0xff);  // i+12..i+15
+  }
+  EncodeTernBody(x + i, n - i, inv, key, index0 + i, out + i / 4);
+}
+
+TESSERA_AVX2 bool ValidTern(const std::byte* in, size_t n) { return ValidTernBody(in, n); }
+TESSERA_AVX2 void DecodeTern(const std::byte* in, size_t n, float scale, float* d, float a, bool add) {
+  DecodeTernBody(in, n, scale, d, a, add);
+}
+
+TESSERA_AVX2 double EncodeSigns(const float* x, size_t n, std::byte* out) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  // Lanes 0-3, 4-7, 8-11, 12-15 of the canonical 16-lane sum.
+  __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
+  __m256d acc2 = _mm256_setzero_pd(), acc3 = _mm256_setzero_pd();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = _mm256_loadu_ps(x + i);
+    const __m256 b = _mm256_loadu_ps(x + i + 8);
+    const uint32_t bits = static_cast<uint32_t>(_mm256_movemask_ps(a)) |
+                          (static_cast<uint32_t>(_mm256_movemask_ps(b)) << 8);
+    const uint16_t bits16 = static_cast<uint16_t>(bits);
+    std::memcpy(out + i / 8, &bits16, 2);
+    const __m256 aa = _mm256_and_ps(a, abs_mask);
+    const __m256 ab = _mm256_and_ps(b, abs_mask);
+    acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(aa)));
+    acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps(aa, 1)));
+    acc2 = _mm256_add_pd(acc2, _mm256_cvtps_pd(_mm256_castps256_ps128(ab)));
+    acc3 = _mm256_add_pd(acc3, _mm256_cvtps_pd(_mm256_extractf128_ps(ab, 1)));
+  }
+  alignas(32) double lanes[16];
+  _mm256_store_pd(lanes, acc0);
+  _mm256_store_pd(lanes + 4, acc1);
+  _mm256_store_pd(lanes + 8, acc2);
+  _mm256_store_pd(lanes + 12, acc3);
+  const size_t bytes = (n + 7) / 8;
+  for (size_t b = i / 8; b < bytes; ++b) out[b] = std::byte{0};
+  for (; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    out[i / 8] |= static_cast<std::byte>((b >> 31) << (i % 8));
+    lanes[i % 16] += static_cast<double>(s::BitsToFloat(b & 0x7fffffffu));
+  }
+  return CombineLanes(lanes);
+}
+
+TESSERA_AVX2 void DecodeSigns(const std::byte* in, size_t n, float scale, float* dst, float alpha,
+                              bool add) {
+  // Broadcast one byte to 8 lanes, test bit j in lane j, select +-scale.
+  const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256 pos = _mm256_set1_ps(scale);
+  const __m256 neg = _mm256_set1_ps(-scale);
+  const __m256 va = _mm256_set1_ps(alpha);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i b = _mm256_set1_epi32(static_cast<int>(in[i / 8]));
+    const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(b, bit), bit);
+    const __m256 v = _mm256_blendv_ps(pos, neg, _mm256_castsi256_ps(set));
+    if (add) {
+      _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_mul_ps(va, v)));
+    } else {
+      _mm256_storeu_ps(dst + i, v);
+    }
+  }
+  for (; i < n; ++i) {
+    const bool negative = (static_cast<uint32_t>(in[i / 8]) >> (i % 8)) & 1u;
+    const float v = negative ? -scale : scale;
+    if (add) {
+      dst[i] += alpha * v;
+    } else {
+      dst[i] = v;
+    }
+  }
+}
+
+TESSERA_AVX2 size_t Collect(const float* x, size_t n, uint32_t threshold, uint32_t* out,
+                            size_t capacity) {
+  // Compare magnitudes as signed int32 (abs bits are < 2^31); a threshold of
+  // 0 accepts everything.
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i t = _mm256_set1_epi32(static_cast<int>(threshold) - 1);
+  size_t count = 0;
+  size_t i = 0;
+  if (threshold > 0) {
+    for (; i + 16 <= n; i += 16) {
+      const __m256i a = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs_mask);
+      const __m256i b = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 8)), abs_mask);
+      const __m256i ge = _mm256_or_si256(_mm256_cmpgt_epi32(a, t), _mm256_cmpgt_epi32(b, t));
+      if (_mm256_testz_si256(ge, ge)) continue;
+      uint32_t mask = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(a, t)))) |
+                      (static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(b, t)))) << 8);
+      while (mask) {
+        const int j = __builtin_ctz(mask);
+        mask &= mask - 1;
+        if (count < capacity) out[count] = static_cast<uint32_t>(i + j);
+        ++count;
+      }
+    }
+  }
+  for (; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    if ((b & 0x7fffffffu) >= threshold) {
+      if (count < capacity) out[count] = static_cast<uint32_t>(i);
+      ++count;
+    }
+  }
+  return count;
+}
+
+}  // namespace avx2
+
+constexpr KernelTable kAvx2 = {
+    "avx2",
+    avx2::MaxAbsBits,
+    avx2::EncodeFp16,
+    avx2::DecodeFp16,
+    avx2::EncodeBf16,
+    avx2::DecodeBf16,
+    avx2::DecodeFp32,
+    avx2::EncodeQsgd,
+    avx2::MaxAbsInt8,
+    avx2::DecodeQsgd,
+    avx2::EncodeTern,
+    avx2::ValidTern,
+    avx2::DecodeTern,
+    avx2::EncodeSigns,
+    avx2::DecodeSigns,
+    avx2::Collect,
+};
+
+bool CpuHasAvx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+}
+#endif  // TESSERA_HAVE_X86
+
+}  // namespace
+
+const KernelTable& Portable() { return kPortable; }
+
+const KernelTable* Avx2() {
+#if TESSERA_HAVE_X86
+  static const bool supported = CpuHasAvx2();
+  return supported ? &kAvx2 : nullptr;
+#else
+  return nullptr;
+#endif
+}
+
+const KernelTable& Best() {
+  const KernelTable* a = Avx2();
+  return a ? *a : kPortable;
+}
+
+}  // namespace tessera::compress::kernels

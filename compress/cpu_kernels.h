@@ -1,0 +1,68 @@
+#pragma once
+// CPU kernels behind the codecs (internal to tessera_compress; tests use it to
+// compare the code paths).
+//
+// Contract:
+// - Two tables of the same kernels: Portable() (plain loops the compiler
+//   vectorizes for the baseline ISA) and Avx2() (the same loops compiled for
+//   AVX2+F16C, plus intrinsics for fp16/bf16 conversion, sign packing and the
+//   QSGD/TernGrad random draws). Both give bit-identical results for every
+//   input; they differ only in speed. Avx2() is null when the CPU lacks
+//   AVX2 or F16C; Best() picks Avx2() when present.
+// - Pointers to wire bytes may have any alignment. Float and int pointers
+//   into caller arrays must be naturally aligned.
+// - `add` selects accumulate (dst[i] += alpha * v) instead of store (dst[i] = v).
+// - No kernel allocates; all are reentrant.
+#include <cstddef>
+#include <cstdint>
+
+namespace tessera::compress::kernels {
+
+struct KernelTable {
+  const char* name;
+
+  // max over i of (bits(x[i]) & 0x7fffffff); a result >= 0x7f800000 means a
+  // non-finite element. 0 for n == 0.
+  uint32_t (*max_abs_bits)(const float* x, size_t n);
+
+  void (*encode_fp16)(const float* x, size_t n, std::byte* out);
+  void (*decode_fp16)(const std::byte* in, size_t n, float* dst, float alpha, bool add);
+  void (*encode_bf16)(const float* x, size_t n, std::byte* out);
+  void (*decode_bf16)(const std::byte* in, size_t n, float* dst, float alpha, bool add);
+  void (*decode_fp32)(const std::byte* in, size_t n, float* dst, float alpha, bool add);
+
+  // q[i] = sign(x[i]) * StochasticLevel(|x[i]|, inv, levels, u16(key, index0 + i)).
+  void (*encode_qsgd)(const float* x, size_t n, float inv, uint32_t levels, uint64_t key,
+                      uint64_t index0, int8_t* out);
+  // max |q[i]| (validation).
+  uint32_t (*max_abs_int8)(const int8_t* q, size_t n);
+  void (*decode_qsgd)(const int8_t* q, size_t n, float step, float* dst, float alpha, bool add);
+
+  // 2-bit codes, see codec.h. inv = 1 / scale.
+  void (*encode_terngrad)(const float* x, size_t n, float inv, uint64_t key, uint64_t index0,
+                          std::byte* out);
+  // True when no code is 3 and the padding bits of the last byte are 0.
+  bool (*valid_terngrad)(const std::byte* in, size_t n);
+  void (*decode_terngrad)(const std::byte* in, size_t n, float scale, float* dst, float alpha,
+                          bool add);
+
+  // Packs sign bits (element i at bit i%8 of byte i/8, unused bits 0) and
+  // returns the sum of |x[i]| in double, accumulated in 16 lanes (element i
+  // into lane i%16, in index order) and combined pairwise (lane j += lane
+  // j+8, then j+4, j+2, j+1): a fixed order, so every path gives the same sum.
+  double (*encode_signs)(const float* x, size_t n, std::byte* out);
+  void (*decode_signs)(const std::byte* in, size_t n, float scale, float* dst, float alpha,
+                       bool add);
+
+  // Writes the indices i with (bits(x[i]) & 0x7fffffff) >= threshold_bits, in
+  // increasing order, to out[0, capacity). Returns how many there are; when
+  // that exceeds capacity only the first `capacity` were written.
+  size_t (*collect_at_least)(const float* x, size_t n, uint32_t threshold_bits, uint32_t* out,
+                             size_t capacity);
+};
+
+const KernelTable& Portable();
+const KernelTable* Avx2();
+const KernelTable& Best();
+
+}  // namespace tessera::compress::kernels
