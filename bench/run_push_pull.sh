@@ -17,7 +17,9 @@
 #
 # Environment: REPEATS (default 5), MIN_SECONDS (0.5), MIN_MESSAGES (20),
 # SIZES (4096,1048576,16777216), KEEP=1 to keep the raw results and the run
-# directory (printed at the end).
+# directory (printed at the end), SKIP_BUILD=1 to run the binaries already in
+# BUILD_DIR as they are (e.g. a saved copy of bench/, server/ and
+# coordinator/ from an older tree, to compare against).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,11 +30,11 @@ MIN_SECONDS=${MIN_SECONDS:-0.5}
 MIN_MESSAGES=${MIN_MESSAGES:-20}
 SIZES=${SIZES:-4096,1048576,16777216}
 
-if [ ! -f "$BUILD/build.ninja" ] && [ ! -f "$BUILD/Makefile" ]; then
+if [ "${SKIP_BUILD:-0}" != 1 ] && [ ! -f "$BUILD/build.ninja" ] && [ ! -f "$BUILD/Makefile" ]; then
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 fi
 WORK=$(mktemp -d /tmp/tessera-bench.XXXXXX)
-if ! cmake --build "$BUILD" --target raw_zmq_bench tessera-push-pull-bench tessera-coordinator tessera-server \
+if [ "${SKIP_BUILD:-0}" != 1 ] && ! cmake --build "$BUILD" --target raw_zmq_bench tessera-push-pull-bench tessera-coordinator tessera-server \
     >"$WORK/build.log" 2>&1; then
   tail -30 "$WORK/build.log" >&2
   echo "run_push_pull.sh: the build failed (log above)" >&2

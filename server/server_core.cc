@@ -2,6 +2,7 @@
 
 #include <google/protobuf/util/message_differencer.h>
 
+#include <cassert>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -84,7 +85,19 @@ absl::StatusOr<uint64_t> ServerCore::RequiredMinClock(const Message& m) {
   return 0;
 }
 
+void ServerCore::ApplyPending() {
+  for (PendingPush& p : pending_) {
+    const Message& m = p.request;
+    // Validated in HandlePush, and nothing since can make it fail.
+    absl::Status s = p.table->ApplyPush(m.frames[0].As<Key>(), m.frames[1].As<float>());
+    assert(s.ok());
+    (void)s;
+  }
+  pending_.clear();
+}
+
 std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
+  ApplyPending();
   std::vector<Outgoing> out;
   const proto::Envelope& h = request.header;
   const bool wants_reply = h.request_id() != 0 && !h.sender_address().empty();
@@ -150,6 +163,7 @@ void ServerCore::ReleaseHeld(Nanos now, std::vector<Outgoing>& out) {
 }
 
 std::vector<Outgoing> ServerCore::Tick(Nanos now) {
+  ApplyPending();
   std::vector<Outgoing> out;
   for (auto it = held_.begin(); it != held_.end();) {
     if (now < it->deadline) {
@@ -183,7 +197,13 @@ Message ServerCore::Answer(Message request, Nanos held_for) {
     case proto::Envelope::kPush:
       stats_.push_requests++;
       status = HandlePush(h.push(), request);
-      if (status.ok()) reply.header.mutable_ack();
+      if (status.ok()) {
+        reply.header.mutable_ack();
+        if (options_.apply_after_ack) {
+          Table* table = *FindTable(h.push().table_id());
+          pending_.push_back(PendingPush{table, std::move(request)});
+        }
+      }
       break;
     case proto::Envelope::kPull: {
       stats_.pull_requests++;
@@ -288,6 +308,7 @@ absl::Status ServerCore::HandlePush(const proto::Push& req, const Message& m) {
     return absl::InvalidArgumentError(absl::StrCat("values frame has ", values.size(), " bytes, expected ", expected,
                                                    " for ", req.num_keys(), " keys of width ", (*table)->width()));
   }
+  if (options_.apply_after_ack) return (*table)->CheckPush(*keys, values.As<float>());  // Answer queues it
   return (*table)->ApplyPush(*keys, values.As<float>());
 }
 
@@ -300,10 +321,9 @@ absl::StatusOr<Buffer> ServerCore::HandlePull(const proto::Pull& req, const Mess
   if (!table.ok()) return table.status();
   auto keys = KeysFrame(m, req.num_keys(), req.table_id());
   if (!keys.ok()) return keys.status();
-  const size_t bytes = keys->size() * (*table)->width() * sizeof(float);
-  Buffer out = options_.pool ? options_.pool->Get(bytes) : Buffer::Allocate(bytes);
-  if (auto s = (*table)->ReadRows(*keys, out.AsMutable<float>()); !s.ok()) return s;
-  return out;
+  // Large rows go out as views of table memory (copy-on-write protects them
+  // from later pushes while the reply is in flight); the rest is copied.
+  return (*table)->ReadRowsShared(*keys, options_.pool);
 }
 
 }  // namespace tessera

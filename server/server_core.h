@@ -14,6 +14,15 @@
 //   problem and changes nothing.
 // - Requests are applied in the order Step is called; so a pull that follows
 //   a push from the same sender sees it.
+// - Pushes (options.apply_after_ack): a push is validated completely in Step
+//   and its Ack returned at once; the update itself is made by ApplyPending(),
+//   which the shell calls after it has handed the Ack to the transport, so
+//   that the update overlaps the Ack's trip and the sender's next request.
+//   Step and Tick apply whatever is pending before anything else, so every
+//   request handled after a push, from any sender, sees it: an Ack still
+//   means "accepted, ordered, and visible to everything handled later". A
+//   push that fails validation gets its Error as before and is never pending.
+//   Without the option, Step applies a push before it returns its Ack.
 // - Consistency (../shared/DESIGN.md section 5): a Pull stamped clock c of a
 //   table with staleness s is answered only once every live worker has
 //   announced clock >= c - s (BSP: s = 0; ASP: never held), so it reflects
@@ -45,6 +54,7 @@ struct ServerCoreOptions {
   BufferPool* pool = nullptr;               // reply buffers (not owned; may be null)
   Nanos default_hold_timeout = 60 * kSeconds;  // for held requests that name none
   bool answer_early = false;                // TEST ONLY: never hold pulls or clock acks (negative control)
+  bool apply_after_ack = false;             // leave accepted pushes to ApplyPending() (see the contract)
 };
 
 struct ServerStats {
@@ -76,6 +86,10 @@ class ServerCore {
   std::vector<Outgoing> Step(Message request, Nanos now = 0);
   // Answers held requests whose hold timeout passed.
   std::vector<Outgoing> Tick(Nanos now);
+  // Applies the pushes Step accepted but left pending (apply_after_ack), in
+  // arrival order. Cheap when nothing is pending.
+  void ApplyPending();
+  size_t pending_pushes() const { return pending_.size(); }
 
   const ClockTable& clocks() const { return clocks_; }
   size_t held() const { return held_.size(); }
@@ -98,6 +112,12 @@ class ServerCore {
   absl::StatusOr<std::span<const Key>> KeysFrame(const Message& m, uint64_t num_keys, uint32_t table_id);
   Message Reply(const Message& request) const;
 
+  // A validated push whose update is still to be made (apply_after_ack).
+  struct PendingPush {
+    Table* table;     // tables are never removed
+    Message request;  // keeps the keys and values frames alive
+  };
+
   struct Held {
     Message request;
     uint64_t required_min_clock;
@@ -108,6 +128,8 @@ class ServerCore {
   const ServerCoreOptions options_;
   ClockTable clocks_;
   std::deque<Held> held_;  // arrival order
+  // Invariant: empty whenever Step or Tick handles a request (they apply it first).
+  std::vector<PendingPush> pending_;  // arrival order
   std::optional<ShardMapView> map_;
   uint32_t my_rank_ = 0;
   // Invariant: every table here has a config that passed ValidateTableConfig.

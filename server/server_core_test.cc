@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 
 namespace tessera {
 namespace {
@@ -187,10 +188,10 @@ TEST_F(ServerCoreTest, PullRepliesComeFromThePool) {
   Message c = Request(1);
   auto* cfg = c.header.mutable_create_table()->mutable_config();
   cfg->set_table_id(1);
-  cfg->set_width(1 << 16);  // 256 KiB rows: pooled
+  cfg->set_width(1 << 16);  // 256 KiB rows: replies of 512 KiB, pooled
   cfg->set_kind(proto::SPARSE);
   core.Step(std::move(c));
-  auto keys = OwnKeys(1, 1);
+  auto keys = OwnKeys(1, 2);  // two rows: copied into one reply (a single large row would be lent)
   for (int i = 0; i < 3; ++i) {
     auto out = core.Step(Pull(10 + i, 1, keys));
     ASSERT_EQ(out.size(), 1u);
@@ -198,6 +199,78 @@ TEST_F(ServerCoreTest, PullRepliesComeFromThePool) {
   }  // each reply is dropped before the next pull: the block is reused
   EXPECT_EQ(pool.misses(), 1u);
   EXPECT_EQ(pool.hits(), 2u);
+}
+
+TEST_F(ServerCoreTest, LargeRowPullRepliesDoNotChangeWhenPushesFollow) {
+  const uint32_t width = 1 << 15;  // 128 KiB rows: lent, not copied
+  ASSERT_TRUE(Create(1, width).has_ack());
+  auto keys = OwnKeys(1, 1);
+  ASSERT_TRUE(StepOne(Push(1, 1, keys, std::vector<float>(width, 1.0f))).has_ack());
+  std::vector<Buffer> first;
+  ASSERT_TRUE(StepOne(Pull(2, 1, keys), &first).has_pull_reply());
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_EQ(first[0].size(), width * sizeof(float));
+  EXPECT_EQ(core_.table(1)->rows_lent(), 1u);
+  // The reply is still "in flight" (we hold it) when the next push lands.
+  ASSERT_TRUE(StepOne(Push(3, 1, keys, std::vector<float>(width, 2.0f))).has_ack());
+  for (float v : first[0].As<float>()) ASSERT_EQ(v, 1.0f);
+  EXPECT_EQ(PullValues(1, keys), std::vector<float>(width, 3.0f));
+  EXPECT_EQ(core_.table(1)->copies_on_write(), 1u);
+}
+
+class ApplyAfterAckTest : public ServerCoreTest {
+ protected:
+  void SetUp() override {
+    ServerCoreTest::SetUp();
+    late_.emplace(ServerCoreOptions{.node_id = 7, .apply_after_ack = true});
+    ASSERT_TRUE(late_->InstallShardMap(map_, 0).ok());
+    Message c = Request(1);
+    auto* cfg = c.header.mutable_create_table()->mutable_config();
+    cfg->set_table_id(1);
+    cfg->set_width(2);
+    cfg->set_kind(proto::SPARSE);
+    cfg->set_optimizer(proto::ACCUMULATE);
+    ASSERT_EQ(late_->Step(std::move(c)).size(), 1u);
+    keys_ = OwnKeys(1, 2);
+  }
+
+  std::vector<float> LatePull(uint64_t id) {
+    auto out = late_->Step(Pull(id, 1, keys_));
+    if (out.size() != 1 || out[0].message.frames.size() != 1) return {};
+    auto span = out[0].message.frames[0].As<float>();
+    return {span.begin(), span.end()};
+  }
+
+  std::optional<ServerCore> late_;
+  std::vector<Key> keys_;
+};
+
+TEST_F(ApplyAfterAckTest, AckComesFirstAndTheNextRequestSeesThePush) {
+  auto out = late_->Step(Push(2, 1, keys_, {1, 2, 3, 4}));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].message.header.has_ack());
+  EXPECT_EQ(late_->pending_pushes(), 1u);  // acknowledged, not yet applied
+  // Whatever is handled next (here a pull from the same sender) sees it.
+  EXPECT_EQ(LatePull(3), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(late_->pending_pushes(), 0u);
+}
+
+TEST_F(ApplyAfterAckTest, ApplyPendingAppliesInArrivalOrderOnce) {
+  ASSERT_EQ(late_->Step(Push(2, 1, keys_, {1, 1, 1, 1})).size(), 1u);
+  late_->ApplyPending();
+  late_->ApplyPending();  // nothing left: applying twice must not add twice
+  ASSERT_EQ(late_->Step(Push(3, 1, keys_, {10, 10, 10, 10})).size(), 1u);
+  late_->Tick(0);  // a tick applies what is pending too
+  EXPECT_EQ(late_->pending_pushes(), 0u);
+  EXPECT_EQ(LatePull(4), (std::vector<float>{11, 11, 11, 11}));
+}
+
+TEST_F(ApplyAfterAckTest, BadPushesGetErrorsAndAreNeverPending) {
+  auto out = late_->Step(Push(2, 1, keys_, {1, 2, 3}));  // values too short
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].message.header.has_error());
+  EXPECT_EQ(late_->pending_pushes(), 0u);
+  EXPECT_EQ(LatePull(3), (std::vector<float>{0, 0, 0, 0}));
 }
 
 }  // namespace

@@ -37,8 +37,15 @@ void ServerNode::OnMessage(Message m) {
     return;
   }
   std::vector<Outgoing> out = core_->Step(std::move(m), MonotonicNow());
+  const bool pending = core_->pending_pushes() > 0;
   lock.unlock();
   for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
+  if (pending) {
+    // The acks are on their way; now make the updates (the core would make
+    // them before the next request anyway, this keeps them off its path).
+    lock.lock();
+    core_->ApplyPending();
+  }
 }
 
 void ServerNode::TickLoop() {
@@ -64,6 +71,7 @@ absl::Status ServerNode::Run() {
   ServerCoreOptions core_options = core_options_;
   core_options.node_id = session_.self().node_id();
   core_options.pool = &pool_;
+  core_options.apply_after_ack = true;  // acks leave before the update work (see ServerCore)
   auto core = std::make_unique<ServerCore>(core_options);
   if (auto s = core->InstallShardMap(ready->shard_map(), session_.self().rank()); !s.ok()) {
     transport_->Stop();
@@ -79,6 +87,7 @@ absl::Status ServerNode::Run() {
     for (Message& m : early_)
       for (Outgoing& o : core->Step(std::move(m), MonotonicNow())) out.push_back(std::move(o));
     early_.clear();
+    core->ApplyPending();
     core_ = std::move(core);
   }
   for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));

@@ -1,6 +1,7 @@
 #include "server/table.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -65,35 +66,52 @@ absl::Status Table::CheckKeys(std::span<const Key> keys) const {
   return absl::OkStatus();
 }
 
-float* Table::CreateRow(Key key) {
-  size_t row = index_.size();
-  if (row / rows_per_chunk_ >= chunks_.size()) {
-    chunks_.push_back(std::make_unique_for_overwrite<float[]>(rows_per_chunk_ * config_.width()));
-  }
-  float* p = chunks_[row / rows_per_chunk_].get() + (row % rows_per_chunk_) * config_.width();
+size_t Table::CreateRow(Key key) {
+  const size_t row = index_.size();
+  if (row / rows_per_chunk_ >= chunks_.size()) chunks_.push_back(std::make_shared<Chunk>(chunk_floats()));
+  float* p = WritableRow(row);
   for (uint32_t i = 0; i < config_.width(); ++i) p[i] = InitialValue(config_, key, i);
   index_.emplace(key, static_cast<uint32_t>(row));
-  return p;
+  return row;
 }
 
-float* Table::Row(Key key) {
+size_t Table::RowNumber(Key key) {
   auto it = index_.find(key);
-  if (it == index_.end()) return CreateRow(key);
-  size_t row = it->second;
-  return chunks_[row / rows_per_chunk_].get() + (row % rows_per_chunk_) * config_.width();
+  return it == index_.end() ? CreateRow(key) : it->second;
 }
 
-absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> values) {
+const float* Table::ReadRow(size_t row) const {
+  return chunks_[row / rows_per_chunk_]->data.get() + (row % rows_per_chunk_) * config_.width();
+}
+
+float* Table::WritableRow(size_t row) {
+  std::shared_ptr<Chunk>& chunk = chunks_[row / rows_per_chunk_];
+  if (chunk->lent.load(std::memory_order_acquire) != 0) {
+    // Readers still hold views of this chunk: leave it to them, write to a copy.
+    auto copy = std::make_shared<Chunk>(chunk_floats());
+    std::memcpy(copy->data.get(), chunk->data.get(), chunk_floats() * sizeof(float));
+    chunk = std::move(copy);
+    ++copies_on_write_;
+  }
+  return chunk->data.get() + (row % rows_per_chunk_) * config_.width();
+}
+
+absl::Status Table::CheckPush(std::span<const Key> keys, std::span<const float> values) const {
   const size_t w = config_.width();
   if (values.size() != keys.size() * w) {
     return absl::InvalidArgumentError(absl::StrCat("table ", config_.table_id(), ": push of ", keys.size(),
                                                    " keys needs ", keys.size() * w, " values, got ", values.size()));
   }
-  if (auto s = CheckKeys(keys); !s.ok()) return s;
+  return CheckKeys(keys);
+}
+
+absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> values) {
+  const size_t w = config_.width();
+  if (auto s = CheckPush(keys, values); !s.ok()) return s;
   const float lr = config_.learning_rate();
   for (size_t i = 0; i < keys.size(); ++i) {
-    float* row = Row(keys[i]);
-    const float* g = values.data() + i * w;
+    float* __restrict row = WritableRow(RowNumber(keys[i]));
+    const float* __restrict g = values.data() + i * w;
     switch (config_.optimizer()) {
       case proto::ACCUMULATE:
         for (size_t j = 0; j < w; ++j) row[j] += g[j];
@@ -113,8 +131,42 @@ absl::Status Table::ReadRows(std::span<const Key> keys, std::span<float> out) {
                                                    " keys needs room for ", keys.size() * w, " values"));
   }
   if (auto s = CheckKeys(keys); !s.ok()) return s;
-  for (size_t i = 0; i < keys.size(); ++i) std::memcpy(out.data() + i * w, Row(keys[i]), w * sizeof(float));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::memcpy(out.data() + i * w, ReadRow(RowNumber(keys[i])), w * sizeof(float));
+  }
   return absl::OkStatus();
+}
+
+namespace {
+
+// Keeps a lent chunk alive and marked lent while a Buffer views it.
+struct ChunkLoan {
+  explicit ChunkLoan(std::shared_ptr<void> c, std::atomic<uint64_t>* counter) : chunk(std::move(c)), lent(counter) {
+    lent->fetch_add(1, std::memory_order_relaxed);
+  }
+  ~ChunkLoan() { lent->fetch_sub(1, std::memory_order_release); }
+  ChunkLoan(const ChunkLoan&) = delete;
+  ChunkLoan& operator=(const ChunkLoan&) = delete;
+  std::shared_ptr<void> chunk;
+  std::atomic<uint64_t>* lent;  // inside *chunk
+};
+
+}  // namespace
+
+absl::StatusOr<Buffer> Table::ReadRowsShared(std::span<const Key> keys, BufferPool* pool) {
+  if (auto s = CheckKeys(keys); !s.ok()) return s;
+  const size_t row_bytes = size_t{config_.width()} * sizeof(float);
+  if (keys.size() == 1 && rows_per_chunk_ == 1) {
+    const size_t row = RowNumber(keys[0]);
+    const std::shared_ptr<Chunk>& chunk = chunks_[row];
+    auto loan = std::make_shared<ChunkLoan>(chunk, &chunk->lent);
+    ++rows_lent_;
+    return Buffer::Adopt(std::move(loan), chunk->data.get(), row_bytes);
+  }
+  const size_t bytes = keys.size() * row_bytes;
+  Buffer out = pool ? pool->Get(bytes) : Buffer::Allocate(bytes);
+  if (auto s = ReadRows(keys, out.AsMutable<float>()); !s.ok()) return s;
+  return out;
 }
 
 }  // namespace tessera

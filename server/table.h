@@ -11,6 +11,12 @@
 //   created from the seeded initializer, so its first value depends only on
 //   (init_seed, table id, key), never on the order of touches.
 // - A request that fails validation changes nothing.
+// - Storage: rows live in chunks; a row of at least kLendMinBytes has a chunk
+//   of its own. A chunk may be lent to readers (ReadRowsShared) while it is
+//   also the table's current storage; a lent chunk is never written: the
+//   first write after a lend copies it (copy-on-write) and the table moves
+//   on to the copy, while the readers keep the old bytes until they let go.
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -18,6 +24,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/buffer.h"
 #include "common/keys.h"
 #include "proto/tessera.pb.h"
 
@@ -31,6 +39,11 @@ float InitialValue(const proto::TableConfig& config, Key key, uint32_t index);
 
 class Table {
  public:
+  // Rows at least this large get a chunk of their own and are lent to
+  // readers instead of copied (smaller rows: a copy costs less than the
+  // bookkeeping, and a copy-on-write of a shared chunk would cost more).
+  static constexpr size_t kLendMinBytes = 64 * 1024;
+
   // `owns_key` says which keys this server holds (DENSE rows are created for
   // those keys only). Requires ValidateTableConfig(config).ok().
   template <typename OwnsKey>
@@ -50,21 +63,58 @@ class Table {
   // Applies the optimizer for each (key, gradient row). values.size() must be
   // keys.size() * width. All keys are checked before anything is applied.
   absl::Status ApplyPush(std::span<const Key> keys, std::span<const float> values);
+  // The checks ApplyPush makes before it changes anything: OK means that
+  // ApplyPush(keys, values) will succeed (as long as the table does not
+  // change in between; pushes only add rows, so other pushes do not matter).
+  absl::Status CheckPush(std::span<const Key> keys, std::span<const float> values) const;
 
   // Copies the row of each key into out (keys.size() * width floats).
   // SPARSE rows are created on first touch.
   absl::Status ReadRows(std::span<const Key> keys, std::span<float> out);
 
+  // The rows of `keys` (keys.size() * width floats) as one Buffer, without a
+  // copy when that is possible: a single key whose row has its own chunk
+  // (rows of kLendMinBytes and more) is answered with a view of the table's
+  // memory. That view never changes: a later ApplyPush to the row writes to a
+  // fresh copy of it (copy-on-write) while the view lives. Otherwise the rows
+  // are copied into a buffer from `pool` (or a fresh one when pool is null).
+  // The Buffer may outlive the table and be read from any thread.
+  // SPARSE rows are created on first touch. Errors as ReadRows.
+  absl::StatusOr<Buffer> ReadRowsShared(std::span<const Key> keys, BufferPool* pool);
+
+  // Statistics, for tests and metrics: rows lent without a copy, and chunks
+  // copied because a write found them lent.
+  uint64_t rows_lent() const { return rows_lent_; }
+  uint64_t copies_on_write() const { return copies_on_write_; }
+
  private:
+  // One block of rows. `lent` counts the Buffers that view it; while it is
+  // non-zero the chunk is read-only. It drops (release) on whatever thread
+  // lets go of the last view; the writer reads it (acquire) before writing.
+  struct Chunk {
+    explicit Chunk(size_t floats) : data(std::make_unique_for_overwrite<float[]>(floats)) {}
+    std::unique_ptr<float[]> data;
+    std::atomic<uint64_t> lent{0};
+  };
+
   absl::Status CheckKeys(std::span<const Key> keys) const;
-  float* Row(Key key);  // existing row, or a new one (SPARSE)
-  float* CreateRow(Key key);
+  size_t RowNumber(Key key);                   // existing row, or a new one (SPARSE)
+  const float* ReadRow(size_t row) const;      // for reading only
+  float* WritableRow(size_t row);              // copies a lent chunk first
+  size_t CreateRow(Key key);
+  size_t chunk_floats() const { return rows_per_chunk_ * config_.width(); }
 
   const proto::TableConfig config_;
-  // Rows live in fixed-size chunks, so growing never moves a row.
-  size_t rows_per_chunk_ = std::max<size_t>(1, (size_t{1} << 20) / std::max<uint32_t>(1, config_.width()));
-  std::vector<std::unique_ptr<float[]>> chunks_;
+  // Rows live in fixed-size chunks, so growing never moves a row; a write to
+  // a lent chunk replaces the chunk (see the class comment).
+  size_t rows_per_chunk_ =
+      size_t{config_.width()} * sizeof(float) >= kLendMinBytes
+          ? 1
+          : std::max<size_t>(1, (size_t{1} << 20) / std::max<uint32_t>(1, config_.width()));
+  std::vector<std::shared_ptr<Chunk>> chunks_;
   absl::flat_hash_map<Key, uint32_t> index_;  // key -> row number
+  uint64_t rows_lent_ = 0;
+  uint64_t copies_on_write_ = 0;
 };
 
 }  // namespace tessera

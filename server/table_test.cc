@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
+#include <thread>
 
 namespace tessera {
 namespace {
@@ -61,6 +63,98 @@ TEST(TableTest, WrongValueCountIsAnError) {
   EXPECT_EQ(t.num_rows(), 0u);
   std::vector<float> out(3);
   EXPECT_FALSE(t.ReadRows(std::vector<Key>{1}, out).ok());
+}
+
+// 128 KiB rows: at least Table::kLendMinBytes, so a single-row read is lent.
+constexpr uint32_t kLargeWidth = 1 << 15;
+static_assert(kLargeWidth * sizeof(float) >= Table::kLendMinBytes);
+
+TEST(TableTest, LargeRowIsLentAndCopiedOnWriteWhileLent) {
+  auto c = Config(proto::DENSE, proto::ACCUMULATE, kLargeWidth);
+  Table t(c, [](Key) { return true; });
+  const std::vector<Key> key = {3};
+  ASSERT_TRUE(t.ApplyPush(key, std::vector<float>(kLargeWidth, 1.0f)).ok());
+  auto lent = t.ReadRowsShared(key, nullptr);
+  ASSERT_TRUE(lent.ok()) << lent.status();
+  ASSERT_EQ(lent->size(), kLargeWidth * sizeof(float));
+  EXPECT_EQ(t.rows_lent(), 1u);
+  // A push while the view lives goes to a copy; the view keeps the old bytes.
+  ASSERT_TRUE(t.ApplyPush(key, std::vector<float>(kLargeWidth, 2.0f)).ok());
+  EXPECT_EQ(t.copies_on_write(), 1u);
+  for (float v : lent->As<float>()) ASSERT_EQ(v, 1.0f);
+  std::vector<float> now(kLargeWidth);
+  ASSERT_TRUE(t.ReadRows(key, now).ok());
+  EXPECT_EQ(now, std::vector<float>(kLargeWidth, 3.0f));
+  // Once every view is gone, pushes write in place again.
+  lent = Buffer();
+  ASSERT_TRUE(t.ApplyPush(key, std::vector<float>(kLargeWidth, 1.0f)).ok());
+  EXPECT_EQ(t.copies_on_write(), 1u);
+  ASSERT_TRUE(t.ReadRows(key, now).ok());
+  EXPECT_EQ(now[0], 4.0f);
+}
+
+TEST(TableTest, LentRowOutlivesTheTableAndOtherThreadsMayDropIt) {
+  auto c = Config(proto::SPARSE, proto::ACCUMULATE, kLargeWidth);
+  std::optional<Buffer> view;
+  {
+    Table t(c, [](Key) { return true; });
+    ASSERT_TRUE(t.ApplyPush(std::vector<Key>{42}, std::vector<float>(kLargeWidth, 5.0f)).ok());
+    auto lent = t.ReadRowsShared(std::vector<Key>{42}, nullptr);
+    ASSERT_TRUE(lent.ok());
+    view = *lent;
+    // A copy of the view dropped on another thread releases its loan too:
+    // with only `view` left the row is still lent.
+    Buffer other = *lent;
+    lent = Buffer();
+    std::thread([b = std::move(other)]() mutable { b = Buffer(); }).join();
+    ASSERT_TRUE(t.ApplyPush(std::vector<Key>{42}, std::vector<float>(kLargeWidth, 1.0f)).ok());
+    EXPECT_EQ(t.copies_on_write(), 1u);
+  }
+  for (float v : view->As<float>()) ASSERT_EQ(v, 5.0f);
+}
+
+TEST(TableTest, SmallRowsAndSeveralKeysAreCopied) {
+  BufferPool pool;
+  auto small = Config(proto::SPARSE, proto::ACCUMULATE, 4);
+  Table s(small, [](Key) { return true; });
+  ASSERT_TRUE(s.ApplyPush(std::vector<Key>{1}, std::vector<float>{1, 2, 3, 4}).ok());
+  auto copy = s.ReadRowsShared(std::vector<Key>{1}, &pool);
+  ASSERT_TRUE(copy.ok());
+  ASSERT_TRUE(s.ApplyPush(std::vector<Key>{1}, std::vector<float>{1, 1, 1, 1}).ok());
+  EXPECT_EQ(std::vector<float>(copy->As<float>().begin(), copy->As<float>().end()),
+            (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(s.rows_lent(), 0u);
+  EXPECT_EQ(s.copies_on_write(), 0u);
+
+  auto large = Config(proto::SPARSE, proto::ACCUMULATE, kLargeWidth);
+  Table l(large, [](Key) { return true; });
+  ASSERT_TRUE(l.ApplyPush(std::vector<Key>{1}, std::vector<float>(kLargeWidth, 7.0f)).ok());
+  auto two = l.ReadRowsShared(std::vector<Key>{2, 1}, &pool);  // key 2 is created (zeros)
+  ASSERT_TRUE(two.ok());
+  ASSERT_EQ(two->size(), 2 * kLargeWidth * sizeof(float));
+  EXPECT_EQ(two->As<float>()[0], 0.0f);
+  EXPECT_EQ(two->As<float>()[kLargeWidth], 7.0f);
+  EXPECT_EQ(l.rows_lent(), 0u);
+  EXPECT_EQ(pool.misses(), 1u);
+}
+
+TEST(TableTest, ReadRowsSharedRejectsKeysItDoesNotHold) {
+  auto c = Config(proto::DENSE, proto::ACCUMULATE, kLargeWidth);
+  Table t(c, [](Key k) { return k != 4; });
+  EXPECT_FALSE(t.ReadRowsShared(std::vector<Key>{4}, nullptr).ok());
+  EXPECT_FALSE(t.ReadRowsShared(std::vector<Key>{11}, nullptr).ok());
+  EXPECT_EQ(t.rows_lent(), 0u);
+}
+
+TEST(TableTest, CheckPushMatchesApplyPush) {
+  auto c = Config(proto::DENSE, proto::ACCUMULATE, 2);
+  Table t(c, [](Key) { return true; });
+  EXPECT_TRUE(t.CheckPush(std::vector<Key>{1}, std::vector<float>{1, 2}).ok());
+  EXPECT_FALSE(t.CheckPush(std::vector<Key>{1}, std::vector<float>{1}).ok());
+  EXPECT_FALSE(t.CheckPush(std::vector<Key>{10}, std::vector<float>{1, 2}).ok());
+  std::vector<float> out(2);
+  ASSERT_TRUE(t.ReadRows(std::vector<Key>{1}, out).ok());
+  EXPECT_EQ(out, (std::vector<float>{0, 0}));  // checking changes nothing
 }
 
 TEST(TableTest, InitializerDependsOnlyOnSeedTableAndKey) {
