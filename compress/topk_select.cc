@@ -109,8 +109,9 @@ absl::Status SelectTopK(const float* x, size_t n, size_t k, const kernels::Kerne
     return absl::OkStatus();
   }
   // Dense selections and small parts: the exact radix select is as cheap.
-  constexpr size_t kSample = 16384;
-  if (n < 4 * kSample || k > n / 16) return SelectTopKRadix(x, n, k, out);
+  if (n < 65536 || k > n / 16) return SelectTopKRadix(x, n, k, out);
+  // One sample per 256 elements, 1024 to 16384 of them.
+  const size_t kSample = std::clamp<size_t>(n / 256, 1024, 16384);
 
   // Strided sample: element (j * n) / kSample + a fixed jitter.
   std::vector<uint32_t> sample(kSample);
