@@ -85,6 +85,23 @@ TEST_F(ConsistencyCoreTest, AClockNoticeAdvancesWithoutAReplyAndReleasesHeldPull
   EXPECT_EQ(core_->stats().held_requests, 2u);
 }
 
+TEST_F(ConsistencyCoreTest, AClockQueryAnswersTheSendersClockAtOnce) {
+  Init(proto::BSP, 0);
+  ASSERT_EQ(Clock(kW0, 1, 1).size(), 0u);  // held: w1 is at 0
+  Message q = From(kW0, 2);
+  q.header.mutable_clock_query();
+  auto out = core_->Step(std::move(q), 0);
+  ASSERT_EQ(out.size(), 1u);  // never held
+  ASSERT_TRUE(out[0].message.header.has_clock_ack()) << out[0].message.header.ShortDebugString();
+  EXPECT_EQ(out[0].message.header.clock_ack().worker_clock(), 1u);
+  EXPECT_EQ(out[0].message.header.clock_ack().min_clock(), 0u);
+  Message stranger = From(999, 3);
+  stranger.header.mutable_clock_query();
+  out = core_->Step(std::move(stranger), 0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].message.header.has_error());
+}
+
 TEST_F(ConsistencyCoreTest, BspHoldsAPullUntilEveryWorkerFinishedTheClock) {
   Init(proto::BSP, 0);
   Push(kW0, 0, 1);

@@ -221,10 +221,17 @@ Message ServerCore::Answer(Message request, Nanos held_for) {
       }
       break;
     }
-    case proto::Envelope::kClockAdvance: {
+    case proto::Envelope::kClockAdvance:
+    case proto::Envelope::kClockQuery: {
+      if (!clocks_.IsKnown(h.sender_id())) {
+        status = absl::NotFoundError(absl::StrCat("node ", h.sender_id(), " is not a worker of this job"));
+        break;
+      }
       auto* ack = reply.header.mutable_clock_ack();
       ack->set_min_clock(min);
       ack->set_held_us(held_for / 1000);
+      const uint64_t mine = clocks_.ClockOf(h.sender_id());
+      ack->set_worker_clock(mine == ClockTable::kNoWorkers ? 0 : mine);  // 0 once it left
       break;
     }
     case proto::Envelope::kStatsRequest: {
