@@ -379,10 +379,47 @@ absl::StatusOr<WireInfo> InspectWire(std::span<const std::byte> wire) {
   return info;
 }
 
+absl::StatusOr<WireInfo> ValidateWire(std::span<const std::byte> wire) {
+  absl::StatusOr<WireInfo> info = InspectWire(wire);
+  if (!info.ok()) return info;
+  const uint64_t n = info->num_elements;
+  const std::byte* p = wire.data() + kWireHeaderBytes;
+  const kernels::KernelTable& kt = kernels::Best();
+  switch (info->codec) {
+    case CodecId::kQsgd:
+      if (kt.max_abs_int8(reinterpret_cast<const int8_t*>(p + 8), n) >
+          static_cast<uint32_t>(info->levels)) {
+        return Invalid("qsgd value outside [-levels, levels]");
+      }
+      break;
+    case CodecId::kTernGrad:
+      if (!kt.valid_terngrad(p + 8, n)) return Invalid("terngrad code 3 or nonzero padding bits");
+      break;
+    case CodecId::kOneBit:
+      if (n % 8 && (static_cast<uint32_t>(p[8 + n / 8]) >> (n % 8)) != 0) {
+        return Invalid("onebit padding bits are not zero");
+      }
+      break;
+    case CodecId::kTopK: {
+      const std::byte* idx = p + 8;
+      uint64_t prev = 0;
+      for (uint64_t j = 0; j < info->kept; ++j) {
+        const uint64_t i = Get<uint32_t>(idx + 4 * j);
+        if (i >= n || (j > 0 && i <= prev)) return Invalid("topk indices not increasing or out of range");
+        prev = i;
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  return info;
+}
+
 namespace {
 
 absl::Status DecodeImpl(std::span<const std::byte> wire, std::span<float> dst, float alpha, bool add) {
-  auto info_or = InspectWire(wire);
+  auto info_or = ValidateWire(wire);
   if (!info_or.ok()) return info_or.status();
   const WireInfo& info = *info_or;
   const uint64_t n = info.num_elements;
@@ -404,34 +441,20 @@ absl::Status DecodeImpl(std::span<const std::byte> wire, std::span<float> dst, f
       kt.decode_bf16(p, n, d, alpha, add);
       break;
     case CodecId::kQsgd: {
-      const auto* q = reinterpret_cast<const int8_t*>(p + 8);
-      if (kt.max_abs_int8(q, n) > static_cast<uint32_t>(info.levels)) {
-        return Invalid("qsgd value outside [-levels, levels]");
-      }
       const float step = Get<float>(p) / static_cast<float>(info.levels);
-      kt.decode_qsgd(q, n, step, d, alpha, add);
+      kt.decode_qsgd(reinterpret_cast<const int8_t*>(p + 8), n, step, d, alpha, add);
       break;
     }
     case CodecId::kTernGrad:
-      if (!kt.valid_terngrad(p + 8, n)) return Invalid("terngrad code 3 or nonzero padding bits");
       kt.decode_terngrad(p + 8, n, Get<float>(p), d, alpha, add);
       break;
     case CodecId::kOneBit:
-      if (n % 8 && (static_cast<uint32_t>(p[8 + n / 8]) >> (n % 8)) != 0) {
-        return Invalid("onebit padding bits are not zero");
-      }
       kt.decode_signs(p + 8, n, Get<float>(p), d, alpha, add);
       break;
     case CodecId::kTopK: {
       const uint64_t k = info.kept;
       const std::byte* idx = p + 8;
       const std::byte* val = p + 8 + 4 * k;
-      uint64_t prev = 0;
-      for (uint64_t j = 0; j < k; ++j) {
-        const uint64_t i = Get<uint32_t>(idx + 4 * j);
-        if (i >= n || (j > 0 && i <= prev)) return Invalid("topk indices not increasing or out of range");
-        prev = i;
-      }
       if (!add) std::fill(dst.begin(), dst.end(), 0.0f);
       for (uint64_t j = 0; j < k; ++j) {
         const uint32_t i = Get<uint32_t>(idx + 4 * j);

@@ -175,6 +175,10 @@ struct WireInfo {
   size_t wire_bytes = 0;        // == the buffer size
 };
 absl::StatusOr<WireInfo> InspectWire(std::span<const std::byte> wire);
+// InspectWire plus every payload check Decode makes (qsgd value range,
+// terngrad codes, padding bits, top-k index order and range). A part that
+// passes decodes without error into a destination of num_elements.
+absl::StatusOr<WireInfo> ValidateWire(std::span<const std::byte> wire);
 
 // Writes the decoded values into out (out.size() must equal n): every element
 // is written, sparse codecs write zeros elsewhere. On error `out` is unchanged.
