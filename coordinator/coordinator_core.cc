@@ -76,6 +76,11 @@ std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
   }
   Node& node = nodes_.at(it->second);
   node.last_seen = now;
+  if (node.away) {  // it was only silent (paused, or a slow network): it keeps its place
+    node.away = false;
+    events_.push_back(absl::StrCat(NodeName(node.info.role(), node.info.rank()), " (", node.info.address(),
+                                   ") is back after ", Seconds(now - node.away_since), " of silence"));
+  }
   switch (h.body_case()) {
     case proto::Envelope::kHeartbeat: {
       Message reply = Reply(m);
@@ -118,10 +123,16 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
     }
     return;
   }
+  if (phase_ == Phase::kRunning && req.role() == proto::WORKER && TakeOverAwayWorker(m, now, out)) return;
   if (phase_ != Phase::kAssembling) {
     SetError(reply, absl::StatusCode::kFailedPrecondition,
-             phase_ == Phase::kRunning ? "the job has already started; late joins are not supported yet"
-                                       : absl::StrCat("the job has ended: ", failure_reason_));
+             phase_ == Phase::kRunning
+                 ? (options_.on_worker_loss == WorkerLossPolicy::kWait
+                        ? "the job has already started; a process may join only to replace a lost worker, and "
+                          "no worker of the requested rank is lost"
+                        : "the job has already started; a process may join it only to replace a lost worker, "
+                          "with on_worker_loss: wait")
+                 : absl::StrCat("the job has ended: ", failure_reason_));
     send_reply();
     return;
   }
@@ -184,6 +195,35 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
   }
 }
 
+bool CoordinatorCore::TakeOverAwayWorker(const Message& m, Nanos now, std::vector<Outgoing>& out) {
+  if (options_.on_worker_loss != WorkerLossPolicy::kWait) return false;
+  const int rank = m.header.register_request().rank();
+  Node* place = nullptr;
+  for (auto& [id, n] : nodes_) {
+    if (n.info.role() != proto::WORKER || !n.away || (rank >= 0 && n.info.rank() != static_cast<uint32_t>(rank)))
+      continue;
+    if (place == nullptr || n.info.rank() < place->info.rank()) place = &n;
+  }
+  if (place == nullptr) return false;
+  const std::string& address = m.header.sender_address();
+  node_by_address_.erase(place->info.address());  // the old process is refused from now on
+  node_by_address_[address] = place->info.node_id();
+  place->info.set_address(address);
+  place->info.set_incarnation(place->info.incarnation() + 1);
+  place->away = false;
+  place->last_seen = now;
+  events_.push_back(absl::StrCat(NodeName(proto::WORKER, place->info.rank()), " rejoined from ", address,
+                                 " (incarnation ", place->info.incarnation(), ") ", Seconds(now - place->away_since),
+                                 " after it was lost"));
+  Message reply = Reply(m);
+  *reply.header.mutable_register_reply()->mutable_self() = place->info;
+  out.push_back(Outgoing{address, std::move(reply)});
+  Message ready;
+  ready.header = JobReadyEnvelope();
+  out.push_back(Outgoing{address, std::move(ready)});
+  return true;
+}
+
 proto::Envelope CoordinatorCore::JobReadyEnvelope() const {
   proto::Envelope ready;
   ready.set_epoch(shard_map_.epoch());
@@ -198,11 +238,21 @@ proto::Envelope CoordinatorCore::JobReadyEnvelope() const {
 void CoordinatorCore::HandleBarrier(const Message& m, std::vector<Outgoing>& out) {
   const std::string& name = m.header.barrier_request().name();
   Message reply = Reply(m);
-  const Node& node = nodes_.at(node_by_address_.at(m.header.sender_address()));
+  Node& node = nodes_.at(node_by_address_.at(m.header.sender_address()));
   if (phase_ != Phase::kRunning || node.info.role() != proto::WORKER) {
     SetError(reply, absl::StatusCode::kFailedPrecondition,
              phase_ != Phase::kRunning ? "barrier outside a running job" : "only workers take part in barriers");
     out.push_back(Outgoing{m.header.sender_address(), std::move(reply)});
+    return;
+  }
+  // A replacement catching up: its predecessor already passed this barrier.
+  if (auto it = node.passed_barriers.find(name); it != node.passed_barriers.end() &&
+                                                 it->second < node.info.incarnation() &&
+                                                 !barriers_[name].contains(node.info.node_id())) {
+    it->second = node.info.incarnation();
+    Message release;
+    release.header.mutable_barrier_release()->set_name(name);
+    out.push_back(Outgoing{node.info.address(), std::move(release)});
     return;
   }
   barriers_[name].insert(node.info.node_id());
@@ -223,6 +273,8 @@ void CoordinatorCore::ReleaseBarriers(std::vector<Outgoing>& out) {
     std::vector<uint32_t> ids(arrived.begin(), arrived.end());
     std::sort(ids.begin(), ids.end());
     for (uint32_t id : ids) {
+      Node& n = nodes_.at(id);
+      n.passed_barriers[name] = n.info.incarnation();
       Message release;
       release.header.mutable_barrier_release()->set_name(name);
       out.push_back(Outgoing{nodes_.at(id).info.address(), std::move(release)});
@@ -320,6 +372,13 @@ std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {
   std::sort(ids.begin(), ids.end());
   for (uint32_t id : ids) {
     Node& n = nodes_.at(id);
+    if (n.away) {
+      if (now - n.away_since >= options_.rejoin_timeout) {
+        fatal.push_back(absl::StrCat(n.away_reason, ", and no replacement joined within ",
+                                     Seconds(options_.rejoin_timeout), " (on_worker_loss: wait)"));
+      }
+      continue;
+    }
     if (n.done || n.lost || now - n.last_seen < options_.lease) continue;
     std::string what = absl::StrCat(NodeName(n.info.role(), n.info.rank()), " (", n.info.address(),
                                     "): no heartbeat for ", Seconds(now - n.last_seen));
@@ -327,7 +386,17 @@ std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {
         options_.on_worker_loss == WorkerLossPolicy::kContinue) {
       n.lost = true;
       n.lost_reason = what;
+      events_.push_back(absl::StrCat("lost ", what, "; the job goes on without it (on_worker_loss: continue)"));
       AnnounceWorkerLeft(n, absl::StrCat("was lost: no heartbeat for ", Seconds(now - n.last_seen)), out);
+      continue;
+    }
+    if (n.info.role() == proto::WORKER && phase_ == Phase::kRunning &&
+        options_.on_worker_loss == WorkerLossPolicy::kWait) {
+      n.away = true;
+      n.away_since = now;
+      n.away_reason = what;
+      events_.push_back(absl::StrCat("lost ", what, "; its place is kept for a replacement for up to ",
+                                     Seconds(options_.rejoin_timeout), " (on_worker_loss: wait)"));
       continue;
     }
     fatal.push_back(std::move(what));

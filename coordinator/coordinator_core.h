@@ -16,7 +16,16 @@
 //   does too under WorkerLossPolicy::kStopJob; under kContinue it is
 //   announced to the servers (WorkersLeft) so nobody waits for its clock, and
 //   the job ends when every other worker is done. (Workers that reported
-//   done are no longer watched; they are announced as left too.)
+//   done are no longer watched; they are announced as left too.) Under kWait
+//   the job keeps the lost worker's place: nobody is told it left, so
+//   synchronous peers wait for its clock (their own hold timeouts name it)
+//   and barriers wait for it. A process that registers for the same rank
+//   (or for any rank, with rank -1) within rejoin_timeout takes the place
+//   over: same node id, the next incarnation, the new address; messages from
+//   the old address are refused from then on. A barrier that the rank's
+//   earlier incarnation already passed is released to the replacement at
+//   once. No replacement in time fails the job, naming the worker.
+// - Membership changes are also reported as lines by TakeEvents(), for logs.
 // - Barriers release when every worker reached them; a barrier cannot hang
 //   without a message: a lost worker fails the job, which releases everyone
 //   with the reason.
@@ -24,6 +33,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -37,6 +47,7 @@ namespace tessera {
 enum class WorkerLossPolicy {
   kStopJob,   // fail the job, naming the worker
   kContinue,  // drop it from the clock tables and go on with the others
+  kWait,      // keep its place for a replacement process, up to rejoin_timeout
 };
 
 struct CoordinatorOptions {
@@ -47,6 +58,7 @@ struct CoordinatorOptions {
   Nanos lease = 5 * kSeconds;                // silence after which a node is lost
   std::string address;                       // the coordinator's own address
   WorkerLossPolicy on_worker_loss = WorkerLossPolicy::kStopJob;
+  Nanos rejoin_timeout = 60 * kSeconds;      // kWait: how long a lost worker's place is kept
 };
 
 class CoordinatorCore {
@@ -70,17 +82,28 @@ class CoordinatorCore {
     bool done = false;
     bool lost = false;         // lease expired (kContinue policy)
     std::string lost_reason;
+    bool away = false;         // lease expired, place kept for a replacement (kWait policy)
+    Nanos away_since = 0;
+    std::string away_reason;
+    // Barriers this rank passed, with the incarnation that passed them.
+    absl::flat_hash_map<std::string, uint32_t> passed_barriers;
     proto::WorkerDone report;  // workers, once done
   };
   // Registered nodes by node id.
   const absl::flat_hash_map<uint32_t, Node>& nodes() const { return nodes_; }
   const proto::ShardMap& shard_map() const { return shard_map_; }
 
+  // Membership lines since the last call ("worker 1 (...) was lost: ..."), for logs.
+  std::vector<std::string> TakeEvents() { return std::exchange(events_, {}); }
+
   // Human name of a node: "server 1", "worker 0".
   static std::string NodeName(proto::Role role, uint32_t rank);
 
  private:
   void HandleRegister(const Message& m, Nanos now, std::vector<Outgoing>& out);
+  // A process asks for the place of a worker that is away (kWait). Returns
+  // false (nothing done) if no such place is free.
+  bool TakeOverAwayWorker(const Message& m, Nanos now, std::vector<Outgoing>& out);
   void HandleBarrier(const Message& m, std::vector<Outgoing>& out);
   void HandleWorkerDone(const Message& m, std::vector<Outgoing>& out);
   void Fail(const std::string& reason, std::vector<Outgoing>& out);
@@ -106,6 +129,7 @@ class CoordinatorCore {
   proto::ShardMap shard_map_;
   // Barrier name -> node ids of the workers that reached it.
   absl::flat_hash_map<std::string, absl::flat_hash_set<uint32_t>> barriers_;
+  std::vector<std::string> events_;
 };
 
 }  // namespace tessera

@@ -201,5 +201,105 @@ TEST_F(CoordinatorCoreTest, LateRegistrationIsRefused) {
   EXPECT_TRUE(out[0].message.header.has_error());
 }
 
+// on_worker_loss: wait keeps a lost worker's place: nobody is told it left,
+// barriers wait for it, a process registering for its rank takes it over
+// (same node id, next incarnation) and passes barriers its predecessor passed.
+TEST_F(CoordinatorCoreTest, WaitPolicyKeepsALostWorkersPlaceForAReplacement) {
+  CoordinatorOptions o = Options(1, 2);
+  o.on_worker_loss = WorkerLossPolicy::kWait;
+  o.rejoin_timeout = 10 * kSeconds;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 1, 2);
+  auto heartbeat = [&](const std::string& from, Nanos now) {
+    Message m = From(from);
+    m.header.mutable_heartbeat();
+    return core.Step(m, now);
+  };
+  auto barrier = [&](const std::string& from, const std::string& name, Nanos now) {
+    Message m = From(from);
+    m.header.mutable_barrier_request()->set_name(name);
+    return core.Step(m, now);
+  };
+  ASSERT_TRUE(barrier("w0", "start", 0).empty());
+  ASSERT_EQ(barrier("w1", "start", 0).size(), 2u);
+  const uint32_t w1_id = core.nodes().at(3).info.node_id();
+  ASSERT_EQ(core.nodes().at(3).info.rank(), 1u);
+  // w1 goes silent; w0 and the server keep heartbeating.
+  for (Nanos t = kSeconds; t <= 4 * kSeconds; t += kSeconds) {
+    heartbeat("w0", t);
+    heartbeat("s0", t);
+  }
+  auto out = core.Tick(4 * kSeconds);
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kRunning);
+  EXPECT_TRUE(out.empty()) << "nothing is announced: the servers keep waiting for its clock";
+  auto events = core.TakeEvents();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_NE(events[0].find("worker 1 (w1): no heartbeat"), std::string::npos) << events[0];
+  EXPECT_NE(events[0].find("on_worker_loss: wait"), std::string::npos) << events[0];
+  // A barrier waits for the lost worker's place.
+  EXPECT_TRUE(barrier("w0", "epoch-1", 5 * kSeconds).empty());
+  // A replacement for rank 1 from a new address.
+  out = core.Step(Register("w1-again", proto::WORKER, 1), 6 * kSeconds);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].to, "w1-again");
+  EXPECT_EQ(out[0].message.header.register_reply().self().node_id(), w1_id);
+  EXPECT_EQ(out[0].message.header.register_reply().self().incarnation(), 1u);
+  EXPECT_TRUE(out[1].message.header.has_job_ready());
+  EXPECT_NE(core.TakeEvents().at(0).find("worker 1 rejoined from w1-again (incarnation 1)"), std::string::npos);
+  // The old address is refused from now on.
+  EXPECT_TRUE(heartbeat("w1", 6 * kSeconds).at(0).message.header.has_error());
+  // The replacement passes "start" at once (its predecessor did), alone.
+  out = barrier("w1-again", "start", 6 * kSeconds);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].to, "w1-again");
+  // "epoch-1" is new to both: it releases both once the replacement arrives.
+  EXPECT_EQ(barrier("w1-again", "epoch-1", 6 * kSeconds).size(), 2u);
+  // A barrier name reused by the same incarnation waits as usual.
+  EXPECT_TRUE(barrier("w1-again", "start", 6 * kSeconds).empty());
+}
+
+TEST_F(CoordinatorCoreTest, WaitPolicyFailsTheJobWhenNoReplacementComes) {
+  CoordinatorOptions o = Options(1, 2);
+  o.on_worker_loss = WorkerLossPolicy::kWait;
+  o.rejoin_timeout = 10 * kSeconds;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 1, 2);
+  for (Nanos t = kSeconds; t <= 14 * kSeconds; t += kSeconds) {
+    for (const char* from : {"w0", "s0"}) {
+      Message m = From(from);
+      m.header.mutable_heartbeat();
+      core.Step(m, t);
+    }
+    core.Tick(t);
+    if (t < 13 * kSeconds) {
+      ASSERT_EQ(core.phase(), CoordinatorCore::Phase::kRunning) << "at " << t / kSeconds << " s";
+    }
+  }
+  // Lost at 3 s (lease 3 s), place kept 10 s: the job fails at 13 s.
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kFailed);
+  EXPECT_NE(core.failure_reason().find("worker 1 (w1): no heartbeat"), std::string::npos) << core.failure_reason();
+  EXPECT_NE(core.failure_reason().find("no replacement joined within 10 s"), std::string::npos)
+      << core.failure_reason();
+}
+
+TEST_F(CoordinatorCoreTest, WithoutTheWaitPolicyNoPlaceCanBeTakenOver) {
+  CoordinatorOptions o = Options(1, 2);
+  o.on_worker_loss = WorkerLossPolicy::kContinue;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 1, 2);
+  for (Nanos t = kSeconds; t <= 4 * kSeconds; t += kSeconds) {
+    for (const char* from : {"w0", "s0"}) {
+      Message m = From(from);
+      m.header.mutable_heartbeat();
+      core.Step(m, t);
+    }
+  }
+  core.Tick(4 * kSeconds);
+  auto out = core.Step(Register("w1-again", proto::WORKER, 1), 5 * kSeconds);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_NE(out[0].message.header.error().message().find("on_worker_loss: wait"), std::string::npos)
+      << out[0].message.header.error().message();
+}
+
 }  // namespace
 }  // namespace tessera

@@ -31,7 +31,7 @@ bool WriteFileAtomically(const std::string& path, const std::string& content) {
 int main(int argc, char** argv) {
   tessera::CoordinatorOptions options;
   std::string bind = "tcp://127.0.0.1:0", address_file, summary_file, name = "coordinator";
-  double assemble_timeout = 30, heartbeat_interval = 1, lease = 5;
+  double assemble_timeout = 30, heartbeat_interval = 1, lease = 5, rejoin_timeout = 60;
   bool debug = false;
   CLI::App app{"tessera-coordinator: membership, shard map, heartbeats, barriers and job end.\n"
                "Started by tessera-launch; servers and workers register with it."};
@@ -51,8 +51,13 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   std::string on_worker_loss = "stop";
   app.add_option("--on-worker-loss", on_worker_loss,
-                 "stop: a lost worker fails the job; continue: drop it from the clock tables and go on")
-      ->check(CLI::IsMember({"stop", "continue"}));
+                 "stop: a lost worker fails the job; continue: drop it from the clock tables and go on; "
+                 "wait: keep its place (others wait for its clock) until a process registers for its rank, "
+                 "for up to --rejoin-timeout, then fail the job")
+      ->check(CLI::IsMember({"stop", "continue", "wait"}));
+  app.add_option("--rejoin-timeout", rejoin_timeout,
+                 "With --on-worker-loss wait: seconds a lost worker's place is kept for a replacement")
+      ->check(CLI::PositiveNumber);
   app.add_option("--name", name, "Name in log lines");
   app.add_flag("--debug", debug, "Log debug lines");
   CLI11_PARSE(app, argc, argv);
@@ -65,7 +70,9 @@ int main(int argc, char** argv) {
   options.assemble_timeout = static_cast<tessera::Nanos>(assemble_timeout * 1e9);
   options.lease = static_cast<tessera::Nanos>(lease * 1e9);
   options.on_worker_loss = on_worker_loss == "continue" ? tessera::WorkerLossPolicy::kContinue
+                           : on_worker_loss == "wait"   ? tessera::WorkerLossPolicy::kWait
                                                         : tessera::WorkerLossPolicy::kStopJob;
+  options.rejoin_timeout = static_cast<tessera::Nanos>(rejoin_timeout * 1e9);
 
   auto transport = tessera::MakeTransport(bind);
   if (!transport.ok()) {

@@ -82,6 +82,7 @@ absl::Status CoordinatorNode::Run() {
     }
     for (Message& m : batch) send_all(core.Step(m, MonotonicNow()));
     send_all(core.Tick(MonotonicNow()));
+    for (const std::string& e : core.TakeEvents()) TLOG_WARN("{}", e);
     if (core.phase() != last_phase && core.phase() == CoordinatorCore::Phase::kRunning) {
       TLOG_INFO("job assembled: {} servers, {} workers, {} virtual shards; shard map epoch {}", options_.servers,
                 options_.workers, options_.vshards, core.shard_map().epoch());
@@ -110,6 +111,7 @@ std::string CoordinatorNode::SummaryJson() const {
     absl::StrAppend(&j, i ? ", " : "", "{\"rank\": ", workers[i]->info.rank(),
                     ", \"done\": ", workers[i]->done ? "true" : "false",
                     ", \"lost\": ", workers[i]->lost ? JsonString(workers[i]->lost_reason) : "null",
+                    ", \"incarnation\": ", workers[i]->info.incarnation(),
                     ", \"steps\": ", r.steps(),
                     ", \"final_loss\": ", r.final_loss(), ", \"bytes_pushed\": ", r.bytes_pushed(),
                     ", \"bytes_pulled\": ", r.bytes_pulled(), ", \"report\": ",

@@ -149,6 +149,8 @@ class LogRegJob {
 
   uint64_t steps_ = 0;
   StragglerModel straggler_;
+  uint64_t resume_steps_ = 0;         // a replacement worker: steps its predecessor took
+  uint64_t epoch_trained_steps_ = 0;  // steps this process took in the current epoch
   Nanos train_start_ = 0;
   double epoch_loss_sum_ = 0;   // sum of example losses this epoch
   uint64_t epoch_examples_ = 0;
@@ -215,6 +217,11 @@ absl::Status LogRegJob::TrainEpoch(uint32_t epoch) {
   if (steps > 0) keys[0].Build(train_, examples_of(0));
   for (size_t step = 0; step < steps; ++step) {
     const int cur = static_cast<int>(step % 2);
+    if (steps_ < resume_steps_) {  // a replacement skips what its predecessor did
+      if (++steps_ == resume_steps_ && step + 1 < steps) keys[1 - cur].Build(train_, examples_of(step + 1));
+      continue;
+    }
+    ++epoch_trained_steps_;
     const std::span<const uint32_t> examples = examples_of(step);
     const size_t count = examples.size();
     MinibatchKeys& mk = keys[cur];
@@ -341,6 +348,13 @@ absl::Status LogRegJob::Run() {
   TLOG_INFO("worker {} of {}: {} train examples, {} test examples, truth test AUC {:.4f}", worker_.rank(),
             worker_.num_workers(), train_.size(), test_.size(), *truth_auc);
 
+  // One clock per step: a replacement for a lost worker (on_worker_loss:
+  // wait) resumes where its predecessor's clock stopped.
+  resume_steps_ = worker_.clock();
+  if (resume_steps_ > 0) {
+    TLOG_INFO("replacing a lost worker (incarnation {}): resuming after step {}", worker_.incarnation(),
+              resume_steps_);
+  }
   if (absl::Status s = worker_.Barrier("start"); !s.ok()) return s;
   train_start_ = MonotonicNow();
   double train_seconds = 0;
@@ -349,10 +363,12 @@ absl::Status LogRegJob::Run() {
   for (uint32_t epoch = 0; epoch < flags_.epochs; ++epoch) {
     epoch_loss_sum_ = 0;
     epoch_examples_ = 0;
+    epoch_trained_steps_ = 0;
     if (absl::Status s = TrainEpoch(epoch); !s.ok()) return s;
     train_seconds = TrainSeconds();  // this worker's steps are done (barriers and evaluation excluded)
     final_train_loss_ = epoch_examples_ > 0 ? epoch_loss_sum_ / static_cast<double>(epoch_examples_) : NAN;
     if (absl::Status s = worker_.Barrier(absl::StrCat("epoch-", epoch + 1)); !s.ok()) return s;
+    if (epoch_trained_steps_ == 0 && resume_steps_ > 0) continue;  // an epoch its predecessor finished
     if (absl::Status s = Evaluate(test_auc, test_loss); !s.ok()) return s;
     TLOG_INFO("epoch {}: train loss {:.4f}, test loss {:.4f}, test AUC {:.4f} (truth {:.4f})", epoch + 1,
               final_train_loss_, test_loss, test_auc, *truth_auc);

@@ -107,9 +107,37 @@ class WorkerImpl final : public Worker {
       tracker_.emplace(std::move(names));
     }
     ticker_ = std::thread([this] { TickLoop(); });
+    if (incarnation() > 0) {
+      if (absl::Status s = ResumeClock(); !s.ok()) return s;
+      TLOG_INFO("worker {} rejoined as incarnation {} at clock {}: {} servers, {} workers", rank(), incarnation(),
+                clock(), num_servers(), num_workers_);
+      return absl::OkStatus();
+    }
     TLOG_INFO("worker {} joined: {} servers, {} workers", rank(), num_servers(), num_workers_);
     return absl::OkStatus();
   }
+
+  // A replacement continues at the clock its predecessor announced: the
+  // highest any server knows (a predecessor that died inside Clock() may
+  // have reached only some servers).
+  absl::Status ResumeClock() {
+    std::vector<RequestTracker::PartSpec> parts;
+    std::vector<Outgoing> sends;
+    for (uint32_t r = 0; r < num_servers(); ++r) {
+      Message m = NewRequest();
+      m.header.mutable_clock_query();
+      parts.push_back({m.header.request_id(), r, {}});
+      sends.push_back({map_->server(r).address(), std::move(m)});
+    }
+    if (absl::Status s = Issue("clock query", std::move(parts), std::move(sends)).Wait(); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("resuming the clock of a replaced worker: ", s.message()));
+    }
+    std::lock_guard lock(mu_);
+    clock_.store(known_clock_);
+    return absl::OkStatus();
+  }
+
+  uint32_t incarnation() const override { return session_->self().incarnation(); }
 
   uint32_t rank() const override { return session_->self().rank(); }
   uint32_t num_workers() const override { return num_workers_; }
@@ -359,6 +387,8 @@ class WorkerImpl final : public Worker {
         const auto& pr = m.header.pull_reply();
         stats_.pull_held += static_cast<Nanos>(pr.held_us()) * 1000;
         stats_.staleness[std::min<uint64_t>(pr.staleness(), WorkerStats::kStalenessBuckets - 1)]++;
+      } else if (m.header.has_clock_ack()) {
+        known_clock_ = std::max(known_clock_, m.header.clock_ack().worker_clock());
       }
       return t.OnReply(m);
     }));
@@ -406,6 +436,7 @@ class WorkerImpl final : public Worker {
   std::optional<RequestTracker> tracker_;              // guarded by mu_
   absl::flat_hash_map<uint32_t, uint32_t> widths_;     // guarded by mu_: table -> width
   uint32_t synchronous_tables_ = 0;                     // guarded by mu_: open BSP or SSP tables
+  uint64_t known_clock_ = 0;                            // guarded by mu_: highest clock servers reported for us
   bool closed_ = false;                                // guarded by mu_
   std::thread ticker_;
 };

@@ -132,6 +132,11 @@ class Worker {
   virtual ~Worker() = default;
 
   virtual uint32_t rank() const = 0;
+  // 0, or n > 0 for the n-th process that replaced a lost worker of this
+  // rank (on_worker_loss: wait). A replacement starts at the clock its
+  // predecessor announced (clock() tells where to resume); its predecessor's
+  // pushes that servers acknowledged are applied, later ones are lost.
+  virtual uint32_t incarnation() const = 0;
   virtual uint32_t num_workers() const = 0;
   virtual uint32_t num_servers() const = 0;
 

@@ -66,6 +66,7 @@ class TimeoutsSection:
     assemble_seconds: float = 30
     heartbeat_seconds: float = 1
     lease_seconds: float = 5
+    rejoin_seconds: float = 60
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ def _transport(value: Any) -> Optional[str]:
     return None
 
 
-WORKER_LOSS_POLICIES = ("stop", "continue")
+WORKER_LOSS_POLICIES = ("stop", "continue", "wait")
 
 
 def _worker_loss(value: Any) -> Optional[str]:
@@ -187,12 +188,15 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "transport": Field(_transport, "tcp", "tcp | ipc"),
         "host": Field(_nonempty_string, "127.0.0.1", "address processes bind and advertise (tcp)"),
         "on_worker_loss": Field(_worker_loss, "stop",
-                                "stop: a lost worker fails the job; continue: the others go on without it"),
+                                "stop: a lost worker fails the job; continue: the others go on without it; "
+                                "wait: its place is kept for a replacement process"),
     },
     "timeouts": {
         "assemble_seconds": Field(_positive_number, 30, "time for every process to register"),
         "heartbeat_seconds": Field(_positive_number, 1, "heartbeat interval"),
         "lease_seconds": Field(_positive_number, 5, "silence after which a node is lost"),
+        "rejoin_seconds": Field(_positive_number, 60,
+                                "on_worker_loss: wait: how long a lost worker's place is kept"),
     },
     "worker": {
         "program": Field(_nonempty_string, _REQUIRED, "worker program: build-tree name or path"),

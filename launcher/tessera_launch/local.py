@@ -213,6 +213,7 @@ def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, d
         "--heartbeat-interval", _seconds(t.heartbeat_seconds),
         "--lease", _seconds(t.lease_seconds),
         "--on-worker-loss", config.cluster.on_worker_loss,
+        "--rejoin-timeout", _seconds(t.rejoin_seconds),
         "--summary-file", str(layout.coordinator_summary),
         "--name", "coordinator",
     ]
@@ -291,7 +292,7 @@ def _start_cluster(sup: Supervisor, config: JobConfig, binaries: Binaries, layou
     specs = [ProcessSpec(f"server-{r}", server_argv(config, binaries, layout, r, address, debug), env=env)
              for r in range(config.cluster.servers)]
     specs += [ProcessSpec(f"worker-{r}", worker_argv(config, binaries, layout, r, address), rank=r, env=env,
-                       may_fail=config.cluster.on_worker_loss == "continue")
+                       may_fail=config.cluster.on_worker_loss in ("continue", "wait"))
               for r in range(config.cluster.workers)]
     for spec in specs:
         if spec.name in skips:

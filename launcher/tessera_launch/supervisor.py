@@ -243,7 +243,7 @@ class ProcessSpec:
     env:   variables added to the launcher's environment.
     cwd:   working directory (default: the launcher's).
     may_fail: its failure is reported but does not end the job (workers
-           under on_worker_loss: continue, where the coordinator decides).
+           under on_worker_loss: continue or wait, where the coordinator decides).
     """
 
     name: str
@@ -575,7 +575,7 @@ class Supervisor:
         self.console.say(f"{name} {describe_exit(code)}")
         if code != 0 and managed.spec.may_fail:
             self.tolerated_failures[name] = code
-            self.console.say(f"{name} failed; the job goes on without it (on_worker_loss: continue)")
+            self.console.say(f"{name} failed; the coordinator decides what follows (on_worker_loss)")
             return
         if code != 0 and self._outcome is None:
             self._outcome = Outcome("failed", f"{name} {describe_exit(code)}", culprit=name, culprit_code=code)

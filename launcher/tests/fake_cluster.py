@@ -76,7 +76,8 @@ def coordinator(argv):
         p.add_argument(flag, type=int, required=True)
     for flag in ("--assemble-timeout", "--heartbeat-interval", "--lease"):
         p.add_argument(flag, type=float, required=True)
-    p.add_argument("--on-worker-loss", choices=("stop", "continue"), default="stop")
+    p.add_argument("--on-worker-loss", choices=("stop", "continue", "wait"), default="stop")
+    p.add_argument("--rejoin-timeout", type=float, default=60)
     p.add_argument("--debug", action="store_true")
     a = p.parse_args(argv)
     if os.environ.get("FAKE_COORDINATOR_CRASH"):

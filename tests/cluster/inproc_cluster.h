@@ -4,11 +4,13 @@
 // in-process transport. Each node runs on its own threads, like a process.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <future>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "coordinator/coordinator_node.h"
 #include "server/server_node.h"
@@ -26,6 +28,7 @@ struct ClusterOptions {
   Nanos lease = 5 * kSeconds;
   WorkerLossPolicy on_worker_loss = WorkerLossPolicy::kStopJob;
   Nanos hold_timeout = 120 * kSeconds;  // workers' wait for slower workers
+  Nanos rejoin_timeout = 60 * kSeconds;  // with WorkerLossPolicy::kWait
   ServerCoreOptions server;  // e.g. the test-only answer_early switch
 };
 
@@ -42,6 +45,7 @@ class InProcCluster {
     co.assemble_timeout = o.assemble_timeout;
     co.lease = o.lease;
     co.on_worker_loss = o.on_worker_loss;
+    co.rejoin_timeout = o.rejoin_timeout;
     coordinator_ = std::make_unique<CoordinatorNode>(co, net_.Create("coordinator"));
     EXPECT_TRUE(coordinator_->Start().ok());
     coordinator_result_ = std::async(std::launch::async, [this] { return coordinator_->Run(); });
@@ -61,20 +65,23 @@ class InProcCluster {
   std::vector<absl::StatusOr<std::unique_ptr<Worker>>> ConnectWorkers() {
     std::vector<std::future<absl::StatusOr<std::unique_ptr<Worker>>>> pending;
     for (uint32_t i = 0; i < options_.workers; ++i) {
-      pending.push_back(std::async(std::launch::async, [this, i] {
-        WorkerOptions wo;
-        wo.coordinator = coordinator_->address();
-        wo.rank = static_cast<int>(i);
-        wo.connect_timeout = options_.assemble_timeout + 5 * kSeconds;
-        wo.request_timeout = 20 * kSeconds;
-        wo.heartbeat_interval = options_.lease / 5;
-        wo.hold_timeout = options_.hold_timeout;
-        return Worker::Connect(wo, net_.Create("worker-" + std::to_string(i)));
-      }));
+      pending.push_back(std::async(std::launch::async, [this, i] { return ConnectWorker(static_cast<int>(i)); }));
     }
     std::vector<absl::StatusOr<std::unique_ptr<Worker>>> out;
     for (auto& p : pending) out.push_back(p.get());
     return out;
+  }
+
+  // Connects one worker process (a replacement, once the job runs).
+  absl::StatusOr<std::unique_ptr<Worker>> ConnectWorker(int rank) {
+    WorkerOptions wo;
+    wo.coordinator = coordinator_->address();
+    wo.rank = rank;
+    wo.connect_timeout = options_.assemble_timeout + 5 * kSeconds;
+    wo.request_timeout = 20 * kSeconds;
+    wo.heartbeat_interval = options_.lease / 5;
+    wo.hold_timeout = options_.hold_timeout;
+    return Worker::Connect(wo, net_.Create(absl::StrCat("worker-", rank, "-", next_process_++)));
   }
 
   absl::Status CoordinatorResult() { return coordinator_result_.get(); }
@@ -88,6 +95,7 @@ class InProcCluster {
  private:
   ClusterOptions options_;
   InProcNetwork net_;
+  std::atomic<int> next_process_{0};
   std::unique_ptr<CoordinatorNode> coordinator_;
   std::future<absl::Status> coordinator_result_;
   std::vector<std::unique_ptr<ServerNode>> servers_;

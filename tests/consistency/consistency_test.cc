@@ -127,6 +127,69 @@ void KillOneWorker(WorkerLossPolicy policy) {
   EXPECT_LT(waited, 1 * kSeconds + 1 * kSeconds + 500 * kMillis);
 }
 
+// With the wait policy, the others wait for a dead worker's clock until a
+// replacement takes its place; the replacement resumes at its predecessor's
+// clock, sees its acknowledged pushes, passes the barriers it passed, and
+// releases the others by clocking.
+TEST(WorkerLossTest, WaitPolicyKeepsThePlaceForAReplacementThatResumes) {
+  ClusterOptions co{.servers = 2, .workers = 3, .started_servers = 2, .vshards = 8};
+  co.lease = 1 * kSeconds;
+  co.on_worker_loss = WorkerLossPolicy::kWait;
+  co.rejoin_timeout = 30 * kSeconds;
+  co.hold_timeout = 30 * kSeconds;
+  InProcCluster cluster(co);
+  auto workers = Unwrap(cluster.ConnectWorkers());
+  ASSERT_EQ(workers.size(), 3u);
+  const TableOptions table{.id = 1, .width = 1, .optimizer = proto::ACCUMULATE, .consistency = proto::BSP};
+  const std::vector<Key> keys = {7, 8, 9, 10};  // on both servers
+  const std::vector<float> ones(keys.size(), 1.0f);
+  auto step = [&](Worker& w) -> absl::Status {
+    if (auto s = w.Push(1, keys, ones).Wait(); !s.ok()) return s;
+    return w.Clock();
+  };
+  for (auto& w : workers) ASSERT_TRUE(w->CreateTable(table).ok());
+  auto statuses = OnEachWorker(workers, [](Worker& w) { return w.Barrier("start"); });
+  for (auto& s : statuses) ASSERT_TRUE(s.ok()) << s;
+  for (int c = 0; c < 2; ++c) {
+    statuses = OnEachWorker(workers, step);
+    for (auto& s : statuses) ASSERT_TRUE(s.ok()) << s;
+  }
+  ASSERT_EQ(workers[2]->clock(), 2u);
+  workers[2].reset();  // dies after two acknowledged pushes and clocks
+
+  // The others take a step; their Clock() to 3 waits for worker 2's place.
+  std::vector<std::future<absl::Status>> waiting;
+  for (int i = 0; i < 2; ++i) waiting.push_back(std::async(std::launch::async, [&, i] { return step(*workers[i]); }));
+  for (auto& f : waiting) {
+    ASSERT_EQ(f.wait_for(std::chrono::milliseconds(2500)), std::future_status::timeout)
+        << "released without worker 2: " << f.get();
+  }
+
+  auto replacement = cluster.ConnectWorker(2);
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  Worker& r = **replacement;
+  EXPECT_EQ(r.rank(), 2u);
+  EXPECT_EQ(r.incarnation(), 1u);
+  ASSERT_EQ(r.clock(), 2u) << "resumes at its predecessor's clock";
+  ASSERT_TRUE(r.CreateTable(table).ok());
+  ASSERT_TRUE(r.Barrier("start").ok()) << "its predecessor passed it";
+  std::vector<float> out(keys.size());
+  ASSERT_TRUE(r.Pull(1, keys, out).Wait().ok());
+  // Under BSP a pull at clock 2 sees every push stamped 0 and 1: 3 workers x 2,
+  // its predecessor's included (the others' clock-2 pushes may be there too).
+  for (float v : out) EXPECT_GE(v, 6.0f);
+  ASSERT_TRUE(step(r).ok());
+  for (auto& f : waiting) {
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    EXPECT_TRUE(f.get().ok());
+  }
+  workers[2] = std::move(*replacement);
+  statuses = OnEachWorker(workers, [](Worker& w) { return w.Finish({}); });
+  for (auto& s : statuses) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(cluster.CoordinatorResult().ok());
+  EXPECT_NE(cluster.Summary().find("\"incarnation\": 1"), std::string::npos) << cluster.Summary();
+}
+
 TEST(WorkerLossTest, ContinuePolicyDropsTheDeadWorker) { KillOneWorker(WorkerLossPolicy::kContinue); }
 TEST(WorkerLossTest, StopPolicyFailsTheJobNamingTheDeadWorker) { KillOneWorker(WorkerLossPolicy::kStopJob); }
 
