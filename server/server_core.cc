@@ -3,6 +3,7 @@
 #include <google/protobuf/util/message_differencer.h>
 
 #include <cassert>
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -67,6 +68,33 @@ Message ServerCore::Reply(const Message& request) const {
   return reply;
 }
 
+void ServerCore::Emit(std::vector<Outgoing>& out, std::string to, Message reply) const {
+  const size_t piece = options_.pull_reply_piece_bytes;
+  if (piece == 0 || !reply.header.has_pull_reply() || reply.frames.size() != 1 || reply.frames[0].size() <= piece) {
+    out.push_back(Outgoing{std::move(to), std::move(reply)});
+    return;
+  }
+  const Buffer values = std::move(reply.frames[0]);
+  const uint64_t total = values.size();
+  for (uint64_t offset = 0; offset < total; offset += piece) {
+    Message m;
+    if (offset == 0) {
+      m.header = std::move(reply.header);
+    } else {
+      m.header.set_request_id(out.back().message.header.request_id());
+      m.header.set_sender_id(options_.node_id);
+      if (map_) m.header.set_epoch(map_->epoch());
+    }
+    const uint64_t n = std::min<uint64_t>(piece, total - offset);
+    Buffer descriptor = Buffer::Allocate(kPullPieceDescriptorBytes);
+    const uint64_t words[2] = {offset, total};  // little-endian hosts only (as every frame here)
+    std::memcpy(descriptor.mutable_data(), words, sizeof(words));
+    m.frames.push_back(values.Slice(offset, n));
+    m.frames.push_back(std::move(descriptor));
+    out.push_back(Outgoing{to, std::move(m)});
+  }
+}
+
 uint64_t ServerCore::StrictestStaleness() const {
   uint64_t s = kUnbounded;
   for (const auto& [id, t] : tables_) s = std::min(s, Staleness(t->config()));
@@ -103,7 +131,7 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
   const bool wants_reply = h.request_id() != 0 && !h.sender_address().empty();
   const std::string reply_to = h.sender_address();  // `request` may be moved below
   auto send = [&](Message reply) {
-    if (wants_reply) out.push_back(Outgoing{reply_to, std::move(reply)});
+    if (wants_reply) Emit(out, reply_to, std::move(reply));
   };
   if (!map_) {
     Message reply = Reply(request);
@@ -154,7 +182,7 @@ void ServerCore::ReleaseHeld(Nanos now, std::vector<Outgoing>& out) {
     if (it->required_min_clock <= min) {
       std::string to = it->request.header.sender_address();
       Nanos held_for = now - it->arrived;
-      out.push_back(Outgoing{std::move(to), Answer(std::move(it->request), held_for)});
+      Emit(out, std::move(to), Answer(std::move(it->request), held_for));
       it = held_.erase(it);
     } else {
       ++it;

@@ -55,7 +55,22 @@ struct ServerCoreOptions {
   Nanos default_hold_timeout = 60 * kSeconds;  // for held requests that name none
   bool answer_early = false;                // TEST ONLY: never hold pulls or clock acks (negative control)
   bool apply_after_ack = false;             // leave accepted pushes to ApplyPending() (see the contract)
+  // Pull replies with more value bytes than this go out in pieces of at most
+  // this many bytes (0 = never split); see "Pull replies in pieces" below.
+  size_t pull_reply_piece_bytes = 0;
 };
+
+// Pull replies in pieces. A reply whose values frame is larger than
+// options.pull_reply_piece_bytes is sent as several messages to the same
+// address, in order, each a zero-copy slice of the values:
+//   piece 0:    the full PullReply header, frames [values[0, n0), descriptor]
+//   piece k>0:  request_id, sender_id and epoch only (no body),
+//               frames [values[o_k, o_k + n_k), descriptor]
+// where descriptor is 16 bytes: the piece's byte offset and the total value
+// bytes, as two little-endian uint64. Pieces are contiguous and in offset
+// order. An unsplit reply has one frame and no descriptor. The receiver can
+// place each piece while the next is still on the wire.
+inline constexpr size_t kPullPieceDescriptorBytes = 16;
 
 struct ServerStats {
   uint64_t held_requests = 0;  // pulls and clock advances that had to wait
@@ -111,6 +126,8 @@ class ServerCore {
   absl::StatusOr<Table*> FindTable(uint32_t id);
   absl::StatusOr<std::span<const Key>> KeysFrame(const Message& m, uint64_t num_keys, uint32_t table_id);
   Message Reply(const Message& request) const;
+  // Appends `reply` to `out`, split into pieces when it is a large pull reply.
+  void Emit(std::vector<Outgoing>& out, std::string to, Message reply) const;
 
   // A validated push whose update is still to be made (apply_after_ack).
   struct PendingPush {

@@ -218,6 +218,49 @@ TEST_F(ServerCoreTest, LargeRowPullRepliesDoNotChangeWhenPushesFollow) {
   EXPECT_EQ(core_.table(1)->copies_on_write(), 1u);
 }
 
+TEST_F(ServerCoreTest, LargePullRepliesGoOutInPieces) {
+  ServerCore core(ServerCoreOptions{.node_id = 7, .pull_reply_piece_bytes = 1000});
+  ASSERT_TRUE(core.InstallShardMap(map_, 0).ok());
+  Message c = Request(1);
+  auto* cfg = c.header.mutable_create_table()->mutable_config();
+  cfg->set_table_id(1);
+  cfg->set_width(300);  // 1200-byte rows
+  cfg->set_kind(proto::SPARSE);
+  cfg->set_optimizer(proto::ACCUMULATE);
+  core.Step(std::move(c));
+  auto keys = OwnKeys(1, 2);
+  std::vector<float> values(600);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  ASSERT_EQ(core.Step(Push(2, 1, keys, values)).size(), 1u);
+
+  auto out = core.Step(Pull(3, 1, keys));  // 2400 bytes: pieces of 1000, 1000, 400
+  ASSERT_EQ(out.size(), 3u);
+  std::vector<float> joined(600);
+  uint64_t expected_offset = 0;
+  for (size_t k = 0; k < out.size(); ++k) {
+    const Message& m = out[k].message;
+    EXPECT_EQ(out[k].to, "inproc://worker");
+    EXPECT_EQ(m.header.request_id(), 3u);
+    EXPECT_EQ(m.header.sender_id(), 7u);
+    EXPECT_EQ(m.header.has_pull_reply(), k == 0);  // later pieces carry no body
+    if (k > 0) EXPECT_EQ(m.header.body_case(), proto::Envelope::BODY_NOT_SET);
+    ASSERT_EQ(m.frames.size(), 2u);
+    ASSERT_EQ(m.frames[1].size(), kPullPieceDescriptorBytes);
+    uint64_t words[2];
+    std::memcpy(words, m.frames[1].data(), sizeof(words));
+    EXPECT_EQ(words[0], expected_offset);
+    EXPECT_EQ(words[1], 2400u);
+    EXPECT_EQ(m.frames[0].size(), k < 2 ? 1000u : 400u);
+    std::memcpy(reinterpret_cast<std::byte*>(joined.data()) + words[0], m.frames[0].data(), m.frames[0].size());
+    expected_offset += m.frames[0].size();
+  }
+  EXPECT_EQ(joined, values);
+  // Errors and other replies are never split.
+  auto bad = core.Step(Pull(4, 1, {keys[0], 1u << 30}));
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_TRUE(bad[0].message.header.has_error());
+}
+
 class ApplyAfterAckTest : public ServerCoreTest {
  protected:
   void SetUp() override {

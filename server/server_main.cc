@@ -1,6 +1,7 @@
 // tessera-server: parses flags and runs a ServerNode. Exits 0 when the
 // coordinator ends the job in order, 1 on any failure with one line saying why.
 #include <csignal>
+#include <string>
 
 #include "CLI/CLI.hpp"
 #include "common/logging.h"
@@ -13,6 +14,8 @@ int main(int argc, char** argv) {
   double connect_timeout = 60, heartbeat_interval = 1, lease = 5;
   bool debug = false;
   tessera::CoordinatorSession::Options so;
+  tessera::ServerCoreOptions core;
+  core.pull_reply_piece_bytes = 1 << 20;
   CLI::App app{"tessera-server: holds virtual shards of the job's tables and answers pushes and pulls.\n"
                "Started by tessera-launch; it joins the job through the coordinator."};
   app.add_option("--coordinator", so.coordinator, "Coordinator address, e.g. tcp://127.0.0.1:5000")->required();
@@ -24,6 +27,10 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-interval", heartbeat_interval, "Seconds between heartbeats")->check(CLI::PositiveNumber);
   app.add_option("--lease", lease, "Seconds of coordinator silence after which the server gives up")
       ->check(CLI::PositiveNumber);
+  app.add_option("--pull-reply-piece-bytes", core.pull_reply_piece_bytes,
+                 "Send pull replies larger than this in pieces of this size, so that the worker places each "
+                 "piece while the next is on the wire (0 = one message per reply)")
+      ->capture_default_str();
   app.add_flag("--debug", debug, "Log debug lines");
   CLI11_PARSE(app, argc, argv);
   if (name.empty()) name = so.rank >= 0 ? "server-" + std::to_string(so.rank) : "server";
@@ -39,7 +46,7 @@ int main(int argc, char** argv) {
     TLOG_ERROR("cannot create transport: {}", transport.status().message());
     return 1;
   }
-  tessera::ServerNode node(so, std::move(*transport));
+  tessera::ServerNode node(so, std::move(*transport), core);
   absl::Status s = node.Run();
   if (!s.ok()) {
     TLOG_ERROR("{}", s.message());

@@ -1,5 +1,6 @@
 #include "worker/request_tracker.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -28,9 +29,34 @@ void RequestTracker::Begin(Handle handle, std::string what, std::vector<PartSpec
   ops_.emplace(raw, std::move(op));
 }
 
-absl::Status RequestTracker::ApplyReply(const Part& part, const Message& reply) {
+namespace {
+
+constexpr size_t kPieceDescriptorBytes = 16;  // {offset, total} as uint64 (server/server_core.h)
+
+// Copies bytes [offset, offset + len) of a part's values (rows of row_bytes,
+// row i going to output row rows[i], or first_row + i when rows is empty).
+void PlaceBytes(const RequestTracker::Scatter& sc, std::byte* dst, const std::byte* src, uint64_t offset, uint64_t len,
+                size_t row_bytes) {
+  if (sc.rows.empty()) {
+    std::memcpy(dst + sc.first_row * row_bytes + offset, src, len);
+    return;
+  }
+  while (len > 0) {
+    const uint64_t row = offset / row_bytes, in_row = offset % row_bytes;
+    const uint64_t n = std::min<uint64_t>(len, row_bytes - in_row);
+    std::memcpy(dst + sc.rows[row] * row_bytes + in_row, src, n);
+    src += n;
+    offset += n;
+    len -= n;
+  }
+}
+
+}  // namespace
+
+absl::Status RequestTracker::ApplyReply(Part& part, const Message& reply, bool* part_done) {
   const proto::Envelope& h = reply.header;
   Op& op = *part.op;
+  *part_done = true;
   if (h.has_error()) {
     return absl::Status(static_cast<absl::StatusCode>(h.error().code()),
                         absl::StrCat(op.what, ": ", ServerName(part.server_rank), ": ", h.error().message()));
@@ -42,18 +68,39 @@ absl::Status RequestTracker::ApplyReply(const Part& part, const Message& reply) 
   }
   const Scatter& sc = part.scatter;
   const size_t row_bytes = size_t{op.width} * sizeof(float);
-  if (!h.has_pull_reply() || reply.frames.size() != 1 || reply.frames[0].size() != sc.num_keys * row_bytes) {
+  const uint64_t total = sc.num_keys * row_bytes;
+  auto malformed = [&](const std::string& why) {
     return absl::InternalError(absl::StrCat(op.what, ": ", ServerName(part.server_rank), " sent a malformed reply (",
-                                            reply.frames.size() ? reply.frames[0].size() : 0, " bytes for ",
-                                            sc.num_keys, " rows of width ", op.width, ")"));
+                                            why, ")"));
+  };
+  // The first (or only) message of a reply carries the PullReply; later
+  // pieces carry no body.
+  const bool first = part.received == 0;
+  if (first ? !h.has_pull_reply() : h.body_case() != proto::Envelope::BODY_NOT_SET) {
+    return malformed(absl::StrCat("unexpected reply type ", h.body_case()));
   }
-  const std::byte* src = reply.frames[0].data();
   auto* dst = reinterpret_cast<std::byte*>(op.out.data());
-  if (sc.rows.empty()) {
-    std::memcpy(dst + sc.first_row * row_bytes, src, sc.num_keys * row_bytes);
-  } else {
-    for (size_t i = 0; i < sc.rows.size(); ++i) std::memcpy(dst + sc.rows[i] * row_bytes, src + i * row_bytes, row_bytes);
+  if (reply.frames.size() == 1 && first) {
+    if (reply.frames[0].size() != total) {
+      return malformed(absl::StrCat(reply.frames[0].size(), " bytes for ", sc.num_keys, " rows of width ", op.width));
+    }
+    PlaceBytes(sc, dst, reply.frames[0].data(), 0, total, row_bytes);
+    return absl::OkStatus();
   }
+  if (reply.frames.size() != 2 || reply.frames[1].size() != kPieceDescriptorBytes) {
+    return malformed(absl::StrCat(reply.frames.size(), " frames"));
+  }
+  uint64_t words[2];
+  std::memcpy(words, reply.frames[1].data(), sizeof(words));
+  const uint64_t offset = words[0], piece_total = words[1], len = reply.frames[0].size();
+  if (piece_total != total || offset != part.received || len == 0 || len > total - offset) {
+    return malformed(absl::StrCat("piece of ", len, " bytes at offset ", offset, " of ", piece_total, "; expected offset ",
+                                  part.received, " of ", total, " bytes for ", sc.num_keys, " rows of width ",
+                                  op.width));
+  }
+  PlaceBytes(sc, dst, reply.frames[0].data(), offset, len, row_bytes);
+  part.received += len;
+  *part_done = part.received == total;
   return absl::OkStatus();
 }
 
@@ -70,13 +117,15 @@ std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& r
     ++ignored_replies_;
     return done;
   }
-  Part part = std::move(it->second);
-  parts_.erase(it);
+  Part& part = it->second;
   Op* op = part.op;
+  bool part_done = true;
   if (op->status.ok()) {
-    absl::Status s = ApplyReply(part, reply);
+    absl::Status s = ApplyReply(part, reply, &part_done);
     if (!s.ok()) op->status = s;
   }
+  if (!part_done) return done;  // more pieces to come
+  parts_.erase(it);
   if (--op->remaining == 0) done.push_back(Finish(op));
   return done;
 }

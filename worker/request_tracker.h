@@ -15,6 +15,10 @@
 //   is ignored and counted.
 // - A malformed reply (wrong values size) fails its operation with an error
 //   that names the server; it never writes outside the caller's buffer.
+// - A pull reply may come in pieces (server/server_core.h, "Pull replies in
+//   pieces"): each piece is placed in the caller's output as it arrives, and
+//   the part is answered once its last byte is in. Pieces must arrive in
+//   offset order without gaps or overlap; anything else fails the operation.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -85,8 +89,11 @@ class RequestTracker {
     Op* op;
     uint32_t server_rank;
     Scatter scatter;
+    uint64_t received = 0;  // value bytes placed so far (pulls in pieces)
   };
-  absl::Status ApplyReply(const Part& part, const Message& reply);
+  // Applies a reply (or one piece of it) to its part; sets *part_done when
+  // the part needs nothing more (it answered, or failed).
+  absl::Status ApplyReply(Part& part, const Message& reply, bool* part_done);
   Completion Finish(Op* op);
   std::string ServerName(uint32_t rank) const;
 

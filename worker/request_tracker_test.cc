@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "server/server_core.h"
+
 namespace tessera {
 namespace {
 
@@ -26,6 +28,143 @@ Message Error(uint64_t id, const std::string& text) {
   m.header.mutable_error()->set_code(static_cast<int>(absl::StatusCode::kNotFound));
   m.header.mutable_error()->set_message(text);
   return m;
+}
+
+// Piece `k` of a pull reply split by the server: `bytes` of the values at
+// byte `offset` of `total` (see server/server_core.h).
+Message Piece(uint64_t id, const std::vector<float>& all, uint64_t offset, uint64_t bytes, bool first) {
+  Message m;
+  m.header.set_request_id(id);
+  if (first) m.header.mutable_pull_reply()->set_num_keys(1);
+  const uint64_t total = all.size() * sizeof(float);
+  m.frames.push_back(Buffer::CopyOf(reinterpret_cast<const std::byte*>(all.data()) + offset, bytes));
+  const uint64_t words[2] = {offset, total};
+  m.frames.push_back(Buffer::CopyOf(words, sizeof(words)));
+  return m;
+}
+
+TEST(RequestTrackerTest, PullInPiecesIsPlacedAsItArrives) {
+  RequestTracker t({"a", "b"});
+  std::vector<float> out(10, -1);
+  // Server 0 holds keys 0 and 2 (rows of width 2), sent as pieces of 6, 4 and
+  // 6 bytes (pieces need not end on a row or float boundary); server 1 holds
+  // key 1, whole.
+  RequestTracker::Scatter s0{0, {0, 2}, 2};
+  RequestTracker::Scatter s1{0, {1}, 1};
+  t.Begin(std::make_shared<int>(0), "pull", {{10, 0, s0}, {11, 1, s1}}, 100, std::span<float>(out.data(), 6), 2);
+  const std::vector<float> rows0 = {0, 1, 20, 21};
+  EXPECT_TRUE(t.OnReply(Piece(10, rows0, 0, 6, true)).empty());
+  EXPECT_EQ(out[0], 0.0f);  // placed before the reply is complete
+  EXPECT_TRUE(t.OnReply(Piece(10, rows0, 6, 4, false)).empty());
+  EXPECT_TRUE(t.OnReply(Values(11, {10, 11})).empty());
+  auto done = t.OnReply(Piece(10, rows0, 10, 6, false));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  EXPECT_EQ(out, (std::vector<float>{0, 1, 10, 11, 20, 21, -1, -1, -1, -1}));
+  EXPECT_EQ(t.in_flight(), 0u);
+  EXPECT_EQ(t.ignored_replies(), 0u);
+}
+
+TEST(RequestTrackerTest, PiecesOutOfOrderOrTooLongFailWithoutWritingOutside) {
+  const std::vector<float> row = {1, 2, 3, 4};
+  {
+    RequestTracker t({"a"});
+    std::vector<float> out(9, -1);  // the op's output is out[0, 8): row 1 of width 4 is out[4, 8)
+    t.Begin(std::make_shared<int>(0), "pull", {{1, 0, {1, {}, 1}}}, 100, std::span<float>(out.data(), 8), 4);
+    EXPECT_TRUE(t.OnReply(Piece(1, row, 0, 8, true)).empty());
+    EXPECT_EQ(out[4], 1.0f);
+    EXPECT_EQ(out[5], 2.0f);
+    auto done = t.OnReply(Piece(1, row, 12, 4, false));  // skips bytes 8..11
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].status.code(), absl::StatusCode::kInternal);
+    EXPECT_NE(done[0].status.message().find("offset"), std::string::npos) << done[0].status;
+    // A piece after the failure belongs to no request any more.
+    EXPECT_TRUE(t.OnReply(Piece(1, row, 8, 4, false)).empty());
+    EXPECT_EQ(t.ignored_replies(), 1u);
+    EXPECT_EQ(out[6], -1.0f);  // neither the bad piece nor the late one was placed
+    EXPECT_EQ(out[7], -1.0f);
+    EXPECT_EQ(out[8], -1.0f);
+  }
+  {
+    RequestTracker t({"a"});
+    std::vector<float> out(4, -1);
+    t.Begin(std::make_shared<int>(0), "pull", {{1, 0, {0, {}, 1}}}, 100, out, 4);
+    std::vector<float> longer = {1, 2, 3, 4, 5};  // claims 20 bytes for a 16-byte row
+    auto done = t.OnReply(Piece(1, longer, 0, 20, true));
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_FALSE(done[0].status.ok());
+    EXPECT_EQ(out, (std::vector<float>{-1, -1, -1, -1}));
+  }
+  {
+    RequestTracker t({"a"});
+    std::vector<float> out(4, -1);
+    t.Begin(std::make_shared<int>(0), "pull", {{1, 0, {0, {}, 1}}}, 100, out, 4);
+    Message second = Piece(1, row, 0, 8, true);
+    second.header.clear_pull_reply();  // the first piece must carry the PullReply
+    auto done = t.OnReply(second);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_FALSE(done[0].status.ok());
+  }
+}
+
+// The server's way of splitting replies and the tracker's way of placing
+// pieces agree: a row pulled from a ServerCore that sends pieces of 1000
+// bytes lands whole in the caller's buffer.
+TEST(RequestTrackerTest, PlacesPiecesAsServerCoreSplitsThem) {
+  proto::NodeInfo server;
+  server.set_rank(0);
+  server.set_role(proto::SERVER);
+  server.set_address("inproc://server-0");
+  ServerCore core(ServerCoreOptions{.node_id = 1, .pull_reply_piece_bytes = 1000});
+  const std::vector<proto::NodeInfo> servers = {server};
+  ASSERT_TRUE(core.InstallShardMap(RoundRobinShardMap(1, 4, servers), 0).ok());
+  const uint32_t width = 1001;  // 4004-byte rows: pieces do not end on row or float boundaries
+  Message create;
+  create.header.set_request_id(1);
+  create.header.set_sender_address("inproc://worker");
+  auto* cfg = create.header.mutable_create_table()->mutable_config();
+  cfg->set_table_id(5);
+  cfg->set_width(width);
+  cfg->set_kind(proto::SPARSE);
+  cfg->set_optimizer(proto::ACCUMULATE);
+  ASSERT_EQ(core.Step(std::move(create)).size(), 1u);
+
+  const std::vector<Key> keys = {9, 4};
+  std::vector<float> values(2 * width);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  Message push;
+  push.header.set_request_id(2);
+  push.header.set_sender_address("inproc://worker");
+  push.header.mutable_push()->set_table_id(5);
+  push.header.mutable_push()->set_num_keys(keys.size());
+  push.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
+  push.frames.push_back(Buffer::CopyOf(values.data(), values.size() * sizeof(float)));
+  ASSERT_EQ(core.Step(std::move(push)).size(), 1u);
+
+  Message pull;
+  pull.header.set_request_id(3);
+  pull.header.set_sender_address("inproc://worker");
+  pull.header.mutable_pull()->set_table_id(5);
+  pull.header.mutable_pull()->set_num_keys(keys.size());
+  pull.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
+  auto replies = core.Step(std::move(pull));
+  ASSERT_EQ(replies.size(), 9u);  // 8008 bytes in pieces of 1000
+
+  RequestTracker t({"server-0"});
+  std::vector<float> out(3 * width, -1);  // rows go to output rows 2 and 0
+  t.Begin(std::make_shared<int>(0), "pull", {{3, 0, {0, {2, 0}, 2}}}, 100, out, width);
+  std::vector<RequestTracker::Completion> done;
+  for (Outgoing& o : replies) {
+    EXPECT_TRUE(done.empty());
+    done = t.OnReply(o.message);
+  }
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  for (uint32_t j = 0; j < width; ++j) {
+    ASSERT_EQ(out[2 * width + j], values[j]);
+    ASSERT_EQ(out[j], values[width + j]);
+    ASSERT_EQ(out[width + j], -1.0f);
+  }
 }
 
 TEST(RequestTrackerTest, PushCompletesWhenEveryPartAcked) {
