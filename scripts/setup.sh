@@ -12,6 +12,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libabsl-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
   python3-yaml python3-numpy python3-pytest python3-matplotlib
+  openmpi-bin slurm-wlm munge openssh-server openssh-client
 )
 
 missing=()

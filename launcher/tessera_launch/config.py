@@ -1,7 +1,9 @@
 """Loading, overriding and validating Tessera job configs.
 
 A job config is a YAML file with four sections: `job`, `cluster`, `timeouts`
-and `worker` (configs/README.md documents every key). `load_config` reads one,
+and `worker`, and one optional section per back-end that needs settings of
+its own: `mpirun`, `slurm`, `ssh`, `kubernetes` (configs/README.md documents
+every key). `load_config` reads one,
 applies `--set key.path=value` overrides, fills in defaults and validates
 strictly. Every problem raises ConfigError; its message names where the bad
 value came from (`FILE:LINE`, `FILE`, or `--set ...`) and the key path, e.g.
@@ -30,6 +32,7 @@ TRANSPORTS = ("tcp", "ipc")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ARG_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 #: Flags the launcher passes to every worker program itself; worker.args may
 #: not use them.
@@ -76,6 +79,42 @@ class WorkerSection:
 
 
 @dataclass(frozen=True)
+class MpirunSection:
+    command: str = "mpirun"
+    hostfile: str = ""
+    args: list = dataclasses.field(default_factory=lambda: ["--oversubscribe"])
+
+
+@dataclass(frozen=True)
+class SlurmSection:
+    srun_args: list = dataclasses.field(default_factory=list)
+    sbatch_args: list = dataclasses.field(default_factory=list)
+    partition: str = ""
+    time_limit: str = ""
+    nodes: int = 0
+
+
+@dataclass(frozen=True)
+class SshSection:
+    hostfile: str = ""
+    args: list = dataclasses.field(default_factory=list)
+    python: str = "/usr/bin/python3"
+    launcher: str = ""
+    build_dir: str = ""
+    run_dir: str = ""
+    connect_timeout_seconds: float = 5
+
+
+@dataclass(frozen=True)
+class KubernetesSection:
+    namespace: str = "default"
+    image: str = "tessera:latest"
+    image_pull_policy: str = "IfNotPresent"
+    build_dir: str = "/opt/tessera/build"
+    port: int = 7000
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """A validated job config with every default filled in.
 
@@ -89,6 +128,10 @@ class JobConfig:
     worker: WorkerSection
     source: str
     overrides: tuple = ()
+    mpirun: MpirunSection = dataclasses.field(default_factory=MpirunSection)
+    slurm: SlurmSection = dataclasses.field(default_factory=SlurmSection)
+    ssh: SshSection = dataclasses.field(default_factory=SshSection)
+    kubernetes: KubernetesSection = dataclasses.field(default_factory=KubernetesSection)
 
     def to_dict(self) -> dict:
         """The config as plain data, in file order, loadable again."""
@@ -100,6 +143,7 @@ class JobConfig:
                 "program": self.worker.program,
                 "args": dict(self.worker.args),
             },
+            **{name: dataclasses.asdict(getattr(self, name)) for name in BACKEND_SECTIONS},
         }
 
     def to_yaml(self) -> str:
@@ -171,6 +215,42 @@ def _nonempty_string(value: Any) -> Optional[str]:
     return None
 
 
+def _string(value: Any) -> Optional[str]:
+    if not isinstance(value, str) or value != value.strip():
+        return "must be a string without surrounding spaces (empty: not set)"
+    return None
+
+
+def _string_list(value: Any) -> Optional[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        return "must be a list of non-empty strings"
+    return None
+
+
+def _count_or_zero(value: Any) -> Optional[str]:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return "must be a non-negative integer (0: not set)"
+    return None
+
+
+def _port(value: Any) -> Optional[str]:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65533:
+        return "must be a port number from 1 to 65533 (it and the next two are used)"
+    return None
+
+
+def _dns_label(value: Any) -> Optional[str]:
+    if not isinstance(value, str) or not _DNS_LABEL_RE.match(value):
+        return "must be a DNS label: lower-case letters, digits and '-', at most 63 characters"
+    return None
+
+
+def _pull_policy(value: Any) -> Optional[str]:
+    if value not in ("Always", "IfNotPresent", "Never"):
+        return "must be one of Always | IfNotPresent | Never"
+    return None
+
+
 def _worker_args(value: Any) -> Optional[str]:
     if not isinstance(value, dict):
         return "must be a mapping of flag name to value"
@@ -202,13 +282,48 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "program": Field(_nonempty_string, _REQUIRED, "worker program: build-tree name or path"),
         "args": Field(_worker_args, {}, "passed to the program as --key value"),
     },
+    "mpirun": {
+        "command": Field(_nonempty_string, "mpirun", "the mpirun program"),
+        "hostfile": Field(_string, "", "passed as --hostfile (empty: this machine)"),
+        "args": Field(_string_list, ["--oversubscribe"], "more mpirun arguments"),
+    },
+    "slurm": {
+        "srun_args": Field(_string_list, [], "more srun arguments"),
+        "sbatch_args": Field(_string_list, [], "more #SBATCH lines (--submit)"),
+        "partition": Field(_string, "", "--partition (empty: the cluster's default)"),
+        "time_limit": Field(_string, "", "--time (empty: the partition's default)"),
+        "nodes": Field(_count_or_zero, 0, "--nodes (0: as Slurm sees fit)"),
+    },
+    "ssh": {
+        "hostfile": Field(_string, "", "the hosts, their roles and slots"),
+        "args": Field(_string_list, [], "more ssh arguments (-i KEY, -F FILE, -o OPTION=VALUE)"),
+        "python": Field(_nonempty_string, "/usr/bin/python3", "Python on the hosts"),
+        "launcher": Field(_string, "", "tessera-launch on the hosts (empty: this one's path)"),
+        "build_dir": Field(_string, "", "the build tree on the hosts (empty: this one's path)"),
+        "run_dir": Field(_string, "", "the run directory on the hosts (empty: this one's path)"),
+        "connect_timeout_seconds": Field(_positive_number, 5, "ssh connection timeout"),
+    },
+    "kubernetes": {
+        "namespace": Field(_dns_label, "default", "namespace of every object"),
+        "image": Field(_nonempty_string, "tessera:latest", "container image with the build tree"),
+        "image_pull_policy": Field(_pull_policy, "IfNotPresent", "Always | IfNotPresent | Never"),
+        "build_dir": Field(_nonempty_string, "/opt/tessera/build", "the build tree inside the image"),
+        "port": Field(_port, 7000, "coordinator port; servers use port+1, workers port+2"),
+    },
 }
+
+#: Sections that only one back-end reads.
+BACKEND_SECTIONS = ("mpirun", "slurm", "ssh", "kubernetes")
 
 _SECTION_TYPES = {
     "job": JobSection,
     "cluster": ClusterSection,
     "timeouts": TimeoutsSection,
     "worker": WorkerSection,
+    "mpirun": MpirunSection,
+    "slurm": SlurmSection,
+    "ssh": SshSection,
+    "kubernetes": KubernetesSection,
 }
 
 

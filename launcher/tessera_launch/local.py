@@ -1,4 +1,9 @@
-"""The `local` back-end: a whole job as processes on this machine.
+"""Running a job, and the `local` back-end: a whole job on this machine.
+
+`run_job` is what every supervising back-end shares; a Backend says only how
+the processes start (LocalBackend here; mpirun.py, slurm.py and ssh.py for the
+others). The command line of every process is built here, once, for all of
+them (docs/launcher.md, "The process contract").
 
 Order of events (docs/launcher.md has the user's view):
   1. load and validate the config, check the skip list and the binaries;
@@ -19,6 +24,7 @@ import datetime
 import os
 import re
 import shlex
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -28,7 +34,7 @@ from typing import Optional, TextIO
 from . import REPO_ROOT
 from .config import JobConfig, load_config
 from .summary import build_summary, format_report, read_coordinator_summary, write_summary
-from .supervisor import Console, ProcessSpec, ProgressTracker, Supervisor
+from .supervisor import ADDRESS_TAG, SUMMARY_TAG, Console, Member, ProcessSpec, ProgressTracker, Supervisor
 
 #: Exit codes of tessera-launch.
 EXIT_OK = 0
@@ -57,7 +63,8 @@ class SetupError(Exception):
 
 @dataclass
 class LocalOptions:
-    """The `tessera-launch local` arguments."""
+    """The arguments every supervising back-end takes (`tessera-launch
+    local`, `mpirun`, `slurm`, `ssh`)."""
 
     config: str
     run_dir: Optional[str] = None
@@ -69,6 +76,7 @@ class LocalOptions:
     debug: bool = False
     dry_run: bool = False
     stream: Optional[TextIO] = None  # the terminal; default sys.stdout
+    existing_run_dir: bool = False  # run_dir was prepared already (slurm --submit), config.yaml in it
 
 
 # --------------------------------------------------------------------------
@@ -189,10 +197,26 @@ def _flag_value(value) -> str:
     return str(value)
 
 
-def bind_address(config: JobConfig, layout: RunLayout, name: str) -> str:
-    """tcp://HOST:0 (the OS picks the port), or ipc://RUNDIR/sock/NAME.sock."""
+def resolve_host(host: str) -> str:
+    """cluster.host as a process binds it: `auto` is this machine's address
+    (the first non-loopback IPv4 address its host name resolves to, else
+    the first address at all, else 127.0.0.1); anything else is kept."""
+    if host != "auto":
+        return host
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        return "127.0.0.1"
+    addresses = [info[4][0] for info in infos]
+    outside = [a for a in addresses if not a.startswith("127.")]
+    return (outside or addresses or ["127.0.0.1"])[0]
+
+
+def bind_address(config: JobConfig, layout: RunLayout, name: str, host: Optional[str] = None) -> str:
+    """tcp://HOST:0 (the OS picks the port), or ipc://RUNDIR/sock/NAME.sock.
+    HOST is `host` if given, else cluster.host (`auto` resolved here)."""
     if config.cluster.transport == "tcp":
-        return f"tcp://{config.cluster.host}:0"
+        return f"tcp://{host or resolve_host(config.cluster.host)}:0"
     path = layout.socket(name)
     if len(str(path)) > MAX_IPC_PATH:
         raise SetupError(f"ipc socket path too long ({len(str(path))} > {MAX_IPC_PATH} bytes): {path}; "
@@ -200,11 +224,12 @@ def bind_address(config: JobConfig, layout: RunLayout, name: str) -> str:
     return f"ipc://{path}"
 
 
-def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, debug: bool) -> list:
+def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, debug: bool,
+                     host: Optional[str] = None) -> list:
     t = config.timeouts
     argv = [
         str(binaries.coordinator),
-        "--bind", bind_address(config, layout, "coordinator"),
+        "--bind", bind_address(config, layout, "coordinator", host),
         "--address-file", str(layout.address_file),
         "--servers", str(config.cluster.servers),
         "--workers", str(config.cluster.workers),
@@ -221,27 +246,61 @@ def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, d
 
 
 def server_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: int,
-                address: str, debug: bool) -> list:
+                address: str, debug: bool, host: Optional[str] = None) -> list:
     name = f"server-{rank}"
     argv = [
         str(binaries.server),
         "--coordinator", address,
         "--rank", str(rank),
-        "--bind", bind_address(config, layout, name),
+        "--bind", bind_address(config, layout, name, host),
         "--name", name,
         "--connect-timeout", _seconds(config.timeouts.assemble_seconds + CONNECT_TIMEOUT_MARGIN_SECONDS),
     ]
     return argv + (["--debug"] if debug else [])
 
 
-def worker_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: int, address: str) -> list:
+def worker_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: int, address: str,
+                host: Optional[str] = None, bind: bool = False) -> list:
+    """`bind`: pass --bind with tcp too (back-ends whose workers may run on
+    another machine than their servers; a worker's default is loopback)."""
     name = f"worker-{rank}"
     argv = [str(binaries.program), "--coordinator", address, "--rank", str(rank), "--name", name]
-    if config.cluster.transport == "ipc":
-        argv += ["--bind", bind_address(config, layout, name)]
+    if config.cluster.transport == "ipc" or bind:
+        argv += ["--bind", bind_address(config, layout, name, host)]
     for key, value in config.worker.args.items():
         argv += [f"--{key}", _flag_value(value)]
     return argv
+
+
+def process_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, name: str, address: str,
+                 debug: bool, host: Optional[str] = None, bind_workers: bool = False) -> list:
+    """The command line of the job process called `name` (coordinator,
+    server-R or worker-R)."""
+    if name == "coordinator":
+        return coordinator_argv(config, binaries, layout, debug, host)
+    role, _, rank = name.partition("-")
+    if role == "server":
+        return server_argv(config, binaries, layout, int(rank), address, debug, host)
+    return worker_argv(config, binaries, layout, int(rank), address, host, bind_workers)
+
+
+def process_names(config: JobConfig) -> list:
+    """Every process of the job, in start order. Back-ends that start the
+    job as one group of ranks (mpirun, srun) give rank I the I-th name."""
+    return (["coordinator"] + [f"server-{r}" for r in range(config.cluster.servers)]
+            + [f"worker-{r}" for r in range(config.cluster.workers)])
+
+
+def worker_rank(name: str) -> Optional[int]:
+    """R for worker-R, else None."""
+    role, _, rank = name.partition("-")
+    return int(rank) if role == "worker" else None
+
+
+def may_fail(config: JobConfig, name: str) -> bool:
+    """Whether the process's failure is the coordinator's to judge (workers
+    under on_worker_loss: continue or wait)."""
+    return worker_rank(name) is not None and config.cluster.on_worker_loss in ("continue", "wait")
 
 
 # --------------------------------------------------------------------------
@@ -249,7 +308,8 @@ def worker_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
 # --------------------------------------------------------------------------
 
 
-def _read_address(path: Path) -> Optional[str]:
+def read_address(path: Path) -> Optional[str]:
+    """The address in a coordinator's address file; None while there is none."""
     try:
         address = path.read_text(encoding="utf-8").strip()
     except OSError:
@@ -261,18 +321,70 @@ def _remaining(deadline: Optional[float]) -> Optional[float]:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-def _start_coordinator(sup: Supervisor, config: JobConfig, binaries: Binaries, layout: RunLayout,
-                       debug: bool, deadline: Optional[float]) -> Optional[str]:
+@dataclass
+class Job:
+    """A job being launched: what a Backend gets."""
+
+    config: JobConfig
+    binaries: Binaries
+    layout: RunLayout
+    skips: list
+    debug: bool
+    deadline: Optional[float] = None  # time.monotonic() at which --timeout expires
+
+
+class Backend:
+    """How a job's processes are started. run_job does everything else:
+    config, run directory, supervision, summary. Subclasses override
+    `check`, `plan` and `launch`."""
+
+    #: The subcommand.
+    name = "local"
+
+    def check(self, job: Job) -> None:
+        """Raises SetupError for anything that would stop the job from
+        starting; runs before the run directory is made (job.layout is then
+        a placeholder). Default: the binaries must be here."""
+        problems = job.binaries.problems()
+        if problems:
+            raise SetupError("\n".join(problems) + "\n(build the project, or point --build-dir / "
+                             "TESSERA_BUILD_DIR at a build tree)")
+
+    def plan(self, job: Job) -> list:
+        """--dry-run: (name, argv) of everything that would be started."""
+        return [(name, process_argv(job.config, job.binaries, job.layout, name, "<coordinator-address>",
+                                    job.debug))
+                for name in process_names(job.config)]
+
+    def launch(self, sup: Supervisor, job: Job) -> None:
+        """Starts the job's processes under `sup`; returns when they are
+        started or the job has already ended (sup.outcome is then set)."""
+        raise NotImplementedError
+
+
+class LocalBackend(Backend):
+    """Every process a child of the launcher, on this machine."""
+
+    name = "local"
+
+    def launch(self, sup: Supervisor, job: Job) -> None:
+        address = _start_coordinator(sup, job)
+        if address is not None:
+            _start_cluster(sup, job, address)
+
+
+def _start_coordinator(sup: Supervisor, job: Job) -> Optional[str]:
     """Starts the coordinator and waits for its address; None if the job
     ended instead (the supervisor's outcome says why)."""
-    if not sup.start(ProcessSpec("coordinator", coordinator_argv(config, binaries, layout, debug))):
+    config, layout = job.config, job.layout
+    if not sup.start(ProcessSpec("coordinator", coordinator_argv(config, job.binaries, layout, job.debug))):
         return None
     assemble = config.timeouts.assemble_seconds
-    remaining = _remaining(deadline)
+    remaining = _remaining(job.deadline)
     limit = assemble if remaining is None else min(assemble, remaining)
     waited = sup.wait_until(layout.address_file.exists, limit)
     if waited == "satisfied":
-        address = _read_address(layout.address_file)
+        address = read_address(layout.address_file)
         if address:
             sup.console.say(f"coordinator is at {address}")
             return address
@@ -286,43 +398,72 @@ def _start_coordinator(sup: Supervisor, config: JobConfig, binaries: Binaries, l
     return None
 
 
-def _start_cluster(sup: Supervisor, config: JobConfig, binaries: Binaries, layout: RunLayout,
-                   address: str, skips: list, debug: bool) -> None:
+def _start_cluster(sup: Supervisor, job: Job, address: str) -> None:
     env = {"PYTHONUNBUFFERED": "1"}
-    specs = [ProcessSpec(f"server-{r}", server_argv(config, binaries, layout, r, address, debug), env=env)
-             for r in range(config.cluster.servers)]
-    specs += [ProcessSpec(f"worker-{r}", worker_argv(config, binaries, layout, r, address), rank=r, env=env,
-                       may_fail=config.cluster.on_worker_loss in ("continue", "wait"))
-              for r in range(config.cluster.workers)]
-    for spec in specs:
-        if spec.name in skips:
-            sup.console.say(f"not starting {spec.name} (--skip)")
-            sup.note_skipped(spec.name)
-        elif not sup.start(spec):
+    for name in process_names(job.config)[1:]:
+        if name in job.skips:
+            sup.console.say(f"not starting {name} (--skip)")
+            sup.note_skipped(name)
+            continue
+        argv = process_argv(job.config, job.binaries, job.layout, name, address, job.debug)
+        if not sup.start(ProcessSpec(name, argv, rank=worker_rank(name), env=env,
+                                     may_fail=may_fail(job.config, name))):
             return
 
 
-def _print_plan(config: JobConfig, binaries: Binaries, skips: list, console: Console, debug: bool) -> None:
+#: Seconds between SIGTERM and SIGKILL for a carrier (mpirun, srun, ssh):
+#: its members' own grace and some for the carrier to pass it on.
+CARRIER_STOP_GRACE_SECONDS = STOP_GRACE_SECONDS + 5.0
+
+
+def launch_carried(sup: Supervisor, job: Job, carrier: str, argv: list, members: list,
+                   env: Optional[dict] = None, keep_stdin: bool = False) -> bool:
+    """Starts a carrier (see supervisor.py) for the job processes named in
+    `members`; those named by --skip are recorded as skipped. False if the
+    job has ended."""
+    for name in members:
+        if name in job.skips:
+            sup.note_skipped(name)
+    carried = [Member(name, worker_rank(name), may_fail(job.config, name)) for name in members
+               if name not in job.skips]
+    return sup.start(ProcessSpec(carrier, argv, env=dict(env or {}), members=carried, keep_stdin=keep_stdin,
+                                 stop_grace=CARRIER_STOP_GRACE_SECONDS))
+
+
+def await_announced_address(sup: Supervisor, job: Job, how: str) -> Optional[str]:
+    """Waits (at most timeouts.assemble_seconds, or what is left of
+    --timeout) for the coordinator to announce its address through its
+    carrier; ends the job, failed, if it does not. `how` names what starts
+    the coordinator, for the message."""
+    def announced():
+        return sup.notices.get("coordinator", {}).get(ADDRESS_TAG)
+
+    assemble = job.config.timeouts.assemble_seconds
+    remaining = _remaining(job.deadline)
+    limit = assemble if remaining is None else min(assemble, remaining)
+    waited = sup.wait_until(lambda: announced() is not None, limit)
+    if waited == "satisfied":
+        sup.console.say(f"coordinator is at {announced()}")
+        return announced()
+    if waited == "timeout" and remaining is not None and remaining <= assemble:
+        sup.stop("timeout", f"timed out after {sup.elapsed():.1f} s; still running: "
+                            f"{', '.join(sup.running_names())}")
+    elif waited == "timeout":
+        sup.stop("failed", f"the coordinator was not running within {assemble:g} s ({how}); see "
+                           f"{job.layout.logs}", "coordinator")
+    elif sup.outcome is None:
+        sup.stop("failed", f"the coordinator ended before announcing its address ({how})", "coordinator")
+    return None
+
+
+def _print_plan(backend: Backend, job: Job, console: Console) -> None:
     """--dry-run: the command lines that would run."""
-    layout = RunLayout(Path("RUNDIR"))
-    address = "<coordinator-address>"
-    console.say(f"dry run of job {config.job.name}: nothing is started")
-    for problem in binaries.problems():
+    console.say(f"dry run of job {job.config.job.name} ({backend.name}): nothing is started")
+    for problem in job.binaries.problems():
         console.say(f"warning: {problem}")
-    plan = [("coordinator", coordinator_argv(config, binaries, layout, debug))]
-    plan += [(f"server-{r}", server_argv(config, binaries, layout, r, address, debug))
-             for r in range(config.cluster.servers)]
-    plan += [(f"worker-{r}", worker_argv(config, binaries, layout, r, address))
-             for r in range(config.cluster.workers)]
-    for name, argv in plan:
-        note = "  # skipped" if name in skips else ""
+    for name, argv in backend.plan(job):
+        note = "  # skipped" if name in job.skips else ""
         console.block([f"{name}: {shlex.join(argv)}{note}"])
-
-
-def process_names(config: JobConfig) -> list:
-    """Every process of the job, in start order."""
-    return (["coordinator"] + [f"server-{r}" for r in range(config.cluster.servers)]
-            + [f"worker-{r}" for r in range(config.cluster.workers)])
 
 
 def _prepare_run_dir(requested: Optional[str], config: JobConfig, now: datetime.datetime) -> RunLayout:
@@ -365,34 +506,56 @@ def _tails_for_report(sup: Supervisor, outcome) -> dict:
     return {name: sup.tail(name)[-10:] for name in names}
 
 
+def load_job(options: LocalOptions) -> Job:
+    """The config (with --set applied), --skip and the binaries, validated;
+    the run directory is a placeholder until `start_run` makes it. Raises
+    ConfigError or SetupError."""
+    config = load_config(options.config, options.overrides)
+    return Job(config=config, binaries=Binaries.locate(resolve_build_dir(options.build_dir), config.worker.program),
+               layout=RunLayout(Path("RUNDIR")), skips=parse_skips(options.skip, config), debug=options.debug)
+
+
+def start_run(job: Job, requested: Optional[str], existing: bool = False) -> datetime.datetime:
+    """Makes the run directory (job.layout from then on), or with `existing`
+    takes `requested` as prepared earlier; returns the wall time the run
+    started."""
+    started_wall = datetime.datetime.now().astimezone()
+    if existing:
+        job.layout = RunLayout(Path(requested).resolve())
+        job.layout.logs.mkdir(exist_ok=True)
+    else:
+        job.layout = _prepare_run_dir(requested, job.config, started_wall)
+    return started_wall
+
+
 def run_local(options: LocalOptions) -> int:
-    """Runs one job on this machine; returns the launcher's exit code.
+    """Runs one job on this machine; returns the launcher's exit code."""
+    return run_job(options, LocalBackend())
+
+
+def run_job(options: LocalOptions, backend: Backend) -> int:
+    """Runs one job through `backend`; returns the launcher's exit code.
 
     Raises ConfigError or SetupError (nothing started) for bad input.
     """
-    config = load_config(options.config, options.overrides)
-    skips = parse_skips(options.skip, config)
-    binaries = Binaries.locate(resolve_build_dir(options.build_dir), config.worker.program)
+    job = load_job(options)
     stream = options.stream if options.stream is not None else sys.stdout
     if options.dry_run:
-        _print_plan(config, binaries, skips, Console(stream), options.debug)
+        _print_plan(backend, job, Console(stream))
         return EXIT_OK
-    problems = binaries.problems()
-    if problems:
-        raise SetupError("\n".join(problems) + "\n(build the project, or point --build-dir / "
-                         "TESSERA_BUILD_DIR at a build tree)")
+    backend.check(job)
 
-    started_wall = datetime.datetime.now().astimezone()
     started = time.monotonic()
-    layout = _prepare_run_dir(options.run_dir, config, started_wall)
-    deadline = None if options.timeout is None else started + options.timeout
+    started_wall = start_run(job, options.run_dir, options.existing_run_dir)
+    config, layout = job.config, job.layout
+    job.deadline = None if options.timeout is None else started + options.timeout
 
     console = Console(stream, layout.launcher_log, echo_processes=not options.quiet)
     tracker = ProgressTracker(layout.progress)
     try:
         console.say(f"job {config.job.name}: {config.cluster.servers} servers, {config.cluster.workers} "
-                    f"workers over {config.cluster.transport}; run directory {layout.root}")
-        outcome, tails, results = _supervise(config, binaries, layout, skips, options, deadline, console, tracker)
+                    f"workers over {config.cluster.transport} ({backend.name}); run directory {layout.root}")
+        outcome, tails, results = _supervise(backend, job, options, console, tracker)
         coordinator, coordinator_error = read_coordinator_summary(layout.coordinator_summary)
         summary = build_summary(
             job_name=config.job.name, run_dir=layout.root, config_source=config.source,
@@ -401,7 +564,7 @@ def run_local(options: LocalOptions) -> int:
             results_by_rank=results, wall_seconds=time.monotonic() - started,
             started_at=started_wall.isoformat(timespec="seconds"),
             finished_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            skipped=skips,
+            skipped=job.skips,
         )
         write_summary(summary, layout.summary)
         console.block(format_report(summary, tails if summary["status"] != "ok" else None))
@@ -411,19 +574,30 @@ def run_local(options: LocalOptions) -> int:
         console.close()
 
 
-def _supervise(config: JobConfig, binaries: Binaries, layout: RunLayout, skips: list,
-               options: LocalOptions, deadline: Optional[float], console: Console,
+def _supervise(backend: Backend, job: Job, options: LocalOptions, console: Console,
                tracker: ProgressTracker) -> tuple:
     """Starts and supervises the job until it ends. Returns (Outcome with an
     exit code for every process of the job, last lines to show by process
-    name, TESSERA_RESULT objects by worker rank)."""
-    with Supervisor(layout.logs, console, tracker, grace_seconds=STOP_GRACE_SECONDS) as sup:
-        address = _start_coordinator(sup, config, binaries, layout, options.debug, deadline)
-        if address is None:
-            outcome = sup.outcome
-        else:
-            _start_cluster(sup, config, binaries, layout, address, skips, options.debug)
-            outcome = sup.run(timeout=_remaining(deadline), leader="coordinator",
+    name, TESSERA_RESULT objects by worker rank). A coordinator summary
+    announced by a carried coordinator (whose run directory is elsewhere)
+    is written to this run directory."""
+    with Supervisor(job.layout.logs, console, tracker, grace_seconds=STOP_GRACE_SECONDS) as sup:
+        backend.launch(sup, job)
+        outcome = sup.outcome
+        if outcome is None:
+            outcome = sup.run(timeout=_remaining(job.deadline), leader="coordinator",
                               leader_grace=SHUTDOWN_GRACE_SECONDS)
-        outcome.exit_codes = {name: outcome.exit_codes.get(name) for name in process_names(config)}
+        else:
+            sup.stop(outcome.status, outcome.reason)
+        outcome.exit_codes = {name: outcome.exit_codes.get(name) for name in process_names(job.config)}
+        announced = sup.notices.get("coordinator", {}).get(SUMMARY_TAG)
+        if announced is not None:
+            write_text_atomically(job.layout.coordinator_summary, announced + "\n")
         return outcome, _tails_for_report(sup, outcome), sup.results_by_rank()
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Writes a temporary file next to `path`, then renames it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

@@ -21,6 +21,14 @@ Stopping means SIGTERM to each process group, then SIGKILL to the groups still
 alive after the grace period. When a process exits, whatever is left of its
 process group is killed too, so no grandchild outlives its parent's exit.
 
+A process may carry others: `mpirun`, `srun` or `ssh` starting job processes
+elsewhere through `tessera-launch role` (role.py). A carrier's output holds
+its members' lines as `[NAME] text` and, when a member exits,
+`[NAME] TESSERA_EXIT CODE`; the supervisor routes each member's lines to its
+own log, parses its worker protocol, and applies the policy above to the
+members as if they were its own children. Members also announce facts as
+`[NAME] TAG payload` lines (NOTICE_TAGS), kept in `notices`.
+
 Everything runs on the calling thread (one selector loop, no reader threads),
 which keeps preexec_fn safe and output ordering simple. A Supervisor that
 handles signals must be used from the main thread, as a context manager.
@@ -45,6 +53,14 @@ from typing import Callable, Optional, TextIO
 
 PROGRESS_TAG = "TESSERA_PROGRESS"
 RESULT_TAG = "TESSERA_RESULT"
+#: A member of a carrier exited: `[NAME] TESSERA_EXIT CODE` (negative: signal).
+EXIT_TAG = "TESSERA_EXIT"
+#: Facts a carried process announces: the coordinator's address once bound,
+#: and its summary file's content at the end (when its run directory is not
+#: this machine's).
+ADDRESS_TAG = "TESSERA_ADDRESS"
+SUMMARY_TAG = "TESSERA_SUMMARY"
+NOTICE_TAGS = (ADDRESS_TAG, SUMMARY_TAG)
 
 #: Longest line kept whole; longer output is split into pieces of this size.
 MAX_LINE_BYTES = 1 << 20
@@ -244,6 +260,15 @@ class ProcessSpec:
     cwd:   working directory (default: the launcher's).
     may_fail: its failure is reported but does not end the job (workers
            under on_worker_loss: continue or wait, where the coordinator decides).
+    members: job processes this one carries (a launcher like mpirun or ssh);
+           see the module docstring. The carrier itself is then plumbing:
+           only its own failure before its members report counts.
+    keep_stdin: stdin is a pipe the supervisor holds open (and never writes)
+           instead of /dev/null, so that a remote side sees end-of-file the
+           moment the launcher or this process goes away.
+    stop_grace: seconds between SIGTERM and SIGKILL for this process
+           (default: the supervisor's); carriers need their members' grace
+           and more.
     """
 
     name: str
@@ -251,6 +276,19 @@ class ProcessSpec:
     rank: Optional[int] = None
     env: dict = field(default_factory=dict)
     cwd: Optional[str] = None
+    may_fail: bool = False
+    members: list = field(default_factory=list)
+    keep_stdin: bool = False
+    stop_grace: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Member:
+    """A job process started by a carrier process (ProcessSpec.members);
+    rank and may_fail mean what they mean in ProcessSpec."""
+
+    name: str
+    rank: Optional[int] = None
     may_fail: bool = False
 
 
@@ -284,19 +322,29 @@ class Outcome:
     stopped: list = field(default_factory=list)
 
 
+class _Output:
+    """Where one job process's lines go: its log file and its last lines."""
+
+    def __init__(self, name: str, rank: Optional[int], log: TextIO, tail_lines: int):
+        self.name = name
+        self.rank = rank
+        self.log = log
+        self.tail = collections.deque(maxlen=tail_lines)
+        self.warned_malformed = False
+
+
 class _Managed:
     """A started process and the state of its output pipe."""
 
-    def __init__(self, spec: ProcessSpec, popen: subprocess.Popen, log: TextIO, tail_lines: int):
+    def __init__(self, spec: ProcessSpec, popen: subprocess.Popen, output: _Output):
         self.spec = spec
         self.popen = popen
-        self.log = log
+        self.output = output
         self.fd = popen.stdout.fileno()
         self.pipe_open = True
         self.pending = bytearray()
-        self.tail = collections.deque(maxlen=tail_lines)
         self.returncode: Optional[int] = None
-        self.warned_malformed = False
+        self.members = {m.name: m for m in spec.members}
 
     @property
     def alive(self) -> bool:
@@ -321,12 +369,21 @@ class Supervisor:
     them. Not thread-safe; call everything from one thread.
     """
 
-    def __init__(self, log_dir: Path, console: Optional[Console] = None,
+    def __init__(self, log_dir: Optional[Path], console: Optional[Console] = None,
                  progress: Optional[ProgressTracker] = None, grace_seconds: float = 3.0,
                  settle_seconds: float = 1.0, handle_signals: bool = True, tail_lines: int = 20,
-                 clock: Callable[[], float] = time.monotonic):
-        self.log_dir = Path(log_dir)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+                 clock: Callable[[], float] = time.monotonic,
+                 abandon_check: Optional[Callable[[], Optional[str]]] = None):
+        """log_dir: where <name>.log files go (None: no log files).
+        abandon_check: called at every turn of the loop; a reason it returns
+        ends the job like a signal would (status "interrupted")."""
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.abandon_check = abandon_check
+        self.notices: dict = {}  # job process name -> {tag: payload text}
+        self._outputs: dict = {}  # job process name -> _Output
+        self._member_codes: dict = {}  # member name -> exit code it reported
         self.console = console or Console()
         self.progress = progress
         self.grace_seconds = grace_seconds
@@ -393,35 +450,56 @@ class Supervisor:
         return self._outcome
 
     def running_names(self) -> list:
-        return [name for name, m in self._processes.items() if m.alive]
+        """Job processes still running: processes of our own, and members
+        that have not reported their exit (a carrier whose members are all
+        done but that still runs is named itself)."""
+        names = []
+        for name, managed in self._processes.items():
+            if not managed.alive:
+                continue
+            pending = [m for m in managed.members
+                       if m not in self._member_codes and m not in self._never_started]
+            names += pending if pending else [name]
+        return names
 
     def exit_codes(self) -> dict:
-        """name -> exit code (None: not started or still running)."""
-        codes = {name: m.returncode for name, m in self._processes.items()}
+        """name -> exit code (None: not started or still running). A member
+        that reported no exit has its carrier's exit code."""
+        codes = {}
+        for name, managed in self._processes.items():
+            codes[name] = managed.returncode
+            for member in managed.members:
+                codes[member] = self._member_codes.get(member, managed.returncode)
         codes.update({name: None for name in self._never_started})
         return codes
 
     def results_by_rank(self) -> dict:
         """Worker rank -> its TESSERA_RESULT object, for workers that printed one."""
-        return {self._processes[name].spec.rank: result for name, result in self.results.items()}
+        return {self._outputs[name].rank: result for name, result in self.results.items()}
 
     def tail(self, name: str) -> list:
         """The last lines (up to tail_lines) a process printed."""
-        managed = self._processes.get(name)
-        return list(managed.tail) if managed else []
+        output = self._outputs.get(name)
+        return list(output.tail) if output else []
+
+    def _open_output(self, name: str, rank: Optional[int]) -> _Output:
+        path = self.log_dir / f"{name}.log" if self.log_dir is not None else os.devnull
+        output = _Output(name, rank, open(path, "a", encoding="utf-8", buffering=1), self.tail_lines)
+        self._outputs[name] = output
+        return output
 
     def start(self, spec: ProcessSpec) -> bool:
         """Starts a process. Returns False, without starting it, once the job
         has ended; a process that cannot be executed ends the job (failed)."""
         if self._outcome is not None:
             return False
-        if spec.name in self._processes:
+        if spec.name in self._processes or spec.name in self._outputs:
             raise ValueError(f"duplicate process name {spec.name!r}")
-        log = open(self.log_dir / f"{spec.name}.log", "a", encoding="utf-8", buffering=1)
+        output = self._open_output(spec.name, spec.rank)
         try:
             popen = subprocess.Popen(
                 spec.argv,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if spec.keep_stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **spec.env},
@@ -430,13 +508,13 @@ class Supervisor:
                 preexec_fn=lambda parent=os.getpid(): _child_setup(parent),
             )
         except OSError as e:
-            log.close()
+            output.log.close()
             self._never_started.append(spec.name)
             reason = f"could not start {spec.name}: {e.strerror or e}: {spec.argv[0]}"
             self.console.say(reason)
             self._outcome = Outcome("failed", reason, culprit=spec.name)
             return False
-        managed = _Managed(spec, popen, log, self.tail_lines)
+        managed = _Managed(spec, popen, output)
         os.set_blocking(managed.fd, False)
         self._selector.register(managed.fd, selectors.EVENT_READ, managed)
         self._processes[spec.name] = managed
@@ -491,8 +569,7 @@ class Supervisor:
                     still_running=alive,
                 )
                 break
-            leader_proc = self._processes.get(leader) if leader else None
-            if leader_proc is not None and leader_proc.returncode == 0:
+            if leader and self.exit_codes().get(leader) == 0:
                 leader_done_at = leader_done_at if leader_done_at is not None else now
                 if now - leader_done_at >= leader_grace:
                     self.console.say(
@@ -529,6 +606,11 @@ class Supervisor:
             else:
                 self._read(key.data)
         self._handle_signals()
+        if self.abandon_check is not None and self._outcome is None:
+            reason = self.abandon_check()
+            if reason:
+                self.console.say(f"{reason}; stopping")
+                self._outcome = Outcome("interrupted", reason)
         self._reap()
         if self.progress is not None:
             report = self.progress.due_report()
@@ -570,10 +652,15 @@ class Supervisor:
     def _on_exit(self, managed: _Managed) -> None:
         managed.signal_group(signal.SIGKILL)  # whatever it left behind
         managed.returncode = managed.popen.wait()
+        if managed.popen.stdin is not None:
+            managed.popen.stdin.close()
         self._read(managed, until_blocked=True)
-        name, code = managed.spec.name, managed.returncode
+        self._judge_exit(managed.spec.name, managed.returncode, managed.spec.may_fail)
+
+    def _judge_exit(self, name: str, code: int, may_fail: bool) -> None:
+        """Applies the policy to a job process (or member) that exited."""
         self.console.say(f"{name} {describe_exit(code)}")
-        if code != 0 and managed.spec.may_fail:
+        if code != 0 and may_fail:
             self.tolerated_failures[name] = code
             self.console.say(f"{name} failed; the coordinator decides what follows (on_worker_loss)")
             return
@@ -591,17 +678,22 @@ class Supervisor:
         if self._outcome.culprit_code is not None:  # a process failed: let the cascade settle
             self._wait_for_exits(self.settle_seconds)
         alive = [m for m in self._processes.values() if m.alive]
-        self._outcome.stopped = [m.spec.name for m in alive]
+        self._outcome.stopped = self.running_names()
         if alive:
+            grace = {m.spec.name: self.grace_seconds if m.spec.stop_grace is None else m.spec.stop_grace
+                     for m in alive}
             names = ", ".join(m.spec.name for m in alive)
-            self.console.say(f"stopping {names} (SIGTERM, then SIGKILL after {self.grace_seconds:g} s)")
+            self.console.say(f"stopping {names} (SIGTERM, then SIGKILL after {max(grace.values()):g} s)")
             for managed in alive:
                 managed.signal_group(signal.SIGTERM)
-            self._wait_for_exits(self.grace_seconds)
-            stubborn = [m for m in self._processes.values() if m.alive]
-            for managed in stubborn:
-                self.console.say(f"{managed.spec.name} is still running; sending SIGKILL")
-                managed.signal_group(signal.SIGKILL)
+            started = self._clock()
+            for seconds in sorted(set(grace.values())):
+                self._wait_for_exits(max(0.0, started + seconds - self._clock()))
+                stubborn = [m for m in self._processes.values() if m.alive and grace[m.spec.name] <= seconds
+                            or m.alive and self._kill_now]
+                for managed in stubborn:
+                    self.console.say(f"{managed.spec.name} is still running; sending SIGKILL")
+                    managed.signal_group(signal.SIGKILL)
             self._wait_for_exits(10.0, ignore_kill_now=True)
         self._close_pipes()
         if self.progress is not None:
@@ -659,7 +751,10 @@ class Supervisor:
             managed.pending = bytearray()
             self._handle_line(managed, text)
         managed.popen.stdout.close()
-        managed.log.close()
+        managed.output.log.close()
+        for member in managed.members:
+            if member in self._outputs:
+                self._outputs[member].log.close()
 
     def _close_pipes(self) -> None:
         for managed in self._processes.values():
@@ -668,25 +763,57 @@ class Supervisor:
                 self._close_pipe(managed)
 
     def _handle_line(self, managed: _Managed, text: str) -> None:
-        """Logs one line of output, and acts on the worker line protocol."""
-        name = managed.spec.name
+        """Routes one line of a process's output: a member's line (carriers)
+        to that member, anything else to the process itself."""
+        if managed.members and text.startswith("["):
+            name, sep, rest = text[1:].partition("] ")
+            if not sep and text.endswith("]"):
+                name, sep, rest = text[1:-1], True, ""
+            member = managed.members.get(name) if sep else None
+            if member is not None:
+                self._handle_member_line(member, rest)
+                return
+        self._handle_output_line(managed.output, text)
+
+    def _handle_member_line(self, member: Member, text: str) -> None:
+        output = self._outputs.get(member.name) or self._open_output(member.name, member.rank)
+        for tag in NOTICE_TAGS:
+            if text.startswith(tag + " "):
+                self.notices.setdefault(member.name, {})[tag] = text[len(tag) + 1:]
+                output.log.write(f"[{member.name}] {text}\n")
+                return
+        if text.startswith(EXIT_TAG + " ") and member.name not in self._member_codes:
+            try:
+                code = int(text[len(EXIT_TAG) + 1:])
+            except ValueError:
+                pass
+            else:
+                self._member_codes[member.name] = code
+                self._judge_exit(member.name, code, member.may_fail)
+                return
+        self._handle_output_line(output, text)
+
+    def _handle_output_line(self, output: _Output, text: str) -> None:
+        """Logs one line of a job process's output, and acts on the worker
+        line protocol."""
+        name = output.name
         prefixed = f"[{name}] {text}"
-        managed.log.write(prefixed + "\n")
-        if managed.spec.rank is not None:
+        output.log.write(prefixed + "\n")
+        if output.rank is not None:
             if text.startswith(PROGRESS_TAG):
-                payload = self._protocol_payload(managed, text, PROGRESS_TAG)
+                payload = self._protocol_payload(output, text, PROGRESS_TAG)
                 if payload is not None:
                     if self.progress is not None:
-                        self.progress.record(managed.spec.rank, payload)
+                        self.progress.record(output.rank, payload)
                     return  # progress lines stay off the terminal
             elif text.startswith(RESULT_TAG):
-                payload = self._protocol_payload(managed, text, RESULT_TAG)
+                payload = self._protocol_payload(output, text, RESULT_TAG)
                 if payload is not None:
                     self.results[name] = payload
-        managed.tail.append(text)
+        output.tail.append(text)
         self.console.process_line(prefixed)
 
-    def _protocol_payload(self, managed: _Managed, text: str, tag: str) -> Optional[dict]:
+    def _protocol_payload(self, output: _Output, text: str, tag: str) -> Optional[dict]:
         """The JSON object after `tag`, or None (with one warning per process)
         when the line is not `TAG {json object}`."""
         rest = text[len(tag):]
@@ -697,8 +824,8 @@ class Supervisor:
                 payload = None
             if isinstance(payload, dict):
                 return payload
-        if not managed.warned_malformed:
-            managed.warned_malformed = True
-            self.console.say(f"{managed.spec.name}: malformed {tag} line (expected '{tag} {{json object}}'); "
+        if not output.warned_malformed:
+            output.warned_malformed = True
+            self.console.say(f"{output.name}: malformed {tag} line (expected '{tag} {{json object}}'); "
                              "treating it as log text")
         return None

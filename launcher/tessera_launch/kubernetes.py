@@ -1,0 +1,2 @@
+"""placeholder"""
+def add_arguments(p): pass

@@ -1,0 +1,251 @@
+"""`tessera-launch role`: one job process, started by a carrier.
+
+Back-ends that do not start job processes themselves (mpirun, srun, ssh)
+start this instead, once per process. It runs the process as a child under a
+Supervisor of its own (so the child gets the same treatment as under the
+local back-end: own process group, SIGTERM then SIGKILL, death with its
+parent), and writes to stdout what the launcher's Supervisor expects of a
+carrier (supervisor.py): every line of the child as `[NAME] text`, the
+coordinator's address as `[coordinator] TESSERA_ADDRESS ADDR` once it is
+bound, and at the end `[NAME] TESSERA_EXIT CODE`.
+
+It stops its child when it is told to (SIGTERM, SIGINT, SIGHUP), when the
+process that started it goes away (mpirun, slurmstepd or sshd exited: its
+parent pid changes), and with --watch-stdin when its stdin reaches
+end-of-file (the ssh connection to the launcher is gone).
+
+Two ways to say what to run:
+
+  explicit (ssh):   role --name NAME [--announce-address FILE]
+                         [--report-summary FILE] [--mkdir DIR] -- ARGV...
+  by rank (mpirun, srun):
+                    role --rank-from mpi|slurm --run-dir RUNDIR --build-dir DIR
+                         [--skip NAME ...] [--debug]
+      The rank (OMPI_COMM_WORLD_RANK, SLURM_PROCID, ...) picks the process:
+      rank 0 is the coordinator, ranks 1..S the servers, then the workers
+      (local.process_names). RUNDIR, on a file system every node shares,
+      holds config.yaml, written by the launcher; the coordinator writes
+      its address file there and the others wait for it (at most
+      timeouts.assemble_seconds), then check that the address answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from . import REPO_ROOT
+from .config import load_config
+from .local import (Binaries, RunLayout, process_argv, process_names, read_address, resolve_build_dir,
+                    resolve_host)
+from .supervisor import ADDRESS_TAG, EXIT_TAG, SUMMARY_TAG, Console, ProcessSpec, Supervisor
+
+#: The tessera-launch program; carriers run `PYTHON LAUNCHER role ...`.
+LAUNCHER = REPO_ROOT / "launcher" / "tessera-launch"
+
+#: Where each way of starting ranks puts a process's rank and the number of ranks.
+RANK_VARIABLES = {
+    "mpi": (("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"), ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")),
+    "slurm": (("SLURM_PROCID",), ("SLURM_NTASKS", "SLURM_NPROCS")),
+}
+
+#: Seconds a server or worker keeps trying to open a TCP connection to the
+#: coordinator's address before it reports it unreachable.
+PROBE_SECONDS = 10.0
+
+EXIT_SETUP = 2
+
+
+def role_command(job, rank_from: str, python: str = sys.executable) -> list:
+    """The command every rank of an mpirun or srun job runs."""
+    argv = [python, str(LAUNCHER), "role", "--rank-from", rank_from, "--run-dir", str(job.layout.root),
+            "--build-dir", str(job.binaries.coordinator.parent.parent)]
+    for name in job.skips:
+        argv += ["--skip", name]
+    return argv + (["--debug"] if job.debug else [])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", help="explicit: the process's name (coordinator, server-R, worker-R)")
+    parser.add_argument("--rank-from", choices=sorted(RANK_VARIABLES),
+                        help="by rank: take the rank from the environment of this launcher of ranks")
+    parser.add_argument("--run-dir", help="by rank: the shared run directory (holds config.yaml)")
+    parser.add_argument("--build-dir", help="by rank: the build tree")
+    parser.add_argument("--skip", action="append", default=[], metavar="NAME",
+                        help="by rank: exit 0 at once if this rank is NAME")
+    parser.add_argument("--debug", action="store_true", help="by rank: pass --debug")
+    parser.add_argument("--announce-address", metavar="FILE",
+                        help="print the address written to FILE as TESSERA_ADDRESS once it appears")
+    parser.add_argument("--report-summary", metavar="FILE",
+                        help="at the end, print FILE's JSON content as TESSERA_SUMMARY")
+    parser.add_argument("--mkdir", action="append", default=[], metavar="DIR",
+                        help="create DIR (and its parents) first")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="set a variable in the child's environment")
+    parser.add_argument("--watch-stdin", action="store_true",
+                        help="stop the child when stdin reaches end-of-file")
+    parser.add_argument("--grace", type=float, default=3.0, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("argv", nargs=argparse.REMAINDER, help="explicit: -- the command")
+
+
+def main_role(args: argparse.Namespace) -> int:
+    """Runs one job process; returns this program's exit status."""
+    watcher = _Abandonment(args.watch_stdin)
+    for directory in args.mkdir:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    env = dict(item.partition("=")[::2] for item in args.env)
+    if args.rank_from:
+        return _run_by_rank(args, env, watcher)
+    if not args.name or not argv:
+        print("tessera-launch role: error: give --name NAME -- ARGV, or --rank-from", flush=True)
+        return EXIT_SETUP
+    announce = Path(args.announce_address) if args.announce_address else None
+    summary = Path(args.report_summary) if args.report_summary else None
+    return run_child(args.name, argv, env, watcher, announce, summary, args.grace)
+
+
+class _Abandonment:
+    """Notices that this process has been left alone: its parent changed,
+    or (watch_stdin) its stdin reached end-of-file."""
+
+    def __init__(self, watch_stdin: bool):
+        self.parent = os.getppid()
+        self.watch_stdin = watch_stdin
+        if watch_stdin:
+            os.set_blocking(sys.stdin.fileno(), False)
+
+    def __call__(self) -> Optional[str]:
+        if os.getppid() != self.parent:
+            return "the process that started this one is gone"
+        if self.watch_stdin:
+            try:
+                if os.read(sys.stdin.fileno(), 4096) == b"":
+                    return "the connection to the launcher is closed"
+            except BlockingIOError:
+                pass
+        return None
+
+
+def _emit(name: str, text: str) -> None:
+    """One member line on stdout; a closed stdout is ignored."""
+    try:
+        sys.stdout.write(f"[{name}] {text}\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError, OSError):
+        pass
+
+
+def _exit_status(code: Optional[int]) -> int:
+    """This program's exit status for a child's exit code."""
+    if code is None:
+        return 127
+    return code if code >= 0 else 128 - code
+
+
+def run_child(name: str, argv: list, env: dict, watcher: _Abandonment, announce: Optional[Path],
+              summary: Optional[Path], grace: float) -> int:
+    with Supervisor(None, Console(sys.stdout), grace_seconds=grace, settle_seconds=0,
+                    abandon_check=watcher) as sup:
+        if sup.start(ProcessSpec(name, argv, env={"PYTHONUNBUFFERED": "1", **env})) and announce:
+            if sup.wait_until(lambda: read_address(announce) is not None, None) == "satisfied":
+                _emit(name, f"{ADDRESS_TAG} {read_address(announce)}")
+        outcome = sup.run()
+    code = outcome.exit_codes.get(name)
+    if summary is not None:
+        try:
+            data = json.loads(summary.read_text(encoding="utf-8"))
+            _emit(name, f"{SUMMARY_TAG} {json.dumps(data, separators=(',', ':'))}")
+        except (OSError, ValueError):
+            pass
+    _emit(name, f"{EXIT_TAG} {code if code is not None else 127}")
+    return _exit_status(code)
+
+
+def rank_from_environment(kind: str, environ=os.environ) -> tuple:
+    """(rank, size) as the launcher of ranks set them; raises ValueError."""
+    rank_names, size_names = RANK_VARIABLES[kind]
+    values = []
+    for names in (rank_names, size_names):
+        found = next((environ[n] for n in names if n in environ), None)
+        if found is None or not found.isdigit():
+            raise ValueError(f"none of {', '.join(names)} is set to a number")
+        values.append(int(found))
+    return values[0], values[1]
+
+
+def _fail(name: str, message: str) -> int:
+    _emit(name, f"ERROR {message}")
+    _emit(name, f"{EXIT_TAG} 1")
+    return 1
+
+
+def _run_by_rank(args: argparse.Namespace, env: dict, watcher: _Abandonment) -> int:
+    if not args.run_dir:
+        print("tessera-launch role: error: --rank-from needs --run-dir", flush=True)
+        return EXIT_SETUP
+    layout = RunLayout(Path(args.run_dir).resolve())
+    try:
+        config = load_config(layout.config)
+        rank, size = rank_from_environment(args.rank_from)
+    except Exception as e:  # noqa: BLE001 - any problem ends this rank with a message
+        print(f"tessera-launch role: error: {e}", flush=True)
+        return EXIT_SETUP
+    names = process_names(config)
+    if size != len(names) or rank >= len(names):
+        print(f"tessera-launch role: error: started as rank {rank} of {size}, but the job has {len(names)} "
+              f"processes (1 coordinator, {config.cluster.servers} servers, {config.cluster.workers} workers)",
+              flush=True)
+        return EXIT_SETUP
+    name = names[rank]
+    if name in args.skip:
+        print(f"[launch] not starting {name} (--skip)", flush=True)
+        return 0
+    binaries = Binaries.locate(resolve_build_dir(args.build_dir), config.worker.program)
+    host = resolve_host(config.cluster.host)
+    if name == "coordinator":
+        argv = process_argv(config, binaries, layout, name, "", args.debug, host)
+        return run_child(name, argv, env, watcher, layout.address_file, None, args.grace)
+    address = _wait_for_address(layout.address_file, config.timeouts.assemble_seconds, watcher)
+    if address is None:
+        return _fail(name, f"no coordinator address in {layout.address_file} after "
+                           f"{config.timeouts.assemble_seconds:g} s (is the run directory on a file system "
+                           "every node shares?)")
+    problem = probe(address, min(PROBE_SECONDS, config.timeouts.assemble_seconds))
+    if problem:
+        return _fail(name, f"cannot reach the coordinator at {address} from {socket.gethostname()}: {problem}")
+    argv = process_argv(config, binaries, layout, name, address, args.debug, host, bind_workers=True)
+    return run_child(name, argv, env, watcher, None, None, args.grace)
+
+
+def _wait_for_address(path: Path, seconds: float, watcher: _Abandonment) -> Optional[str]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and watcher() is None:
+        address = read_address(path)
+        if address:
+            return address
+        time.sleep(0.1)
+    return None
+
+
+def probe(address: str, seconds: float) -> Optional[str]:
+    """None if a TCP connection to a tcp:// address opens within `seconds`
+    (ipc addresses are not probed), else why not."""
+    if not address.startswith("tcp://"):
+        return None
+    host, _, port = address[len("tcp://"):].rpartition(":")
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+                return None
+        except (OSError, ValueError) as e:
+            if time.monotonic() >= deadline:
+                return getattr(e, "strerror", None) or str(e)
+        time.sleep(0.2)
