@@ -17,7 +17,8 @@ end-of-file (the ssh connection to the launcher is gone).
 Two ways to say what to run:
 
   explicit (ssh):   role --name NAME [--announce-address FILE]
-                         [--report-summary FILE] [--mkdir DIR] -- ARGV...
+                         [--report-summary FILE] [--probe ADDR] [--mkdir DIR]
+                         -- ARGV...
   by rank (mpirun, srun):
                     role --rank-from mpi|slurm --run-dir RUNDIR --build-dir DIR
                          [--skip NAME ...] [--debug]
@@ -84,6 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the address written to FILE as TESSERA_ADDRESS once it appears")
     parser.add_argument("--report-summary", metavar="FILE",
                         help="at the end, print FILE's JSON content as TESSERA_SUMMARY")
+    parser.add_argument("--probe", metavar="ADDR",
+                        help="explicit: first check that a TCP connection to the coordinator ADDR opens")
     parser.add_argument("--mkdir", action="append", default=[], metavar="DIR",
                         help="create DIR (and its parents) first")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
@@ -106,6 +109,10 @@ def main_role(args: argparse.Namespace) -> int:
     if not args.name or not argv:
         print("tessera-launch role: error: give --name NAME -- ARGV, or --rank-from", flush=True)
         return EXIT_SETUP
+    problem = probe(args.probe, PROBE_SECONDS) if args.probe else None
+    if problem:
+        return _fail(args.name, f"cannot reach the coordinator at {args.probe} from {socket.gethostname()}: "
+                                f"{problem}")
     announce = Path(args.announce_address) if args.announce_address else None
     summary = Path(args.report_summary) if args.report_summary else None
     return run_child(args.name, argv, env, watcher, announce, summary, args.grace)
