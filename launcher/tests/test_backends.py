@@ -1,0 +1,190 @@
+"""Back-ends without a cluster: Kubernetes manifests, hostfiles and
+placement, rank mapping, the carrier protocol of the supervisor, and every
+config in configs/ (the real mpirun, slurm and ssh runs are in
+launcher/tests_cluster)."""
+
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import LAUNCHER_DIR, write_script
+from tessera_launch.cli import main
+from tessera_launch.config import load_config
+from tessera_launch.kubernetes import manifests
+from tessera_launch.local import SetupError, process_names
+from tessera_launch.role import rank_from_environment
+from tessera_launch.ssh import Host, parse_hostfile, place
+from tessera_launch.supervisor import Console, Member, ProcessSpec, Supervisor
+
+REPO = LAUNCHER_DIR.parent
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_config_in_configs_is_valid(path):
+    config = load_config(path)
+    assert config.job.name and config.worker.program
+
+
+def test_every_config_is_listed_in_the_readme():
+    readme = (REPO / "configs" / "README.md").read_text()
+    for path in CONFIGS:
+        assert f"`{path.name}`" in readme, f"configs/README.md does not list {path.name}"
+
+
+# -- kubernetes ----------------------------------------------------------------
+
+
+def test_kubernetes_manifests_hold_the_expected_objects(tmp_path, capsys):
+    config = REPO / "configs" / "local.yaml"
+    code = main(["kubernetes", "--config", str(config), "--run-dir", str(tmp_path / "run"),
+                 "--set", "kubernetes.namespace=ml", "--set", "kubernetes.port=9000"])
+    assert code == 0
+    docs = list(yaml.safe_load_all((tmp_path / "run" / "kubernetes.yaml").read_text()))
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert kinds == {("ConfigMap", "logreg-local-config"), ("Service", "logreg-local-coordinator"),
+                     ("Deployment", "logreg-local-coordinator"), ("Service", "logreg-local-server"),
+                     ("StatefulSet", "logreg-local-server"), ("Job", "logreg-local-worker")}
+    assert all(d["metadata"]["namespace"] == "ml" for d in docs)
+    by_kind = {(d["kind"], d["metadata"]["name"].rsplit("-", 1)[1]): d for d in docs}
+
+    job_yaml = by_kind[("ConfigMap", "config")]["data"]["job.yaml"]
+    assert yaml.safe_load(job_yaml)["cluster"]["servers"] == 2
+
+    coordinator_service = by_kind[("Service", "coordinator")]["spec"]
+    assert coordinator_service["ports"][0]["port"] == 9000 and "clusterIP" not in coordinator_service
+    server_service = by_kind[("Service", "server")]["spec"]
+    assert server_service["clusterIP"] == "None" and server_service["ports"][0]["port"] == 9001
+
+    def container(kind, role):
+        return by_kind[(kind, role)]["spec"]["template"]["spec"]["containers"][0]
+
+    coordinator = container("Deployment", "coordinator")
+    assert coordinator["command"] == ["/opt/tessera/build/coordinator/tessera-coordinator"]
+    args = coordinator["args"]
+    assert args[args.index("--bind") + 1] == "tcp://$(POD_IP):9000"
+    assert args[args.index("--servers") + 1] == "2" and args[args.index("--workers") + 1] == "2"
+    assert coordinator["ports"][0]["containerPort"] == 9000
+
+    statefulset = by_kind[("StatefulSet", "server")]["spec"]
+    assert statefulset["replicas"] == 2 and statefulset["serviceName"] == "logreg-local-server"
+    server = container("StatefulSet", "server")
+    address = "tcp://logreg-local-coordinator.ml.svc.cluster.local:9000"
+    assert server["args"][server["args"].index("--coordinator") + 1] == address
+    assert server["args"][server["args"].index("--rank") + 1] == "$(TESSERA_RANK)"
+    assert server["ports"][0]["containerPort"] == 9001
+    env = {e["name"]: e for e in server["env"]}
+    assert "pod-index" in env["TESSERA_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+
+    job = by_kind[("Job", "worker")]["spec"]
+    assert (job["completionMode"], job["completions"], job["parallelism"]) == ("Indexed", 2, 2)
+    worker = container("Job", "worker")
+    assert worker["command"] == ["/opt/tessera/build/examples/tessera-logreg"]
+    assert worker["args"][worker["args"].index("--bind") + 1] == "tcp://$(POD_IP):9002"
+    assert worker["args"][worker["args"].index("--epochs") + 1] == "3"
+    assert {"name": "config", "mountPath": "/etc/tessera", "readOnly": True} in worker["volumeMounts"]
+
+
+def test_kubernetes_apply_hands_the_file_to_kubectl(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "kubectl-args"
+    write_script(bin_dir / "kubectl", f"""\
+        import sys
+        open({str(record)!r}, "w").write(" ".join(sys.argv[1:]))
+        """)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    output = tmp_path / "out" / "k8s.yaml"
+    assert main(["kubernetes", "--config", str(REPO / "configs" / "local.yaml"), "--output", str(output),
+                 "--apply"]) == 0
+    assert record.read_text() == f"apply -f {output}"
+
+
+def test_kubernetes_rejects_ipc(tmp_path, capsys):
+    assert main(["kubernetes", "--config", str(REPO / "configs" / "local.yaml"), "--dry-run",
+                 "--set", "cluster.transport=ipc"]) == 2
+    assert "needs cluster.transport tcp" in capsys.readouterr().err
+
+
+# -- ssh hostfiles ---------------------------------------------------------------
+
+
+def test_hostfile_roles_slots_and_placement():
+    hosts = parse_hostfile("# comment\nnode1 roles=coordinator,server slots=2  # trailing\n\n"
+                           "node2 roles=worker slots=4 user=alice port=2222 addr=10.0.0.2\n", "hosts")
+    assert hosts[1] == Host("node2", ("worker",), 4, "alice", 2222, "10.0.0.2")
+    config_names = ["coordinator", "server-0", "worker-0", "worker-1"]
+    placement = place(hosts, config_names)
+    assert [placement[n].name for n in config_names] == ["node1", "node1", "node2", "node2"]
+    with pytest.raises(SetupError, match="no free slot for server-1: hosts that take role server: node1"):
+        place(hosts, ["coordinator", "server-0", "server-1"])
+
+
+def test_hostfile_errors_name_the_line():
+    with pytest.raises(SetupError) as error:
+        parse_hostfile("a slots=0\nb roles=boss\nc colour=red\n", "hosts")
+    message = str(error.value)
+    assert "hosts:1: slots must be a positive integer" in message
+    assert "hosts:2: roles must be" in message
+    assert "hosts:3: expected KEY=VALUE" in message
+
+
+# -- rank mapping ----------------------------------------------------------------
+
+
+def test_ranks_map_to_coordinator_servers_workers(tmp_path):
+    config = load_config(REPO / "configs" / "local.yaml")
+    assert process_names(config) == ["coordinator", "server-0", "server-1", "worker-0", "worker-1"]
+    assert rank_from_environment("mpi", {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "5"}) == (3, 5)
+    assert rank_from_environment("slurm", {"SLURM_PROCID": "0", "SLURM_NTASKS": "5"}) == (0, 5)
+    with pytest.raises(ValueError, match="SLURM_PROCID"):
+        rank_from_environment("slurm", {})
+
+
+# -- the carrier protocol ----------------------------------------------------------
+
+
+def test_a_carrier_routes_member_lines_and_exits(tmp_path):
+    carrier = write_script(tmp_path / "carrier.py", """\
+        import sys
+        for line in ["[launch] started", "[coordinator] TESSERA_ADDRESS tcp://127.0.0.1:1",
+                     "[worker-0] hello", '[worker-0] TESSERA_RESULT {"steps": 3}',
+                     "[worker-0] TESSERA_EXIT 0", "[server-0] TESSERA_EXIT 4", "plain"]:
+            print(line, flush=True)
+        """)
+    terminal = io.StringIO()
+    with Supervisor(tmp_path / "logs", Console(terminal), handle_signals=False) as sup:
+        sup.start(ProcessSpec("carrier", [sys.executable, str(carrier)],
+                              members=[Member("coordinator"), Member("server-0"), Member("worker-0", rank=0)]))
+        outcome = sup.run()
+    assert outcome.status == "failed" and outcome.culprit == "server-0"
+    assert outcome.exit_codes["worker-0"] == 0 and outcome.exit_codes["server-0"] == 4
+    assert sup.notices["coordinator"]["TESSERA_ADDRESS"] == "tcp://127.0.0.1:1"
+    assert sup.results_by_rank() == {0: {"steps": 3}}
+    assert (tmp_path / "logs" / "worker-0.log").read_text().splitlines()[0] == "[worker-0] hello"
+    assert "[carrier] plain" in (tmp_path / "logs" / "carrier.log").read_text()
+
+
+def test_role_runs_a_command_and_reports_its_exit(tmp_path):
+    import subprocess
+    child = write_script(tmp_path / "child.py", "print('hi', flush=True)\nraise SystemExit(3)\n")
+    proc = subprocess.run([sys.executable, str(LAUNCHER_DIR / "tessera-launch"), "role", "--name", "server-1",
+                           "--", str(child)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 3
+    lines = proc.stdout.splitlines()
+    assert "[server-1] hi" in lines and lines[-1] == "[server-1] TESSERA_EXIT 3"
+
+
+def test_dry_runs_show_the_carrier_commands(tmp_path, capsys, fake_build):
+    config = str(REPO / "configs" / "local.yaml")
+    assert main(["mpirun", "--config", config, "--build-dir", str(fake_build), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "mpirun: mpirun -np 5 --oversubscribe" in out and "role --rank-from mpi" in out
+    assert main(["slurm", "--config", config, "--build-dir", str(fake_build), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "srun: srun --ntasks 5 --kill-on-bad-exit=1" in out and "role --rank-from slurm" in out
