@@ -5,7 +5,13 @@ Modules:
   supervisor  run a set of processes, prefix and log their output, follow
               progress, stop everything on the first failure
   summary     turn what a run left behind into summary.json
-  local       the `local` back-end: a whole job on this machine
+  local       running a job (run_job, shared by every supervising back-end),
+              the process command lines, and the `local` back-end
+  mpirun      the `mpirun` back-end: the job as the ranks of one mpirun
+  slurm       the `slurm` back-end: one srun step, or a job for sbatch
+  ssh         the `ssh` back-end: a hostfile, a process per ssh connection
+  kubernetes  the `kubernetes` back-end: manifests, applied with kubectl
+  role        `tessera-launch role`: one job process under a carrier
   cli         the `tessera-launch` command line
 """
 

@@ -33,7 +33,7 @@ from typing import Optional, TextIO
 
 from . import REPO_ROOT
 from .config import JobConfig, load_config
-from .summary import build_summary, format_report, read_coordinator_summary, write_summary
+from .summary import build_summary, format_report, read_coordinator_summary, write_summary, write_text_atomically
 from .supervisor import ADDRESS_TAG, SUMMARY_TAG, Console, Member, ProcessSpec, ProgressTracker, Supervisor
 
 #: Exit codes of tessera-launch.
@@ -595,9 +595,3 @@ def _supervise(backend: Backend, job: Job, options: LocalOptions, console: Conso
             write_text_atomically(job.layout.coordinator_summary, announced + "\n")
         return outcome, _tails_for_report(sup, outcome), sup.results_by_rank()
 
-
-def write_text_atomically(path: Path, text: str) -> None:
-    """Writes a temporary file next to `path`, then renames it."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

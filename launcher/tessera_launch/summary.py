@@ -151,12 +151,17 @@ def build_summary(*, job_name: str, run_dir: Path, config_source: str, worker_co
     })
 
 
-def write_summary(summary: dict, path: Path) -> None:
-    """Writes summary.json atomically (temporary file, then rename)."""
+def write_text_atomically(path: Path, text: str) -> None:
+    """Writes a temporary file next to `path`, then renames it."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def write_summary(summary: dict, path: Path) -> None:
+    """Writes summary.json atomically (temporary file, then rename)."""
+    write_text_atomically(path, json.dumps(summary, indent=2, allow_nan=False) + "\n")
 
 
 def _bytes(count: int) -> str:
