@@ -10,7 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/keys.h"
 #include "common/memory.h"
+#include "compress/row_compressor.h"
 #include "node/coordinator_session.h"
 #include "transport/transport_factory.h"
 #include "worker/request_tracker.h"
@@ -67,6 +69,8 @@ proto::TableConfig ToConfig(const TableOptions& o) {
   c.set_init_seed(o.init_seed);
   c.set_consistency(o.consistency);
   c.set_staleness(o.consistency == proto::SSP ? o.staleness : 0);
+  c.set_compression(o.compression);
+  c.set_pull_compression(o.pull_compression);
   return c;
 }
 
@@ -145,6 +149,17 @@ class WorkerImpl final : public Worker {
 
   absl::Status CreateTable(const TableOptions& options) override {
     proto::TableConfig config = ToConfig(options);
+    std::unique_ptr<compress::RowCompressor> compressor;
+    if (!options.compression.empty()) {
+      absl::StatusOr<compress::CodecSpec> spec = compress::ParseCodecSpec(options.compression);
+      if (!spec.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("table ", options.id, ": compression \"", options.compression, "\": ", spec.status().message()));
+      }
+      auto rc = compress::RowCompressor::Create(*spec, options.width, Mix64((uint64_t{options.id} << 32) | rank()));
+      if (!rc.ok()) return rc.status();
+      compressor = std::move(*rc);
+    }
     std::vector<RequestTracker::PartSpec> parts;
     std::vector<Outgoing> sends;
     for (uint32_t r = 0; r < num_servers(); ++r) {
@@ -158,6 +173,7 @@ class WorkerImpl final : public Worker {
       std::lock_guard lock(mu_);
       widths_[options.id] = options.width;
       if (options.consistency != proto::ASP) synchronous_tables_++;
+      if (compressor) compressors_.try_emplace(options.id, std::move(compressor));  // keep residuals on a repeat
     }
     return s;
   }
@@ -173,16 +189,32 @@ class WorkerImpl final : public Worker {
     if (keys.empty()) return Future::Ready(absl::OkStatus());
     const uint64_t clock = clock_.load();
     const size_t row_bytes = size_t{*width} * sizeof(float);
+    compress::RowCompressor* compressor = Compressor(table);
     std::vector<RequestTracker::PartSpec> parts;
     std::vector<Outgoing> sends;
+    absl::Status encode_error;
     auto add_part = [&](uint32_t server, Buffer k, Buffer v, uint64_t n) {
       Message m = NewRequest();
       auto* p = m.header.mutable_push();
       p->set_table_id(table);
       p->set_num_keys(n);
       p->set_clock(clock);
+      std::optional<compress::EncodedRows> encoded;
+      if (compressor != nullptr) {
+        auto e = compressor->Encode(k.As<Key>(), v.As<float>());
+        if (!e.ok()) {
+          encode_error.Update(e.status());
+          return;
+        }
+        if (!e->raw) encoded = std::move(*e);
+      }
       m.frames.push_back(std::move(k));
-      m.frames.push_back(std::move(v));
+      if (encoded) {
+        p->set_value_parts(static_cast<uint32_t>(encoded->parts.size()));
+        for (Buffer& b : encoded->parts) m.frames.push_back(std::move(b));
+      } else {
+        m.frames.push_back(std::move(v));
+      }
       parts.push_back({m.header.request_id(), server, {}});
       sends.push_back({map_->server(server).address(), std::move(m)});
     };
@@ -201,6 +233,10 @@ class WorkerImpl final : public Worker {
       }
       add_part(server, std::move(k), std::move(v), rows.size());
     });
+    if (!encode_error.ok()) {
+      return Future::Ready(absl::Status(encode_error.code(), absl::StrCat("push to table ", table,
+                                                                          ": compressing: ", encode_error.message())));
+    }
     pushes_++;
     bytes_pushed_ += keys.size_bytes() + values.size_bytes();
     return Issue(absl::StrCat("push to table ", table), std::move(parts), std::move(sends));
@@ -333,6 +369,12 @@ class WorkerImpl final : public Worker {
     return m;
   }
 
+  compress::RowCompressor* Compressor(uint32_t table) {
+    std::lock_guard lock(mu_);
+    auto it = compressors_.find(table);
+    return it == compressors_.end() ? nullptr : it->second.get();
+  }
+
   absl::StatusOr<uint32_t> TableWidth(uint32_t table) {
     std::lock_guard lock(mu_);
     if (closed_) return absl::CancelledError("worker is closed");
@@ -436,6 +478,8 @@ class WorkerImpl final : public Worker {
   std::optional<RequestTracker> tracker_;              // guarded by mu_
   absl::flat_hash_map<uint32_t, uint32_t> widths_;     // guarded by mu_: table -> width
   uint32_t synchronous_tables_ = 0;                     // guarded by mu_: open BSP or SSP tables
+  // guarded by mu_ (the map; a compressor serializes its own calls): tables with compressed pushes
+  absl::flat_hash_map<uint32_t, std::unique_ptr<compress::RowCompressor>> compressors_;
   uint64_t known_clock_ = 0;                            // guarded by mu_: highest clock servers reported for us
   bool closed_ = false;                                // guarded by mu_
   std::thread ticker_;

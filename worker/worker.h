@@ -80,6 +80,8 @@ struct TableOptions {
   uint64_t init_seed = 0;                              // initializer seed
   proto::ConsistencyKind consistency = proto::BSP;     // BSP, SSP or ASP
   uint32_t staleness = 0;                              // SSP only: the bound s
+  std::string compression;       // pushed values: a codec spec (compress/codec.h), e.g. "topk:ratio=0.01"; "" = none
+  std::string pull_compression;  // pulled values: an elementwise codec spec without error feedback; "" = none
 };
 
 // The completion of one request. Copyable handle to shared state.
