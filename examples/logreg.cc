@@ -24,6 +24,12 @@
 // worker 0 also evaluates the test set every that many steps. Progress lines
 // carry "t", the seconds since training started (the "start" barrier).
 //
+// --weights dense keeps the weights in one DENSE row of --features floats
+// (a feature's index is its rank in the click log): every step pulls and
+// pushes the whole row, the traffic of a dense model, which is what gradient
+// compression (--compression, --pull_compression; compress/codec.h specs)
+// is for. --weights sparse (the default) pulls and pushes only the batch's keys.
+//
 // Per epoch every worker passes Barrier("epoch-N"), then evaluates AUC and
 // log-loss on the whole held-out test set (the same set on every worker) and
 // prints one TESSERA_PROGRESS line with test_auc. At the end it prints one
@@ -83,6 +89,9 @@ struct LogRegFlags {
   double straggler_slowdown = 2.0;    // compute-time factor of the slow worker
   uint64_t straggler_period = 1;      // rotating: steps before the slow worker changes
   uint64_t eval_every = 0;            // worker 0 evaluates every this many steps (0: per epoch only)
+  std::string weights = "sparse";     // sparse | dense: see the file comment
+  std::string compression;            // codec spec of pushed gradients ("": none)
+  std::string pull_compression;       // codec spec of pulled weights ("": none)
 };
 
 // A JSON number, or null when it is not finite (JSON has no NaN).
@@ -149,6 +158,16 @@ class LogRegJob {
 
   uint64_t steps_ = 0;
   StragglerModel straggler_;
+  // --weights dense: feature key -> index in the row, and the pulled row.
+  bool dense_ = false;
+  absl::flat_hash_map<Key, uint32_t> dense_index_;
+  std::vector<float> dense_row_;
+  // Pulls the weights of `keys` into `out` (one per key) and the bias: in
+  // dense mode the whole row, then gathered.
+  absl::Status PullWeights(std::span<const Key> keys, std::vector<float>& out, float& bias, const char* what);
+  // Pushes the gradient of `keys` (dense mode: scattered into a whole row,
+  // kept in `row`, which must live until the push completes).
+  Future PushWeights(std::span<const Key> keys, std::span<const float> gradient, std::vector<float>& row);
   uint64_t resume_steps_ = 0;         // a replacement worker: steps its predecessor took
   uint64_t epoch_trained_steps_ = 0;  // steps this process took in the current epoch
   Nanos train_start_ = 0;
@@ -172,10 +191,18 @@ absl::Status LogRegJob::CreateTables() {
                         : flags_.consistency == "ssp" ? proto::SSP
                                                       : proto::ASP;
   weights.staleness = flags_.consistency == "ssp" ? flags_.staleness : 0;
+  weights.compression = flags_.compression;
+  weights.pull_compression = flags_.pull_compression;
+  if (dense_) {
+    weights.kind = proto::DENSE;
+    weights.dense_rows = 1;
+    weights.width = static_cast<uint32_t>(flags_.features);
+  }
   if (absl::Status s = worker_.CreateTable(weights); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("creating the weight table: ", s.message()));
   }
   TableOptions bias = weights;
+  bias.width = 1;
   bias.id = kBiasTable;
   bias.name = "logreg.bias";
   bias.kind = proto::DENSE;
@@ -184,6 +211,32 @@ absl::Status LogRegJob::CreateTables() {
     return absl::Status(s.code(), absl::StrCat("creating the bias table: ", s.message()));
   }
   return absl::OkStatus();
+}
+
+absl::Status LogRegJob::PullWeights(std::span<const Key> keys, std::vector<float>& out, float& bias,
+                                    const char* what) {
+  const Key bias_key = kBiasKey;
+  out.resize(keys.size());
+  if (!dense_) {
+    const Future pulls[] = {worker_.Pull(kWeightTable, keys, out),
+                            worker_.Pull(kBiasTable, std::span<const Key>(&bias_key, 1), std::span<float>(&bias, 1))};
+    return WaitAll(pulls, what);
+  }
+  const Key row = 0;
+  dense_row_.resize(flags_.features);
+  const Future pulls[] = {worker_.Pull(kWeightTable, std::span<const Key>(&row, 1), dense_row_),
+                          worker_.Pull(kBiasTable, std::span<const Key>(&bias_key, 1), std::span<float>(&bias, 1))};
+  if (absl::Status s = WaitAll(pulls, what); !s.ok()) return s;
+  for (size_t i = 0; i < keys.size(); ++i) out[i] = dense_row_[dense_index_.at(keys[i])];
+  return absl::OkStatus();
+}
+
+Future LogRegJob::PushWeights(std::span<const Key> keys, std::span<const float> gradient, std::vector<float>& row) {
+  if (!dense_) return worker_.Push(kWeightTable, keys, gradient);
+  row.assign(flags_.features, 0.0f);
+  for (size_t i = 0; i < keys.size(); ++i) row[dense_index_.at(keys[i])] += gradient[i];
+  static const Key kRow = 0;
+  return worker_.Push(kWeightTable, std::span<const Key>(&kRow, 1), row);
 }
 
 absl::Status LogRegJob::TrainEpoch(uint32_t epoch) {
@@ -209,7 +262,7 @@ absl::Status LogRegJob::TrainEpoch(uint32_t epoch) {
   // Two sets of buffers: the pushes of one step read one set while the keys
   // of the next step are built in the other.
   MinibatchKeys keys[2];
-  std::vector<float> weights[2], gradient[2];
+  std::vector<float> weights[2], gradient[2], dense_gradient[2];
   float bias[2] = {0, 0}, bias_gradient[2] = {0, 0};
   // Empty Futures are an error to wait on: start with completed ones.
   Future pending_push[2] = {Future::Ready(absl::OkStatus()), Future::Ready(absl::OkStatus())};
@@ -230,11 +283,7 @@ absl::Status LogRegJob::TrainEpoch(uint32_t epoch) {
     if (absl::Status s = WaitAll(pending_push, "push"); !s.ok()) return s;
 
     if (count > 0) {
-      weights[cur].resize(mk.unique_keys.size());
-      const Future pulls[] = {
-          worker_.Pull(kWeightTable, mk.unique_keys, weights[cur]),
-          worker_.Pull(kBiasTable, std::span<const Key>(&bias_key, 1), std::span<float>(&bias[cur], 1))};
-      if (absl::Status s = WaitAll(pulls, "pull"); !s.ok()) return s;
+      if (absl::Status s = PullWeights(mk.unique_keys, weights[cur], bias[cur], "pull"); !s.ok()) return s;
       const Nanos compute_start = MonotonicNow();
 
       // Mean log-loss gradient: d/dw_j = mean over examples of (p - y) x_j.
@@ -258,7 +307,7 @@ absl::Status LogRegJob::TrainEpoch(uint32_t epoch) {
         std::this_thread::sleep_until(std::chrono::steady_clock::time_point(
             std::chrono::nanoseconds(compute_start + static_cast<Nanos>(ms * kMillis))));
       }
-      pending_push[0] = worker_.Push(kWeightTable, mk.unique_keys, gradient[cur]);
+      pending_push[0] = PushWeights(mk.unique_keys, gradient[cur], dense_gradient[cur]);
       pending_push[1] = worker_.Push(kBiasTable, std::span<const Key>(&bias_key, 1),
                                      std::span<const float>(&bias_gradient[cur], 1));
       epoch_loss_sum_ += loss_sum;
@@ -302,13 +351,9 @@ absl::Status LogRegJob::Evaluate(double& auc, double& loss) {
   std::vector<uint32_t> all(test_.size());
   for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
   mk.Build(test_, all);
-  std::vector<float> weights(mk.unique_keys.size());
+  std::vector<float> weights;
   float bias = 0;
-  const Key bias_key = kBiasKey;
-  const Future pulls[] = {
-      worker_.Pull(kWeightTable, mk.unique_keys, weights),
-      worker_.Pull(kBiasTable, std::span<const Key>(&bias_key, 1), std::span<float>(&bias, 1))};
-  if (absl::Status s = WaitAll(pulls, "evaluation pull"); !s.ok()) return s;
+  if (absl::Status s = PullWeights(mk.unique_keys, weights, bias, "evaluation pull"); !s.ok()) return s;
 
   std::vector<float> logits(test_.size());
   const size_t fields = test_.fields;
@@ -335,6 +380,13 @@ absl::Status LogRegJob::Run() {
                               .period = flags_.straggler_period,
                               .seed = flags_.seed};
   if (absl::Status s = straggler_.Validate(worker_.num_workers()); !s.ok()) return s;
+  dense_ = flags_.weights == "dense";
+  if (dense_) {
+    if (flags_.features > (uint64_t{1} << 28)) {
+      return absl::InvalidArgumentError("--weights dense needs --features <= 2^28 (one row of floats)");
+    }
+    for (uint64_t r = 1; r <= flags_.features; ++r) dense_index_[log_.KeyOfRank(r)] = static_cast<uint32_t>(r - 1);
+  }
   if (absl::Status s = CreateTables(); !s.ok()) return s;
 
   train_ = log_.TrainPartition(worker_.rank(), worker_.num_workers(), flags_.train_examples);
@@ -445,6 +497,14 @@ int Main(int argc, char** argv) {
   app.add_option("--straggler_period,--straggler-period", flags.straggler_period,
                  "rotating: steps before the slow worker changes")
       ->check(CLI::PositiveNumber);
+  app.add_option("--weights", flags.weights,
+                 "sparse: pull and push the batch's keys; dense: the weights are one row of --features floats, "
+                 "pulled and pushed whole every step (a dense model's traffic)")
+      ->check(CLI::IsMember({"sparse", "dense"}));
+  app.add_option("--compression", flags.compression,
+                 "codec of pushed gradients, e.g. topk:ratio=0.01 or fp16 (see docs/compression.md; empty: none)");
+  app.add_option("--pull_compression,--pull-compression", flags.pull_compression,
+                 "codec of pulled weights: none, fp16, bf16, qsgd or terngrad, without error feedback (empty: none)");
   app.add_option("--eval_every,--eval-every", flags.eval_every,
                  "worker 0 evaluates the test set every this many steps and reports test_loss (0: per epoch only)");
   try {
