@@ -320,6 +320,7 @@ class WorkerImpl final : public Worker {
       Message m = NewRequest();
       m.header.set_request_id(0);  // a notice: servers record it and answer nothing
       m.header.mutable_clock_advance()->set_clock(clock);
+      CountWire(m);
       if (auto s = transport_->Send(map_->server(r).address(), std::move(m)); !s.ok()) return s;
     }
     std::lock_guard lock(mu_);
@@ -346,6 +347,9 @@ class WorkerImpl final : public Worker {
     s.pulls = pulls_.load();
     s.bytes_pushed = bytes_pushed_.load();
     s.bytes_pulled = bytes_pulled_.load();
+    s.wire_bytes_pushed = wire_pushed_.load();
+    s.wire_bytes_pulled = wire_pulled_.load();
+    s.wire_bytes_other = wire_other_.load();
     return s;
   }
 
@@ -418,12 +422,26 @@ class WorkerImpl final : public Worker {
       tracker_->Begin(state, std::move(what), std::move(parts), MonotonicNow() + options_.request_timeout + hold, out,
                       width);
     }
-    for (Outgoing& o : sends) (void)transport_->Send(o.to, std::move(o.message));
+    for (Outgoing& o : sends) {
+      CountWire(o.message);
+      (void)transport_->Send(o.to, std::move(o.message));
+    }
     return Future(std::move(state));
+  }
+
+  // Adds a message to or from a server to the wire byte counts.
+  void CountWire(const Message& m) {
+    uint64_t bytes = m.header.ByteSizeLong();
+    for (const Buffer& f : m.frames) bytes += f.size();
+    std::atomic<uint64_t>& counter = m.header.has_push()                                   ? wire_pushed_
+                                     : m.header.has_pull() || m.header.has_pull_reply() ? wire_pulled_
+                                                                                          : wire_other_;
+    counter.fetch_add(bytes, std::memory_order_relaxed);
   }
 
   void OnMessage(Message m) {
     if (session_->Handle(m)) return;
+    CountWire(m);
     Complete(WithTracker([&](RequestTracker& t) {
       if (m.header.has_pull_reply()) {  // mu_ is held here
         const auto& pr = m.header.pull_reply();
@@ -471,6 +489,7 @@ class WorkerImpl final : public Worker {
   std::atomic<uint64_t> next_request_{0};
   std::atomic<uint64_t> clock_{0};
   std::atomic<uint64_t> pushes_{0}, pulls_{0}, bytes_pushed_{0}, bytes_pulled_{0};
+  std::atomic<uint64_t> wire_pushed_{0}, wire_pulled_{0}, wire_other_{0};
 
   mutable std::mutex mu_;
   std::condition_variable tick_cv_;
@@ -494,7 +513,9 @@ std::string StatsJson(const WorkerStats& s) {
                       ",\"bytes_pulled\":", s.bytes_pulled, ",\"clocks\":", s.clocks,
                       ",\"clock_wait_seconds\":", static_cast<double>(s.clock_wait) / kSeconds,
                       ",\"pull_held_seconds\":", static_cast<double>(s.pull_held) / kSeconds,
-                      ",\"staleness_histogram\":[", hist, "]}");
+                      ",\"staleness_histogram\":[", hist, "],\"wire_bytes_pushed\":", s.wire_bytes_pushed,
+                      ",\"wire_bytes_pulled\":", s.wire_bytes_pulled, ",\"wire_bytes_other\":", s.wire_bytes_other,
+                      "}");
 }
 
 proto::WorkerDone MakeWorkerDone(const WorkerStats& stats, uint64_t steps, double final_loss,

@@ -112,11 +112,18 @@ struct WorkerStats {
   Nanos clock_wait = 0;              // total time blocked in Clock()
   Nanos pull_held = 0;               // total time servers held this worker's pulls (sum over parts)
   std::array<uint64_t, kStalenessBuckets> staleness{};  // pulls (parts) by observed staleness
+  // Bytes on the wire to and from servers: every message's serialized header
+  // plus its frames (keys, values or encoded parts with their headers, indices
+  // and scales), as handed to or received from the transport.
+  uint64_t wire_bytes_pushed = 0;  // push requests sent
+  uint64_t wire_bytes_pulled = 0;  // pull requests sent and pull replies received
+  uint64_t wire_bytes_other = 0;   // everything else to and from servers (acks, clocks, tables)
 };
 
 // The stats as a JSON object, for a worker program's report:
 // {"pushes":..,"pulls":..,"bytes_pushed":..,"bytes_pulled":..,"clocks":..,
-//  "clock_wait_seconds":..,"pull_held_seconds":..,"staleness_histogram":[..17 counts..]}
+//  "clock_wait_seconds":..,"pull_held_seconds":..,"staleness_histogram":[..17 counts..],
+//  "wire_bytes_pushed":..,"wire_bytes_pulled":..,"wire_bytes_other":..}
 std::string StatsJson(const WorkerStats& stats);
 
 // The report a worker program passes to Finish(): its steps, final loss,
