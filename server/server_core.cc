@@ -2,6 +2,7 @@
 
 #include <google/protobuf/util/message_differencer.h>
 
+#include <algorithm>
 #include <cassert>
 #include <cstring>
 #include <limits>
@@ -222,17 +223,23 @@ Message ServerCore::Answer(Message request, Nanos held_for) {
       status = HandleCreateTable(h.create_table());
       if (status.ok()) reply.header.mutable_ack();
       break;
-    case proto::Envelope::kPush:
+    case proto::Envelope::kPush: {
       stats_.push_requests++;
-      status = HandlePush(h.push(), request);
+      // Borrowed frames (owner() null: an in-process sender's own memory) may
+      // be reused by the sender as soon as it sees the ack: apply those now.
+      const bool defer = options_.apply_after_ack &&
+                         std::all_of(request.frames.begin(), request.frames.end(),
+                                     [](const Buffer& f) { return f.empty() || f.owner() != nullptr; });
+      status = HandlePush(h.push(), request, defer);
       if (status.ok()) {
         reply.header.mutable_ack();
-        if (options_.apply_after_ack) {
+        if (defer) {
           Table* table = *FindTable(h.push().table_id());
           pending_.push_back(PendingPush{table, std::move(request)});
         }
       }
       break;
+    }
     case proto::Envelope::kPull: {
       stats_.pull_requests++;
       auto values = HandlePull(h.pull(), request);
@@ -323,7 +330,7 @@ absl::StatusOr<std::span<const Key>> ServerCore::KeysFrame(const Message& m, uin
   return keys;
 }
 
-absl::Status ServerCore::HandlePush(const proto::Push& req, const Message& m) {
+absl::Status ServerCore::HandlePush(const proto::Push& req, const Message& m, bool check_only) {
   if (m.frames.size() != 2) {
     return absl::InvalidArgumentError(absl::StrCat("push needs 2 frames (keys, values), got ", m.frames.size()));
   }
@@ -343,7 +350,7 @@ absl::Status ServerCore::HandlePush(const proto::Push& req, const Message& m) {
     return absl::InvalidArgumentError(absl::StrCat("values frame has ", values.size(), " bytes, expected ", expected,
                                                    " for ", req.num_keys(), " keys of width ", (*table)->width()));
   }
-  if (options_.apply_after_ack) return (*table)->CheckPush(*keys, values.As<float>());  // Answer queues it
+  if (check_only) return (*table)->CheckPush(*keys, values.As<float>());  // Answer queues it
   return (*table)->ApplyPush(*keys, values.As<float>());
 }
 

@@ -22,6 +22,9 @@
 //   request handled after a push, from any sender, sees it: an Ack still
 //   means "accepted, ordered, and visible to everything handled later". A
 //   push that fails validation gets its Error as before and is never pending.
+//   A push with a borrowed frame (Buffer::owner() null, e.g. an in-process
+//   sender's own memory, which it may reuse once it sees the Ack) is applied
+//   before its Ack, as without the option.
 //   Without the option, Step applies a push before it returns its Ack.
 // - Consistency (../shared/DESIGN.md section 5): a Pull stamped clock c of a
 //   table with staleness s is answered only once every live worker has
@@ -115,7 +118,8 @@ class ServerCore {
 
  private:
   absl::Status HandleCreateTable(const proto::CreateTable& req);
-  absl::Status HandlePush(const proto::Push& req, const Message& m);
+  // Validates a push and applies it, or only validates it when check_only.
+  absl::Status HandlePush(const proto::Push& req, const Message& m, bool check_only);
   absl::StatusOr<Buffer> HandlePull(const proto::Pull& req, const Message& m);
   // The min clock a request needs before it may be answered.
   absl::StatusOr<uint64_t> RequiredMinClock(const Message& m);

@@ -308,6 +308,18 @@ TEST_F(ApplyAfterAckTest, ApplyPendingAppliesInArrivalOrderOnce) {
   EXPECT_EQ(LatePull(4), (std::vector<float>{11, 11, 11, 11}));
 }
 
+TEST_F(ApplyAfterAckTest, PushesOfBorrowedMemoryAreAppliedBeforeTheAck) {
+  std::vector<float> values = {1, 2, 3, 4};
+  Message m = Push(2, 1, keys_, {});
+  m.frames[1] = Buffer::Borrow(values.data(), values.size() * sizeof(float));  // the sender's own memory
+  auto out = late_->Step(std::move(m));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].message.header.has_ack());
+  EXPECT_EQ(late_->pending_pushes(), 0u);
+  values.assign(4, 100);  // the sender reuses its memory once it has the ack
+  EXPECT_EQ(LatePull(3), (std::vector<float>{1, 2, 3, 4}));
+}
+
 TEST_F(ApplyAfterAckTest, BadPushesGetErrorsAndAreNeverPending) {
   auto out = late_->Step(Push(2, 1, keys_, {1, 2, 3}));  // values too short
   ASSERT_EQ(out.size(), 1u);
