@@ -43,16 +43,9 @@ absl::StatusOr<EncodedRows> RowCompressor::Encode(std::span<const Key> keys, std
     }
     input = scratch_;
   }
-  const uint64_t tensor_id = TensorStepId(salt_, keys.size(), ++encodes_);
-  for (const PartRange& r : SplitIntoParts(n, codec_.spec().part_elements)) {
-    Buffer part = Buffer::Allocate(codec_.EncodedSize(r.size));
-    absl::StatusOr<size_t> written = codec_.Encode(input.subspan(r.offset, r.size),
-                                                   EncodeContext{.tensor_id = tensor_id, .element_offset = r.offset},
-                                                   part.AsMutable<std::byte>());
-    if (!written.ok()) return written.status();  // residuals untouched: nothing was sent
-    out.wire_bytes += *written;
-    out.parts.push_back(std::move(part));
-  }
+  absl::StatusOr<EncodedRows> encoded = EncodeValues(codec_, input, TensorStepId(salt_, keys.size(), ++encodes_));
+  if (!encoded.ok()) return encoded.status();  // residuals untouched: nothing was sent
+  out = *std::move(encoded);
   if (ef) {  // what was not sent: corrected - decoded, summed per key
     for (const Buffer& part : out.parts) {
       absl::StatusOr<WireInfo> info = InspectWire(part.As<std::byte>());
@@ -88,6 +81,45 @@ std::vector<float> RowCompressor::Residual(Key key) const {
   std::lock_guard lock(mu_);
   auto it = residuals_.find(key);
   return it == residuals_.end() ? std::vector<float>(width_, 0.0f) : it->second;
+}
+
+absl::StatusOr<EncodedRows> EncodeValues(const Codec& codec, std::span<const float> values, uint64_t tensor_id) {
+  EncodedRows out;
+  if (values.size() < codec.spec().raw_below) {
+    out.raw = true;
+    return out;
+  }
+  for (const PartRange& r : SplitIntoParts(values.size(), codec.spec().part_elements)) {
+    Buffer part = Buffer::Allocate(codec.EncodedSize(r.size));
+    absl::StatusOr<size_t> written = codec.Encode(values.subspan(r.offset, r.size),
+                                                  EncodeContext{.tensor_id = tensor_id, .element_offset = r.offset},
+                                                  part.AsMutable<std::byte>());
+    if (!written.ok()) return written.status();
+    out.wire_bytes += *written;
+    out.parts.push_back(std::move(part));
+  }
+  return out;
+}
+
+absl::StatusOr<CodecSpec> ParsePullSpec(std::string_view text) {
+  absl::StatusOr<CodecSpec> spec = ParseCodecSpec(text);
+  if (!spec.ok()) return spec.status();
+  switch (spec->codec) {
+    case CodecId::kNone:
+    case CodecId::kFp16:
+    case CodecId::kBf16:
+    case CodecId::kQsgd:
+    case CodecId::kTernGrad:
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pulls return weights: ", std::string(CodecName(spec->codec)),
+          " would send most of them as zeros or one magnitude; use none, fp16, bf16, qsgd or terngrad"));
+  }
+  if (spec->error_feedback) {
+    return absl::InvalidArgumentError("pull compression takes no error feedback (every pull sends fresh weights)");
+  }
+  return spec;
 }
 
 absl::Status DecodeRowParts(std::span<const Buffer> parts, std::span<float> out) {

@@ -73,4 +73,14 @@ class RowCompressor {
 // Decodes `parts` (each a complete encoded part) into out. See the file comment.
 absl::Status DecodeRowParts(std::span<const Buffer> parts, std::span<float> out);
 
+// Encodes `values` with `codec` (no error feedback): raw below the spec's
+// threshold, else one Buffer per part of spec.part_elements. For senders
+// without residuals, such as servers compressing pull replies.
+absl::StatusOr<EncodedRows> EncodeValues(const Codec& codec, std::span<const float> values, uint64_t tensor_id);
+
+// A spec that may compress pulled weights: an elementwise codec (none, fp16,
+// bf16, qsgd, terngrad) without error feedback; sparse and sign codecs would
+// replace most weights by zeros or by one magnitude. InvalidArgument says why.
+absl::StatusOr<CodecSpec> ParsePullSpec(std::string_view text);
+
 }  // namespace tessera::compress

@@ -131,5 +131,23 @@ TEST(RowCompressorTest, WithoutErrorFeedbackNothingIsCarried) {
   EXPECT_EQ((*rc)->residual_rows(), 0u);
 }
 
+TEST(RowCompressorTest, PullSpecsAreElementwiseWithoutErrorFeedback) {
+  EXPECT_TRUE(ParsePullSpec("fp16").ok());
+  EXPECT_TRUE(ParsePullSpec("qsgd:levels=15").ok());
+  EXPECT_FALSE(ParsePullSpec("topk").ok());
+  EXPECT_FALSE(ParsePullSpec("onebit:ef=false").ok());
+  EXPECT_FALSE(ParsePullSpec("fp16:ef=true").ok());
+  EXPECT_FALSE(ParsePullSpec("nonsense").ok());
+  auto codec = Codec::Create(*ParsePullSpec("bf16:raw_below=4,part=3"));
+  ASSERT_TRUE(codec.ok());
+  std::vector<float> v = {1, 2, 3, 4, 5, 6, 7}, out(7);
+  auto e = EncodeValues(*codec, v, 1);
+  ASSERT_TRUE(e.ok());
+  ASSERT_EQ(e->parts.size(), 3u);
+  ASSERT_TRUE(DecodeRowParts(e->parts, out).ok());
+  EXPECT_EQ(out, v);  // small integers are exact in bf16
+  EXPECT_TRUE(EncodeValues(*codec, std::span<const float>(v).first(3), 1)->raw);
+}
+
 }  // namespace
 }  // namespace tessera::compress

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "compress/row_compressor.h"
 
 namespace tessera {
 namespace {
@@ -71,7 +72,8 @@ Message ServerCore::Reply(const Message& request) const {
 
 void ServerCore::Emit(std::vector<Outgoing>& out, std::string to, Message reply) const {
   const size_t piece = options_.pull_reply_piece_bytes;
-  if (piece == 0 || !reply.header.has_pull_reply() || reply.frames.size() != 1 || reply.frames[0].size() <= piece) {
+  if (piece == 0 || !reply.header.has_pull_reply() || reply.header.pull_reply().value_parts() > 0 ||
+      reply.frames.size() != 1 || reply.frames[0].size() <= piece) {
     out.push_back(Outgoing{std::move(to), std::move(reply)});
     return;
   }
@@ -225,6 +227,11 @@ Message ServerCore::Answer(Message request, Nanos held_for) {
       break;
     case proto::Envelope::kPush: {
       stats_.push_requests++;
+      stats_.bytes_in += request.FrameBytes();
+      if (h.push().value_parts() > 0) {  // compressed: decoded here, applied like any push
+        status = DecodePushValues(h.push(), request);
+        if (!status.ok()) break;
+      }
       // Borrowed frames (owner() null: an in-process sender's own memory) may
       // be reused by the sender as soon as it sees the ack: apply those now.
       const bool defer = options_.apply_after_ack &&
@@ -251,6 +258,19 @@ Message ServerCore::Answer(Message request, Nanos held_for) {
         pr->set_min_clock(min);
         pr->set_held_us(held_for / 1000);
         pr->set_staleness(min == ClockTable::kNoWorkers || min >= h.pull().clock() ? 0 : h.pull().clock() - min);
+        if (auto codec = pull_codecs_.find(h.pull().table_id()); codec != pull_codecs_.end()) {
+          auto encoded = compress::EncodeValues(codec->second, values->As<float>(), ++pull_encodes_);
+          if (!encoded.ok()) {
+            status = encoded.status();
+            break;
+          }
+          if (!encoded->raw) {
+            pr->set_value_parts(static_cast<uint32_t>(encoded->parts.size()));
+            stats_.bytes_out += encoded->wire_bytes;
+            for (Buffer& b : encoded->parts) reply.frames.push_back(std::move(b));
+            break;
+          }
+        }
         stats_.bytes_out += values->size();
         reply.frames.push_back(std::move(*values));
       }
@@ -302,7 +322,30 @@ absl::Status ServerCore::HandleCreateTable(const proto::CreateTable& req) {
   const ShardMapView& map = *map_;
   const uint32_t rank = my_rank_;
   const uint32_t id = c.table_id();
+  if (!c.pull_compression().empty()) {  // validated above
+    pull_codecs_.try_emplace(id, *compress::Codec::Create(*compress::ParsePullSpec(c.pull_compression())));
+  }
   tables_.emplace(id, std::make_unique<Table>(c, [&](Key k) { return map.ServerRankOfKey(id, k) == rank; }));
+  return absl::OkStatus();
+}
+
+absl::Status ServerCore::DecodePushValues(const proto::Push& req, Message& m) {
+  if (m.frames.size() != size_t{req.value_parts()} + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("compressed push needs 1 + ", req.value_parts(),
+                                                   " frames (keys, parts), got ", m.frames.size()));
+  }
+  auto table = FindTable(req.table_id());
+  if (!table.ok()) return table.status();
+  const uint64_t n = req.num_keys() * (*table)->width();
+  if (n > (uint64_t{1} << 34)) return absl::InvalidArgumentError(absl::StrCat("compressed push of ", n, " values"));
+  Buffer decoded = options_.pool ? options_.pool->Get(n * sizeof(float)) : Buffer::Allocate(n * sizeof(float));
+  if (auto s = compress::DecodeRowParts(std::span<const Buffer>(m.frames).subspan(1), decoded.AsMutable<float>());
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("push to table ", req.table_id(), ": ", s.message()));
+  }
+  m.frames.resize(1);
+  m.frames.push_back(std::move(decoded));
+  stats_.compressed_pushes++;
   return absl::OkStatus();
 }
 
@@ -334,7 +377,6 @@ absl::Status ServerCore::HandlePush(const proto::Push& req, const Message& m, bo
   if (m.frames.size() != 2) {
     return absl::InvalidArgumentError(absl::StrCat("push needs 2 frames (keys, values), got ", m.frames.size()));
   }
-  stats_.bytes_in += m.FrameBytes();
   const uint32_t sender = m.header.sender_id();
   if (clocks_.IsLive(sender) && req.clock() < clocks_.ClockOf(sender)) {
     return absl::InvalidArgumentError(absl::StrCat("push stamped clock ", req.clock(), " arrived after the worker ",

@@ -47,6 +47,7 @@
 #include "common/keys.h"
 #include "common/message.h"
 #include "common/clock.h"
+#include "compress/codec.h"
 #include "server/clock_table.h"
 #include "server/table.h"
 
@@ -80,8 +81,9 @@ struct ServerStats {
   uint64_t push_requests = 0;
   uint64_t pull_requests = 0;
   uint64_t bad_requests = 0;
-  uint64_t bytes_in = 0;   // data frame bytes received (keys + values)
-  uint64_t bytes_out = 0;  // data frame bytes sent (values)
+  uint64_t bytes_in = 0;   // data frame bytes received (keys + values or encoded parts), as on the wire
+  uint64_t bytes_out = 0;  // data frame bytes sent (values or encoded parts), as on the wire
+  uint64_t compressed_pushes = 0;  // pushes whose values arrived as encoded parts
 };
 
 class ServerCore {
@@ -120,6 +122,9 @@ class ServerCore {
   absl::Status HandleCreateTable(const proto::CreateTable& req);
   // Validates a push and applies it, or only validates it when check_only.
   absl::Status HandlePush(const proto::Push& req, const Message& m, bool check_only);
+  // A compressed push (value_parts > 0): replaces the parts by the decoded
+  // fp32 values frame, so the rest handles it like any push.
+  absl::Status DecodePushValues(const proto::Push& req, Message& m);
   absl::StatusOr<Buffer> HandlePull(const proto::Pull& req, const Message& m);
   // The min clock a request needs before it may be answered.
   absl::StatusOr<uint64_t> RequiredMinClock(const Message& m);
@@ -155,6 +160,8 @@ class ServerCore {
   uint32_t my_rank_ = 0;
   // Invariant: every table here has a config that passed ValidateTableConfig.
   absl::flat_hash_map<uint32_t, std::unique_ptr<Table>> tables_;
+  absl::flat_hash_map<uint32_t, compress::Codec> pull_codecs_;  // tables with pull_compression
+  uint64_t pull_encodes_ = 0;                                   // tensor ids of encoded pull replies
   ServerStats stats_;
 };
 

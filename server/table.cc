@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "compress/row_compressor.h"
 
 namespace tessera {
 namespace {
@@ -38,6 +39,16 @@ absl::Status ValidateTableConfig(const proto::TableConfig& c) {
   if (!std::isfinite(c.init_scale()) || c.init_scale() < 0)
     return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(),
                                                    ": init_scale must be finite and >= 0, got ", c.init_scale()));
+  if (!c.compression().empty()) {
+    if (auto spec = compress::ParseCodecSpec(c.compression()); !spec.ok())
+      return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": compression \"", c.compression(),
+                                                     "\": ", spec.status().message()));
+  }
+  if (!c.pull_compression().empty()) {
+    if (auto spec = compress::ParsePullSpec(c.pull_compression()); !spec.ok())
+      return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": pull_compression \"",
+                                                     c.pull_compression(), "\": ", spec.status().message()));
+  }
   return absl::OkStatus();
 }
 

@@ -429,6 +429,33 @@ class WorkerImpl final : public Worker {
     return Future(std::move(state));
   }
 
+  // A compressed pull reply becomes a plain one (one fp32 values frame), so
+  // the tracker scatters it as usual; bad parts turn it into an Error reply.
+  static void DecodePullReply(Message& m) {
+    const auto& pr = m.header.pull_reply();
+    const uint64_t n = pr.num_keys() * uint64_t{pr.width()};
+    absl::Status s;
+    if (m.frames.size() != pr.value_parts()) {
+      s = absl::InvalidArgumentError(absl::StrCat("pull reply announces ", pr.value_parts(), " parts, has ",
+                                                  m.frames.size(), " frames"));
+    } else if (n > (uint64_t{1} << 34)) {
+      s = absl::InvalidArgumentError(absl::StrCat("pull reply of ", n, " values"));
+    } else {
+      Buffer decoded = Buffer::Allocate(n * sizeof(float));
+      s = compress::DecodeRowParts(m.frames, decoded.AsMutable<float>());
+      if (s.ok()) {
+        m.frames.clear();
+        m.frames.push_back(std::move(decoded));
+        m.header.mutable_pull_reply()->set_value_parts(0);
+        return;
+      }
+    }
+    m.frames.clear();
+    auto* e = m.header.mutable_error();
+    e->set_code(static_cast<int>(absl::StatusCode::kDataLoss));
+    e->set_message(absl::StrCat("compressed pull reply: ", s.message()));
+  }
+
   // Adds a message to or from a server to the wire byte counts.
   void CountWire(const Message& m) {
     uint64_t bytes = m.header.ByteSizeLong();
@@ -442,6 +469,7 @@ class WorkerImpl final : public Worker {
   void OnMessage(Message m) {
     if (session_->Handle(m)) return;
     CountWire(m);
+    if (m.header.has_pull_reply() && m.header.pull_reply().value_parts() > 0) DecodePullReply(m);
     Complete(WithTracker([&](RequestTracker& t) {
       if (m.header.has_pull_reply()) {  // mu_ is held here
         const auto& pr = m.header.pull_reply();

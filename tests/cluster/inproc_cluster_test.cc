@@ -167,3 +167,79 @@ TEST(InProcClusterTest, MissingServerFailsTheJobAndIsNamed) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// Compressed pushes and pulls end to end: encoded parts travel instead of
+// fp32 values, servers decode and aggregate in fp32, pulls come back encoded.
+TEST(InProcClusterCompressionTest, CompressedPushesAndPullsCarryTheValues) {
+  InProcCluster cluster({.servers = 2, .workers = 1, .started_servers = 2});
+  auto workers = Unwrap(cluster.ConnectWorkers());
+  ASSERT_EQ(workers.size(), 1u);
+  Worker& w = *workers[0];
+  constexpr uint32_t kWidth = 4;
+  std::vector<Key> keys(600);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = 1000 + i;
+  std::vector<float> v(keys.size() * kWidth);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(static_cast<int>(i % 13) - 6) * 0.5f;
+
+  // Exact codecs in several parts: pulled sums are exact.
+  ASSERT_TRUE(w.CreateTable({.id = 1, .width = kWidth, .optimizer = proto::ACCUMULATE,
+                             .compression = "none:raw_below=1,part=500",
+                             .pull_compression = "fp16:raw_below=1,part=700"})
+                  .ok());
+  ASSERT_TRUE(w.Push(1, keys, v).Wait().ok());
+  ASSERT_TRUE(w.Push(1, keys, v).Wait().ok());
+  std::vector<float> out(v.size());
+  const uint64_t pulled_before = w.stats().wire_bytes_pulled;
+  ASSERT_TRUE(w.Pull(1, keys, out).Wait().ok());
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(out[i], 2 * v[i]) << i;
+  // fp16 replies: about 2 bytes per value (plus keys sent and headers).
+  const uint64_t pulled = w.stats().wire_bytes_pulled - pulled_before;
+  EXPECT_LT(pulled, keys.size() * sizeof(Key) + v.size() * 2 + 1024) << pulled;
+
+  // Top-k 1% with error feedback: after T pushes of v the servers hold T*v
+  // minus what is still in the worker's residual, which stays bounded; the
+  // same without error feedback loses most of the mass.
+  ASSERT_TRUE(w.CreateTable({.id = 2, .width = kWidth, .optimizer = proto::ACCUMULATE,
+                             .compression = "topk:ratio=0.05,raw_below=1"})
+                  .ok());
+  ASSERT_TRUE(w.CreateTable({.id = 3, .width = kWidth, .optimizer = proto::ACCUMULATE,
+                             .compression = "topk:ratio=0.05,ef=false,raw_below=1"})
+                  .ok());
+  constexpr int kSteps = 60;
+  for (int t = 0; t < kSteps; ++t) {
+    ASSERT_TRUE(w.Push(2, keys, v).Wait().ok());
+    ASSERT_TRUE(w.Push(3, keys, v).Wait().ok());
+  }
+  std::vector<float> with_ef(v.size()), without_ef(v.size());
+  ASSERT_TRUE(w.Pull(2, keys, with_ef).Wait().ok());
+  ASSERT_TRUE(w.Pull(3, keys, without_ef).Wait().ok());
+  double expected = 0, err_ef = 0, err_noef = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    expected += std::abs(kSteps * v[i]);
+    err_ef += std::abs(kSteps * v[i] - with_ef[i]);
+    err_noef += std::abs(kSteps * v[i] - without_ef[i]);
+  }
+  EXPECT_LT(err_ef, 0.35 * expected) << "error feedback must deliver most of the mass";
+  EXPECT_GT(err_noef, 0.6 * expected) << "without error feedback top-k 5% drops most of it";
+  ASSERT_TRUE(w.Finish({}).ok());
+}
+
+TEST(InProcClusterCompressionTest, BadCodecSpecsAreRejectedWithTheReason) {
+  InProcCluster cluster({.servers = 1, .workers = 1, .started_servers = 1});
+  auto workers = Unwrap(cluster.ConnectWorkers());
+  ASSERT_EQ(workers.size(), 1u);
+  Worker& w = *workers[0];
+  absl::Status s = w.CreateTable({.id = 1, .compression = "zip"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("zip"), std::string::npos) << s;
+  s = w.CreateTable({.id = 2, .pull_compression = "topk"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("pulls return weights"), std::string::npos) << s;
+  ASSERT_TRUE(w.Finish({}).ok());
+}
+
+}  // namespace
+}  // namespace tessera
