@@ -34,6 +34,9 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ARG_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
+#: Codec mapping keys that the programs' spec strings spell differently.
+CODEC_OPTION_ALIASES = {"error_feedback": "ef", "part_elements": "part"}
+
 #: Flags the launcher passes to every worker program itself; worker.args may
 #: not use them.
 RESERVED_WORKER_FLAGS = ("coordinator", "rank", "name", "bind")
@@ -541,15 +544,39 @@ class _Validator:
         return values
 
     def worker_args(self, args: dict) -> dict:
+        out = dict(args)
         for key, value in args.items():
             path = ("worker", "args", key)
             if not isinstance(key, str) or not _ARG_KEY_RE.match(key):
                 self.error(path, f"worker.args key {_render(key)} is not a valid flag name")
             elif key in RESERVED_WORKER_FLAGS:
                 self.error(path, f"worker.args.{key} is reserved: the launcher passes --{key} itself")
+            elif isinstance(value, dict) and "codec" in value:
+                spec = self.codec_spec(path, value)
+                if spec is not None:
+                    out[key] = spec
             elif value is None or isinstance(value, (dict, list)):
-                self.error(path, f"worker.args.{key} must be a string, number or boolean, got {_render(value)}")
-        return dict(args)
+                self.error(path, f"worker.args.{key} must be a string, number, boolean or a codec mapping "
+                                 f"({{codec: topk, ratio: 0.01}}), got {_render(value)}")
+        return out
+
+    def codec_spec(self, path: tuple, value: dict) -> Optional[str]:
+        """A codec mapping ({codec: topk, ratio: 0.01, error_feedback: true})
+        as the spec string the programs take ("topk:ratio=0.01,ef=true")."""
+        codec = value["codec"]
+        if not isinstance(codec, str) or not codec:
+            self.error(path + ("codec",), f"codec must be a codec name, got {_render(codec)}")
+            return None
+        options = []
+        for k, v in value.items():
+            if k == "codec":
+                continue
+            if v is None or isinstance(v, (dict, list)) or not isinstance(k, str):
+                self.error(path + (str(k),), f"codec option {k} must be a string, number or boolean, got {_render(v)}")
+                return None
+            name = CODEC_OPTION_ALIASES.get(k, k)
+            options.append(f"{name}={str(v).lower() if isinstance(v, bool) else v}")
+        return codec + (":" + ",".join(options) if options else "")
 
     def cross_checks(self, cluster: dict, timeouts: dict) -> None:
         if "vshards" in cluster and "servers" in cluster and cluster["vshards"] < cluster["servers"]:

@@ -182,9 +182,28 @@ def test_worker_args_rules(tmp_path):
         """)
     message = error_of(path)
     assert f"{path}:4: worker.args.rank is reserved: the launcher passes --rank itself" in message
-    assert f"{path}:5: worker.args.nested must be a string, number or boolean, got a mapping" in message
+    assert f"{path}:5: worker.args.nested must be a string, number, boolean or a codec mapping" in message
     assert f'{path}:6: worker.args key "bad key" is not a valid flag name' in message
     assert "fine_key" not in message
+
+
+def test_codec_mappings_become_spec_strings(tmp_path):
+    config = load_config(write(tmp_path, """\
+        worker:
+          program: p
+          args:
+            compression: {codec: topk, ratio: 0.01, error_feedback: true}
+            pull_compression: {codec: fp16}
+        """))
+    assert config.worker.args["compression"] == "topk:ratio=0.01,ef=true"
+    assert config.worker.args["pull_compression"] == "fp16"
+    path = write(tmp_path, """\
+        worker:
+          program: p
+          args:
+            compression: {codec: topk, ratio: [1, 2]}
+        """)
+    assert "codec option ratio must be a string, number or boolean" in error_of(path)
 
 
 def test_cross_field_checks(tmp_path):
