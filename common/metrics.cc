@@ -150,6 +150,34 @@ absl::StatusOr<Histogram*> Registry::GetHistogram(const std::string& name, const
   return slot.get();
 }
 
+TextWriter& TextWriter::Counter(const std::string& name, const std::string& help, double value,
+                                const Labels& labels) {
+  absl::StrAppend(&text_, "# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n", name, LabelText(labels), " ",
+                  FormatValue(value), "\n");
+  return *this;
+}
+
+TextWriter& TextWriter::Gauge(const std::string& name, const std::string& help, double value, const Labels& labels) {
+  absl::StrAppend(&text_, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n", name, LabelText(labels), " ",
+                  FormatValue(value), "\n");
+  return *this;
+}
+
+TextWriter& TextWriter::Histogram(const std::string& name, const std::string& help, const std::vector<double>& bounds,
+                                  const std::vector<uint64_t>& counts, double sum, const Labels& labels) {
+  absl::StrAppend(&text_, "# HELP ", name, " ", help, "\n# TYPE ", name, " histogram\n");
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    cumulative += counts[i];
+    const std::string le = i < bounds.size() ? FormatValue(bounds[i]) : "+Inf";
+    absl::StrAppend(&text_, name, "_bucket", LabelText(labels, absl::StrCat("le=\"", le, "\"")), " ", cumulative,
+                    "\n");
+  }
+  absl::StrAppend(&text_, name, "_sum", LabelText(labels), " ", FormatValue(sum), "\n", name, "_count",
+                  LabelText(labels), " ", cumulative, "\n");
+  return *this;
+}
+
 std::string Registry::Render() const {
   std::lock_guard lock(mu_);
   std::string out;

@@ -108,6 +108,21 @@ class Registry {
   std::atomic<double> rejected_{0};
 };
 
+// Writes series from values a component already keeps (its stats struct),
+// in the same text format, for a render callback: one # HELP/# TYPE per call.
+class TextWriter {
+ public:
+  TextWriter& Counter(const std::string& name, const std::string& help, double value, const Labels& labels = {});
+  TextWriter& Gauge(const std::string& name, const std::string& help, double value, const Labels& labels = {});
+  // counts: per bucket (not cumulative), one more than bounds (the last is +Inf).
+  TextWriter& Histogram(const std::string& name, const std::string& help, const std::vector<double>& bounds,
+                        const std::vector<uint64_t>& counts, double sum, const Labels& labels = {});
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+};
+
 class MetricsHttpServer {
  public:
   // Listens on host:port (port 0: any free port). Errors name the address.

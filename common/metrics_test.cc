@@ -39,6 +39,18 @@ TEST(MetricsTest, RendersCountersGaugesAndHistogramsInTheTextFormat) {
   EXPECT_NE(text.find("tessera_metrics_rejected_total 1\n"), std::string::npos) << text;
 }
 
+TEST(MetricsTest, TextWriterWritesSeriesFromPlainValues) {
+  TextWriter w;
+  w.Counter("tessera_a_total", "A", 3, {{"role", "server"}})
+      .Gauge("tessera_b", "B", 1.5)
+      .Histogram("tessera_c", "C", {0, 1}, {2, 0, 1}, 7);
+  const std::string& t = w.text();
+  EXPECT_NE(t.find("# TYPE tessera_a_total counter\ntessera_a_total{role=\"server\"} 3\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("tessera_b 1.5\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("tessera_c_bucket{le=\"1\"} 2\ntessera_c_bucket{le=\"+Inf\"} 3\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("tessera_c_count 3\n"), std::string::npos) << t;
+}
+
 TEST(MetricsTest, RejectsBadNamesAndTypeClashes) {
   Registry r;
   EXPECT_FALSE(r.GetCounter("9lives", "x").ok());

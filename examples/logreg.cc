@@ -92,6 +92,8 @@ struct LogRegFlags {
   std::string weights = "sparse";     // sparse | dense: see the file comment
   std::string compression;            // codec spec of pushed gradients ("": none)
   std::string pull_compression;       // codec spec of pulled weights ("": none)
+  int metrics_port = -1;              // Prometheus metrics port (0: any; -1: off)
+  std::string metrics_host = "127.0.0.1";
 };
 
 // A JSON number, or null when it is not finite (JSON has no NaN).
@@ -505,6 +507,10 @@ int Main(int argc, char** argv) {
                  "codec of pushed gradients, e.g. topk:ratio=0.01 or fp16 (see docs/compression.md; empty: none)");
   app.add_option("--pull_compression,--pull-compression", flags.pull_compression,
                  "codec of pulled weights: none, fp16, bf16, qsgd or terngrad, without error feedback (empty: none)");
+  app.add_option("--metrics_port,--metrics-port", flags.metrics_port,
+                 "serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port; -1: off)")
+      ->check(CLI::Range(-1, 65535));
+  app.add_option("--metrics_host,--metrics-host", flags.metrics_host, "IPv4 address the metrics endpoint listens on");
   app.add_option("--eval_every,--eval-every", flags.eval_every,
                  "worker 0 evaluates the test set every this many steps and reports test_loss (0: per epoch only)");
   try {
@@ -541,6 +547,8 @@ int Main(int argc, char** argv) {
   options.name = flags.name;
   options.connect_timeout = static_cast<Nanos>(flags.connect_timeout_seconds * kSeconds);
   options.request_timeout = static_cast<Nanos>(flags.request_timeout_seconds * kSeconds);
+  options.metrics_port = flags.metrics_port;
+  options.metrics_host = flags.metrics_host;
   absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Connect(options);
   if (!worker.ok()) {
     TLOG_ERROR("could not join the job: {}", worker.status().ToString());

@@ -349,6 +349,12 @@ absl::Status ServerCore::DecodePushValues(const proto::Push& req, Message& m) {
   return absl::OkStatus();
 }
 
+uint64_t ServerCore::rows() const {
+  uint64_t rows = 0;
+  for (const auto& [id, t] : tables_) rows += t->num_rows();
+  return rows;
+}
+
 absl::StatusOr<Table*> ServerCore::FindTable(uint32_t id) {
   auto it = tables_.find(id);
   if (it == tables_.end()) return absl::NotFoundError(absl::StrCat("no table ", id, " on this server"));

@@ -115,6 +115,9 @@ class ServerCore {
   size_t held() const { return held_.size(); }
 
   const ServerStats& stats() const { return stats_; }
+  size_t held_now() const { return held_.size(); }  // requests waiting for slower workers
+  uint64_t rows() const;                             // rows over every table
+  uint64_t min_clock() const { return clocks_.min_clock(); }
   size_t num_tables() const { return tables_.size(); }
   const Table* table(uint32_t id) const;
 

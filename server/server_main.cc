@@ -6,6 +6,7 @@
 #include "CLI/CLI.hpp"
 #include "common/logging.h"
 #include "common/memory.h"
+#include "common/metrics.h"
 #include "server/server_node.h"
 #include "transport/transport_factory.h"
 
@@ -31,6 +32,12 @@ int main(int argc, char** argv) {
                  "Send pull replies larger than this in pieces of this size, so that the worker places each "
                  "piece while the next is on the wire (0 = one message per reply)")
       ->capture_default_str();
+  int metrics_port = -1;
+  std::string metrics_host = "127.0.0.1";
+  app.add_option("--metrics-port", metrics_port,
+                 "Serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (0 = any free port; -1 = off)")
+      ->check(CLI::Range(-1, 65535));
+  app.add_option("--metrics-host", metrics_host, "IPv4 address the metrics endpoint listens on");
   app.add_flag("--debug", debug, "Log debug lines");
   CLI11_PARSE(app, argc, argv);
   if (name.empty()) name = so.rank >= 0 ? "server-" + std::to_string(so.rank) : "server";
@@ -47,7 +54,19 @@ int main(int argc, char** argv) {
     return 1;
   }
   tessera::ServerNode node(so, std::move(*transport), core);
+  std::unique_ptr<tessera::metrics::MetricsHttpServer> metrics;
+  if (metrics_port >= 0) {
+    auto m = tessera::metrics::MetricsHttpServer::Start(metrics_host, static_cast<uint16_t>(metrics_port),
+                                                        [&node] { return node.MetricsText(); });
+    if (!m.ok()) {
+      TLOG_ERROR("{}", m.status().message());
+      return 1;
+    }
+    metrics = std::move(*m);
+    TLOG_INFO("metrics at http://{}:{}/metrics", metrics_host, metrics->port());
+  }
   absl::Status s = node.Run();
+  if (metrics) metrics->Stop();
   if (!s.ok()) {
     TLOG_ERROR("{}", s.message());
     return 1;

@@ -1,5 +1,7 @@
 #include "server/server_node.h"
 
+#include "common/metrics.h"
+
 #include <thread>
 
 #include "common/logging.h"
@@ -107,6 +109,27 @@ absl::Status ServerNode::Run() {
   TLOG_INFO("served {} pushes and {} pulls ({} bytes in, {} bytes out, {} bad requests)", st.push_requests,
             st.pull_requests, st.bytes_in, st.bytes_out, st.bad_requests);
   return end;
+}
+
+std::string ServerNode::MetricsText() const {
+  std::lock_guard lock(mu_);
+  const ServerStats s = core_ ? core_->stats() : ServerStats{};
+  metrics::TextWriter w;
+  w.Counter("tessera_server_push_requests_total", "Push requests received", s.push_requests)
+      .Counter("tessera_server_pull_requests_total", "Pull requests received", s.pull_requests)
+      .Counter("tessera_server_bad_requests_total", "Requests answered with an error", s.bad_requests)
+      .Counter("tessera_server_held_requests_total", "Pulls and clock advances held for slower workers",
+               s.held_requests)
+      .Counter("tessera_server_compressed_pushes_total", "Pushes whose values arrived encoded", s.compressed_pushes)
+      .Counter("tessera_server_received_bytes_total", "Data frame bytes received, as on the wire", s.bytes_in)
+      .Counter("tessera_server_sent_bytes_total", "Data frame bytes sent, as on the wire", s.bytes_out)
+      .Gauge("tessera_server_held_requests", "Requests waiting for slower workers now", core_ ? core_->held_now() : 0)
+      .Gauge("tessera_server_queued_requests", "Requests queued before the shard map arrived", early_.size())
+      .Gauge("tessera_server_rows", "Rows held, over every table", core_ ? core_->rows() : 0);
+  if (core_ && core_->min_clock() != ClockTable::kNoWorkers) {
+    w.Gauge("tessera_server_min_clock", "Clock of the slowest live worker", core_->min_clock());
+  }
+  return w.text();
 }
 
 ServerStats ServerNode::stats() const {

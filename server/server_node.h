@@ -30,6 +30,8 @@ class ServerNode {
 
   // Core statistics; valid after Run() returned.
   ServerStats stats() const;
+  // The server's metrics in the Prometheus text format (any thread, any time).
+  std::string MetricsText() const;
 
  private:
   void OnMessage(Message m);

@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/keys.h"
 #include "common/memory.h"
+#include "common/metrics.h"
 #include "compress/row_compressor.h"
 #include "node/coordinator_session.h"
 #include "transport/transport_factory.h"
@@ -111,6 +112,13 @@ class WorkerImpl final : public Worker {
       tracker_.emplace(std::move(names));
     }
     ticker_ = std::thread([this] { TickLoop(); });
+    if (options_.metrics_port >= 0) {
+      auto m = metrics::MetricsHttpServer::Start(options_.metrics_host, static_cast<uint16_t>(options_.metrics_port),
+                                                 [this] { return MetricsText(); });
+      if (!m.ok()) return m.status();
+      metrics_ = std::move(*m);
+      TLOG_INFO("metrics at http://{}:{}/metrics", options_.metrics_host, metrics_->port());
+    }
     if (incarnation() > 0) {
       if (absl::Status s = ResumeClock(); !s.ok()) return s;
       TLOG_INFO("worker {} rejoined as incarnation {} at clock {}: {} servers, {} workers", rank(), incarnation(),
@@ -142,6 +150,36 @@ class WorkerImpl final : public Worker {
   }
 
   uint32_t incarnation() const override { return session_->self().incarnation(); }
+
+  std::string MetricsText() const {
+    const WorkerStats s = stats();
+    std::vector<double> bounds;
+    for (size_t i = 0; i + 1 < WorkerStats::kStalenessBuckets; ++i) bounds.push_back(static_cast<double>(i));
+    std::vector<uint64_t> counts(s.staleness.begin(), s.staleness.end());
+    double staleness_sum = 0;
+    for (size_t i = 0; i < counts.size(); ++i) staleness_sum += static_cast<double>(i) * static_cast<double>(counts[i]);
+    metrics::TextWriter w;
+    w.Counter("tessera_worker_pushes_total", "Push calls", s.pushes)
+        .Counter("tessera_worker_pulls_total", "Pull calls", s.pulls)
+        .Counter("tessera_worker_clocks_total", "Clock() calls completed", s.clocks)
+        .Counter("tessera_worker_pushed_bytes_total", "Key and value bytes of pushes, uncompressed", s.bytes_pushed)
+        .Counter("tessera_worker_pulled_bytes_total", "Key and value bytes of pulls, uncompressed", s.bytes_pulled)
+        .Counter("tessera_worker_wire_bytes_total", "Bytes to and from servers as on the wire", s.wire_bytes_pushed,
+                 {{"kind", "push"}})
+        .Counter("tessera_worker_wire_bytes_total", "Bytes to and from servers as on the wire", s.wire_bytes_pulled,
+                 {{"kind", "pull"}})
+        .Counter("tessera_worker_wire_bytes_total", "Bytes to and from servers as on the wire", s.wire_bytes_other,
+                 {{"kind", "other"}})
+        .Counter("tessera_worker_clock_wait_seconds_total", "Time blocked in Clock()",
+                 static_cast<double>(s.clock_wait) / kSeconds)
+        .Counter("tessera_worker_pull_held_seconds_total", "Time servers held this worker's pulls",
+                 static_cast<double>(s.pull_held) / kSeconds)
+        .Histogram("tessera_worker_pull_staleness", "Observed staleness of pulls (clocks; the last bucket is 16+)",
+                   bounds, counts, staleness_sum)
+        .Gauge("tessera_worker_clock", "This worker's clock", static_cast<double>(clock()))
+        .Gauge("tessera_worker_incarnation", "Replacements of this rank before this process", incarnation());
+    return w.text();
+  }
 
   uint32_t rank() const override { return session_->self().rank(); }
   uint32_t num_workers() const override { return num_workers_; }
@@ -504,6 +542,7 @@ class WorkerImpl final : public Worker {
     }
     tick_cv_.notify_all();
     Complete(std::move(done));
+    if (metrics_) metrics_->Stop();  // its render reads the session
     if (ticker_.joinable()) ticker_.join();
     transport_->Stop();
     session_.reset();
@@ -518,6 +557,7 @@ class WorkerImpl final : public Worker {
   std::atomic<uint64_t> clock_{0};
   std::atomic<uint64_t> pushes_{0}, pulls_{0}, bytes_pushed_{0}, bytes_pulled_{0};
   std::atomic<uint64_t> wire_pushed_{0}, wire_pulled_{0}, wire_other_{0};
+  std::unique_ptr<metrics::MetricsHttpServer> metrics_;
 
   mutable std::mutex mu_;
   std::condition_variable tick_cv_;

@@ -63,6 +63,8 @@ struct WorkerOptions {
   Nanos lease = 5 * kSeconds;                // coordinator silent this long = lost
   std::string name;                          // for logs, e.g. "worker-0"
   bool keep_allocations_mapped = true;       // process-wide malloc tuning for large receives (common/memory.h)
+  int metrics_port = -1;                     // serve Prometheus metrics on this port (0: any free port; -1: off)
+  std::string metrics_host = "127.0.0.1";    // IPv4 address the metrics endpoint listens on
 };
 
 // Options of one table. Workers that create the same table must pass equal

@@ -118,6 +118,19 @@ class KubernetesSection:
 
 
 @dataclass(frozen=True)
+class MetricsSection:
+    port: int = 0
+    host: str = "127.0.0.1"
+
+    def port_of(self, role: str, rank: int, servers: int) -> int:
+        """The metrics port of server-R (port + R) or worker-R (port +
+        servers + R); 0 when metrics are off."""
+        if self.port == 0:
+            return 0
+        return self.port + rank + (servers if role == "worker" else 0)
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """A validated job config with every default filled in.
 
@@ -135,6 +148,7 @@ class JobConfig:
     slurm: SlurmSection = dataclasses.field(default_factory=SlurmSection)
     ssh: SshSection = dataclasses.field(default_factory=SshSection)
     kubernetes: KubernetesSection = dataclasses.field(default_factory=KubernetesSection)
+    metrics: MetricsSection = dataclasses.field(default_factory=MetricsSection)
 
     def to_dict(self) -> dict:
         """The config as plain data, in file order, loadable again."""
@@ -242,6 +256,12 @@ def _port(value: Any) -> Optional[str]:
     return None
 
 
+def _metrics_port(value: Any) -> Optional[str]:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        return "must be 0 (metrics off) or the first of the ports, up to 65535"
+    return None
+
+
 def _dns_label(value: Any) -> Optional[str]:
     if not isinstance(value, str) or not _DNS_LABEL_RE.match(value):
         return "must be a DNS label: lower-case letters, digits and '-', at most 63 characters"
@@ -313,6 +333,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "build_dir": Field(_nonempty_string, "/opt/tessera/build", "the build tree inside the image"),
         "port": Field(_port, 7000, "coordinator port; servers use port+1, workers port+2"),
     },
+    "metrics": {
+        "port": Field(_metrics_port, 0, "first Prometheus port: server-R port+R, worker-R port+servers+R; 0: off"),
+        "host": Field(_nonempty_string, "127.0.0.1", "address the metrics endpoints listen on"),
+    },
 }
 
 #: Sections that only one back-end reads.
@@ -325,6 +349,7 @@ _SECTION_TYPES = {
     "worker": WorkerSection,
     "mpirun": MpirunSection,
     "slurm": SlurmSection,
+    "metrics": MetricsSection,
     "ssh": SshSection,
     "kubernetes": KubernetesSection,
 }

@@ -256,6 +256,9 @@ def server_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
         "--name", name,
         "--connect-timeout", _seconds(config.timeouts.assemble_seconds + CONNECT_TIMEOUT_MARGIN_SECONDS),
     ]
+    port = config.metrics.port_of("server", rank, config.cluster.servers)
+    if port:
+        argv += ["--metrics-port", str(port), "--metrics-host", config.metrics.host]
     return argv + (["--debug"] if debug else [])
 
 
@@ -269,6 +272,9 @@ def worker_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
         argv += ["--bind", bind_address(config, layout, name, host)]
     for key, value in config.worker.args.items():
         argv += [f"--{key}", _flag_value(value)]
+    port = config.metrics.port_of("worker", rank, config.cluster.servers)
+    if port:
+        argv += ["--metrics_port", str(port), "--metrics_host", config.metrics.host]
     return argv
 
 

@@ -1,0 +1,75 @@
+"""Metrics during a running job: scrape a server and a worker of a real job
+twice and check that the named series are there and their counters grow."""
+
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def free_port_base(count: int) -> int:
+    """A port with `count` free ports from it (checked by binding them)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count > 65535:
+            continue
+        sockets = []
+        try:
+            for p in range(base, base + count):
+                t = socket.socket()
+                sockets.append(t)
+                t.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for t in sockets:
+                t.close()
+    raise RuntimeError("no run of free ports")
+
+
+def scrape(port: int, deadline: float) -> str:
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                return r.read().decode()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def value(text: str, series: str) -> float:
+    m = re.search(r"^" + re.escape(series) + r" (\S+)$", text, re.M)
+    assert m, f"{series} missing from:\n{text}"
+    return float(m.group(1))
+
+
+def test_scrapes_show_growing_counters(source_dir, binaries, tmp_path):
+    base = free_port_base(2)
+    argv = [sys.executable, str(source_dir / "launcher" / "tessera-launch"), "local",
+            "--config", str(source_dir / "configs" / "local.yaml"), "--run-dir", str(tmp_path / "run"),
+            "--build-dir", str(binaries), "--quiet", "--timeout", "120",
+            "--set", "cluster.servers=1", "--set", "cluster.workers=1", "--set", f"metrics.port={base}",
+            "--set", "worker.args.epochs=1", "--set", "worker.args.train_examples=60000",
+            "--set", "worker.args.step_ms=10"]  # 300 steps of at least 10 ms: a few seconds to watch
+    job = subprocess.Popen(argv, cwd=source_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        server1, worker1 = scrape(base, deadline), scrape(base + 1, deadline)
+        time.sleep(1.0)
+        server2, worker2 = scrape(base, deadline), scrape(base + 1, deadline)
+    finally:
+        out, _ = job.communicate(timeout=150)
+    assert job.returncode == 0, out[-3000:]
+    for series in ("tessera_server_push_requests_total", "tessera_server_pull_requests_total",
+                   "tessera_server_received_bytes_total"):
+        assert value(server2, series) > value(server1, series), series
+    for series in ("tessera_worker_pushes_total", 'tessera_worker_wire_bytes_total{kind="push"}'):
+        assert value(worker2, series) > value(worker1, series), series
+    assert "# TYPE tessera_worker_pull_staleness histogram" in worker2
+    assert value(server2, "tessera_server_rows") > 0
