@@ -243,7 +243,9 @@ TEST_F(ServerCoreTest, LargePullRepliesGoOutInPieces) {
     EXPECT_EQ(m.header.request_id(), 3u);
     EXPECT_EQ(m.header.sender_id(), 7u);
     EXPECT_EQ(m.header.has_pull_reply(), k == 0);  // later pieces carry no body
-    if (k > 0) EXPECT_EQ(m.header.body_case(), proto::Envelope::BODY_NOT_SET);
+    if (k > 0) {
+      EXPECT_EQ(m.header.body_case(), proto::Envelope::BODY_NOT_SET);
+    }
     ASSERT_EQ(m.frames.size(), 2u);
     ASSERT_EQ(m.frames[1].size(), kPullPieceDescriptorBytes);
     uint64_t words[2];
