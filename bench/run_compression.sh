@@ -21,15 +21,10 @@ RATE=${RATE:-100mbit}
 OUT=$(realpath -m "${OUT:-$ROOT/runs/compression-$(date +%Y%m%d-%H%M%S)}")
 VARIANTS=${VARIANTS:-"none=/ fp16=fp16/ int8=qsgd/ topk1%+ef=topk:ratio=0.01/ topk1%-noef=topk:ratio=0.01,ef=false/ onebit+ef=onebit/ topk1%+ef,fp16-pulls=topk:ratio=0.01/fp16"}
 
-if [ ! -f "$BUILD/build.ninja" ] && [ ! -f "$BUILD/Makefile" ]; then
-  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-fi
 mkdir -p "$OUT"
-if ! cmake --build "$BUILD" --target tessera-logreg tessera-coordinator tessera-server >"$OUT/build.log" 2>&1; then
-  tail -30 "$OUT/build.log" >&2
-  echo "run_compression.sh: the build failed (log above)" >&2
-  exit 1
-fi
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
+bench_build run_compression.sh "$BUILD" "$OUT/build.log" tessera-logreg tessera-coordinator tessera-server
 
 NETNS=()
 if [ "$RATE" != none ]; then

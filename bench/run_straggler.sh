@@ -22,15 +22,10 @@ SCENARIOS=${SCENARIOS:-rotating fixed}
 MODELS=${MODELS:-bsp ssp asp}
 OUT=$(realpath -m "${OUT:-$ROOT/runs/straggler-$(date +%Y%m%d-%H%M%S)}")
 
-if [ ! -f "$BUILD/build.ninja" ] && [ ! -f "$BUILD/Makefile" ]; then
-  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-fi
 mkdir -p "$OUT"
-if ! cmake --build "$BUILD" --target tessera-logreg tessera-coordinator tessera-server >"$OUT/build.log" 2>&1; then
-  tail -30 "$OUT/build.log" >&2
-  echo "run_straggler.sh: the build failed (log above)" >&2
-  exit 1
-fi
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
+bench_build run_straggler.sh "$BUILD" "$OUT/build.log" tessera-logreg tessera-coordinator tessera-server
 
 extra=()
 for kv in ${SET:-}; do extra+=(--set "$kv"); done

@@ -1,0 +1,19 @@
+# Shared by the bench/run_*.sh scripts (sourced, not run).
+
+# bench_build SCRIPT BUILD LOG TARGET...: configures BUILD if it has never
+# been configured (Ninja, RelWithDebInfo), builds the targets with the output
+# in LOG, and on failure prints the end of LOG and exits 1 naming SCRIPT.
+bench_build() {
+  local script=$1 build=$2 log=$3
+  shift 3
+  local root
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  if [ ! -f "$build/build.ninja" ] && [ ! -f "$build/Makefile" ]; then
+    cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  fi
+  if ! cmake --build "$build" --target "$@" >"$log" 2>&1; then
+    tail -30 "$log" >&2
+    echo "$script: the build failed (log above)" >&2
+    exit 1
+  fi
+}
