@@ -151,6 +151,8 @@ class WorkerImpl final : public Worker {
 
   uint32_t incarnation() const override { return session_->self().incarnation(); }
 
+  TransportStats transport_stats() const override { return transport_->stats(); }
+
   std::string MetricsText() const {
     const WorkerStats s = stats();
     std::vector<double> bounds;
@@ -408,6 +410,9 @@ class WorkerImpl final : public Worker {
     m.header.set_request_id(next_request_.fetch_add(1) + 1);
     m.header.set_sender_id(session_->self().node_id());
     m.header.set_epoch(map_->epoch());
+    // The transport stamps this too; set here, the header the wire counts
+    // measure is the one that is sent.
+    m.header.set_sender_address(transport_->address());
     return m;
   }
 

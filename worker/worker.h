@@ -44,6 +44,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "transport/transport.h"
 #include "common/keys.h"
 #include "proto/tessera.pb.h"
 
@@ -171,6 +172,9 @@ class Worker {
   virtual absl::Status Finish(const proto::WorkerDone& report) = 0;
 
   virtual WorkerStats stats() const = 0;
+  // What this worker's transport counted (every message, coordinator
+  // traffic included): the ground truth for the wire counts in stats().
+  virtual TransportStats transport_stats() const = 0;
 };
 
 }  // namespace tessera

@@ -227,6 +227,39 @@ TEST(InProcClusterCompressionTest, CompressedPushesAndPullsCarryTheValues) {
   ASSERT_TRUE(w.Finish({}).ok());
 }
 
+// The worker's wire counts (pushes, pulls, other server traffic) add up to
+// exactly what its transport counted sending and receiving. Heartbeats are
+// 12 s apart here (the first at join), so no coordinator traffic falls
+// between the snapshots.
+TEST(InProcClusterCompressionTest, WireCountsEqualWhatTheTransportCounted) {
+  InProcCluster cluster({.servers = 2, .workers = 1, .started_servers = 2, .lease = 60 * kSeconds});
+  auto workers = Unwrap(cluster.ConnectWorkers());
+  ASSERT_EQ(workers.size(), 1u);
+  Worker& w = *workers[0];
+  ASSERT_TRUE(w.CreateTable({.id = 1, .width = 8, .optimizer = proto::ACCUMULATE,
+                             .compression = "topk:ratio=0.05,raw_below=1", .pull_compression = "qsgd:raw_below=1"})
+                  .ok());
+  auto total = [](const WorkerStats& s) { return s.wire_bytes_pushed + s.wire_bytes_pulled + s.wire_bytes_other; };
+  // The first heartbeat goes out as the worker joins: let its ack arrive.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const WorkerStats s0 = w.stats();
+  const TransportStats t0 = w.transport_stats();
+  std::vector<Key> keys(300);
+  std::iota(keys.begin(), keys.end(), 1);
+  std::vector<float> v(keys.size() * 8, 0.25f), out(v.size());
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(w.Push(1, keys, v).Wait().ok());
+    ASSERT_TRUE(w.Pull(1, keys, out).Wait().ok());
+    ASSERT_TRUE(w.Clock().ok());
+  }
+  const WorkerStats s1 = w.stats();
+  const TransportStats t1 = w.transport_stats();
+  EXPECT_GT(s1.wire_bytes_pushed, s0.wire_bytes_pushed);
+  EXPECT_EQ(total(s1) - total(s0),
+            (t1.bytes_sent - t0.bytes_sent) + (t1.bytes_received - t0.bytes_received));
+  ASSERT_TRUE(w.Finish({}).ok());
+}
+
 TEST(InProcClusterCompressionTest, BadCodecSpecsAreRejectedWithTheReason) {
   InProcCluster cluster({.servers = 1, .workers = 1, .started_servers = 1});
   auto workers = Unwrap(cluster.ConnectWorkers());
