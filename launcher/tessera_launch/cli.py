@@ -8,7 +8,7 @@ import sys
 
 from . import __version__
 from .config import ConfigError
-from . import kubernetes, role, slurm, ssh
+from . import kubernetes, report, role, slurm, ssh
 from .local import EXIT_USAGE, LocalBackend, LocalOptions, SetupError, run_job
 from .mpirun import MpirunBackend
 
@@ -152,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                           _KUBERNETES_DESCRIPTION)
     _add_common(kube_parser, skip=False)
     kubernetes.add_arguments(kube_parser)
+    report.add_arguments(command("report", "turn a run directory into plots and a Markdown page",
+                                 report.__doc__.split("\n\n", 1)[1], ""))
     role.add_arguments(commands.add_parser(
         "role", help="internal: one job process, started by mpirun, srun or ssh (docs/launcher.md)"))
     return parser
@@ -168,6 +170,8 @@ def main(argv=None) -> int:
     """Runs tessera-launch; returns its exit status."""
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "report":
+            return report.run(args)
         if args.command == "role":
             return role.main_role(args)
         if args.command == "kubernetes":
@@ -176,7 +180,7 @@ def main(argv=None) -> int:
             return slurm.run(_job_options(args), args)
         backends = {"local": LocalBackend, "mpirun": MpirunBackend, "ssh": lambda: ssh.SshBackend(args.hostfile)}
         return run_job(_job_options(args), backends[args.command]())
-    except (ConfigError, SetupError) as e:
+    except (ConfigError, SetupError, report.ReportError) as e:
         for line in str(e).splitlines():
             print(f"tessera-launch: error: {line}", file=sys.stderr)
         return EXIT_USAGE
