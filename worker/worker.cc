@@ -24,6 +24,8 @@ struct Future::State {
   std::mutex mu;
   std::condition_variable cv;
   std::optional<absl::Status> status;
+  Nanos started = 0;                       // when the request was issued
+  metrics::Histogram* latency = nullptr;   // observes issue-to-completion seconds (owned by the worker)
 
   void Set(absl::Status s) {
     {
@@ -31,6 +33,7 @@ struct Future::State {
       if (status) return;
       status = std::move(s);
     }
+    if (latency != nullptr) latency->Observe(static_cast<double>(MonotonicNow() - started) / kSeconds);
     cv.notify_all();
   }
 };
@@ -178,6 +181,10 @@ class WorkerImpl final : public Worker {
                  static_cast<double>(s.pull_held) / kSeconds)
         .Histogram("tessera_worker_pull_staleness", "Observed staleness of pulls (clocks; the last bucket is 16+)",
                    bounds, counts, staleness_sum)
+        .Histogram("tessera_worker_push_latency_seconds", "Push issue to completion", push_latency_.bounds(),
+                   push_latency_.counts(), push_latency_.sum())
+        .Histogram("tessera_worker_pull_latency_seconds", "Pull issue to completion (holds included)",
+                   pull_latency_.bounds(), pull_latency_.counts(), pull_latency_.sum())
         .Gauge("tessera_worker_clock", "This worker's clock", static_cast<double>(clock()))
         .Gauge("tessera_worker_incarnation", "Replacements of this rank before this process", incarnation());
     return w.text();
@@ -279,7 +286,8 @@ class WorkerImpl final : public Worker {
     }
     pushes_++;
     bytes_pushed_ += keys.size_bytes() + values.size_bytes();
-    return Issue(absl::StrCat("push to table ", table), std::move(parts), std::move(sends));
+    return Issue(absl::StrCat("push to table ", table), std::move(parts), std::move(sends), {}, 0, 0,
+                 &push_latency_);
   }
 
   Future Pull(uint32_t table, std::span<const Key> keys, std::span<float> out) override {
@@ -316,7 +324,7 @@ class WorkerImpl final : public Worker {
     pulls_++;
     bytes_pulled_ += keys.size_bytes() + out.size_bytes();
     return Issue(absl::StrCat("pull from table ", table, " at clock ", clock), std::move(parts), std::move(sends),
-                 out, *width, options_.hold_timeout);
+                 out, *width, options_.hold_timeout, &pull_latency_);
   }
 
   absl::Status Clock() override {
@@ -457,8 +465,11 @@ class WorkerImpl final : public Worker {
   // `hold` is how long servers may hold the request for slower workers, on
   // top of the request timeout.
   Future Issue(std::string what, std::vector<RequestTracker::PartSpec> parts, std::vector<Outgoing> sends,
-               std::span<float> out = {}, uint32_t width = 0, Nanos hold = 0) {
+               std::span<float> out = {}, uint32_t width = 0, Nanos hold = 0,
+               metrics::Histogram* latency = nullptr) {
     auto state = std::make_shared<Future::State>();
+    state->started = MonotonicNow();
+    state->latency = latency;
     {
       std::lock_guard lock(mu_);
       if (closed_) return Future::Ready(absl::CancelledError("worker is closed"));
@@ -563,6 +574,9 @@ class WorkerImpl final : public Worker {
   std::atomic<uint64_t> pushes_{0}, pulls_{0}, bytes_pushed_{0}, bytes_pulled_{0};
   std::atomic<uint64_t> wire_pushed_{0}, wire_pulled_{0}, wire_other_{0};
   std::unique_ptr<metrics::MetricsHttpServer> metrics_;
+  // 50 us .. about 3.4 s, doubling.
+  metrics::Histogram push_latency_{metrics::ExponentialBuckets(50e-6, 2, 17)};
+  metrics::Histogram pull_latency_{metrics::ExponentialBuckets(50e-6, 2, 17)};
 
   mutable std::mutex mu_;
   std::condition_variable tick_cv_;

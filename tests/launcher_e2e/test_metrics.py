@@ -72,4 +72,6 @@ def test_scrapes_show_growing_counters(source_dir, binaries, tmp_path):
     for series in ("tessera_worker_pushes_total", 'tessera_worker_wire_bytes_total{kind="push"}'):
         assert value(worker2, series) > value(worker1, series), series
     assert "# TYPE tessera_worker_pull_staleness histogram" in worker2
+    assert value(worker2, "tessera_worker_push_latency_seconds_count") > value(
+        worker1, "tessera_worker_push_latency_seconds_count")
     assert value(server2, "tessera_server_rows") > 0
