@@ -34,6 +34,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "worker/worker.h"
+#include "worker/worker_flags.h"
 
 namespace tessera::bench {
 namespace {
@@ -42,13 +43,7 @@ constexpr uint32_t kFirstTable = 100;
 constexpr int kStreamWindow = 64;
 
 struct BenchFlags {
-  std::string coordinator;
-  int rank = -1;
-  std::string name;
-  std::string bind = "tcp://127.0.0.1:0";
-  bool debug = false;
-  double connect_timeout_seconds = 30;
-  double request_timeout_seconds = 60;
+  WorkerProcessFlags process;  // the process contract: set by the launcher
   std::vector<size_t> sizes = {4096, 1 << 20, 16 << 20};
   std::vector<std::string> ops = {"push", "pull", "pushpull"};
   std::vector<std::string> modes = {"sequential", "inflight8", "stream"};
@@ -217,17 +212,7 @@ int Main(int argc, char** argv) {
   CLI::App app{"tessera-push-pull-bench: throughput of Tessera pushes and pulls of one large dense row per size. "
                "A worker program, started by tessera-launch (configs/bench_push_pull.yaml) or bench/run_push_pull.sh."};
   app.option_defaults()->always_capture_default();
-  app.add_option("--coordinator", flags.coordinator, "coordinator address, e.g. tcp://127.0.0.1:5000")->required();
-  app.add_option("--rank", flags.rank, "requested worker rank (-1: assigned by the coordinator)");
-  app.add_option("--name", flags.name, "name for logs, e.g. worker-0");
-  app.add_option("--bind", flags.bind, "endpoint this worker receives replies on");
-  app.add_flag("--debug", flags.debug, "log debug lines");
-  app.add_option("--connect_timeout_seconds,--connect-timeout-seconds", flags.connect_timeout_seconds,
-                 "seconds to wait for the coordinator and the job to assemble")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--request_timeout_seconds,--request-timeout-seconds", flags.request_timeout_seconds,
-                 "seconds before a push or pull fails")
-      ->check(CLI::PositiveNumber);
+  flags.process.AddTo(app);
   app.add_option("--sizes", flags.sizes, "row sizes in bytes, comma-separated, multiples of 4")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
@@ -257,16 +242,9 @@ int Main(int argc, char** argv) {
       return 1;
     }
   }
-  if (flags.name.empty()) flags.name = flags.rank >= 0 ? absl::StrCat("worker-", flags.rank) : "worker";
-  InitLogging(flags.name, flags.debug);
+  flags.process.InitLogs();
 
-  WorkerOptions options;
-  options.coordinator = flags.coordinator;
-  options.rank = flags.rank;
-  options.bind = flags.bind;
-  options.name = flags.name;
-  options.connect_timeout = static_cast<Nanos>(flags.connect_timeout_seconds * kSeconds);
-  options.request_timeout = static_cast<Nanos>(flags.request_timeout_seconds * kSeconds);
+  WorkerOptions options = flags.process.ToOptions();
   absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Connect(options);
   if (!worker.ok()) {
     TLOG_ERROR("could not join the job: {}", worker.status().ToString());

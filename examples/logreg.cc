@@ -52,6 +52,7 @@
 #include "examples/straggler.h"
 #include "examples/synthetic_clicklog.h"
 #include "worker/worker.h"
+#include "worker/worker_flags.h"
 
 namespace tessera::examples {
 namespace {
@@ -62,14 +63,7 @@ constexpr Key kBiasKey = 0;
 constexpr uint64_t kProgressEverySteps = 50;
 
 struct LogRegFlags {
-  // The process contract: set by the launcher.
-  std::string coordinator;                 // coordinator address
-  int rank = -1;                           // requested worker rank, -1 = assigned
-  std::string name;                        // for logs; default worker-RANK
-  std::string bind = "tcp://127.0.0.1:0";  // where replies arrive
-  bool debug = false;                      // debug log lines
-  double connect_timeout_seconds = 30;     // registration and job assembly
-  double request_timeout_seconds = 60;     // every push, pull, table creation
+  WorkerProcessFlags process;  // the process contract: set by the launcher
   // The job; the defaults are those of configs/local.yaml.
   uint64_t features = 5000;          // distinct feature ids
   uint32_t fields = 20;              // active features per example
@@ -92,8 +86,6 @@ struct LogRegFlags {
   std::string weights = "sparse";     // sparse | dense: see the file comment
   std::string compression;            // codec spec of pushed gradients ("": none)
   std::string pull_compression;       // codec spec of pulled weights ("": none)
-  int metrics_port = -1;              // Prometheus metrics port (0: any; -1: off)
-  std::string metrics_host = "127.0.0.1";
 };
 
 // A JSON number, or null when it is not finite (JSON has no NaN).
@@ -454,16 +446,7 @@ int Main(int argc, char** argv) {
       "tessera-logreg: sparse logistic regression on a synthetic click log, trained against a Tessera "
       "parameter server. Started by tessera-launch; prints TESSERA_PROGRESS and TESSERA_RESULT lines on stdout."};
   app.option_defaults()->always_capture_default();
-  app.add_option("--coordinator", flags.coordinator, "coordinator address, e.g. tcp://127.0.0.1:5000")->required();
-  app.add_option("--rank", flags.rank, "requested worker rank (-1: assigned by the coordinator)");
-  app.add_option("--name", flags.name, "name for logs, e.g. worker-0");
-  app.add_option("--bind", flags.bind, "endpoint this worker receives replies on");
-  app.add_flag("--debug", flags.debug, "log debug lines");
-  app.add_option("--connect_timeout_seconds,--connect-timeout-seconds", flags.connect_timeout_seconds,
-                 "seconds to wait for the coordinator and the job to assemble")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--request_timeout_seconds,--request-timeout-seconds", flags.request_timeout_seconds, "seconds before a push or pull fails")
-      ->check(CLI::PositiveNumber);
+  flags.process.AddTo(app);
   app.add_option("--features", flags.features, "distinct feature ids of the synthetic click log")
       ->check(CLI::PositiveNumber);
   app.add_option("--fields", flags.fields, "active features per example")->check(CLI::PositiveNumber);
@@ -507,10 +490,6 @@ int Main(int argc, char** argv) {
                  "codec of pushed gradients, e.g. topk:ratio=0.01 or fp16 (see docs/compression.md; empty: none)");
   app.add_option("--pull_compression,--pull-compression", flags.pull_compression,
                  "codec of pulled weights: none, fp16, bf16, qsgd or terngrad, without error feedback (empty: none)");
-  app.add_option("--metrics_port,--metrics-port", flags.metrics_port,
-                 "serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port; -1: off)")
-      ->check(CLI::Range(-1, 65535));
-  app.add_option("--metrics_host,--metrics-host", flags.metrics_host, "IPv4 address the metrics endpoint listens on");
   app.add_option("--eval_every,--eval-every", flags.eval_every,
                  "worker 0 evaluates the test set every this many steps and reports test_loss (0: per epoch only)");
   try {
@@ -526,8 +505,7 @@ int Main(int argc, char** argv) {
                  flags.straggler.c_str());
     return 1;
   }
-  if (flags.name.empty()) flags.name = flags.rank >= 0 ? absl::StrCat("worker-", flags.rank) : "worker";
-  InitLogging(flags.name, flags.debug);
+  flags.process.InitLogs();
 
   ClickLogOptions data;
   data.features = flags.features;
@@ -540,15 +518,7 @@ int Main(int argc, char** argv) {
     return 1;
   }
 
-  WorkerOptions options;
-  options.coordinator = flags.coordinator;
-  options.rank = flags.rank;
-  options.bind = flags.bind;
-  options.name = flags.name;
-  options.connect_timeout = static_cast<Nanos>(flags.connect_timeout_seconds * kSeconds);
-  options.request_timeout = static_cast<Nanos>(flags.request_timeout_seconds * kSeconds);
-  options.metrics_port = flags.metrics_port;
-  options.metrics_host = flags.metrics_host;
+  WorkerOptions options = flags.process.ToOptions();
   absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Connect(options);
   if (!worker.ok()) {
     TLOG_ERROR("could not join the job: {}", worker.status().ToString());

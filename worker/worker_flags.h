@@ -1,0 +1,63 @@
+#pragma once
+// The flags every worker program takes from the launcher (the process
+// contract in docs/launcher.md), in one place: add them to a CLI11 app, then
+// turn them into WorkerOptions. Header-only; programs link CLI11 themselves.
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "worker/worker.h"
+
+namespace tessera {
+
+struct WorkerProcessFlags {
+  std::string coordinator;                 // coordinator address
+  int rank = -1;                           // requested worker rank, -1 = assigned
+  std::string name;                        // for logs; default worker-RANK
+  std::string bind = "tcp://127.0.0.1:0";  // where replies arrive
+  bool debug = false;                      // debug log lines
+  double connect_timeout_seconds = 30;     // registration and job assembly
+  double request_timeout_seconds = 60;     // every push, pull, table creation
+  int metrics_port = -1;                   // Prometheus metrics (0: any free port; -1: off)
+  std::string metrics_host = "127.0.0.1";
+
+  void AddTo(CLI::App& app) {
+    app.add_option("--coordinator", coordinator, "coordinator address, e.g. tcp://127.0.0.1:5000")->required();
+    app.add_option("--rank", rank, "requested worker rank (-1: assigned by the coordinator)");
+    app.add_option("--name", name, "name for logs, e.g. worker-0");
+    app.add_option("--bind", bind, "endpoint this worker receives replies on");
+    app.add_flag("--debug", debug, "log debug lines");
+    app.add_option("--connect_timeout_seconds,--connect-timeout-seconds", connect_timeout_seconds,
+                   "seconds to wait for the coordinator and the job to assemble")
+        ->check(CLI::PositiveNumber);
+    app.add_option("--request_timeout_seconds,--request-timeout-seconds", request_timeout_seconds,
+                   "seconds before a push or pull fails")
+        ->check(CLI::PositiveNumber);
+    app.add_option("--metrics_port,--metrics-port", metrics_port,
+                   "serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (0: any free port; -1: off)")
+        ->check(CLI::Range(-1, 65535));
+    app.add_option("--metrics_host,--metrics-host", metrics_host, "IPv4 address the metrics endpoint listens on");
+  }
+
+  // Names the process (worker-RANK unless --name) and starts logging.
+  void InitLogs() {
+    if (name.empty()) name = rank >= 0 ? absl::StrCat("worker-", rank) : "worker";
+    InitLogging(name, debug);
+  }
+
+  WorkerOptions ToOptions() const {
+    WorkerOptions o;
+    o.coordinator = coordinator;
+    o.rank = rank;
+    o.bind = bind;
+    o.name = name;
+    o.connect_timeout = static_cast<Nanos>(connect_timeout_seconds * kSeconds);
+    o.request_timeout = static_cast<Nanos>(request_timeout_seconds * kSeconds);
+    o.metrics_port = metrics_port;
+    o.metrics_host = metrics_host;
+    return o;
+  }
+};
+
+}  // namespace tessera
