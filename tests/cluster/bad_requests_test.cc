@@ -1,0 +1,220 @@
+// Malformed requests over a real socket to a live server: a job of one
+// coordinator, one server and one raw client, all over ZeroMQ tcp on
+// loopback. The client registers as the job's worker, writes known values,
+// then sends one bad request after another (each field wrong in turn,
+// truncated and garbage frames, huge lengths, bad codec parts). Every one must
+// get an Error reply naming the problem, the server must stay up, and a pull
+// afterwards must return exactly the values from before.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+
+#include "common/logging.h"
+#include "compress/row_compressor.h"
+#include "coordinator/coordinator_node.h"
+#include "node/coordinator_session.h"
+#include "server/server_node.h"
+#include "transport/transport_factory.h"
+
+namespace tessera {
+namespace {
+
+constexpr uint32_t kTable = 1;
+constexpr uint32_t kWidth = 4;
+
+class RawClient {
+ public:
+  explicit RawClient(const std::string& coordinator) {
+    auto t = MakeTransport("tcp://127.0.0.1:0");
+    EXPECT_TRUE(t.ok()) << t.status();
+    transport_ = std::move(*t);
+    CoordinatorSession::Options so;
+    so.coordinator = coordinator;
+    so.role = proto::WORKER;
+    so.rank = 0;
+    so.connect_timeout = 20 * kSeconds;
+    session_ = std::make_unique<CoordinatorSession>(so, transport_.get());
+    EXPECT_TRUE(transport_->Start([this](Message m) {
+      if (session_->Handle(m)) return;
+      std::lock_guard lock(mu_);
+      inbox_.push_back(std::move(m));
+      cv_.notify_all();
+    }).ok());
+  }
+  ~RawClient() {
+    session_.reset();
+    transport_->Stop();
+  }
+
+  absl::StatusOr<proto::JobReady> Join() {
+    auto ready = session_->Join();
+    if (ready.ok()) server_ = ready->shard_map().servers(0).address();
+    return ready;
+  }
+
+  // Sends `m` as a request and returns its reply (or a message with no body
+  // after 5 s: the test then fails on the missing reply).
+  Message Call(Message m) {
+    const uint64_t id = ++next_id_;
+    m.header.set_request_id(id);
+    m.header.set_sender_id(session_->self().node_id());
+    EXPECT_TRUE(transport_->Send(server_, std::move(m)).ok());
+    std::unique_lock lock(mu_);
+    Message reply;
+    cv_.wait_for(lock, std::chrono::seconds(5), [&] {
+      for (auto it = inbox_.begin(); it != inbox_.end(); ++it) {
+        if (it->header.request_id() == id) {
+          reply = std::move(*it);
+          inbox_.erase(it);
+          return true;
+        }
+      }
+      return false;
+    });
+    return reply;
+  }
+
+  CoordinatorSession& session() { return *session_; }
+
+ private:
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<CoordinatorSession> session_;
+  std::string server_;
+  uint64_t next_id_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Message> inbox_;
+};
+
+Message Push(uint32_t table, uint64_t num_keys, std::vector<Buffer> frames, uint32_t value_parts = 0) {
+  Message m;
+  m.header.mutable_push()->set_table_id(table);
+  m.header.mutable_push()->set_num_keys(num_keys);
+  m.header.mutable_push()->set_value_parts(value_parts);
+  m.frames = std::move(frames);
+  return m;
+}
+
+Message Pull(uint32_t table, uint64_t num_keys, std::vector<Buffer> frames) {
+  Message m;
+  m.header.mutable_pull()->set_table_id(table);
+  m.header.mutable_pull()->set_num_keys(num_keys);
+  m.frames = std::move(frames);
+  return m;
+}
+
+Message Create(uint32_t width, const std::string& compression = "", const std::string& pull_compression = "") {
+  Message m;
+  auto* c = m.header.mutable_create_table()->mutable_config();
+  c->set_table_id(7);
+  c->set_width(width);
+  c->set_kind(proto::SPARSE);
+  c->set_optimizer(proto::ACCUMULATE);
+  c->set_compression(compression);
+  c->set_pull_compression(pull_compression);
+  return m;
+}
+
+template <typename T>
+Buffer Of(const std::vector<T>& v) {
+  return Buffer::CopyOf(v.data(), v.size() * sizeof(T));
+}
+
+TEST(BadRequestsTest, EveryBadRequestGetsItsErrorAndChangesNothing) {
+  spdlog::default_logger()->set_level(spdlog::level::warn);
+  CoordinatorOptions co;
+  co.servers = 1;
+  co.workers = 1;
+  co.vshards = 8;
+  co.assemble_timeout = 20 * kSeconds;
+  auto ct = MakeTransport("tcp://127.0.0.1:0");
+  ASSERT_TRUE(ct.ok());
+  CoordinatorNode coordinator(co, std::move(*ct));
+  ASSERT_TRUE(coordinator.Start().ok());
+  auto coordinator_done = std::async(std::launch::async, [&] { return coordinator.Run(); });
+  auto st = MakeTransport("tcp://127.0.0.1:0");
+  ASSERT_TRUE(st.ok());
+  CoordinatorSession::Options so;
+  so.coordinator = coordinator.address();
+  so.role = proto::SERVER;
+  so.rank = 0;
+  ServerNode server(so, std::move(*st));
+  auto server_done = std::async(std::launch::async, [&] { return server.Run(); });
+
+  RawClient client(coordinator.address());
+  ASSERT_TRUE(client.Join().ok());
+
+  Message create;
+  auto* c = create.header.mutable_create_table()->mutable_config();
+  c->set_table_id(kTable);
+  c->set_width(kWidth);
+  c->set_kind(proto::SPARSE);
+  c->set_optimizer(proto::ACCUMULATE);
+  ASSERT_TRUE(client.Call(std::move(create)).header.has_ack());
+
+  const std::vector<Key> keys = {11, 12, 13};
+  std::vector<float> values(keys.size() * kWidth);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * static_cast<float>(i) - 2.0f;
+  ASSERT_TRUE(client.Call(Push(kTable, keys.size(), {Of(keys), Of(values)})).header.has_ack());
+  auto pull_all = [&] { return client.Call(Pull(kTable, keys.size(), {Of(keys)})); };
+  Message before = pull_all();
+  ASSERT_TRUE(before.header.has_pull_reply()) << before.header.ShortDebugString();
+  const std::vector<float> expected(before.frames[0].As<float>().begin(), before.frames[0].As<float>().end());
+  ASSERT_EQ(expected, values);
+
+  // A valid encoded part of 8 values (the push below needs 12).
+  auto codec = compress::Codec::Create(*compress::ParseCodecSpec("fp16:raw_below=1"));
+  ASSERT_TRUE(codec.ok());
+  auto short_part = compress::EncodeValues(*codec, std::span<const float>(values).first(8), 1);
+  ASSERT_TRUE(short_part.ok() && !short_part->raw);
+  std::vector<uint8_t> garbage(100, 0xAB);
+
+  struct Case {
+    const char* what;
+    Message request;
+    const char* expected_words;  // a piece of the error message
+  };
+  std::vector<Case> cases;
+  cases.push_back({"push without values", Push(kTable, 3, {Of(keys)}), "frames"});
+  cases.push_back({"push with an extra frame", Push(kTable, 3, {Of(keys), Of(values), Of(values)}), "frames"});
+  cases.push_back({"push whose key count disagrees", Push(kTable, 4, {Of(keys), Of(values)}), "key"});
+  cases.push_back({"push with short values", Push(kTable, 3, {Of(keys), Buffer::CopyOf(values.data(), 20)}), "values"});
+  cases.push_back({"push to an unknown table", Push(99, 3, {Of(keys), Of(values)}), "table 99"});
+  cases.push_back({"push with a ragged keys frame", Push(kTable, 3, {Buffer::CopyOf(keys.data(), 23), Of(values)}),
+                   "key"});
+  cases.push_back({"push of a huge key count", Push(kTable, uint64_t{1} << 40, {Of(keys), Of(values)}), "key"});
+  cases.push_back({"push with a garbage part", Push(kTable, 3, {Of(keys), Of(garbage)}, 1), "compressed part"});
+  cases.push_back({"push announcing two parts, sending one", Push(kTable, 3, {Of(keys), Of(garbage)}, 2), "frames"});
+  cases.push_back({"push whose parts do not cover the values",
+                   Push(kTable, 3, {Of(keys), short_part->parts[0]}, 1), "cover"});
+  cases.push_back({"pull without keys", Pull(kTable, 3, {}), "frame"});
+  cases.push_back({"pull whose key count disagrees", Pull(kTable, 2, {Of(keys)}), "key"});
+  cases.push_back({"pull of an unknown table", Pull(99, 3, {Of(keys)}), "table 99"});
+  cases.push_back({"table of width 0", Create(0), "width"});
+  cases.push_back({"table with an unknown codec", Create(4, "zip"), "zip"});
+  cases.push_back({"table with top-k pulls", Create(4, "", "topk"), "pulls return weights"});
+  cases.push_back({"a message with no body", Message{}, "does not handle"});
+  for (Case& k : cases) {
+    Message reply = client.Call(std::move(k.request));
+    ASSERT_TRUE(reply.header.has_error()) << k.what << ": " << reply.header.ShortDebugString();
+    EXPECT_NE(reply.header.error().message().find(k.expected_words), std::string::npos)
+        << k.what << ": " << reply.header.error().message();
+  }
+
+  Message after = pull_all();
+  ASSERT_TRUE(after.header.has_pull_reply()) << after.header.ShortDebugString();
+  const std::vector<float> now(after.frames[0].As<float>().begin(), after.frames[0].As<float>().end());
+  EXPECT_EQ(now, expected) << "a bad request changed the table";
+
+  ASSERT_TRUE(client.session().ReportDone({}, 10 * kSeconds).ok());
+  EXPECT_TRUE(client.session().WaitForEnd().ok());
+  EXPECT_TRUE(coordinator_done.get().ok());
+  EXPECT_TRUE(server_done.get().ok());
+  EXPECT_EQ(server.stats().bad_requests, cases.size()) << "every bad request is counted";
+}
+
+}  // namespace
+}  // namespace tessera
