@@ -303,7 +303,7 @@ absl::StatusOr<size_t> Codec::Encode(std::span<const float> input, const EncodeC
       std::vector<uint32_t> idx;
       if (absl::Status s = SelectTopK(x, n, k, kt, idx); !s.ok()) return s;
       Put<uint64_t>(p, k);
-      std::memcpy(p + 8, idx.data(), 4 * k);
+      if (k > 0) std::memcpy(p + 8, idx.data(), 4 * k);  // idx.data() may be null when empty
       std::byte* values = p + 8 + 4 * k;
       for (uint64_t j = 0; j < k; ++j) Put<float>(values + 4 * j, x[idx[j]]);
       break;

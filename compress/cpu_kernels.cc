@@ -82,7 +82,7 @@ TESSERA_BODY void DecodeFp32Body(const std::byte* __restrict in, size_t n, float
                                  float alpha, bool add) {
   if (add) {
     for (size_t i = 0; i < n; ++i) dst[i] += alpha * LoadF32(in, i);
-  } else {
+  } else if (n > 0) {  // empty spans may carry null pointers, which memcpy must not see
     std::memcpy(dst, in, n * 4);
   }
 }
