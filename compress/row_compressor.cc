@@ -122,11 +122,15 @@ absl::StatusOr<CodecSpec> ParsePullSpec(std::string_view text) {
   return spec;
 }
 
-absl::Status DecodeRowParts(std::span<const Buffer> parts, std::span<float> out) {
-  struct Piece {
-    uint64_t offset, size;
-    size_t index;
-  };
+namespace {
+
+struct Piece {
+  uint64_t offset, size;
+  size_t index;
+};
+
+// The parts' headers, checked to tile [0, n) exactly, sorted by offset.
+absl::StatusOr<std::vector<Piece>> TileParts(std::span<const Buffer> parts, uint64_t n) {
   std::vector<Piece> pieces;
   pieces.reserve(parts.size());
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -139,18 +143,25 @@ absl::Status DecodeRowParts(std::span<const Buffer> parts, std::span<float> out)
   std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.offset < b.offset; });
   uint64_t next = 0;
   for (const Piece& p : pieces) {
-    if (p.offset != next || p.size > out.size() - std::min<uint64_t>(out.size(), p.offset)) {
+    if (p.offset != next || p.size > n - std::min<uint64_t>(n, p.offset)) {
       return absl::InvalidArgumentError(absl::StrCat("compressed part ", p.index, " covers [", p.offset, ", ",
                                                      p.offset + p.size, ") but the next expected element is ", next,
-                                                     " of ", out.size()));
+                                                     " of ", n));
     }
     next = p.offset + p.size;
   }
-  if (next != out.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("compressed parts cover ", next, " of ", out.size(), " elements"));
-  }
-  for (const Piece& p : pieces) {
+  if (next != n) return absl::InvalidArgumentError(absl::StrCat("compressed parts cover ", next, " of ", n, " elements"));
+  return pieces;
+}
+
+}  // namespace
+
+absl::Status CheckRowParts(std::span<const Buffer> parts, uint64_t n) { return TileParts(parts, n).status(); }
+
+absl::Status DecodeRowParts(std::span<const Buffer> parts, std::span<float> out) {
+  absl::StatusOr<std::vector<Piece>> pieces = TileParts(parts, out.size());
+  if (!pieces.ok()) return pieces.status();
+  for (const Piece& p : *pieces) {
     if (absl::Status s = Decode(parts[p.index].As<std::byte>(), out.subspan(p.offset, p.size)); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("compressed part ", p.index, ": ", s.message()));
     }

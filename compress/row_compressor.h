@@ -72,6 +72,10 @@ class RowCompressor {
 
 // Decodes `parts` (each a complete encoded part) into out. See the file comment.
 absl::Status DecodeRowParts(std::span<const Buffer> parts, std::span<float> out);
+// The checks of DecodeRowParts that need only the parts' headers: each is a
+// well-formed part and together they tile [0, n) exactly. Receivers call it
+// before allocating the n decoded values, so a bad header costs no memory.
+absl::Status CheckRowParts(std::span<const Buffer> parts, uint64_t n);
 
 // Encodes `values` with `codec` (no error feedback): raw below the spec's
 // threshold, else one Buffer per part of spec.part_elements. For senders

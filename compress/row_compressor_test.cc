@@ -66,6 +66,11 @@ TEST(RowCompressorTest, BadCoverageAndBadBytesAreErrors) {
   EXPECT_FALSE(DecodeRowParts(std::vector<Buffer>{e->parts[0], truncated}, out).ok());
   EXPECT_TRUE(DecodeRowParts(e->parts, out).ok());
   EXPECT_EQ(out, v);
+  // The header-only check agrees, before anything is allocated.
+  EXPECT_TRUE(CheckRowParts(e->parts, 8).ok());
+  EXPECT_FALSE(CheckRowParts(e->parts, 9).ok());
+  EXPECT_FALSE(CheckRowParts(e->parts, uint64_t{1} << 40).ok());
+  EXPECT_FALSE(CheckRowParts(std::vector<Buffer>{e->parts[0], truncated}, 8).ok());
   EXPECT_FALSE((*rc)->Encode(keys, std::span<const float>(v).first(7)).ok()) << "values do not match keys";
   EXPECT_FALSE(RowCompressor::Create(Spec("fp16"), 0, 1).ok());
 }

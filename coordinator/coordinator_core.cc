@@ -246,9 +246,10 @@ void CoordinatorCore::HandleBarrier(const Message& m, std::vector<Outgoing>& out
     return;
   }
   // A replacement catching up: its predecessor already passed this barrier.
-  if (auto it = node.passed_barriers.find(name); it != node.passed_barriers.end() &&
-                                                 it->second < node.info.incarnation() &&
-                                                 !barriers_[name].contains(node.info.node_id())) {
+  auto waiting = barriers_.find(name);
+  const bool arrived = waiting != barriers_.end() && waiting->second.contains(node.info.node_id());
+  if (auto it = node.passed_barriers.find(name);
+      it != node.passed_barriers.end() && it->second < node.info.incarnation() && !arrived) {
     it->second = node.info.incarnation();
     Message release;
     release.header.mutable_barrier_release()->set_name(name);

@@ -336,8 +336,14 @@ absl::Status ServerCore::DecodePushValues(const proto::Push& req, Message& m) {
   }
   auto table = FindTable(req.table_id());
   if (!table.ok()) return table.status();
+  // Before anything is allocated: the keys frame holds num_keys keys (so the
+  // values are no more than an uncompressed push of these keys would carry),
+  // and the parts' headers tile exactly those values.
+  if (auto keys = KeysFrame(m, req.num_keys(), req.table_id()); !keys.ok()) return keys.status();
   const uint64_t n = req.num_keys() * (*table)->width();
-  if (n > (uint64_t{1} << 34)) return absl::InvalidArgumentError(absl::StrCat("compressed push of ", n, " values"));
+  if (auto s = compress::CheckRowParts(std::span<const Buffer>(m.frames).subspan(1), n); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("push to table ", req.table_id(), ": ", s.message()));
+  }
   Buffer decoded = options_.pool ? options_.pool->Get(n * sizeof(float)) : Buffer::Allocate(n * sizeof(float));
   if (auto s = compress::DecodeRowParts(std::span<const Buffer>(m.frames).subspan(1), decoded.AsMutable<float>());
       !s.ok()) {

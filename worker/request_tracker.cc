@@ -110,6 +110,12 @@ RequestTracker::Completion RequestTracker::Finish(Op* op) {
   return Completion{std::move(node.mapped()->handle), node.mapped()->status};
 }
 
+uint64_t RequestTracker::ExpectedValues(uint64_t request_id) const {
+  auto it = parts_.find(request_id);
+  if (it == parts_.end()) return 0;
+  return it->second.scatter.num_keys * it->second.op->width;
+}
+
 std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& reply) {
   std::vector<Completion> done;
   auto it = parts_.find(reply.header.request_id());

@@ -72,6 +72,9 @@ class RequestTracker {
   std::vector<Completion> FailAll(const absl::Status& status);
 
   size_t in_flight() const { return ops_.size(); }
+  // The number of values the pull part `request_id` expects (its keys times
+  // the row width); 0 for an unknown request or one that is not a pull.
+  uint64_t ExpectedValues(uint64_t request_id) const;
   uint64_t ignored_replies() const { return ignored_replies_; }
 
  private:

@@ -65,6 +65,19 @@ TEST(RequestTrackerTest, PullInPiecesIsPlacedAsItArrives) {
   EXPECT_EQ(t.ignored_replies(), 0u);
 }
 
+TEST(RequestTrackerTest, ExpectedValuesAreWhatEachPullPartAskedFor) {
+  RequestTracker t({"a", "b"});
+  std::vector<float> out(6);
+  t.Begin(std::make_shared<int>(0), "pull", {{10, 0, {0, {0, 2}, 2}}, {11, 1, {0, {1}, 1}}}, 100, out, 2);
+  t.Begin(std::make_shared<int>(1), "push", {{12, 0, {}}}, 100);
+  EXPECT_EQ(t.ExpectedValues(10), 4u);
+  EXPECT_EQ(t.ExpectedValues(11), 2u);
+  EXPECT_EQ(t.ExpectedValues(12), 0u);  // not a pull
+  EXPECT_EQ(t.ExpectedValues(99), 0u);  // unknown
+  t.OnReply(Values(11, {5, 6}));
+  EXPECT_EQ(t.ExpectedValues(11), 0u);  // answered
+}
+
 TEST(RequestTrackerTest, PiecesOutOfOrderOrTooLongFailWithoutWritingOutside) {
   const std::vector<float> row = {1, 2, 3, 4};
   {

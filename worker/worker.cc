@@ -485,16 +485,22 @@ class WorkerImpl final : public Worker {
 
   // A compressed pull reply becomes a plain one (one fp32 values frame), so
   // the tracker scatters it as usual; bad parts turn it into an Error reply.
-  static void DecodePullReply(Message& m) {
+  // `expected`: the values the pull asked for (0: no such pull in flight, and
+  // the tracker will ignore the reply). Nothing is allocated before the
+  // reply's size and its parts' headers agree with it.
+  static void DecodePullReply(Message& m, uint64_t expected) {
     const auto& pr = m.header.pull_reply();
     const uint64_t n = pr.num_keys() * uint64_t{pr.width()};
     absl::Status s;
     if (m.frames.size() != pr.value_parts()) {
       s = absl::InvalidArgumentError(absl::StrCat("pull reply announces ", pr.value_parts(), " parts, has ",
                                                   m.frames.size(), " frames"));
-    } else if (n > (uint64_t{1} << 34)) {
-      s = absl::InvalidArgumentError(absl::StrCat("pull reply of ", n, " values"));
+    } else if (n != expected) {
+      s = absl::InvalidArgumentError(absl::StrCat("pull reply of ", n, " values to a pull of ", expected));
     } else {
+      s = compress::CheckRowParts(m.frames, n);
+    }
+    if (s.ok()) {
       Buffer decoded = Buffer::Allocate(n * sizeof(float));
       s = compress::DecodeRowParts(m.frames, decoded.AsMutable<float>());
       if (s.ok()) {
@@ -523,7 +529,14 @@ class WorkerImpl final : public Worker {
   void OnMessage(Message m) {
     if (session_->Handle(m)) return;
     CountWire(m);
-    if (m.header.has_pull_reply() && m.header.pull_reply().value_parts() > 0) DecodePullReply(m);
+    if (m.header.has_pull_reply() && m.header.pull_reply().value_parts() > 0) {
+      uint64_t expected = 0;
+      {
+        std::lock_guard lock(mu_);
+        if (tracker_) expected = tracker_->ExpectedValues(m.header.request_id());
+      }
+      DecodePullReply(m, expected);
+    }
     Complete(WithTracker([&](RequestTracker& t) {
       if (m.header.has_pull_reply()) {  // mu_ is held here
         const auto& pr = m.header.pull_reply();

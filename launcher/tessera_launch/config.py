@@ -211,19 +211,29 @@ def _job_name(value: Any) -> Optional[str]:
     return None
 
 
-def _transport(value: Any) -> Optional[str]:
-    if value not in TRANSPORTS:
-        return "must be one of " + " | ".join(TRANSPORTS)
-    return None
+def _one_of(choices: tuple) -> Callable[[Any], Optional[str]]:
+    """A check that the value is one of `choices`."""
+    def check(value: Any) -> Optional[str]:
+        return None if value in choices else "must be one of " + " | ".join(choices)
+    return check
+
+
+def _int_in(low: int, high: int, meaning: str) -> Callable[[Any], Optional[str]]:
+    """A check that the value is an integer in [low, high]; `meaning` ends the message."""
+    def check(value: Any) -> Optional[str]:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            return f"must be {meaning}"
+        return None
+    return check
 
 
 WORKER_LOSS_POLICIES = ("stop", "continue", "wait")
-
-
-def _worker_loss(value: Any) -> Optional[str]:
-    if value not in WORKER_LOSS_POLICIES:
-        return "must be one of " + " | ".join(WORKER_LOSS_POLICIES)
-    return None
+_transport = _one_of(TRANSPORTS)
+_worker_loss = _one_of(WORKER_LOSS_POLICIES)
+_pull_policy = _one_of(("Always", "IfNotPresent", "Never"))
+_count_or_zero = _int_in(0, 2**63, "a non-negative integer (0: not set)")
+_port = _int_in(1, 65533, "a port number from 1 to 65533 (it and the next two are used)")
+_metrics_port = _int_in(0, 65535, "0 (metrics off) or the first of the ports, up to 65535")
 
 
 def _nonempty_string(value: Any) -> Optional[str]:
@@ -244,33 +254,9 @@ def _string_list(value: Any) -> Optional[str]:
     return None
 
 
-def _count_or_zero(value: Any) -> Optional[str]:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return "must be a non-negative integer (0: not set)"
-    return None
-
-
-def _port(value: Any) -> Optional[str]:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65533:
-        return "must be a port number from 1 to 65533 (it and the next two are used)"
-    return None
-
-
-def _metrics_port(value: Any) -> Optional[str]:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
-        return "must be 0 (metrics off) or the first of the ports, up to 65535"
-    return None
-
-
 def _dns_label(value: Any) -> Optional[str]:
     if not isinstance(value, str) or not _DNS_LABEL_RE.match(value):
         return "must be a DNS label: lower-case letters, digits and '-', at most 63 characters"
-    return None
-
-
-def _pull_policy(value: Any) -> Optional[str]:
-    if value not in ("Always", "IfNotPresent", "Never"):
-        return "must be one of Always | IfNotPresent | Never"
     return None
 
 

@@ -20,6 +20,7 @@ Order of events (docs/launcher.md has the user's view):
 
 from __future__ import annotations
 
+import abc
 import datetime
 import os
 import re
@@ -339,10 +340,10 @@ class Job:
     deadline: Optional[float] = None  # time.monotonic() at which --timeout expires
 
 
-class Backend:
+class Backend(abc.ABC):
     """How a job's processes are started. run_job does everything else:
-    config, run directory, supervision, summary. Subclasses override
-    `check`, `plan` and `launch`."""
+    config, run directory, supervision, summary. Subclasses may override
+    `check` and `plan` and must define `launch`."""
 
     #: The subcommand.
     name = "local"
@@ -362,10 +363,10 @@ class Backend:
                                     job.debug))
                 for name in process_names(job.config)]
 
+    @abc.abstractmethod
     def launch(self, sup: Supervisor, job: Job) -> None:
         """Starts the job's processes under `sup`; returns when they are
         started or the job has already ended (sup.outcome is then set)."""
-        raise NotImplementedError
 
 
 class LocalBackend(Backend):
