@@ -1,15 +1,18 @@
 # Shared by the bench/run_*.sh scripts (sourced, not run).
 
 # bench_build SCRIPT BUILD LOG TARGET...: configures BUILD if it has never
-# been configured (Ninja, RelWithDebInfo), builds the targets with the output
-# in LOG, and on failure prints the end of LOG and exits 1 naming SCRIPT.
+# been configured (Ninja, $BENCH_BUILD_TYPE or RelWithDebInfo, plus
+# $BENCH_CONFIGURE_FLAGS), builds the targets with the output in LOG, and on
+# failure prints the end of LOG and exits 1 naming SCRIPT.
 bench_build() {
   local script=$1 build=$2 log=$3
   shift 3
   local root
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   if [ ! -f "$build/build.ninja" ] && [ ! -f "$build/Makefile" ]; then
-    cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    # shellcheck disable=SC2086
+    cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="${BENCH_BUILD_TYPE:-RelWithDebInfo}" \
+      ${BENCH_CONFIGURE_FLAGS:-} >/dev/null
   fi
   if ! cmake --build "$build" --target "$@" >"$log" 2>&1; then
     tail -30 "$log" >&2

@@ -20,10 +20,12 @@ REPEATS=${REPEATS:-5}
 MIN_TIME=${MIN_TIME:-0.2}
 FILTER=${FILTER:-.}
 
-if [ ! -f "$BUILD/CMakeCache.txt" ]; then
-  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DTESSERA_BUILD_TESTS=OFF >/dev/null
-fi
-cmake --build "$BUILD" -j"$(nproc)" --target codec_bench >/dev/null
+BUILD_LOG=$(mktemp --suffix=.log)
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
+BENCH_BUILD_TYPE=Release BENCH_CONFIGURE_FLAGS="-DTESSERA_BUILD_TESTS=OFF" \
+  bench_build run_codec_bench.sh "$BUILD" "$BUILD_LOG" codec_bench
+rm -f "$BUILD_LOG"
 BIN="$BUILD/bench/codec_bench"
 [ -x "$BIN" ] || { echo "run_codec_bench: $BIN was not built (is libbenchmark-dev installed?)" >&2; exit 1; }
 

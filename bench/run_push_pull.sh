@@ -30,18 +30,15 @@ MIN_SECONDS=${MIN_SECONDS:-0.5}
 MIN_MESSAGES=${MIN_MESSAGES:-20}
 SIZES=${SIZES:-4096,1048576,16777216}
 
-if [ "${SKIP_BUILD:-0}" != 1 ] && [ ! -f "$BUILD/build.ninja" ] && [ ! -f "$BUILD/Makefile" ]; then
-  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-fi
+# Raw results and the run directory; removed at the end unless KEEP=1.
 WORK=$(mktemp -d /tmp/tessera-bench.XXXXXX)
-if [ "${SKIP_BUILD:-0}" != 1 ] && ! cmake --build "$BUILD" --target raw_zmq_bench tessera-push-pull-bench tessera-coordinator tessera-server \
-    >"$WORK/build.log" 2>&1; then
-  tail -30 "$WORK/build.log" >&2
-  echo "run_push_pull.sh: the build failed (log above)" >&2
-  rm -rf "$WORK"
-  exit 1
-fi
 if [ "${KEEP:-0}" != 1 ]; then trap 'rm -rf "$WORK"' EXIT; fi
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  # shellcheck source=bench/lib.sh
+  source "$ROOT/bench/lib.sh"
+  bench_build run_push_pull.sh "$BUILD" "$WORK/build.log" raw_zmq_bench tessera-push-pull-bench \
+    tessera-coordinator tessera-server
+fi
 
 # name: receiver work, extra flags
 for variant in "default:none:" "mapped:none:--keep_allocations_mapped" "mapped-acc:accumulate:--keep_allocations_mapped"; do

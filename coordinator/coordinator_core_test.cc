@@ -40,6 +40,13 @@ class CoordinatorCoreTest : public ::testing::Test {
     return r;
   }
 
+  // A heartbeat from `from` at `now`; returns the outputs.
+  static std::vector<Outgoing> Heartbeat(CoordinatorCore& core, const std::string& from, Nanos now) {
+    Message m = From(from);
+    m.header.mutable_heartbeat();
+    return core.Step(m, now);
+  }
+
   // Registers s servers and w workers at time `now`; returns the last outputs.
   std::vector<Outgoing> Assemble(CoordinatorCore& core, uint32_t s, uint32_t w, Nanos now = 0) {
     std::vector<Outgoing> out;
@@ -210,11 +217,7 @@ TEST_F(CoordinatorCoreTest, WaitPolicyKeepsALostWorkersPlaceForAReplacement) {
   o.rejoin_timeout = 10 * kSeconds;
   CoordinatorCore core(o, 0);
   Assemble(core, 1, 2);
-  auto heartbeat = [&](const std::string& from, Nanos now) {
-    Message m = From(from);
-    m.header.mutable_heartbeat();
-    return core.Step(m, now);
-  };
+  auto heartbeat = [&](const std::string& from, Nanos now) { return Heartbeat(core, from, now); };
   auto barrier = [&](const std::string& from, const std::string& name, Nanos now) {
     Message m = From(from);
     m.header.mutable_barrier_request()->set_name(name);
@@ -265,11 +268,7 @@ TEST_F(CoordinatorCoreTest, WaitPolicyFailsTheJobWhenNoReplacementComes) {
   CoordinatorCore core(o, 0);
   Assemble(core, 1, 2);
   for (Nanos t = kSeconds; t <= 14 * kSeconds; t += kSeconds) {
-    for (const char* from : {"w0", "s0"}) {
-      Message m = From(from);
-      m.header.mutable_heartbeat();
-      core.Step(m, t);
-    }
+    for (const char* from : {"w0", "s0"}) Heartbeat(core, from, t);
     core.Tick(t);
     if (t < 13 * kSeconds) {
       ASSERT_EQ(core.phase(), CoordinatorCore::Phase::kRunning) << "at " << t / kSeconds << " s";
@@ -288,11 +287,7 @@ TEST_F(CoordinatorCoreTest, WithoutTheWaitPolicyNoPlaceCanBeTakenOver) {
   CoordinatorCore core(o, 0);
   Assemble(core, 1, 2);
   for (Nanos t = kSeconds; t <= 4 * kSeconds; t += kSeconds) {
-    for (const char* from : {"w0", "s0"}) {
-      Message m = From(from);
-      m.header.mutable_heartbeat();
-      core.Step(m, t);
-    }
+    for (const char* from : {"w0", "s0"}) Heartbeat(core, from, t);
   }
   core.Tick(4 * kSeconds);
   auto out = core.Step(Register("w1-again", proto::WORKER, 1), 5 * kSeconds);
