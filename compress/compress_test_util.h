@@ -12,6 +12,10 @@
 
 namespace tessera::compress::testing {
 
+// Every codec, for tests that go over all of them.
+inline constexpr CodecId kAllCodecs[] = {CodecId::kNone,     CodecId::kFp16,   CodecId::kBf16, CodecId::kQsgd,
+                                         CodecId::kTernGrad, CodecId::kOneBit, CodecId::kTopK, CodecId::kRandomK};
+
 inline CodecSpec Spec(CodecId id, double ratio = 0.01, int levels = 127, uint64_t seed = 1) {
   CodecSpec s;
   s.codec = id;

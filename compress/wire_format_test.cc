@@ -15,8 +15,7 @@ using testing::Gaussian;
 using testing::MakeCodec;
 using testing::Spec;
 
-const CodecId kAll[] = {CodecId::kNone,     CodecId::kFp16,   CodecId::kBf16, CodecId::kQsgd,
-                        CodecId::kTernGrad, CodecId::kOneBit, CodecId::kTopK, CodecId::kRandomK};
+const auto& kAll = testing::kAllCodecs;
 
 TEST(WireFormatTest, ReportedSizeEqualsProducedSize) {
   for (CodecId id : kAll) {
