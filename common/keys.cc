@@ -1,6 +1,9 @@
 #include "common/keys.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace tessera {
 
@@ -21,17 +24,102 @@ absl::StatusOr<ShardMapView> ShardMapView::Create(const proto::ShardMap& map) {
     }
     view.owner_.push_back(rank);
   }
+  view.replication_ = std::max<uint32_t>(1, map.replication());
+  view.dead_.assign(view.servers_.size(), false);
+  for (uint32_t rank : map.dead_server_ranks()) {
+    if (rank >= view.servers_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("shard map names dead server rank ", rank, " of ",
+                                                     view.servers_.size()));
+    }
+    view.dead_[rank] = true;
+  }
+  if (map.vshard_backups_size() != 0 && map.vshard_backups_size() != static_cast<int>(map.num_vshards())) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map has backup lists for ", map.vshard_backups_size(),
+                                                   " of ", map.num_vshards(), " virtual shards"));
+  }
+  for (uint32_t v = 0; v < static_cast<uint32_t>(map.vshard_backups_size()); ++v) {
+    std::vector<uint32_t> backups(map.vshard_backups(v).ranks().begin(), map.vshard_backups(v).ranks().end());
+    std::vector<uint32_t> all = backups;
+    all.push_back(view.owner_[v]);
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (all[i] >= view.servers_.size() || view.dead_[all[i]] ||
+          std::count(all.begin(), all.end(), all[i]) != 1) {
+        return absl::InvalidArgumentError(absl::StrCat("shard map: virtual shard ", v,
+                                                       " has a bad replica list (primary ", view.owner_[v],
+                                                       ", backups ", absl::StrJoin(backups, ","), ")"));
+      }
+    }
+    view.backups_.push_back(std::move(backups));
+  }
+  for (uint32_t v = 0; v < view.owner_.size(); ++v) {
+    if (view.dead_[view.owner_[v]]) {
+      return absl::InvalidArgumentError(absl::StrCat("shard map: virtual shard ", v, " has dead server ",
+                                                     view.owner_[v], " as its primary"));
+    }
+  }
   return view;
 }
 
+bool ShardMapView::Holds(uint32_t rank, uint32_t vshard) const {
+  if (owner_[vshard] == rank) return true;
+  auto b = BackupsOf(vshard);
+  return std::find(b.begin(), b.end(), rank) != b.end();
+}
+
+std::vector<uint32_t> ShardMapView::LiveServers() const {
+  std::vector<uint32_t> live;
+  for (uint32_t r = 0; r < servers_.size(); ++r)
+    if (!dead_[r]) live.push_back(r);
+  return live;
+}
+
+absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32_t rank) {
+  if (rank >= static_cast<uint32_t>(map.servers_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("no server rank ", rank, " in the shard map"));
+  }
+  proto::ShardMap next = map;
+  next.set_epoch(map.epoch() + 1);
+  if (std::find(map.dead_server_ranks().begin(), map.dead_server_ranks().end(), rank) ==
+      map.dead_server_ranks().end()) {
+    next.add_dead_server_ranks(rank);
+  }
+  std::vector<std::string> orphans;
+  for (uint32_t v = 0; v < map.num_vshards(); ++v) {
+    proto::Replicas* backups = next.vshard_backups_size() > 0 ? next.mutable_vshard_backups(v) : nullptr;
+    if (backups != nullptr) {
+      auto* ranks = backups->mutable_ranks();
+      ranks->erase(std::remove(ranks->begin(), ranks->end(), rank), ranks->end());
+    }
+    if (next.vshard_server_rank(v) != rank) continue;
+    if (backups == nullptr || backups->ranks().empty()) {
+      orphans.push_back(absl::StrCat(v));
+      continue;
+    }
+    next.set_vshard_server_rank(v, backups->ranks(0));
+    backups->mutable_ranks()->erase(backups->mutable_ranks()->begin());
+  }
+  if (!orphans.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("server ", rank, " held the last copy of virtual shard",
+                                                      orphans.size() > 1 ? "s " : " ", absl::StrJoin(orphans, ", ")));
+  }
+  return next;
+}
+
 proto::ShardMap RoundRobinShardMap(uint64_t epoch, uint32_t num_vshards,
-                                   std::span<const proto::NodeInfo> servers) {
+                                   std::span<const proto::NodeInfo> servers, uint32_t replication) {
   proto::ShardMap map;
   map.set_epoch(epoch);
   map.set_num_vshards(num_vshards);
+  const uint32_t n = static_cast<uint32_t>(servers.size());
+  const uint32_t r = std::clamp<uint32_t>(replication, 1, std::max<uint32_t>(1, n));
+  map.set_replication(r);
   for (const auto& s : servers) *map.add_servers() = s;
   for (uint32_t v = 0; v < num_vshards; ++v) {
-    map.add_vshard_server_rank(servers.empty() ? 0 : v % servers.size());
+    map.add_vshard_server_rank(n == 0 ? 0 : v % n);
+    if (r > 1) {
+      proto::Replicas* b = map.add_vshard_backups();
+      for (uint32_t i = 1; i < r; ++i) b->add_ranks((v + i) % n);
+    }
   }
   return map;
 }

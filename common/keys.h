@@ -34,7 +34,8 @@ inline uint32_t VirtualShardOf(uint32_t table_id, Key key, uint32_t num_vshards)
 }
 
 // Read-only view of a proto::ShardMap with fast lookup.
-// Invariants: vshard_server_rank has num_vshards entries, each < servers.size().
+// Invariants: vshard_server_rank has num_vshards entries, each < servers.size();
+// every shard's replicas (primary, then backups) are distinct live ranks.
 class ShardMapView {
  public:
   // Validates the map; an inconsistent map is an error, never a crash.
@@ -48,15 +49,39 @@ class ShardMapView {
   uint32_t ServerRankOfKey(uint32_t table_id, Key key) const {
     return owner_[VirtualShardOf(table_id, key, num_vshards())];
   }
+  uint32_t VShardOfKey(uint32_t table_id, Key key) const { return VirtualShardOf(table_id, key, num_vshards()); }
+  // The backups of a shard, in promotion order (empty without replication).
+  std::span<const uint32_t> BackupsOf(uint32_t vshard) const {
+    if (backups_.empty()) return {};
+    return std::span<const uint32_t>(backups_[vshard]);
+  }
+  // Whether `rank` holds a copy of the shard (as primary or backup).
+  bool Holds(uint32_t rank, uint32_t vshard) const;
+  bool IsDead(uint32_t rank) const { return dead_[rank]; }
+  // The ranks of the servers that are not dead, ascending.
+  std::vector<uint32_t> LiveServers() const;
+  // Copies per shard the job asked for (>= 1).
+  uint32_t replication() const { return replication_; }
 
  private:
   uint64_t epoch_ = 0;
+  uint32_t replication_ = 1;
   std::vector<proto::NodeInfo> servers_;
   std::vector<uint32_t> owner_;
+  std::vector<std::vector<uint32_t>> backups_;  // empty, or one list per shard
+  std::vector<bool> dead_;                      // by rank
 };
 
-// The initial placement: virtual shard v goes to server v mod num_servers.
+// The initial placement: virtual shard v goes to server v mod num_servers,
+// and, with replication r > 1, its backups to the next r - 1 servers
+// (v + 1, ..., v + r - 1 mod num_servers). r is capped at the server count.
 proto::ShardMap RoundRobinShardMap(uint64_t epoch, uint32_t num_vshards,
-                                   std::span<const proto::NodeInfo> servers);
+                                   std::span<const proto::NodeInfo> servers, uint32_t replication = 1);
+
+// The map after server `rank` is lost: the next epoch; the rank is dead and
+// out of every replica list; each shard it was primary of is taken over by
+// its first backup. Fails (FailedPrecondition, naming the shards and the
+// ranks that held them) when some shard would be left with no copy.
+absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32_t rank);
 
 }  // namespace tessera

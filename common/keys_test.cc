@@ -105,5 +105,70 @@ TEST(KeysTest, ShardMapViewRejectsUnknownServerRank) {
   EXPECT_NE(view.status().message().find("rank 2"), std::string::npos) << view.status();
 }
 
+TEST(KeysTest, ReplicatedMapPutsBackupsOnTheNextServers) {
+  std::vector<proto::NodeInfo> servers = {Server(0), Server(1), Server(2)};
+  absl::StatusOr<ShardMapView> view = ShardMapView::Create(RoundRobinShardMap(1, 6, servers, 2));
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->replication(), 2u);
+  for (uint32_t v = 0; v < 6; ++v) {
+    EXPECT_EQ(view->ServerRankOf(v), v % 3);
+    ASSERT_EQ(view->BackupsOf(v).size(), 1u);
+    EXPECT_EQ(view->BackupsOf(v)[0], (v + 1) % 3);
+    EXPECT_TRUE(view->Holds((v + 1) % 3, v));
+    EXPECT_FALSE(view->Holds((v + 2) % 3, v));
+  }
+  // Replication is capped at the number of servers.
+  absl::StatusOr<ShardMapView> capped = ShardMapView::Create(RoundRobinShardMap(1, 4, servers, 5));
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_EQ(capped->replication(), 3u);
+  EXPECT_EQ(capped->BackupsOf(0).size(), 2u);
+}
+
+TEST(KeysTest, LosingAServerPromotesItsBackupsAndBumpsTheEpoch) {
+  std::vector<proto::NodeInfo> servers = {Server(0), Server(1), Server(2)};
+  const proto::ShardMap map = RoundRobinShardMap(4, 6, servers, 3);
+  absl::StatusOr<proto::ShardMap> next = WithoutServer(map, 1);
+  ASSERT_TRUE(next.ok()) << next.status();
+  absl::StatusOr<ShardMapView> view = ShardMapView::Create(*next);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->epoch(), 5u);
+  EXPECT_TRUE(view->IsDead(1));
+  EXPECT_EQ(view->LiveServers(), (std::vector<uint32_t>{0, 2}));
+  for (uint32_t v = 0; v < 6; ++v) {
+    EXPECT_FALSE(view->Holds(1, v)) << v;
+    // Shards 1 and 4 had primary 1 and backups 2, 0: 2 takes over.
+    EXPECT_EQ(view->ServerRankOf(v), v % 3 == 1 ? 2u : v % 3) << v;
+    EXPECT_EQ(view->BackupsOf(v).size(), 1u) << v;
+  }
+  // Losing a second server leaves one copy of everything; a third loses data.
+  absl::StatusOr<proto::ShardMap> two = WithoutServer(*next, 0);
+  ASSERT_TRUE(two.ok()) << two.status();
+  absl::StatusOr<ShardMapView> view2 = ShardMapView::Create(*two);
+  ASSERT_TRUE(view2.ok()) << view2.status();
+  for (uint32_t v = 0; v < 6; ++v) EXPECT_EQ(view2->ServerRankOf(v), 2u);
+  absl::StatusOr<proto::ShardMap> none = WithoutServer(*two, 2);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(none.status().message().find("last copy of virtual shards 0, 1, 2, 3, 4, 5"), std::string::npos)
+      << none.status();
+}
+
+TEST(KeysTest, WithoutReplicationLosingAServerLosesItsShards) {
+  std::vector<proto::NodeInfo> servers = {Server(0), Server(1)};
+  absl::StatusOr<proto::ShardMap> next = WithoutServer(RoundRobinShardMap(1, 4, servers), 0);
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(next.status().message().find("virtual shards 0, 2"), std::string::npos) << next.status();
+}
+
+TEST(KeysTest, ShardMapViewRejectsADeadPrimaryOrDuplicateReplicas) {
+  std::vector<proto::NodeInfo> servers = {Server(0), Server(1), Server(2)};
+  proto::ShardMap map = RoundRobinShardMap(1, 3, servers, 2);
+  proto::ShardMap dead_primary = map;
+  dead_primary.add_dead_server_ranks(0);
+  EXPECT_EQ(ShardMapView::Create(dead_primary).status().code(), absl::StatusCode::kInvalidArgument);
+  proto::ShardMap twice = map;
+  twice.mutable_vshard_backups(0)->set_ranks(0, 0);  // shard 0: primary 0, backup 0
+  EXPECT_EQ(ShardMapView::Create(twice).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace tessera
