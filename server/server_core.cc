@@ -118,9 +118,8 @@ absl::StatusOr<uint64_t> ServerCore::RequiredMinClock(const Message& m) {
 
 void ServerCore::ApplyPending() {
   for (PendingPush& p : pending_) {
-    const Message& m = p.request;
-    // Validated in HandlePush, and nothing since can make it fail.
-    absl::Status s = p.table->ApplyPush(m.frames[0].As<Key>(), m.frames[1].As<float>());
+    // Validated in AcceptPush, and nothing since can make it fail.
+    absl::Status s = p.table->ApplyPush(p.keys.As<Key>(), p.values.As<float>());
     assert(s.ok());
     (void)s;
   }
@@ -143,6 +142,28 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
     send(std::move(reply));
     return out;
   }
+  const bool data_request = h.has_push() || h.has_pull() || h.has_replicate() || h.has_create_table();
+  if (deposed() && data_request) {
+    Message reply = Reply(request);
+    SetError(reply, absl::AbortedError(absl::StrCat("server ", my_rank_, " was removed from the job at map epoch ",
+                                                    map_->epoch(), "; it holds nothing")));
+    if (h.has_replicate()) reply.header.mutable_replicate_ack()->set_rejected(true);
+    send(std::move(reply));
+    return out;
+  }
+  switch (h.body_case()) {
+    case proto::Envelope::kPush:
+      HandlePush(std::move(request), now, out);
+      return out;
+    case proto::Envelope::kReplicate:
+      HandleReplicate(request, out);
+      return out;
+    case proto::Envelope::kReplicateAck:
+      HandleReplicateAck(request, out);
+      return out;
+    default:
+      break;
+  }
   bool clocks_moved = false;
   if (h.has_clock_advance()) {
     if (auto s = clocks_.Advance(h.sender_id(), h.clock_advance().clock()); !s.ok()) {
@@ -160,7 +181,7 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
   // A malformed pull is answered (with its error) at once, never held.
   const bool well_formed_pull = h.has_pull() && request.frames.size() == 1 &&
                                 FindTable(h.pull().table_id()).ok() &&
-                                KeysFrame(request, h.pull().num_keys(), h.pull().table_id()).ok();
+                                KeysFrame(request, h.pull().num_keys(), h.pull().table_id(), true).ok();
   // A clock notice (no reply wanted) only records the clock; nothing to hold.
   if (well_formed_pull || (h.has_clock_advance() && wants_reply)) {
     auto required = RequiredMinClock(request);
@@ -196,6 +217,11 @@ void ServerCore::ReleaseHeld(Nanos now, std::vector<Outgoing>& out) {
 std::vector<Outgoing> ServerCore::Tick(Nanos now) {
   ApplyPending();
   std::vector<Outgoing> out;
+  std::vector<uint32_t> ranks;  // in rank order, so that simulations replay exactly
+  for (const auto& [rank, stream] : streams_)
+    if (!stream.unacked.empty() && now - stream.unacked.front().sent >= options_.replicate_retry) ranks.push_back(rank);
+  std::sort(ranks.begin(), ranks.end());
+  for (uint32_t rank : ranks) SendForwards(rank, streams_.at(rank), now, out);
   for (auto it = held_.begin(); it != held_.end();) {
     if (now < it->deadline) {
       ++it;
@@ -225,28 +251,6 @@ Message ServerCore::Answer(Message request, Nanos held_for) {
       status = HandleCreateTable(h.create_table());
       if (status.ok()) reply.header.mutable_ack();
       break;
-    case proto::Envelope::kPush: {
-      stats_.push_requests++;
-      stats_.bytes_in += request.FrameBytes();
-      if (h.push().value_parts() > 0) {  // compressed: decoded here, applied like any push
-        status = DecodePushValues(h.push(), request);
-        if (!status.ok()) break;
-      }
-      // Borrowed frames (owner() null: an in-process sender's own memory) may
-      // be reused by the sender as soon as it sees the ack: apply those now.
-      const bool defer = options_.apply_after_ack &&
-                         std::all_of(request.frames.begin(), request.frames.end(),
-                                     [](const Buffer& f) { return f.empty() || f.owner() != nullptr; });
-      status = HandlePush(h.push(), request, defer);
-      if (status.ok()) {
-        reply.header.mutable_ack();
-        if (defer) {
-          Table* table = *FindTable(h.push().table_id());
-          pending_.push_back(PendingPush{table, std::move(request)});
-        }
-      }
-      break;
-    }
     case proto::Envelope::kPull: {
       stats_.pull_requests++;
       auto values = HandlePull(h.pull(), request);
@@ -304,7 +308,7 @@ Message ServerCore::Answer(Message request, Nanos held_for) {
       status = absl::InvalidArgumentError(absl::StrCat("server does not handle message type ", h.body_case()));
   }
   if (!status.ok()) {
-    stats_.bad_requests++;
+    if (status.code() != absl::StatusCode::kAborted) stats_.bad_requests++;  // Aborted: ask a newer map
     SetError(reply, status);
   }
   return reply;
@@ -325,7 +329,7 @@ absl::Status ServerCore::HandleCreateTable(const proto::CreateTable& req) {
   if (!c.pull_compression().empty()) {  // validated above
     pull_codecs_.try_emplace(id, *compress::Codec::Create(*compress::ParsePullSpec(c.pull_compression())));
   }
-  tables_.emplace(id, std::make_unique<Table>(c, [&](Key k) { return map.ServerRankOfKey(id, k) == rank; }));
+  tables_.emplace(id, std::make_unique<Table>(c, [&](Key k) { return map.Holds(rank, map.VShardOfKey(id, k)); }));
   return absl::OkStatus();
 }
 
@@ -339,7 +343,7 @@ absl::Status ServerCore::DecodePushValues(const proto::Push& req, Message& m) {
   // Before anything is allocated: the keys frame holds num_keys keys (so the
   // values are no more than an uncompressed push of these keys would carry),
   // and the parts' headers tile exactly those values.
-  if (auto keys = KeysFrame(m, req.num_keys(), req.table_id()); !keys.ok()) return keys.status();
+  if (auto keys = KeysFrame(m, req.num_keys(), req.table_id(), false); !keys.ok()) return keys.status();
   const uint64_t n = req.num_keys() * (*table)->width();
   if (auto s = compress::CheckRowParts(std::span<const Buffer>(m.frames).subspan(1), n); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("push to table ", req.table_id(), ": ", s.message()));
@@ -367,45 +371,419 @@ absl::StatusOr<Table*> ServerCore::FindTable(uint32_t id) {
   return it->second.get();
 }
 
-absl::StatusOr<std::span<const Key>> ServerCore::KeysFrame(const Message& m, uint64_t num_keys, uint32_t table_id) {
+absl::StatusOr<std::span<const Key>> ServerCore::KeysFrame(const Message& m, uint64_t num_keys, uint32_t table_id,
+                                                            bool primary_only) {
   const Buffer& f = m.frames[0];
   if (num_keys > f.size() || f.size() != num_keys * sizeof(Key)) {
     return absl::InvalidArgumentError(absl::StrCat("keys frame has ", f.size(), " bytes, expected ",
                                                    num_keys * sizeof(Key), " for ", num_keys, " keys"));
   }
   auto keys = f.As<Key>();
+  if (!primary_only) return keys;
   for (Key k : keys) {
     uint32_t owner = map_->ServerRankOfKey(table_id, k);
-    if (owner != my_rank_) {
-      return absl::FailedPreconditionError(absl::StrCat("key ", k, " of table ", table_id, " belongs to server ",
-                                                        owner, ", not to server ", my_rank_, " (map epoch ",
-                                                        map_->epoch(), ")"));
-    }
+    if (owner != my_rank_) return NotPrimary(table_id, k, owner);
   }
   return keys;
 }
 
-absl::Status ServerCore::HandlePush(const proto::Push& req, const Message& m, bool check_only) {
+absl::Status ServerCore::NotPrimary(uint32_t table_id, Key key, uint32_t owner) const {
+  return absl::AbortedError(absl::StrCat("key ", key, " of table ", table_id, " belongs to server ", owner,
+                                         ", not to server ", my_rank_, " (not the primary of its shard at map epoch ",
+                                         map_->epoch(), ")"));
+}
+
+namespace {
+
+// Copies rows `idx` of (keys, values) into fresh frames.
+void GatherRows(const Buffer& keys, const Buffer& values, std::span<const uint32_t> idx, size_t row_bytes,
+                Buffer* out_keys, Buffer* out_values) {
+  *out_keys = Buffer::Allocate(idx.size() * sizeof(Key));
+  *out_values = Buffer::Allocate(idx.size() * row_bytes);
+  auto k = keys.As<Key>();
+  auto kd = out_keys->AsMutable<Key>();
+  const std::byte* src = values.data();
+  std::byte* dst = out_values->mutable_data();
+  for (size_t i = 0; i < idx.size(); ++i) {
+    kd[i] = k[idx[i]];
+    std::memcpy(dst + i * row_bytes, src + size_t{idx[i]} * row_bytes, row_bytes);
+  }
+}
+
+uint64_t DedupKey(uint32_t vshard, uint32_t worker) { return (uint64_t{vshard} << 32) | worker; }
+
+}  // namespace
+
+uint32_t ServerCore::RankOfNode(uint32_t node_id) const {
+  for (uint32_t r = 0; r < map_->num_servers(); ++r)
+    if (map_->server(r).node_id() == node_id) return r;
+  return std::numeric_limits<uint32_t>::max();
+}
+
+size_t ServerCore::unacked_forwards() const {
+  size_t n = 0;
+  for (const auto& [rank, stream] : streams_) n += stream.unacked.size();
+  return n;
+}
+
+absl::Status ServerCore::CheckIncarnation(const Origin& origin, std::span<const uint32_t> vshards) const {
+  if (origin.seq == 0) return absl::OkStatus();
+  for (uint32_t v : vshards) {
+    auto it = dedup_.find(DedupKey(v, origin.worker));
+    if (it != dedup_.end() && origin.incarnation < it->second.incarnation) {
+      return absl::FailedPreconditionError(absl::StrCat("push from incarnation ", origin.incarnation,
+                                                        " of worker node ", origin.worker, ", which incarnation ",
+                                                        it->second.incarnation, " has replaced"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool ServerCore::IsDuplicate(uint32_t vshard, const Origin& origin) const {
+  if (origin.seq == 0) return false;
+  auto it = dedup_.find(DedupKey(vshard, origin.worker));
+  if (it == dedup_.end() || it->second.incarnation != origin.incarnation) return false;
+  return origin.seq < it->second.floor || it->second.seqs.contains(origin.seq);
+}
+
+void ServerCore::RecordApplied(uint32_t vshard, const Origin& origin) {
+  if (origin.seq == 0) return;
+  DedupWindow& w = dedup_[DedupKey(vshard, origin.worker)];
+  if (origin.incarnation > w.incarnation) w = DedupWindow{.incarnation = origin.incarnation};
+  if (origin.acked_below > w.floor) {
+    w.floor = origin.acked_below;
+    absl::erase_if(w.seqs, [&](uint64_t s) { return s < w.floor; });
+  }
+  if (origin.seq >= w.floor) w.seqs.insert(origin.seq);
+}
+
+void ServerCore::SendForwards(uint32_t rank, BackupStream& stream, Nanos now, std::vector<Outgoing>& out) {
+  for (Forward& f : stream.unacked) {
+    Message m = f.message;  // shares the frames
+    m.header.set_epoch(map_->epoch());
+    f.sent = now;
+    stats_.forwards_sent++;
+    out.push_back(Outgoing{map_->server(rank).address(), std::move(m)});
+  }
+}
+
+void ServerCore::HandlePush(Message request, Nanos now, std::vector<Outgoing>& out) {
+  const proto::Envelope& h = request.header;
+  const bool wants_reply = h.request_id() != 0 && !h.sender_address().empty();
+  const std::string reply_to = h.sender_address();
+  stats_.push_requests++;
+  stats_.bytes_in += request.FrameBytes();
+  Message reply = Reply(request);
+  const proto::Push req = h.push();
+  absl::Status status;
+  if (req.value_parts() > 0) status = DecodePushValues(req, request);  // then handled like any push
+  const uint64_t push_id = next_push_id_++;
+  absl::StatusOr<uint32_t> forwards = status.ok() ? AcceptPush(req, request, push_id, now, out) : status;
+  if (!forwards.ok()) {
+    if (forwards.status().code() != absl::StatusCode::kAborted) stats_.bad_requests++;
+    SetError(reply, forwards.status());
+    if (wants_reply) out.push_back(Outgoing{reply_to, std::move(reply)});
+    return;
+  }
+  reply.header.mutable_ack();
+  if (*forwards == 0) {
+    if (wants_reply) out.push_back(Outgoing{reply_to, std::move(reply)});
+    return;
+  }
+  waiting_.emplace(push_id, WaitingAck{wants_reply ? reply_to : std::string(), std::move(reply), *forwards, {}});
+}
+
+absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message& m, uint64_t push_id, Nanos now,
+                                                std::vector<Outgoing>& out) {
   if (m.frames.size() != 2) {
     return absl::InvalidArgumentError(absl::StrCat("push needs 2 frames (keys, values), got ", m.frames.size()));
   }
   const uint32_t sender = m.header.sender_id();
-  if (clocks_.IsLive(sender) && req.clock() < clocks_.ClockOf(sender)) {
+  // A resend may carry an earlier clock than the worker has announced since
+  // (it went to a server that was lost); it is the same push, not a late one.
+  if (!req.resend() && clocks_.IsLive(sender) && req.clock() < clocks_.ClockOf(sender)) {
     return absl::InvalidArgumentError(absl::StrCat("push stamped clock ", req.clock(), " arrived after the worker ",
                                                    "announced clock ", clocks_.ClockOf(sender)));
   }
-  auto table = FindTable(req.table_id());
-  if (!table.ok()) return table.status();
-  auto keys = KeysFrame(m, req.num_keys(), req.table_id());
-  if (!keys.ok()) return keys.status();
-  const Buffer& values = m.frames[1];
-  const uint64_t expected = req.num_keys() * (*table)->width() * sizeof(float);
-  if (values.size() != expected) {
-    return absl::InvalidArgumentError(absl::StrCat("values frame has ", values.size(), " bytes, expected ", expected,
-                                                   " for ", req.num_keys(), " keys of width ", (*table)->width()));
+  auto table_or = FindTable(req.table_id());
+  if (!table_or.ok()) return table_or.status();
+  Table* table = *table_or;
+  auto keys_or = KeysFrame(m, req.num_keys(), req.table_id(), false);
+  if (!keys_or.ok()) return keys_or.status();
+  const std::span<const Key> keys = *keys_or;
+  const size_t row_bytes = size_t{table->width()} * sizeof(float);
+  if (m.frames[1].size() != keys.size() * row_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("values frame has ", m.frames[1].size(), " bytes, expected ",
+                                                   keys.size() * row_bytes, " for ", req.num_keys(),
+                                                   " keys of width ", table->width()));
   }
-  if (check_only) return (*table)->CheckPush(*keys, values.As<float>());  // Answer queues it
-  return (*table)->ApplyPush(*keys, values.As<float>());
+  // Each key's shard; which keys are this server's to take.
+  std::vector<uint32_t> vshard(keys.size());
+  bool all_mine = true;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    vshard[i] = map_->VShardOfKey(req.table_id(), keys[i]);
+    const uint32_t owner = map_->ServerRankOf(vshard[i]);
+    if (owner != my_rank_) {
+      if (!req.resend()) return NotPrimary(req.table_id(), keys[i], owner);
+      all_mine = false;
+    }
+  }
+  std::vector<uint32_t> shards;  // distinct shards this server takes keys of
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (map_->ServerRankOf(vshard[i]) == my_rank_) shards.push_back(vshard[i]);
+  std::sort(shards.begin(), shards.end());
+  shards.erase(std::unique(shards.begin(), shards.end()), shards.end());
+  if (shards.empty()) {
+    return absl::AbortedError(absl::StrCat("none of the ", keys.size(), " keys of this resend to table ",
+                                           req.table_id(), " is in a shard server ", my_rank_,
+                                           " is primary of at map epoch ", map_->epoch()));
+  }
+  const Origin origin{sender, req.incarnation(), req.seq(), req.acked_below()};
+  if (auto s = CheckIncarnation(origin, shards); !s.ok()) return s;
+  absl::flat_hash_set<uint32_t> duplicate;
+  for (uint32_t v : shards)
+    if (IsDuplicate(v, origin)) duplicate.insert(v);
+  // The rows to apply here: this server's shards that do not have the push yet.
+  Buffer apply_keys = m.frames[0], apply_values = m.frames[1];
+  if (!all_mine || !duplicate.empty()) {
+    std::vector<uint32_t> idx;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (map_->ServerRankOf(vshard[i]) == my_rank_ && !duplicate.contains(vshard[i])) idx.push_back(i);
+    GatherRows(m.frames[0], m.frames[1], idx, row_bytes, &apply_keys, &apply_values);
+  }
+  if (auto s = table->CheckPush(apply_keys.As<Key>(), apply_values.As<float>()); !s.ok()) return s;
+  // Borrowed frames (owner() null: an in-process sender's own memory) may
+  // be reused by the sender as soon as it sees the ack: apply those now.
+  const bool defer = options_.apply_after_ack && apply_keys.owner() != nullptr && apply_values.owner() != nullptr;
+  if (!apply_keys.empty()) {
+    if (defer) {
+      pending_.push_back(PendingPush{table, apply_keys, apply_values});
+    } else {
+      absl::Status s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>());
+      assert(s.ok());  // checked above
+      (void)s;
+    }
+  }
+  for (uint32_t v : shards)
+    if (!duplicate.contains(v)) RecordApplied(v, origin);
+  if (!duplicate.empty()) stats_.duplicate_pushes++;
+
+  // Forwards: each backup gets the keys (of this server's shards, applied
+  // here now or before) of the shards it backs up; backups de-duplicate.
+  std::vector<uint32_t> backups;
+  for (uint32_t v : shards)
+    for (uint32_t b : map_->BackupsOf(v)) backups.push_back(b);
+  std::sort(backups.begin(), backups.end());
+  backups.erase(std::unique(backups.begin(), backups.end()), backups.end());
+  uint32_t forwards = 0;
+  for (uint32_t b : backups) {
+    std::vector<uint32_t> idx;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (map_->ServerRankOf(vshard[i]) != my_rank_) continue;
+      auto bs = map_->BackupsOf(vshard[i]);
+      if (std::find(bs.begin(), bs.end(), b) != bs.end()) idx.push_back(i);
+    }
+    Message f;
+    f.header.set_sender_id(options_.node_id);
+    BackupStream& stream = streams_[b];
+    auto* r = f.header.mutable_replicate();
+    r->set_position(stream.next_position++);
+    r->set_worker_id(origin.worker);
+    r->set_incarnation(origin.incarnation);
+    r->set_seq(origin.seq);
+    r->set_acked_below(origin.acked_below);
+    r->set_table_id(req.table_id());
+    r->set_num_keys(idx.size());
+    if (idx.size() == keys.size()) {
+      f.frames = {m.frames[0], m.frames[1]};
+    } else {
+      f.frames.resize(2);
+      GatherRows(m.frames[0], m.frames[1], idx, row_bytes, &f.frames[0], &f.frames[1]);
+    }
+    Message wire = f;
+    wire.header.set_epoch(map_->epoch());
+    stream.unacked.push_back(Forward{r->position(), push_id, std::move(f), now});
+    stats_.forwards_sent++;
+    out.push_back(Outgoing{map_->server(b).address(), std::move(wire)});
+    forwards++;
+  }
+  return forwards;
+}
+
+void ServerCore::ForwardDone(uint64_t push_id, const absl::Status& status, std::vector<Outgoing>& out) {
+  auto it = waiting_.find(push_id);
+  if (it == waiting_.end()) return;
+  WaitingAck& w = it->second;
+  if (!status.ok() && w.status.ok()) w.status = status;
+  if (--w.outstanding > 0) return;
+  if (!w.status.ok()) {
+    stats_.bad_requests++;
+    SetError(w.reply, w.status);
+  }
+  if (!w.to.empty()) out.push_back(Outgoing{std::move(w.to), std::move(w.reply)});
+  waiting_.erase(it);
+}
+
+void ServerCore::HandleReplicateAck(const Message& m, std::vector<Outgoing>& out) {
+  const uint32_t rank = RankOfNode(m.header.sender_id());
+  auto it = streams_.find(rank);
+  if (it == streams_.end()) return;  // a backup that is no longer one: nothing waits on it
+  BackupStream& stream = it->second;
+  const proto::ReplicateAck& a = m.header.replicate_ack();
+  if (!a.rejected()) {
+    while (!stream.unacked.empty() && stream.unacked.front().position <= a.position()) {
+      const uint64_t push_id = stream.unacked.front().push_id;
+      stream.unacked.pop_front();
+      ForwardDone(push_id, absl::OkStatus(), out);
+    }
+    return;
+  }
+  // Refused for an older epoch: this server's map is behind; the forwards
+  // stay and go again (with the newer epoch) once the map arrives.
+  if (m.header.epoch() > map_->epoch() || m.header.has_error()) return;
+  for (auto f = stream.unacked.begin(); f != stream.unacked.end(); ++f) {
+    if (f->position != a.position()) continue;
+    const uint64_t push_id = f->push_id;
+    stream.unacked.erase(f);
+    ForwardDone(push_id,
+                absl::FailedPreconditionError(absl::StrCat("backup server ", rank, " refused the push: ", a.reason())),
+                out);
+    return;
+  }
+}
+
+void ServerCore::HandleReplicate(const Message& m, std::vector<Outgoing>& out) {
+  const proto::Envelope& h = m.header;
+  const proto::Replicate& r = h.replicate();
+  auto ack = [&](uint64_t position, const absl::Status& rejection) {
+    if (h.sender_address().empty()) return;
+    Message reply;
+    reply.header.set_sender_id(options_.node_id);
+    reply.header.set_epoch(map_->epoch());
+    auto* a = reply.header.mutable_replicate_ack();
+    a->set_position(position);
+    if (!rejection.ok()) {
+      stats_.forwards_rejected++;
+      a->set_rejected(true);
+      a->set_reason(std::string(rejection.message()));
+    }
+    out.push_back(Outgoing{h.sender_address(), std::move(reply)});
+  };
+  if (h.epoch() < map_->epoch()) {
+    ack(r.position(), absl::FailedPreconditionError(absl::StrCat("forward of map epoch ", h.epoch(),
+                                                                 " is older than this server's epoch ",
+                                                                 map_->epoch())));
+    return;
+  }
+  if (h.epoch() > map_->epoch()) return;  // this server's map is behind: the primary sends again
+  const uint32_t from = RankOfNode(h.sender_id());
+  if (from == std::numeric_limits<uint32_t>::max()) {
+    ack(r.position(), absl::FailedPreconditionError(absl::StrCat("node ", h.sender_id(),
+                                                                 " is not a server of map epoch ", map_->epoch())));
+    return;
+  }
+  uint64_t& expected = expected_from_.try_emplace(h.sender_id(), 1).first->second;
+  if (r.position() < expected) {  // a resend of what is applied: acknowledge again
+    ack(expected - 1, absl::OkStatus());
+    return;
+  }
+  if (r.position() > expected) return;  // a gap: the primary resends in order
+  expected++;
+  absl::Status status = [&]() -> absl::Status {
+    if (m.frames.size() != 2) return absl::InvalidArgumentError("forward needs 2 frames (keys, values)");
+    auto table_or = FindTable(r.table_id());
+    if (!table_or.ok()) return table_or.status();
+    Table* table = *table_or;
+    auto keys_or = KeysFrame(m, r.num_keys(), r.table_id(), false);
+    if (!keys_or.ok()) return keys_or.status();
+    const std::span<const Key> keys = *keys_or;
+    const size_t row_bytes = size_t{table->width()} * sizeof(float);
+    if (m.frames[1].size() != keys.size() * row_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("forward values frame has ", m.frames[1].size(),
+                                                     " bytes, expected ", keys.size() * row_bytes));
+    }
+    std::vector<uint32_t> vshard(keys.size());
+    std::vector<uint32_t> shards;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      vshard[i] = map_->VShardOfKey(r.table_id(), keys[i]);
+      auto bs = map_->BackupsOf(vshard[i]);
+      if (map_->ServerRankOf(vshard[i]) != from || std::find(bs.begin(), bs.end(), my_rank_) == bs.end()) {
+        return absl::FailedPreconditionError(absl::StrCat("key ", keys[i], " of table ", r.table_id(), " (shard ",
+                                                          vshard[i], ") is not backed up here for server ", from,
+                                                          " at map epoch ", map_->epoch()));
+      }
+      shards.push_back(vshard[i]);
+    }
+    std::sort(shards.begin(), shards.end());
+    shards.erase(std::unique(shards.begin(), shards.end()), shards.end());
+    const Origin origin{r.worker_id(), r.incarnation(), r.seq(), r.acked_below()};
+    if (auto s = CheckIncarnation(origin, shards); !s.ok()) return s;
+    absl::flat_hash_set<uint32_t> duplicate;
+    for (uint32_t v : shards)
+      if (IsDuplicate(v, origin)) duplicate.insert(v);
+    Buffer apply_keys = m.frames[0], apply_values = m.frames[1];
+    if (!duplicate.empty()) {
+      std::vector<uint32_t> idx;
+      for (size_t i = 0; i < keys.size(); ++i)
+        if (!duplicate.contains(vshard[i])) idx.push_back(i);
+      GatherRows(m.frames[0], m.frames[1], idx, row_bytes, &apply_keys, &apply_values);
+      stats_.duplicate_pushes++;
+    }
+    if (auto s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>()); !s.ok()) return s;
+    for (uint32_t v : shards)
+      if (!duplicate.contains(v)) RecordApplied(v, origin);
+    return absl::OkStatus();
+  }();
+  if (status.ok()) stats_.forwards_applied++;
+  ack(r.position(), status);
+}
+
+absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::ShardMap& map, Nanos now) {
+  auto view = ShardMapView::Create(map);
+  if (!view.ok()) return view.status();
+  std::vector<Outgoing> out;
+  if (!map_) {
+    if (auto s = InstallShardMap(map, my_rank_); !s.ok()) return s;
+    return out;
+  }
+  if (view->epoch() <= map_->epoch()) return out;
+  if (view->num_servers() != map_->num_servers()) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map of epoch ", view->epoch(), " has ",
+                                                   view->num_servers(), " servers, not ", map_->num_servers()));
+  }
+  map_ = std::move(*view);
+  if (deposed()) {
+    // Another server took over this one's shards: nothing waiting here may
+    // be acknowledged; the workers send it again where the map says.
+    for (auto& [id, w] : waiting_) {
+      SetError(w.reply, absl::AbortedError(absl::StrCat("server ", my_rank_, " was removed from the job at map epoch ",
+                                                        map_->epoch(), " before its backups had the push")));
+      if (!w.to.empty()) out.push_back(Outgoing{std::move(w.to), std::move(w.reply)});
+    }
+    waiting_.clear();
+    streams_.clear();
+    return out;
+  }
+  std::vector<uint32_t> ranks;
+  for (const auto& [rank, stream] : streams_) ranks.push_back(rank);
+  std::sort(ranks.begin(), ranks.end());
+  for (uint32_t rank : ranks) {
+    bool still_backup = false;
+    for (uint32_t v = 0; v < map_->num_vshards() && !still_backup; ++v) {
+      if (map_->ServerRankOf(v) != my_rank_) continue;
+      auto bs = map_->BackupsOf(v);
+      still_backup = std::find(bs.begin(), bs.end(), rank) != bs.end();
+    }
+    BackupStream& stream = streams_.at(rank);
+    if (still_backup) {
+      SendForwards(rank, stream, now, out);  // with the new epoch, in case the backup refused the old one
+      continue;
+    }
+    // Every live replica has what waited on this one.
+    for (Forward& f : stream.unacked) ForwardDone(f.push_id, absl::OkStatus(), out);
+    streams_.erase(rank);
+  }
+  return out;
 }
 
 absl::StatusOr<Buffer> ServerCore::HandlePull(const proto::Pull& req, const Message& m) {
@@ -415,7 +793,7 @@ absl::StatusOr<Buffer> ServerCore::HandlePull(const proto::Pull& req, const Mess
   stats_.bytes_in += m.FrameBytes();
   auto table = FindTable(req.table_id());
   if (!table.ok()) return table.status();
-  auto keys = KeysFrame(m, req.num_keys(), req.table_id());
+  auto keys = KeysFrame(m, req.num_keys(), req.table_id(), true);
   if (!keys.ok()) return keys.status();
   // Large rows go out as views of table memory (copy-on-write protects them
   // from later pushes while the reply is in flight); the rest is copied.

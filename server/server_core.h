@@ -34,6 +34,35 @@
 //   Held requests are answered, in arrival order, as soon as the clock table
 //   allows, or with DeadlineExceeded naming the workers still behind after
 //   their hold timeout (Tick). Workers that left (WorkersLeft) are not waited for.
+// - Replication (../shared/DESIGN.md section 6; the map's vshard_backups):
+//   * A push is taken only by the primary of the shard of each of its keys;
+//     a key of a shard this server is not primary of gets Aborted ("not the
+//     primary ... at map epoch E"), which tells the worker to retry with the
+//     map of the reply's epoch or newer. A resend (Push.resend) may span
+//     servers: its keys of shards this server is not primary of are ignored
+//     (Aborted only if none is left). Pulls: the same rule, no resend form.
+//   * Sequenced pushes (seq > 0) are de-duplicated per (shard, worker,
+//     incarnation, seq): the keys of a shard that already applied that push
+//     are not applied again, and the push is acknowledged all the same. A
+//     push from an incarnation older than one already seen is refused.
+//   * The primary applies the push, then forwards to each backup the keys of
+//     the shards it backs up (Replicate, numbered per backup from 1, in the
+//     order applied) and sends the push's Ack only once every backup it
+//     forwarded to acknowledged. A backup that rejects a forward for any
+//     reason but an older epoch turns the Ack into an Error with its reason.
+//     Unacknowledged forwards are sent again, in order, every
+//     options.replicate_retry (Tick).
+//   * A backup applies a Replicate only if it carries the backup's own map
+//     epoch, comes from the primary of the shard of each key, and is the
+//     next position from that primary: an earlier position is acknowledged
+//     again, a later one dropped (the primary resends in order), an older
+//     epoch rejected, a newer one ignored until this server has that map.
+//     Backups de-duplicate like primaries, so a resend that reaches a
+//     promoted backup applies each push once.
+//   * UpdateShardMap(newer map): forwards to servers that are no longer
+//     backups are dropped (pushes that waited only on them are acknowledged:
+//     every live replica has them). A server that the map names dead answers
+//     every data request with Aborted and acknowledges nothing more.
 // Thread safety: none; the shell serializes calls.
 #include <cstdint>
 #include <deque>
@@ -42,6 +71,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "common/buffer.h"
 #include "common/keys.h"
@@ -62,6 +92,7 @@ struct ServerCoreOptions {
   // Pull replies with more value bytes than this go out in pieces of at most
   // this many bytes (0 = never split); see "Pull replies in pieces" below.
   size_t pull_reply_piece_bytes = 0;
+  Nanos replicate_retry = 200 * kMillis;    // resend unacknowledged forwards to backups this often
 };
 
 // Pull replies in pieces. A reply whose values frame is larger than
@@ -84,6 +115,10 @@ struct ServerStats {
   uint64_t bytes_in = 0;   // data frame bytes received (keys + values or encoded parts), as on the wire
   uint64_t bytes_out = 0;  // data frame bytes sent (values or encoded parts), as on the wire
   uint64_t compressed_pushes = 0;  // pushes whose values arrived as encoded parts
+  uint64_t duplicate_pushes = 0;   // sequenced pushes (or shards of them) already applied
+  uint64_t forwards_sent = 0;      // Replicate messages to backups, resends included
+  uint64_t forwards_applied = 0;   // Replicate messages this server applied as a backup
+  uint64_t forwards_rejected = 0;  // Replicate messages this server refused (stale epoch, not a backup, bad)
 };
 
 class ServerCore {
@@ -95,8 +130,18 @@ class ServerCore {
   ServerCore(const ServerCore&) = delete;
   ServerCore& operator=(const ServerCore&) = delete;
 
-  // Sets which virtual shards this server (by rank in the map) holds.
+  // Sets which virtual shards this server (by rank in the map) holds. Once
+  // there are tables, only UpdateShardMap may change the map.
   absl::Status InstallShardMap(const proto::ShardMap& map, uint32_t my_rank);
+  // A newer map from the coordinator (failover): returns the replies it
+  // releases. An older or equal epoch changes nothing; a bad map is an error.
+  absl::StatusOr<std::vector<Outgoing>> UpdateShardMap(const proto::ShardMap& map, Nanos now = 0);
+  uint64_t epoch() const { return map_ ? map_->epoch() : 0; }
+  // Whether the current map names this server dead (it serves nothing).
+  bool deposed() const { return map_ && map_->IsDead(my_rank_); }
+  // Pushes accepted but waiting for backups, and forwards not yet acknowledged.
+  size_t waiting_acks() const { return waiting_.size(); }
+  size_t unacked_forwards() const;
 
   // The job's workers (node id -> rank), all at clock 0.
   void SetWorkers(const absl::flat_hash_map<uint32_t, uint32_t>& worker_rank_by_node);
@@ -123,8 +168,34 @@ class ServerCore {
 
  private:
   absl::Status HandleCreateTable(const proto::CreateTable& req);
-  // Validates a push and applies it, or only validates it when check_only.
-  absl::Status HandlePush(const proto::Push& req, const Message& m, bool check_only);
+  // A push: validated, de-duplicated, applied (or left pending under
+  // apply_after_ack), forwarded to backups. Appends its reply to `out` now,
+  // or later (ForwardDone) when the Ack waits for backups.
+  void HandlePush(Message request, Nanos now, std::vector<Outgoing>& out);
+  // The validation and update part of HandlePush; adds the forwards of
+  // push_id to the streams and returns how many there are.
+  absl::StatusOr<uint32_t> AcceptPush(const proto::Push& req, Message& m, uint64_t push_id, Nanos now,
+                                      std::vector<Outgoing>& out);
+  // A backup's side: Replicate from a primary (reply in `out`).
+  void HandleReplicate(const Message& m, std::vector<Outgoing>& out);
+  // A primary's side: a backup acknowledged (or rejected) forwards.
+  void HandleReplicateAck(const Message& m, std::vector<Outgoing>& out);
+  // One forward of push_id is done (acknowledged, or its backup left): the
+  // push's Ack goes out once none is left.
+  void ForwardDone(uint64_t push_id, const absl::Status& status, std::vector<Outgoing>& out);
+  // Applies rows (already validated) and records them as applied for
+  // (worker, incarnation, seq) per shard; skips the shards that had them.
+  // `take(i)` says whether key i is to be applied here at all.
+  struct Origin {
+    uint32_t worker = 0;
+    uint32_t incarnation = 0;
+    uint64_t seq = 0;  // 0: not sequenced
+    uint64_t acked_below = 0;
+  };
+  absl::Status CheckIncarnation(const Origin& origin, std::span<const uint32_t> vshards) const;
+  bool IsDuplicate(uint32_t vshard, const Origin& origin) const;
+  void RecordApplied(uint32_t vshard, const Origin& origin);
+  uint32_t RankOfNode(uint32_t node_id) const;  // the map's rank of a server node, or UINT32_MAX
   // A compressed push (value_parts > 0): replaces the parts by the decoded
   // fp32 values frame, so the rest handles it like any push.
   absl::Status DecodePushValues(const proto::Push& req, Message& m);
@@ -136,16 +207,46 @@ class ServerCore {
   void ReleaseHeld(Nanos now, std::vector<Outgoing>& out);
   uint64_t StrictestStaleness() const;
   absl::StatusOr<Table*> FindTable(uint32_t id);
-  absl::StatusOr<std::span<const Key>> KeysFrame(const Message& m, uint64_t num_keys, uint32_t table_id);
+  // The keys frame, checked against num_keys; with primary_only, every key
+  // must be in a shard this server is primary of (else NotPrimary).
+  absl::StatusOr<std::span<const Key>> KeysFrame(const Message& m, uint64_t num_keys, uint32_t table_id,
+                                                 bool primary_only);
+  absl::Status NotPrimary(uint32_t table_id, Key key, uint32_t owner) const;
   Message Reply(const Message& request) const;
   // Appends `reply` to `out`, split into pieces when it is a large pull reply.
   void Emit(std::vector<Outgoing>& out, std::string to, Message reply) const;
 
   // A validated push whose update is still to be made (apply_after_ack).
   struct PendingPush {
-    Table* table;     // tables are never removed
-    Message request;  // keeps the keys and values frames alive
+    Table* table;  // tables are never removed
+    Buffer keys;   // keep the frames alive
+    Buffer values;
   };
+
+  // Replication state (see the contract).
+  struct DedupWindow {
+    uint32_t incarnation = 0;
+    uint64_t floor = 0;                    // every seq below was acknowledged: forgotten
+    absl::flat_hash_set<uint64_t> seqs;   // applied seqs >= floor
+  };
+  struct Forward {
+    uint64_t position;
+    uint64_t push_id;
+    Message message;  // header without epoch; stamped at each send
+    Nanos sent;       // last sent
+  };
+  struct BackupStream {
+    uint64_t next_position = 1;
+    std::deque<Forward> unacked;  // position order
+  };
+  struct WaitingAck {
+    std::string to;
+    Message reply;
+    uint32_t outstanding = 0;  // forwards not yet acknowledged
+    absl::Status status;       // the first rejection, if any
+  };
+  // Sends the stream's unacknowledged forwards, stamped with the current epoch.
+  void SendForwards(uint32_t rank, BackupStream& stream, Nanos now, std::vector<Outgoing>& out);
 
   struct Held {
     Message request;
@@ -163,6 +264,11 @@ class ServerCore {
   uint32_t my_rank_ = 0;
   // Invariant: every table here has a config that passed ValidateTableConfig.
   absl::flat_hash_map<uint32_t, std::unique_ptr<Table>> tables_;
+  absl::flat_hash_map<uint64_t, DedupWindow> dedup_;        // (vshard << 32 | worker node id) -> applied
+  absl::flat_hash_map<uint32_t, BackupStream> streams_;     // backup rank -> forwards
+  absl::flat_hash_map<uint32_t, uint64_t> expected_from_;   // primary node id -> next position (as a backup)
+  absl::flat_hash_map<uint64_t, WaitingAck> waiting_;       // push id -> its Ack, held for backups
+  uint64_t next_push_id_ = 1;
   absl::flat_hash_map<uint32_t, compress::Codec> pull_codecs_;  // tables with pull_compression
   uint64_t pull_encodes_ = 0;                                   // tensor ids of encoded pull replies
   ServerStats stats_;

@@ -1,0 +1,354 @@
+// Replication in the server core: three ServerCores wired by a hand-driven
+// message queue, so each test decides what is delivered, dropped, repeated
+// or cut off by a failure.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/server_core.h"
+
+namespace tessera {
+namespace {
+
+constexpr uint32_t kTable = 1;
+constexpr uint32_t kWorkerNode = 50;
+const char* const kWorker = "inproc://worker";
+
+std::string ServerAddress(uint32_t rank) { return "inproc://server-" + std::to_string(rank); }
+
+class ReplicationTest : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kServers = 3;
+
+  void SetUp() override {
+    std::vector<proto::NodeInfo> servers;
+    for (uint32_t r = 0; r < kServers; ++r) {
+      proto::NodeInfo n;
+      n.set_node_id(r + 1);
+      n.set_rank(r);
+      n.set_role(proto::SERVER);
+      n.set_address(ServerAddress(r));
+      servers.push_back(n);
+    }
+    map_ = RoundRobinShardMap(1, 12, servers, 2);
+    for (uint32_t r = 0; r < kServers; ++r) {
+      cores_.push_back(std::make_unique<ServerCore>(
+          ServerCoreOptions{.node_id = r + 1, .replicate_retry = 100 * kMillis}));
+      ASSERT_TRUE(cores_[r]->InstallShardMap(map_, r).ok());
+      cores_[r]->SetWorkers({{kWorkerNode, 0}});
+      Message create = Request(1000 + r);
+      auto* c = create.header.mutable_create_table()->mutable_config();
+      c->set_table_id(kTable);
+      c->set_width(2);
+      c->set_kind(proto::SPARSE);
+      c->set_optimizer(proto::ACCUMULATE);
+      Send(ServerAddress(r), std::move(create));
+    }
+    DeliverAll();
+    ASSERT_EQ(inbox_.size(), kServers);
+    for (const Message& m : inbox_) ASSERT_TRUE(m.header.has_ack()) << m.header.ShortDebugString();
+    inbox_.clear();
+  }
+
+  Message Request(uint64_t id) {
+    Message m;
+    m.header.set_request_id(id);
+    m.header.set_sender_id(kWorkerNode);
+    m.header.set_sender_address(kWorker);
+    return m;
+  }
+
+  // Keys of the table whose shard has `primary` as primary.
+  std::vector<Key> KeysOf(uint32_t primary, size_t n, const proto::ShardMap& map) {
+    ShardMapView view = *ShardMapView::Create(map);
+    std::vector<Key> keys;
+    for (Key k = 0; keys.size() < n; ++k)
+      if (view.ServerRankOfKey(kTable, k) == primary) keys.push_back(k);
+    return keys;
+  }
+
+  Message Push(uint64_t id, const std::vector<Key>& keys, float value, uint64_t seq, bool resend = false,
+               uint32_t incarnation = 0) {
+    Message m = Request(id);
+    auto* p = m.header.mutable_push();
+    p->set_table_id(kTable);
+    p->set_num_keys(keys.size());
+    p->set_seq(seq);
+    p->set_incarnation(incarnation);
+    p->set_resend(resend);
+    std::vector<float> values(keys.size() * 2, value);
+    m.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
+    m.frames.push_back(Buffer::CopyOf(values.data(), values.size() * sizeof(float)));
+    return m;
+  }
+
+  void Send(const std::string& to, Message m) {
+    m.header.set_sender_address(m.header.sender_address().empty() ? kWorker : m.header.sender_address());
+    net_.push_back(Outgoing{to, std::move(m)});
+  }
+
+  // Delivers one queued message (to a server core, or to the worker's inbox).
+  void DeliverOne() {
+    Outgoing o = std::move(net_.front());
+    net_.pop_front();
+    if (o.to == kWorker) {
+      inbox_.push_back(std::move(o.message));
+      return;
+    }
+    const uint32_t rank = static_cast<uint32_t>(std::stoul(o.to.substr(std::string("inproc://server-").size())));
+    if (dead_[rank]) return;
+    if (o.message.header.sender_address().empty()) o.message.header.set_sender_address("?");
+    if (o.message.header.has_replicate() || o.message.header.has_replicate_ack()) {
+      // Server-to-server messages carry the sender's address (as a transport stamps it).
+      for (uint32_t r = 0; r < kServers; ++r)
+        if (o.message.header.sender_id() == r + 1) o.message.header.set_sender_address(ServerAddress(r));
+    }
+    for (Outgoing& next : cores_[rank]->Step(std::move(o.message), now_)) net_.push_back(std::move(next));
+  }
+  void DeliverAll() {
+    while (!net_.empty()) DeliverOne();
+  }
+
+  void Fail(uint32_t rank) {
+    dead_[rank] = true;
+    auto next = WithoutServer(map_, rank);
+    ASSERT_TRUE(next.ok()) << next.status();
+    map_ = *next;
+    for (uint32_t r = 0; r < kServers; ++r) {
+      if (dead_[r]) continue;
+      auto out = cores_[r]->UpdateShardMap(map_, now_);
+      ASSERT_TRUE(out.ok()) << out.status();
+      for (Outgoing& o : *out) net_.push_back(std::move(o));
+    }
+  }
+
+  std::vector<float> PullFrom(uint32_t rank, const std::vector<Key>& keys) {
+    Message m = Request(9999);
+    m.header.mutable_pull()->set_table_id(kTable);
+    m.header.mutable_pull()->set_num_keys(keys.size());
+    m.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
+    auto out = cores_[rank]->Step(std::move(m), now_);
+    EXPECT_EQ(out.size(), 1u);
+    if (out.size() != 1 || !out[0].message.header.has_pull_reply()) {
+      ADD_FAILURE() << (out.empty() ? "no reply" : out[0].message.header.ShortDebugString());
+      return {};
+    }
+    auto v = out[0].message.frames[0].As<float>();
+    return {v.begin(), v.end()};
+  }
+
+  size_t Count(bool (proto::Envelope::*has)() const) const {
+    size_t n = 0;
+    for (const Outgoing& o : net_) n += (o.message.header.*has)();
+    return n;
+  }
+
+  proto::ShardMap map_;
+  std::vector<std::unique_ptr<ServerCore>> cores_;
+  std::deque<Outgoing> net_;
+  std::vector<Message> inbox_;
+  bool dead_[kServers] = {false, false, false};
+  Nanos now_ = 0;
+};
+
+TEST_F(ReplicationTest, TheAckWaitsUntilTheBackupHasThePush) {
+  const auto keys = KeysOf(0, 4, map_);
+  Send(ServerAddress(0), Push(1, keys, 1.0f, 1));
+  DeliverOne();  // the primary takes the push
+  ASSERT_EQ(net_.size(), 1u);
+  EXPECT_EQ(net_.front().to, ServerAddress(1));  // backup of server 0's shards: server 1
+  EXPECT_TRUE(net_.front().message.header.has_replicate());
+  EXPECT_EQ(net_.front().message.header.epoch(), 1u);
+  EXPECT_TRUE(inbox_.empty()) << "acknowledged before the backup had it";
+  EXPECT_EQ(cores_[0]->waiting_acks(), 1u);
+  DeliverOne();  // the backup applies it and acknowledges
+  EXPECT_TRUE(inbox_.empty());
+  DeliverAll();  // the primary releases the Ack
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_TRUE(inbox_[0].header.has_ack()) << inbox_[0].header.ShortDebugString();
+  EXPECT_EQ(inbox_[0].header.request_id(), 1u);
+  EXPECT_EQ(cores_[0]->waiting_acks(), 0u);
+  EXPECT_EQ(cores_[0]->unacked_forwards(), 0u);
+  EXPECT_EQ(cores_[1]->stats().forwards_applied, 1u);
+  EXPECT_EQ(PullFrom(0, keys), std::vector<float>(8, 1.0f));
+}
+
+TEST_F(ReplicationTest, BackupsDoNotServePullsOrTakePushes) {
+  const auto keys = KeysOf(0, 2, map_);
+  Send(ServerAddress(1), Push(1, keys, 1.0f, 1));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_EQ(inbox_[0].header.error().code(), static_cast<int>(absl::StatusCode::kAborted))
+      << inbox_[0].header.ShortDebugString();
+  EXPECT_EQ(cores_[1]->stats().bad_requests, 0u) << "a misdirected push is a stale map, not bad input";
+}
+
+TEST_F(ReplicationTest, APrimaryLostBeforeItsAckLosesNothingAndAppliesNothingTwice) {
+  const auto keys = KeysOf(0, 5, map_);
+  Send(ServerAddress(0), Push(1, keys, 2.0f, 1));
+  DeliverOne();  // primary applied and forwarded
+  DeliverOne();  // backup applied; its ack is queued for the primary
+  Fail(0);       // ... which dies before it reads it
+  DeliverAll();
+  EXPECT_TRUE(inbox_.empty()) << "a dead server answered";
+  // The worker resends the unacknowledged push, same sequence number, to the
+  // new primary of those keys.
+  for (Key k : keys) EXPECT_EQ(ShardMapView::Create(map_)->ServerRankOfKey(kTable, k), 1u);
+  Send(ServerAddress(1), Push(2, keys, 2.0f, 1, /*resend=*/true));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_TRUE(inbox_[0].header.has_ack()) << inbox_[0].header.ShortDebugString();
+  EXPECT_EQ(PullFrom(1, keys), std::vector<float>(10, 2.0f)) << "applied twice or lost";
+  EXPECT_EQ(cores_[1]->stats().duplicate_pushes, 1u);
+}
+
+TEST_F(ReplicationTest, APushTheBackupNeverGotIsAppliedOnceAfterFailover) {
+  const auto keys = KeysOf(0, 3, map_);
+  Send(ServerAddress(0), Push(1, keys, 3.0f, 1));
+  DeliverOne();  // primary applied; the forward is on the wire
+  Fail(0);
+  net_.clear();  // ... and died with it
+  Send(ServerAddress(1), Push(2, keys, 3.0f, 1, /*resend=*/true));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_TRUE(inbox_[0].header.has_ack());
+  EXPECT_EQ(PullFrom(1, keys), std::vector<float>(6, 3.0f));
+  EXPECT_EQ(cores_[1]->stats().duplicate_pushes, 0u);
+}
+
+TEST_F(ReplicationTest, ARepeatedSequenceNumberIsAcknowledgedButAppliedOnce) {
+  const auto keys = KeysOf(2, 3, map_);
+  for (uint64_t id : {1, 2, 3}) Send(ServerAddress(2), Push(id, keys, 1.0f, 7));
+  Send(ServerAddress(2), Push(4, keys, 1.0f, 8));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 4u);
+  for (const Message& m : inbox_) EXPECT_TRUE(m.header.has_ack()) << m.header.ShortDebugString();
+  EXPECT_EQ(PullFrom(2, keys), std::vector<float>(6, 2.0f));
+  // The backup (server 0) de-duplicated the forwards of the repeats too.
+  Fail(2);
+  DeliverAll();
+  EXPECT_EQ(PullFrom(0, keys), std::vector<float>(6, 2.0f));
+  // Unsequenced pushes (seq 0) are never de-duplicated.
+  Send(ServerAddress(0), Push(5, keys, 1.0f, 0));
+  Send(ServerAddress(0), Push(6, keys, 1.0f, 0));
+  DeliverAll();
+  EXPECT_EQ(PullFrom(0, keys), std::vector<float>(6, 4.0f));
+}
+
+TEST_F(ReplicationTest, LostAndRepeatedForwardsAreResentAndAppliedOnce) {
+  const auto keys = KeysOf(1, 2, map_);
+  Send(ServerAddress(1), Push(1, keys, 1.0f, 1));
+  Send(ServerAddress(1), Push(2, keys, 1.0f, 2));
+  DeliverOne();
+  DeliverOne();
+  ASSERT_EQ(Count(&proto::Envelope::has_replicate), 2u);
+  Outgoing first = net_.front();
+  net_.pop_front();  // the first forward is lost: the second arrives with a gap
+  DeliverAll();
+  EXPECT_TRUE(inbox_.empty());
+  EXPECT_EQ(cores_[1]->unacked_forwards(), 2u);
+  // Not yet time to resend.
+  now_ += 50 * kMillis;
+  for (Outgoing& o : cores_[1]->Tick(now_)) net_.push_back(std::move(o));
+  EXPECT_TRUE(net_.empty());
+  now_ += 100 * kMillis;
+  for (Outgoing& o : cores_[1]->Tick(now_)) net_.push_back(std::move(o));
+  ASSERT_EQ(Count(&proto::Envelope::has_replicate), 2u);
+  net_.push_back(first);  // ... and the lost one turns up late, too
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 2u);
+  for (const Message& m : inbox_) EXPECT_TRUE(m.header.has_ack());
+  EXPECT_EQ(cores_[2]->stats().forwards_applied, 2u);
+  Fail(1);
+  DeliverAll();
+  EXPECT_EQ(PullFrom(2, keys), std::vector<float>(4, 2.0f));
+}
+
+TEST_F(ReplicationTest, ALostBackupReleasesTheAcksThatWaitedOnIt) {
+  const auto keys = KeysOf(0, 2, map_);
+  Send(ServerAddress(0), Push(1, keys, 1.0f, 1));
+  DeliverOne();
+  Fail(1);  // the backup dies with the forward unread
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_TRUE(inbox_[0].header.has_ack()) << "every live replica has it";
+  // With no backup left for these shards the next push is acknowledged at once.
+  Send(ServerAddress(0), Push(2, keys, 1.0f, 2));
+  DeliverOne();
+  ASSERT_EQ(net_.size(), 1u);
+  EXPECT_EQ(net_.front().to, kWorker);
+}
+
+TEST_F(ReplicationTest, ADeposedPrimaryIsRefusedByEpochAndAcknowledgesNothing) {
+  const auto keys = KeysOf(0, 2, map_);
+  // Server 0 is paused: the others move on to a map without it.
+  auto next = WithoutServer(map_, 0);
+  ASSERT_TRUE(next.ok());
+  for (uint32_t r : {1u, 2u}) ASSERT_TRUE(cores_[r]->UpdateShardMap(*next, now_).ok());
+  // It wakes up and takes a push from a worker that has not heard either.
+  Send(ServerAddress(0), Push(1, keys, 1.0f, 1));
+  DeliverAll();
+  EXPECT_TRUE(inbox_.empty()) << "a deposed primary acknowledged a push";
+  EXPECT_EQ(cores_[1]->stats().forwards_rejected, 1u);
+  EXPECT_EQ(cores_[1]->stats().forwards_applied, 0u);
+  // Then it learns the new map: the push is answered Aborted (send it again).
+  auto out = cores_[0]->UpdateShardMap(*next, now_);
+  ASSERT_TRUE(out.ok());
+  ASSERT_EQ(out->size(), 1u);
+  EXPECT_EQ((*out)[0].message.header.error().code(), static_cast<int>(absl::StatusCode::kAborted));
+  EXPECT_TRUE(cores_[0]->deposed());
+  Send(ServerAddress(0), Push(2, keys, 1.0f, 2));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_EQ(inbox_[0].header.error().code(), static_cast<int>(absl::StatusCode::kAborted));
+  EXPECT_EQ(PullFrom(1, keys), std::vector<float>(4, 0.0f)) << "the deposed primary's push leaked";
+}
+
+TEST_F(ReplicationTest, AResendSpanningServersIsSplitByTheNewMap) {
+  auto keys = KeysOf(0, 3, map_);
+  auto other = KeysOf(2, 3, map_);
+  Send(ServerAddress(0), Push(1, keys, 1.0f, 1));
+  Send(ServerAddress(2), Push(2, other, 1.0f, 1));  // the same worker push, split over two servers
+  DeliverOne();
+  DeliverOne();
+  Fail(0);
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);  // server 2's part; server 0's part died with it
+  inbox_.clear();
+  // The worker resends the whole push to every server that is primary of
+  // some of its keys now; each takes its own keys, and server 2 knows its
+  // part already.
+  std::vector<Key> all = keys;
+  all.insert(all.end(), other.begin(), other.end());
+  Send(ServerAddress(1), Push(3, all, 1.0f, 1, true));
+  Send(ServerAddress(2), Push(4, all, 1.0f, 1, true));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 2u);
+  for (const Message& m : inbox_) EXPECT_TRUE(m.header.has_ack()) << m.header.ShortDebugString();
+  EXPECT_EQ(PullFrom(1, keys), std::vector<float>(6, 1.0f));
+  EXPECT_EQ(PullFrom(2, other), std::vector<float>(6, 1.0f));
+}
+
+TEST_F(ReplicationTest, AnOlderIncarnationOfAWorkerIsRefused) {
+  const auto keys = KeysOf(1, 2, map_);
+  Send(ServerAddress(1), Push(1, keys, 1.0f, 1, false, /*incarnation=*/1));
+  Send(ServerAddress(1), Push(2, keys, 1.0f, 2, false, /*incarnation=*/0));
+  // A new incarnation starts its numbers again: seq 1 is not a duplicate.
+  Send(ServerAddress(1), Push(3, keys, 1.0f, 1, false, /*incarnation=*/2));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 3u);
+  std::sort(inbox_.begin(), inbox_.end(),
+            [](const Message& a, const Message& b) { return a.header.request_id() < b.header.request_id(); });
+  EXPECT_TRUE(inbox_[0].header.has_ack());
+  EXPECT_EQ(inbox_[1].header.error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition))
+      << inbox_[1].header.ShortDebugString();
+  EXPECT_TRUE(inbox_[2].header.has_ack());
+  EXPECT_EQ(PullFrom(1, keys), std::vector<float>(4, 2.0f));
+}
+
+}  // namespace
+}  // namespace tessera
