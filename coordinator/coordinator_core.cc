@@ -189,7 +189,7 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
     std::vector<proto::NodeInfo> servers(options_.servers);
     for (const auto& [id, n] : nodes_)
       if (n.info.role() == proto::SERVER) servers[n.info.rank()] = n.info;
-    shard_map_ = RoundRobinShardMap(1, options_.vshards, servers);
+    shard_map_ = RoundRobinShardMap(1, options_.vshards, servers, options_.replication);
     phase_ = Phase::kRunning;
     Broadcast(JobReadyEnvelope(), out);
   }
@@ -358,6 +358,26 @@ void CoordinatorCore::Fail(const std::string& reason, std::vector<Outgoing>& out
   Broadcast(shutdown, out);
 }
 
+void CoordinatorCore::LoseServer(Node& server, const std::string& what, std::vector<Outgoing>& out) {
+  absl::StatusOr<proto::ShardMap> next = WithoutServer(shard_map_, server.info.rank());
+  if (!next.ok()) {
+    Fail(absl::StrCat("lost ", what, "; ", next.status().message(), " (replication ", shard_map_.replication(),
+                      "): its acknowledged pushes are gone"),
+         out);
+    return;
+  }
+  server.lost = true;
+  server.lost_reason = what;
+  shard_map_ = std::move(*next);
+  events_.push_back(absl::StrCat("lost ", what, "; its shards fail over to their backups (map epoch ",
+                                 shard_map_.epoch(), ")"));
+  proto::Envelope update;
+  update.set_epoch(shard_map_.epoch());
+  *update.mutable_shard_map_update()->mutable_shard_map() = shard_map_;
+  update.mutable_shard_map_update()->set_reason(absl::StrCat("lost ", what));
+  Broadcast(update, out);
+}
+
 std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {
   std::vector<Outgoing> out;
   if (phase_ == Phase::kAssembling && now - start_ >= options_.assemble_timeout) {
@@ -380,7 +400,11 @@ std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {
       }
       continue;
     }
-    if (n.done || n.lost || now - n.last_seen < options_.lease) continue;
+    // Servers are watched on their own (shorter) lease where a loss is survivable.
+    const Nanos lease = n.info.role() == proto::SERVER && options_.server_lease > 0 && shard_map_.replication() > 1
+                            ? options_.server_lease
+                            : options_.lease;
+    if (n.done || n.lost || now - n.last_seen < lease) continue;
     std::string what = absl::StrCat(NodeName(n.info.role(), n.info.rank()), " (", n.info.address(),
                                     "): no heartbeat for ", Seconds(now - n.last_seen));
     if (n.info.role() == proto::WORKER && phase_ == Phase::kRunning &&
@@ -398,6 +422,11 @@ std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {
       n.away_reason = what;
       events_.push_back(absl::StrCat("lost ", what, "; its place is kept for a replacement for up to ",
                                      Seconds(options_.rejoin_timeout), " (on_worker_loss: wait)"));
+      continue;
+    }
+    if (n.info.role() == proto::SERVER && phase_ == Phase::kRunning && shard_map_.replication() > 1) {
+      LoseServer(n, what, out);
+      if (phase_ == Phase::kFailed) return out;
       continue;
     }
     fatal.push_back(std::move(what));

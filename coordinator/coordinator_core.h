@@ -11,8 +11,13 @@
 // Promises:
 // - A job that has not assembled by assemble_timeout fails with a reason that
 //   names every missing node ("missing server 1, worker 0").
-// - A registered node that sends nothing for `lease` is lost. A lost server
-//   fails the job with a reason that names it and its address. A lost worker
+// - A registered node that sends nothing for `lease` (servers, when the
+//   map replicates: server_lease) is lost. A lost server fails the job with a reason that
+//   names it and its address, unless replication > 1 and every shard it held
+//   has a copy left: then the coordinator publishes the next map (epoch + 1,
+//   each of its shards taken over by the first backup; WithoutServer in
+//   common/keys.h) to every node in a ShardMapUpdate, and the job goes on.
+//   A shard left with no copy fails the job, naming the shards. A lost worker
 //   does too under WorkerLossPolicy::kStopJob; under kContinue it is
 //   announced to the servers (WorkersLeft) so nobody waits for its clock, and
 //   the job ends when every other worker is done. (Workers that reported
@@ -59,6 +64,8 @@ struct CoordinatorOptions {
   std::string address;                       // the coordinator's own address
   WorkerLossPolicy on_worker_loss = WorkerLossPolicy::kStopJob;
   Nanos rejoin_timeout = 60 * kSeconds;      // kWait: how long a lost worker's place is kept
+  uint32_t replication = 1;                  // copies of each shard (primary + backups), capped at servers
+  Nanos server_lease = 0;                    // with replication > 1: silence after which a server is lost (0 = lease)
 };
 
 class CoordinatorCore {
@@ -107,6 +114,8 @@ class CoordinatorCore {
   void HandleBarrier(const Message& m, std::vector<Outgoing>& out);
   void HandleWorkerDone(const Message& m, std::vector<Outgoing>& out);
   void Fail(const std::string& reason, std::vector<Outgoing>& out);
+  // A server's lease expired: fail over (see the promises) or fail the job.
+  void LoseServer(Node& server, const std::string& what, std::vector<Outgoing>& out);
   void AnnounceWorkerLeft(const Node& worker, const std::string& reason, std::vector<Outgoing>& out) const;
   void MaybeFinish(std::vector<Outgoing>& out);
   // Releases every barrier that all live (not done, not lost) workers reached.

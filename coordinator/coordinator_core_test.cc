@@ -296,5 +296,64 @@ TEST_F(CoordinatorCoreTest, WithoutTheWaitPolicyNoPlaceCanBeTakenOver) {
       << out[0].message.header.error().message();
 }
 
+TEST_F(CoordinatorCoreTest, WithReplicationALostServerFailsOverAndTheJobGoesOn) {
+  CoordinatorOptions o = Options(3, 1);
+  o.replication = 2;
+  o.server_lease = 1 * kSeconds;  // servers are watched more closely than workers
+  CoordinatorCore core(o, 0);
+  Assemble(core, 3, 1, 0);
+  ASSERT_EQ(core.shard_map().replication(), 2u);
+  ASSERT_EQ(core.shard_map().vshard_backups_size(), 8);
+  const uint64_t epoch = core.shard_map().epoch();
+  for (const char* n : {"s0", "s2", "w0"}) Heartbeat(core, n, 900 * kMillis);
+  EXPECT_TRUE(core.Tick(900 * kMillis).empty());
+  auto out = core.Tick(1100 * kMillis);  // s1: silent for 1.1 s > server lease
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kRunning);
+  EXPECT_EQ(core.shard_map().epoch(), epoch + 1);
+  ASSERT_EQ(core.shard_map().dead_server_ranks_size(), 1);
+  EXPECT_EQ(core.shard_map().dead_server_ranks(0), 1u);
+  for (uint32_t v = 0; v < 8; ++v) EXPECT_NE(core.shard_map().vshard_server_rank(v), 1u) << v;
+  // Every node hears of it, the lost server too (so that it stops serving if it was only paused).
+  EXPECT_EQ(out.size(), 4u);
+  for (const auto& m : out) {
+    EXPECT_TRUE(m.message.header.has_shard_map_update());
+    EXPECT_EQ(m.message.header.epoch(), epoch + 1);
+    EXPECT_NE(m.message.header.shard_map_update().reason().find("server 1 (s1)"), std::string::npos);
+  }
+  auto events = core.TakeEvents();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_NE(events[0].find("fail over"), std::string::npos) << events[0];
+  // Workers are still held to the ordinary lease.
+  Heartbeat(core, "s0", 2900 * kMillis);
+  Heartbeat(core, "s2", 2900 * kMillis);
+  EXPECT_TRUE(core.Tick(2900 * kMillis).empty());
+  // Losing the second copy of some shards fails the job and names them.
+  Heartbeat(core, "s0", 3500 * kMillis);
+  Heartbeat(core, "w0", 3500 * kMillis);
+  core.Tick(4000 * kMillis);  // s2 silent since 2.9 s
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kFailed);
+  EXPECT_NE(core.failure_reason().find("lost server 2 (s2)"), std::string::npos) << core.failure_reason();
+  EXPECT_NE(core.failure_reason().find("last copy of virtual shard"), std::string::npos) << core.failure_reason();
+}
+
+TEST_F(CoordinatorCoreTest, WithoutReplicationALostServerStillFailsTheJob) {
+  CoordinatorOptions o = Options(2, 1);
+  o.server_lease = 1 * kSeconds;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 2, 1, 0);
+  EXPECT_EQ(core.shard_map().vshard_backups_size(), 0);
+  Heartbeat(core, "s0", 1500 * kMillis);
+  Heartbeat(core, "w0", 1500 * kMillis);
+  // Where a lost server ends the job, servers get the ordinary lease (3 s):
+  // a short one would only make false alarms fatal.
+  core.Tick(1500 * kMillis);
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kRunning);
+  Heartbeat(core, "s0", 3100 * kMillis);
+  Heartbeat(core, "w0", 3100 * kMillis);
+  core.Tick(3100 * kMillis);
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kFailed);
+  EXPECT_NE(core.failure_reason().find("lost server 1 (s1)"), std::string::npos) << core.failure_reason();
+}
+
 }  // namespace
 }  // namespace tessera

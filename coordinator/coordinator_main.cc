@@ -30,8 +30,9 @@ bool WriteFileAtomically(const std::string& path, const std::string& content) {
 
 int main(int argc, char** argv) {
   tessera::CoordinatorOptions options;
+  options.replication = 2;
   std::string bind = "tcp://127.0.0.1:0", address_file, summary_file, name = "coordinator";
-  double assemble_timeout = 30, heartbeat_interval = 1, lease = 5, rejoin_timeout = 60;
+  double assemble_timeout = 30, heartbeat_interval = 1, lease = 5, rejoin_timeout = 60, server_lease = 0.5;
   bool debug = false;
   CLI::App app{"tessera-coordinator: membership, shard map, heartbeats, barriers and job end.\n"
                "Started by tessera-launch; servers and workers register with it."};
@@ -58,6 +59,14 @@ int main(int argc, char** argv) {
   app.add_option("--rejoin-timeout", rejoin_timeout,
                  "With --on-worker-loss wait: seconds a lost worker's place is kept for a replacement")
       ->check(CLI::PositiveNumber);
+  app.add_option("--replication", options.replication,
+                 "Copies of each virtual shard (a primary and replication-1 backups on other servers; capped at "
+                 "--servers). With 2 or more, a lost server fails over to its backups instead of failing the job")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--server-lease", server_lease,
+                 "With replication: seconds of silence after which a server is lost and its shards fail over "
+                 "(servers heartbeat every 0.1 s by default); without replication servers get --lease")
+      ->check(CLI::PositiveNumber);
   app.add_option("--name", name, "Name in log lines");
   app.add_flag("--debug", debug, "Log debug lines");
   CLI11_PARSE(app, argc, argv);
@@ -73,6 +82,7 @@ int main(int argc, char** argv) {
                            : on_worker_loss == "wait"   ? tessera::WorkerLossPolicy::kWait
                                                         : tessera::WorkerLossPolicy::kStopJob;
   options.rejoin_timeout = static_cast<tessera::Nanos>(rejoin_timeout * 1e9);
+  options.server_lease = static_cast<tessera::Nanos>(server_lease * 1e9);
 
   auto transport = tessera::MakeTransport(bind);
   if (!transport.ok()) {

@@ -12,7 +12,9 @@
 
 int main(int argc, char** argv) {
   std::string bind = "tcp://127.0.0.1:0", name;
-  double connect_timeout = 60, heartbeat_interval = 1, lease = 5;
+  // Frequent heartbeats: with replication the coordinator declares a server
+  // lost after --server-lease (0.5 s) of silence and fails its shards over.
+  double connect_timeout = 60, heartbeat_interval = 0.1, lease = 5;
   bool debug = false;
   tessera::CoordinatorSession::Options so;
   tessera::ServerCoreOptions core;

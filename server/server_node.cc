@@ -20,6 +20,10 @@ ServerNode::ServerNode(CoordinatorSession::Options session, std::unique_ptr<Tran
 ServerNode::~ServerNode() { transport_->Stop(); }
 
 void ServerNode::OnMessage(Message m) {
+  if (m.header.has_shard_map_update()) {
+    OnMapUpdate(m.header.shard_map_update());
+    return;
+  }
   if (session_.Handle(m)) return;
   std::unique_lock lock(mu_);
   if (core_ == nullptr) {
@@ -48,6 +52,30 @@ void ServerNode::OnMessage(Message m) {
     lock.lock();
     core_->ApplyPending();
   }
+}
+
+void ServerNode::OnMapUpdate(const proto::ShardMapUpdate& update) {
+  std::unique_lock lock(mu_);
+  if (core_ == nullptr) {  // not serving yet: installed once the core exists
+    if (!early_map_ || early_map_->epoch() < update.shard_map().epoch()) early_map_ = update.shard_map();
+    return;
+  }
+  const bool was_deposed = core_->deposed();
+  auto out = core_->UpdateShardMap(update.shard_map(), MonotonicNow());
+  if (!out.ok()) {
+    TLOG_ERROR("ignoring a bad shard map update from the coordinator: {}", out.status().message());
+    return;
+  }
+  const uint64_t epoch = core_->epoch();
+  const bool deposed = core_->deposed();
+  lock.unlock();
+  if (deposed && !was_deposed) {
+    TLOG_WARN("this server was removed from the job at map epoch {} ({}); it serves nothing from now on", epoch,
+              update.reason());
+  } else if (!deposed) {
+    TLOG_INFO("shard map epoch {}: {}", epoch, update.reason());
+  }
+  for (Outgoing& o : *out) (void)transport_->Send(o.to, std::move(o.message));
 }
 
 void ServerNode::TickLoop() {
@@ -89,6 +117,15 @@ absl::Status ServerNode::Run() {
     for (Message& m : early_)
       for (Outgoing& o : core->Step(std::move(m), MonotonicNow())) out.push_back(std::move(o));
     early_.clear();
+    if (early_map_) {
+      auto released = core->UpdateShardMap(*early_map_, MonotonicNow());
+      if (released.ok()) {
+        for (Outgoing& o : *released) out.push_back(std::move(o));
+      } else {
+        TLOG_ERROR("ignoring a bad shard map update from the coordinator: {}", released.status().message());
+      }
+      early_map_.reset();
+    }
     core->ApplyPending();
     core_ = std::move(core);
   }
@@ -125,7 +162,17 @@ std::string ServerNode::MetricsText() const {
       .Counter("tessera_server_sent_bytes_total", "Data frame bytes sent, as on the wire", s.bytes_out)
       .Gauge("tessera_server_held_requests", "Requests waiting for slower workers now", core_ ? core_->held_now() : 0)
       .Gauge("tessera_server_queued_requests", "Requests queued before the shard map arrived", early_.size())
-      .Gauge("tessera_server_rows", "Rows held, over every table", core_ ? core_->rows() : 0);
+      .Gauge("tessera_server_rows", "Rows held, over every table", core_ ? core_->rows() : 0)
+      .Counter("tessera_server_duplicate_pushes_total", "Sequenced pushes (or shards of them) already applied",
+               s.duplicate_pushes)
+      .Counter("tessera_server_forwards_sent_total", "Replicate messages sent to backups, resends included",
+               s.forwards_sent)
+      .Counter("tessera_server_forwards_applied_total", "Replicate messages applied as a backup", s.forwards_applied)
+      .Counter("tessera_server_forwards_rejected_total", "Replicate messages refused (older epoch, not a backup)",
+               s.forwards_rejected)
+      .Gauge("tessera_server_map_epoch", "Shard map epoch this server acts on", core_ ? core_->epoch() : 0)
+      .Gauge("tessera_server_waiting_acks", "Pushes applied here and waiting for backups",
+             core_ ? core_->waiting_acks() : 0);
   if (core_ && core_->min_clock() != ClockTable::kNoWorkers) {
     w.Gauge("tessera_server_min_clock", "Clock of the slowest live worker", core_->min_clock());
   }

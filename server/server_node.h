@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "node/coordinator_session.h"
@@ -35,6 +36,7 @@ class ServerNode {
 
  private:
   void OnMessage(Message m);
+  void OnMapUpdate(const proto::ShardMapUpdate& update);
   void TickLoop();
 
   std::unique_ptr<Transport> transport_;
@@ -47,6 +49,7 @@ class ServerNode {
   std::unique_ptr<ServerCore> core_;
   static constexpr size_t kMaxEarlyRequests = 100000;
   std::deque<Message> early_;  // guarded by mu_: requests that arrived before core_ existed
+  std::optional<proto::ShardMap> early_map_;  // guarded by mu_: the newest map update before core_ existed
 };
 
 }  // namespace tessera

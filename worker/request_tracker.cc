@@ -24,7 +24,7 @@ void RequestTracker::Begin(Handle handle, std::string what, std::vector<PartSpec
   Op* raw = op.get();
   for (PartSpec& p : parts) {
     raw->request_ids.push_back(p.request_id);
-    parts_.emplace(p.request_id, Part{raw, p.server_rank, std::move(p.scatter)});
+    parts_.emplace(p.request_id, Part{raw, p.server_rank, std::move(p.scatter), std::move(p.request)});
   }
   ops_.emplace(raw, std::move(op));
 }
@@ -105,7 +105,10 @@ absl::Status RequestTracker::ApplyReply(Part& part, const Message& reply, bool* 
 }
 
 RequestTracker::Completion RequestTracker::Finish(Op* op) {
-  for (uint64_t id : op->request_ids) parts_.erase(id);
+  for (uint64_t id : op->request_ids) {
+    parts_.erase(id);
+    resend_ops_.erase(id);
+  }
   auto node = ops_.extract(op);
   return Completion{std::move(node.mapped()->handle), node.mapped()->status};
 }
@@ -125,6 +128,17 @@ std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& r
   }
   Part& part = it->second;
   Op* op = part.op;
+  const proto::Envelope& h = reply.header;
+  const bool resendable = part.request.header.has_push() || part.request.header.has_pull();
+  if (resendable && h.has_error() && h.error().code() == static_cast<int>(absl::StatusCode::kAborted) &&
+      h.epoch() != part.request.header.epoch()) {
+    // Not (or no longer) the primary: wait for the map of the server's
+    // epoch, or, if the server is behind, send again with ours.
+    part.parked = true;
+    part.ready_epoch = std::max(h.epoch(), part.request.header.epoch());
+    part.received = 0;
+    return done;
+  }
   bool part_done = true;
   if (op->status.ok()) {
     absl::Status s = ApplyReply(part, reply, &part_done);
@@ -134,6 +148,52 @@ std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& r
   parts_.erase(it);
   if (--op->remaining == 0) done.push_back(Finish(op));
   return done;
+}
+
+std::vector<RequestTracker::Resend> RequestTracker::TakeResends(uint64_t epoch,
+                                                                const std::function<bool(uint32_t)>& dead,
+                                                                std::vector<Completion>* done) {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, part] : parts_) {
+    if (part.parked ? part.ready_epoch <= epoch : dead(part.server_rank)) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());  // issue order
+  std::vector<Resend> resends;
+  for (uint64_t id : ids) {
+    auto node = parts_.extract(id);
+    Part& part = node.mapped();
+    if (part.request.header.has_push() || part.request.header.has_pull()) {
+      resends.push_back(Resend{id, part.server_rank, std::move(part.scatter), std::move(part.request)});
+      // The op keeps counting this part until Reissue.
+      resend_ops_.emplace(id, part.op);
+      continue;
+    }
+    Op* op = part.op;
+    if (--op->remaining == 0) done->push_back(Finish(op));
+  }
+  return resends;
+}
+
+std::vector<RequestTracker::Completion> RequestTracker::Reissue(const Resend& old, std::vector<PartSpec> parts) {
+  std::vector<Completion> done;
+  auto it = resend_ops_.find(old.request_id);
+  if (it == resend_ops_.end()) return done;
+  Op* op = it->second;
+  resend_ops_.erase(it);
+  if (!ops_.contains(op)) return done;  // the op ended meanwhile (timeout, FailAll)
+  op->remaining += parts.size();
+  for (PartSpec& p : parts) {
+    op->request_ids.push_back(p.request_id);
+    parts_.emplace(p.request_id, Part{op, p.server_rank, std::move(p.scatter), std::move(p.request)});
+  }
+  if (--op->remaining == 0) done.push_back(Finish(op));
+  return done;
+}
+
+size_t RequestTracker::parked() const {
+  size_t n = 0;
+  for (const auto& [id, part] : parts_) n += part.parked;
+  return n;
 }
 
 std::vector<RequestTracker::Completion> RequestTracker::Tick(Nanos now) {

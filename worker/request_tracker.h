@@ -19,7 +19,19 @@
 //   pieces"): each piece is placed in the caller's output as it arrives, and
 //   the part is answered once its last byte is in. Pieces must arrive in
 //   offset order without gaps or overlap; anything else fails the operation.
+// - Failover: a part that keeps its request (pushes and pulls) is never
+//   failed by an Aborted reply (a server that is not, or no longer, the
+//   primary of its keys) sent at a newer map epoch than the part's, or by a
+//   server behind the part's epoch: the part is parked until the worker has
+//   a map of that epoch (TakeResends). Aborted at the part's own epoch is an
+//   error like any other (the map and the server disagree: a bug).
+//   TakeResends hands back the parts to send again: parked ones whose epoch
+//   has come, and push and pull parts addressed to a server the new map
+//   names dead. Parts of other kinds (clocks, tables) addressed to a dead
+//   server are answered as done: a lost server needs nothing more from us.
+//   Reissue puts the new requests in the old part's place, in the same op.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -54,6 +66,15 @@ class RequestTracker {
     uint64_t request_id;
     uint32_t server_rank;
     Scatter scatter;  // pulls only
+    Message request;  // pushes and pulls: what to send again after a failover (header unset: not resendable)
+  };
+
+  // A part taken out for sending again (TakeResends).
+  struct Resend {
+    uint64_t request_id;
+    uint32_t server_rank;
+    Scatter scatter;
+    Message request;
   };
 
   // `server_names` name servers by rank in error messages.
@@ -70,6 +91,17 @@ class RequestTracker {
   std::vector<Completion> Tick(Nanos now);
   // Fails every operation in flight (job ended, worker closing).
   std::vector<Completion> FailAll(const absl::Status& status);
+
+  // Parts to send again with the map of `epoch` (see the contract); `dead`
+  // says whether a server rank is dead in it. Operations that the dropped
+  // parts of other kinds complete go to *done.
+  std::vector<Resend> TakeResends(uint64_t epoch, const std::function<bool(uint32_t)>& dead,
+                                  std::vector<Completion>* done);
+  // Puts `parts` in the place of the part `old` was taken from. With no
+  // parts, the old part counts as answered (its op may complete: returned).
+  std::vector<Completion> Reissue(const Resend& old, std::vector<PartSpec> parts);
+  // Parked parts waiting for a newer map.
+  size_t parked() const;
 
   size_t in_flight() const { return ops_.size(); }
   // The number of values the pull part `request_id` expects (its keys times
@@ -92,7 +124,10 @@ class RequestTracker {
     Op* op;
     uint32_t server_rank;
     Scatter scatter;
-    uint64_t received = 0;  // value bytes placed so far (pulls in pieces)
+    Message request;         // kept for a resend (pushes and pulls)
+    uint64_t received = 0;   // value bytes placed so far (pulls in pieces)
+    bool parked = false;     // answered Aborted: waits for the map of ready_epoch
+    uint64_t ready_epoch = 0;
   };
   // Applies a reply (or one piece of it) to its part; sets *part_done when
   // the part needs nothing more (it answered, or failed).
@@ -105,6 +140,7 @@ class RequestTracker {
   // the parts in parts_ that point to it plus those already answered.
   absl::flat_hash_map<Op*, std::unique_ptr<Op>> ops_;
   absl::flat_hash_map<uint64_t, Part> parts_;
+  absl::flat_hash_map<uint64_t, Op*> resend_ops_;  // parts taken by TakeResends, not yet reissued
   uint64_t ignored_replies_ = 0;
 };
 

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -26,6 +27,7 @@ struct Future::State {
   std::optional<absl::Status> status;
   Nanos started = 0;                       // when the request was issued
   metrics::Histogram* latency = nullptr;   // observes issue-to-completion seconds (owned by the worker)
+  uint64_t push_seq = 0;                   // pushes: the sequence number (the worker forgets it on completion)
 
   void Set(absl::Status s) {
     {
@@ -111,7 +113,7 @@ class WorkerImpl final : public Worker {
       if (n.role() == proto::WORKER) ++num_workers_;
     {
       std::lock_guard lock(mu_);
-      map_ = std::move(*map);
+      map_ = std::make_shared<const ShardMapView>(std::move(*map));
       tracker_.emplace(std::move(names));
     }
     ticker_ = std::thread([this] { TickLoop(); });
@@ -138,11 +140,12 @@ class WorkerImpl final : public Worker {
   absl::Status ResumeClock() {
     std::vector<RequestTracker::PartSpec> parts;
     std::vector<Outgoing> sends;
-    for (uint32_t r = 0; r < num_servers(); ++r) {
-      Message m = NewRequest();
+    const auto map = Map();
+    for (uint32_t r : map->LiveServers()) {
+      Message m = NewRequest(*map);
       m.header.mutable_clock_query();
-      parts.push_back({m.header.request_id(), r, {}});
-      sends.push_back({map_->server(r).address(), std::move(m)});
+      parts.push_back({m.header.request_id(), r, {}, {}});
+      sends.push_back({map->server(r).address(), std::move(m)});
     }
     if (absl::Status s = Issue("clock query", std::move(parts), std::move(sends)).Wait(); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("resuming the clock of a replaced worker: ", s.message()));
@@ -185,6 +188,7 @@ class WorkerImpl final : public Worker {
                    push_latency_.counts(), push_latency_.sum())
         .Histogram("tessera_worker_pull_latency_seconds", "Pull issue to completion (holds included)",
                    pull_latency_.bounds(), pull_latency_.counts(), pull_latency_.sum())
+        .Counter("tessera_worker_resends_total", "Push and pull parts sent again after a failover", s.resends)
         .Gauge("tessera_worker_clock", "This worker's clock", static_cast<double>(clock()))
         .Gauge("tessera_worker_incarnation", "Replacements of this rank before this process", incarnation());
     return w.text();
@@ -192,7 +196,12 @@ class WorkerImpl final : public Worker {
 
   uint32_t rank() const override { return session_->self().rank(); }
   uint32_t num_workers() const override { return num_workers_; }
-  uint32_t num_servers() const override { return static_cast<uint32_t>(map_->num_servers()); }
+  uint32_t num_servers() const override { return static_cast<uint32_t>(Map()->num_servers()); }
+
+  std::shared_ptr<const ShardMapView> Map() const {
+    std::lock_guard lock(mu_);
+    return map_;
+  }
 
   absl::Status CreateTable(const TableOptions& options) override {
     proto::TableConfig config = ToConfig(options);
@@ -209,11 +218,12 @@ class WorkerImpl final : public Worker {
     }
     std::vector<RequestTracker::PartSpec> parts;
     std::vector<Outgoing> sends;
-    for (uint32_t r = 0; r < num_servers(); ++r) {
-      Message m = NewRequest();
+    const auto map = Map();
+    for (uint32_t r : map->LiveServers()) {
+      Message m = NewRequest(*map);
       *m.header.mutable_create_table()->mutable_config() = config;
-      parts.push_back({m.header.request_id(), r, {}});
-      sends.push_back({map_->server(r).address(), std::move(m)});
+      parts.push_back({m.header.request_id(), r, {}, {}});
+      sends.push_back({map->server(r).address(), std::move(m)});
     }
     absl::Status s = Issue(absl::StrCat("create table ", options.id), std::move(parts), std::move(sends)).Wait();
     if (s.ok()) {
@@ -240,12 +250,19 @@ class WorkerImpl final : public Worker {
     std::vector<RequestTracker::PartSpec> parts;
     std::vector<Outgoing> sends;
     absl::Status encode_error;
+    const auto map = Map();
+    // Every part of this push carries its number: servers apply it once per
+    // shard, however often a failover makes us send it.
+    const auto [seq, acked_below] = NextPushSeq();
     auto add_part = [&](uint32_t server, Buffer k, Buffer v, uint64_t n) {
-      Message m = NewRequest();
+      Message m = NewRequest(*map);
       auto* p = m.header.mutable_push();
       p->set_table_id(table);
       p->set_num_keys(n);
       p->set_clock(clock);
+      p->set_seq(seq);
+      p->set_acked_below(acked_below);
+      p->set_incarnation(incarnation());
       std::optional<compress::EncodedRows> encoded;
       if (compressor != nullptr) {
         auto e = compressor->Encode(k.As<Key>(), v.As<float>());
@@ -262,10 +279,10 @@ class WorkerImpl final : public Worker {
       } else {
         m.frames.push_back(std::move(v));
       }
-      parts.push_back({m.header.request_id(), server, {}});
-      sends.push_back({map_->server(server).address(), std::move(m)});
+      parts.push_back({m.header.request_id(), server, {}, m});
+      sends.push_back({map->server(server).address(), std::move(m)});
     };
-    Slice(table, keys, [&](uint32_t server) {  // all keys on one server: no copy
+    Slice(*map, table, keys, [&](uint32_t server) {  // all keys on one server: no copy
       add_part(server, Buffer::Borrow(keys.data(), keys.size_bytes()), Buffer::Borrow(values.data(), values.size_bytes()),
                keys.size());
     }, [&](uint32_t server, const std::vector<uint32_t>& rows) {
@@ -281,13 +298,14 @@ class WorkerImpl final : public Worker {
       add_part(server, std::move(k), std::move(v), rows.size());
     });
     if (!encode_error.ok()) {
+      ForgetPushSeq(seq);
       return Future::Ready(absl::Status(encode_error.code(), absl::StrCat("push to table ", table,
                                                                           ": compressing: ", encode_error.message())));
     }
     pushes_++;
     bytes_pushed_ += keys.size_bytes() + values.size_bytes();
     return Issue(absl::StrCat("push to table ", table), std::move(parts), std::move(sends), {}, 0, 0,
-                 &push_latency_);
+                 &push_latency_, seq);
   }
 
   Future Pull(uint32_t table, std::span<const Key> keys, std::span<float> out) override {
@@ -302,18 +320,19 @@ class WorkerImpl final : public Worker {
     const uint64_t clock = clock_.load();
     std::vector<RequestTracker::PartSpec> parts;
     std::vector<Outgoing> sends;
+    const auto map = Map();
     auto add_part = [&](uint32_t server, Buffer k, RequestTracker::Scatter scatter) {
-      Message m = NewRequest();
+      Message m = NewRequest(*map);
       auto* p = m.header.mutable_pull();
       p->set_table_id(table);
       p->set_num_keys(scatter.num_keys);
       p->set_clock(clock);
       p->set_hold_timeout_ms(options_.hold_timeout / kMillis);
       m.frames.push_back(std::move(k));
-      parts.push_back({m.header.request_id(), server, std::move(scatter)});
-      sends.push_back({map_->server(server).address(), std::move(m)});
+      parts.push_back({m.header.request_id(), server, std::move(scatter), m});
+      sends.push_back({map->server(server).address(), std::move(m)});
     };
-    Slice(table, keys, [&](uint32_t server) {
+    Slice(*map, table, keys, [&](uint32_t server) {
       add_part(server, Buffer::Borrow(keys.data(), keys.size_bytes()), {0, {}, keys.size()});
     }, [&](uint32_t server, const std::vector<uint32_t>& rows) {
       Buffer k = Buffer::Allocate(rows.size() * sizeof(Key));
@@ -329,18 +348,26 @@ class WorkerImpl final : public Worker {
 
   absl::Status Clock() override {
     const Nanos start = MonotonicNow();
+    // With replication, a push may have to go again to another server after
+    // a failover; the clock is announced only once the pushes made before it
+    // are in (acknowledged or failed), so that no server counts this clock
+    // before it has the pushes stamped earlier.
+    if (Map()->replication() > 1) {
+      if (absl::Status s = WaitForPushes(); !s.ok()) return s;
+    }
     // From here on, pushes are stamped with the new clock; everything sent
     // before reaches each server ahead of the announcement.
     const uint64_t clock = clock_.fetch_add(1) + 1;
     if (!HasSynchronousTables()) return NotifyClock(clock, start);
     std::vector<RequestTracker::PartSpec> parts;
     std::vector<Outgoing> sends;
-    for (uint32_t r = 0; r < num_servers(); ++r) {
-      Message m = NewRequest();
+    const auto map = Map();
+    for (uint32_t r : map->LiveServers()) {
+      Message m = NewRequest(*map);
       m.header.mutable_clock_advance()->set_clock(clock);
       m.header.mutable_clock_advance()->set_hold_timeout_ms(options_.hold_timeout / kMillis);
-      parts.push_back({m.header.request_id(), r, {}});
-      sends.push_back({map_->server(r).address(), std::move(m)});
+      parts.push_back({m.header.request_id(), r, {}, {}});
+      sends.push_back({map->server(r).address(), std::move(m)});
     }
     absl::Status s = Issue(absl::StrCat("clock ", clock), std::move(parts), std::move(sends), {}, 0,
                            options_.hold_timeout)
@@ -364,12 +391,13 @@ class WorkerImpl final : public Worker {
       std::lock_guard lock(mu_);
       if (closed_) return absl::CancelledError("worker is closed");
     }
-    for (uint32_t r = 0; r < num_servers(); ++r) {
-      Message m = NewRequest();
+    const auto map = Map();
+    for (uint32_t r : map->LiveServers()) {
+      Message m = NewRequest(*map);
       m.header.set_request_id(0);  // a notice: servers record it and answer nothing
       m.header.mutable_clock_advance()->set_clock(clock);
       CountWire(m);
-      if (auto s = transport_->Send(map_->server(r).address(), std::move(m)); !s.ok()) return s;
+      if (auto s = transport_->Send(map->server(r).address(), std::move(m)); !s.ok()) return s;
     }
     std::lock_guard lock(mu_);
     stats_.clock_wait += MonotonicNow() - start;
@@ -409,15 +437,51 @@ class WorkerImpl final : public Worker {
     return f(*tracker_);
   }
 
-  static void Complete(std::vector<RequestTracker::Completion> done) {
-    for (auto& c : done) static_cast<Future::State*>(c.handle.get())->Set(std::move(c.status));
+  void Complete(std::vector<RequestTracker::Completion> done) {
+    for (auto& c : done) {
+      auto* state = static_cast<Future::State*>(c.handle.get());
+      if (state->push_seq != 0) ForgetPushSeq(state->push_seq);
+      state->Set(std::move(c.status));
+    }
   }
 
-  Message NewRequest() {
+  // The next push's sequence number, and the lowest one still in flight
+  // (every push numbered below it is complete).
+  std::pair<uint64_t, uint64_t> NextPushSeq() {
+    std::lock_guard lock(mu_);
+    const uint64_t seq = ++last_push_seq_;
+    pushes_in_flight_.insert(seq);
+    return {seq, *pushes_in_flight_.begin()};
+  }
+  void ForgetPushSeq(uint64_t seq) {
+    {
+      std::lock_guard lock(mu_);
+      pushes_in_flight_.erase(seq);
+    }
+    push_cv_.notify_all();
+  }
+  // Blocks until every push issued so far has completed.
+  absl::Status WaitForPushes() {
+    std::unique_lock lock(mu_);
+    const uint64_t last = last_push_seq_;
+    const Nanos deadline = MonotonicNow() + options_.request_timeout;
+    while (!pushes_in_flight_.empty() && *pushes_in_flight_.begin() <= last && !closed_) {
+      if (MonotonicNow() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "clock ", clock_.load() + 1, ": ", pushes_in_flight_.size(), " pushes still unacknowledged after ",
+            options_.request_timeout / kSeconds, " s (the push futures name the servers)"));
+      }
+      push_cv_.wait_for(lock, std::chrono::milliseconds(50));
+    }
+    if (closed_) return absl::CancelledError("worker is closed");
+    return absl::OkStatus();
+  }
+
+  Message NewRequest(const ShardMapView& map) {
     Message m;
     m.header.set_request_id(next_request_.fetch_add(1) + 1);
     m.header.set_sender_id(session_->self().node_id());
-    m.header.set_epoch(map_->epoch());
+    m.header.set_epoch(map.epoch());
     // The transport stamps this too; set here, the header the wire counts
     // measure is the one that is sent.
     m.header.set_sender_address(transport_->address());
@@ -444,19 +508,20 @@ class WorkerImpl final : public Worker {
   // Calls single(server) if every key lives on one server, else multi(server,
   // rows of that server) for each server that holds some keys.
   template <typename Single, typename Multi>
-  void Slice(uint32_t table, std::span<const Key> keys, Single&& single, Multi&& multi) {
-    const uint32_t first = map_->ServerRankOfKey(table, keys[0]);
+  static void Slice(const ShardMapView& map, uint32_t table, std::span<const Key> keys, Single&& single,
+                    Multi&& multi) {
+    const uint32_t first = map.ServerRankOfKey(table, keys[0]);
     std::vector<uint32_t> owner(keys.size());
     bool all_same = true;
     for (size_t i = 0; i < keys.size(); ++i) {
-      owner[i] = map_->ServerRankOfKey(table, keys[i]);
+      owner[i] = map.ServerRankOfKey(table, keys[i]);
       all_same &= owner[i] == first;
     }
     if (all_same) {
       single(first);
       return;
     }
-    std::vector<std::vector<uint32_t>> rows(num_servers());
+    std::vector<std::vector<uint32_t>> rows(map.num_servers());
     for (size_t i = 0; i < keys.size(); ++i) rows[owner[i]].push_back(static_cast<uint32_t>(i));
     for (uint32_t s = 0; s < rows.size(); ++s)
       if (!rows[s].empty()) multi(s, rows[s]);
@@ -466,13 +531,17 @@ class WorkerImpl final : public Worker {
   // top of the request timeout.
   Future Issue(std::string what, std::vector<RequestTracker::PartSpec> parts, std::vector<Outgoing> sends,
                std::span<float> out = {}, uint32_t width = 0, Nanos hold = 0,
-               metrics::Histogram* latency = nullptr) {
+               metrics::Histogram* latency = nullptr, uint64_t push_seq = 0) {
     auto state = std::make_shared<Future::State>();
     state->started = MonotonicNow();
     state->latency = latency;
+    state->push_seq = push_seq;
     {
       std::lock_guard lock(mu_);
-      if (closed_) return Future::Ready(absl::CancelledError("worker is closed"));
+      if (closed_) {
+        if (push_seq != 0) pushes_in_flight_.erase(push_seq);
+        return Future::Ready(absl::CancelledError("worker is closed"));
+      }
       tracker_->Begin(state, std::move(what), std::move(parts), MonotonicNow() + options_.request_timeout + hold, out,
                       width);
     }
@@ -527,6 +596,10 @@ class WorkerImpl final : public Worker {
   }
 
   void OnMessage(Message m) {
+    if (m.header.has_shard_map_update()) {
+      OnMapUpdate(m.header.shard_map_update());
+      return;
+    }
     if (session_->Handle(m)) return;
     CountWire(m);
     if (m.header.has_pull_reply() && m.header.pull_reply().value_parts() > 0) {
@@ -555,10 +628,94 @@ class WorkerImpl final : public Worker {
       tick_cv_.wait_for(lock, std::chrono::milliseconds(100));
       if (closed_) break;
       auto done = tracker_->Tick(MonotonicNow());
+      const bool parked = tracker_->parked() > 0;
       lock.unlock();
       Complete(std::move(done));
+      if (parked) SendAgain();  // parts a lagging server refused go again with our map
       lock.lock();
     }
+  }
+
+  // A newer shard map from the coordinator (a server was lost): resend what
+  // went to it, and what waited for this map.
+  void OnMapUpdate(const proto::ShardMapUpdate& update) {
+    auto view = ShardMapView::Create(update.shard_map());
+    if (!view.ok()) {
+      TLOG_ERROR("ignoring a bad shard map update from the coordinator: {}", view.status().message());
+      return;
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (closed_ || !map_ || view->epoch() <= map_->epoch()) return;
+      map_ = std::make_shared<const ShardMapView>(std::move(*view));
+    }
+    TLOG_INFO("shard map epoch {}: {}", update.shard_map().epoch(), update.reason());
+    SendAgain();
+  }
+
+  // Sends again, by the current map, the parts the tracker hands back.
+  void SendAgain() {
+    std::vector<RequestTracker::Completion> done;
+    std::vector<Outgoing> sends;
+    {
+      std::lock_guard lock(mu_);
+      if (closed_ || !tracker_) return;
+      const ShardMapView& map = *map_;
+      for (RequestTracker::Resend& r :
+           tracker_->TakeResends(map.epoch(), [&](uint32_t rank) { return map.IsDead(rank); }, &done)) {
+        for (auto& c : tracker_->Reissue(r, Redirect(map, r, sends))) done.push_back(std::move(c));
+        stats_.resends++;
+      }
+    }
+    for (Outgoing& o : sends) {
+      CountWire(o.message);
+      (void)transport_->Send(o.to, std::move(o.message));
+    }
+    Complete(std::move(done));
+  }
+
+  // The requests that replace part `r` under `map` (appended to `sends`).
+  // A push goes whole, marked as a resend, to every server that is now the
+  // primary of some of its keys (each takes its own; the same bytes, so a
+  // compressed push is not encoded twice). A pull is split by primary.
+  std::vector<RequestTracker::PartSpec> Redirect(const ShardMapView& map, const RequestTracker::Resend& r,
+                                                 std::vector<Outgoing>& sends) {
+    std::vector<RequestTracker::PartSpec> parts;
+    const proto::Envelope& h = r.request.header;
+    const uint32_t table = h.has_push() ? h.push().table_id() : h.pull().table_id();
+    const auto keys = r.request.frames[0].As<Key>();
+    std::vector<std::vector<uint32_t>> rows(map.num_servers());
+    for (size_t i = 0; i < keys.size(); ++i) rows[map.ServerRankOfKey(table, keys[i])].push_back(static_cast<uint32_t>(i));
+    for (uint32_t s = 0; s < rows.size(); ++s) {
+      if (rows[s].empty()) continue;
+      Message m;
+      m.header = h;
+      m.header.set_request_id(next_request_.fetch_add(1) + 1);
+      m.header.set_epoch(map.epoch());
+      RequestTracker::Scatter scatter;
+      if (h.has_push()) {
+        m.header.mutable_push()->set_resend(true);
+        m.frames = r.request.frames;
+      } else if (rows[s].size() == keys.size()) {
+        m.frames = r.request.frames;
+        scatter = r.scatter;
+      } else {
+        Buffer k = Buffer::Allocate(rows[s].size() * sizeof(Key));
+        auto kd = k.AsMutable<Key>();
+        for (size_t i = 0; i < rows[s].size(); ++i) {
+          const uint32_t row = rows[s][i];
+          kd[i] = keys[row];
+          scatter.rows.push_back(r.scatter.rows.empty() ? static_cast<uint32_t>(r.scatter.first_row + row)
+                                                        : r.scatter.rows[row]);
+        }
+        scatter.num_keys = rows[s].size();
+        m.header.mutable_pull()->set_num_keys(rows[s].size());
+        m.frames.push_back(std::move(k));
+      }
+      parts.push_back({m.header.request_id(), s, std::move(scatter), m});
+      sends.push_back({map.server(s).address(), std::move(m)});
+    }
+    return parts;
   }
 
   void Close(const absl::Status& why) {
@@ -580,7 +737,7 @@ class WorkerImpl final : public Worker {
   const WorkerOptions options_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<CoordinatorSession> session_;
-  std::optional<ShardMapView> map_;  // set once in Start(), read-only afterwards
+  std::shared_ptr<const ShardMapView> map_;  // guarded by mu_: replaced by failovers (Map() takes a snapshot)
   uint32_t num_workers_ = 0;
   std::atomic<uint64_t> next_request_{0};
   std::atomic<uint64_t> clock_{0};
@@ -600,6 +757,9 @@ class WorkerImpl final : public Worker {
   // guarded by mu_ (the map; a compressor serializes its own calls): tables with compressed pushes
   absl::flat_hash_map<uint32_t, std::unique_ptr<compress::RowCompressor>> compressors_;
   uint64_t known_clock_ = 0;                            // guarded by mu_: highest clock servers reported for us
+  uint64_t last_push_seq_ = 0;                          // guarded by mu_: the last push's sequence number
+  std::set<uint64_t> pushes_in_flight_;                 // guarded by mu_: sequence numbers of pushes not complete
+  std::condition_variable push_cv_;                     // a push completed
   bool closed_ = false;                                // guarded by mu_
   std::thread ticker_;
 };
@@ -615,7 +775,7 @@ std::string StatsJson(const WorkerStats& s) {
                       ",\"pull_held_seconds\":", static_cast<double>(s.pull_held) / kSeconds,
                       ",\"staleness_histogram\":[", hist, "],\"wire_bytes_pushed\":", s.wire_bytes_pushed,
                       ",\"wire_bytes_pulled\":", s.wire_bytes_pulled, ",\"wire_bytes_other\":", s.wire_bytes_other,
-                      "}");
+                      ",\"resends\":", s.resends, "}");
 }
 
 proto::WorkerDone MakeWorkerDone(const WorkerStats& stats, uint64_t steps, double final_loss,

@@ -29,6 +29,16 @@
 //   tables are all ASP has nothing to wait for: its Clock() only tells the
 //   servers (no round trip), so that workers of synchronous tables elsewhere
 //   in the job still see it advance.
+// - Failover (replication > 1, ../shared/DESIGN.md section 6): a push is
+//   acknowledged only once every live replica of its shards has it. Every
+//   push carries this process's sequence number; when the coordinator
+//   publishes a new map (a server was lost), the parts that went to the
+//   lost server, and those a server refused as not its own, are sent again
+//   to the new primaries: pushes with the same number (servers apply each
+//   once per shard), pulls split by the new map. The application sees no
+//   error for a loss the replicas cover; a loss they do not cover ends the
+//   job with the coordinator's reason. Clock() first waits for the pushes
+//   issued before it, so that no server counts a clock before it has them.
 // - Futures complete with OK, or with an error that says what failed and which
 //   server did not answer (DeadlineExceeded after options.request_timeout).
 // - Thread safety: all methods may be called from any thread concurrently,
@@ -121,12 +131,13 @@ struct WorkerStats {
   uint64_t wire_bytes_pushed = 0;  // push requests sent
   uint64_t wire_bytes_pulled = 0;  // pull requests sent and pull replies received
   uint64_t wire_bytes_other = 0;   // everything else to and from servers (acks, clocks, tables)
+  uint64_t resends = 0;            // push and pull parts sent again after a failover
 };
 
 // The stats as a JSON object, for a worker program's report:
 // {"pushes":..,"pulls":..,"bytes_pushed":..,"bytes_pulled":..,"clocks":..,
 //  "clock_wait_seconds":..,"pull_held_seconds":..,"staleness_histogram":[..17 counts..],
-//  "wire_bytes_pushed":..,"wire_bytes_pulled":..,"wire_bytes_other":..}
+//  "wire_bytes_pushed":..,"wire_bytes_pulled":..,"wire_bytes_other":..,"resends":..}
 std::string StatsJson(const WorkerStats& stats);
 
 // The report a worker program passes to Finish(): its steps, final loss,
