@@ -249,5 +249,95 @@ TEST(RequestTrackerTest, FailAllCompletesEverything) {
   EXPECT_EQ(t.in_flight(), 0u);
 }
 
+Message Aborted(uint64_t id, uint64_t epoch) {
+  Message m;
+  m.header.set_request_id(id);
+  m.header.set_epoch(epoch);
+  m.header.mutable_error()->set_code(static_cast<int>(absl::StatusCode::kAborted));
+  m.header.mutable_error()->set_message("not the primary");
+  return m;
+}
+
+Message PullRequest(uint64_t epoch) {
+  Message m;
+  m.header.set_epoch(epoch);
+  m.header.mutable_pull()->set_table_id(1);
+  return m;
+}
+
+TEST(RequestTrackerTest, PartsOfALostServerAreHandedBackAndReissuedInTheSameOp) {
+  RequestTracker t({"a", "b"});
+  std::vector<float> out(3, -1);
+  auto handle = std::make_shared<int>(0);
+  // A pull of 3 keys: rows 0 and 2 on server 0, row 1 on server 1, plus a
+  // clock-like part (no request kept) to server 1.
+  t.Begin(handle, "pull", {{10, 0, {0, {0, 2}, 2}, PullRequest(1)}, {11, 1, {0, {1}, 1}, PullRequest(1)}}, 100,
+          std::span<float>(out), 1);
+  t.Begin(std::make_shared<int>(1), "clock", {{12, 1, {}, {}}, {13, 0, {}, {}}}, 100);
+  EXPECT_TRUE(t.OnReply(Values(10, {0, 2})).empty());
+  EXPECT_TRUE(t.OnReply(Ack(13)).empty());
+  // Server 1 is lost: its pull part comes back for a resend; the clock part
+  // to it counts as answered, which completes the clock.
+  std::vector<RequestTracker::Completion> done;
+  auto resends = t.TakeResends(2, [](uint32_t rank) { return rank == 1; }, &done);
+  ASSERT_EQ(resends.size(), 1u);
+  EXPECT_EQ(resends[0].request_id, 11u);
+  EXPECT_EQ(resends[0].scatter.rows, std::vector<uint32_t>{1});
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok());
+  // The pull goes again to server 0 under a new id; the old id is gone.
+  EXPECT_TRUE(t.Reissue(resends[0], {{20, 0, resends[0].scatter, PullRequest(2)}}).empty());
+  EXPECT_TRUE(t.OnReply(Values(11, {99})).empty());
+  EXPECT_EQ(t.ignored_replies(), 1u);
+  done = t.OnReply(Values(20, {1}));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  EXPECT_EQ(out, (std::vector<float>{0, 1, 2}));
+}
+
+TEST(RequestTrackerTest, AbortedFromANewerEpochParksThePartUntilThatMap) {
+  RequestTracker t({"a", "b"});
+  std::vector<float> out(1, -1);
+  t.Begin(std::make_shared<int>(0), "pull", {{10, 0, {0, {}, 1}, PullRequest(3)}}, 100, std::span<float>(out), 1);
+  EXPECT_TRUE(t.OnReply(Aborted(10, 5)).empty()) << "a stale map is not an error";
+  EXPECT_EQ(t.parked(), 1u);
+  std::vector<RequestTracker::Completion> done;
+  EXPECT_TRUE(t.TakeResends(4, [](uint32_t) { return false; }, &done).empty()) << "epoch 5 has not come";
+  auto resends = t.TakeResends(5, [](uint32_t) { return false; }, &done);
+  ASSERT_EQ(resends.size(), 1u);
+  EXPECT_TRUE(t.Reissue(resends[0], {{11, 1, resends[0].scatter, PullRequest(5)}}).empty());
+  done = t.OnReply(Values(11, {7}));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(out[0], 7.0f);
+}
+
+TEST(RequestTrackerTest, AbortedAtThePartsOwnEpochIsAnError) {
+  RequestTracker t({"a"});
+  std::vector<float> out(1, -1);
+  t.Begin(std::make_shared<int>(0), "pull", {{10, 0, {0, {}, 1}, PullRequest(3)}}, 100, std::span<float>(out), 1);
+  auto done = t.OnReply(Aborted(10, 3));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status.code(), absl::StatusCode::kAborted);
+  // A part that kept no request (a clock, a table) fails on Aborted too.
+  t.Begin(std::make_shared<int>(1), "clock", {{11, 0, {}, {}}}, 100);
+  done = t.OnReply(Aborted(11, 9));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status.code(), absl::StatusCode::kAborted);
+}
+
+TEST(RequestTrackerTest, AReissuedOpThatTimedOutMeanwhileIsNotRevived) {
+  RequestTracker t({"a", "b"});
+  t.Begin(std::make_shared<int>(0), "push", {{10, 0, {}, PullRequest(1)}}, 100);
+  std::vector<RequestTracker::Completion> done;
+  auto resends = t.TakeResends(2, [](uint32_t rank) { return rank == 0; }, &done);
+  ASSERT_EQ(resends.size(), 1u);
+  done = t.Tick(200);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(t.Reissue(resends[0], {{11, 1, {}, PullRequest(2)}}).empty());
+  EXPECT_EQ(t.in_flight(), 0u);
+  EXPECT_TRUE(t.OnReply(Ack(11)).empty());
+}
+
 }  // namespace
 }  // namespace tessera
