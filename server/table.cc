@@ -77,12 +77,17 @@ absl::Status Table::CheckKeys(std::span<const Key> keys) const {
   return absl::OkStatus();
 }
 
-size_t Table::CreateRow(Key key) {
+size_t Table::AddRow(Key key) {
   const size_t row = index_.size();
   if (row / rows_per_chunk_ >= chunks_.size()) chunks_.push_back(std::make_shared<Chunk>(chunk_floats()));
+  index_.emplace(key, static_cast<uint32_t>(row));
+  return row;
+}
+
+size_t Table::CreateRow(Key key) {
+  const size_t row = AddRow(key);
   float* p = WritableRow(row);
   for (uint32_t i = 0; i < config_.width(); ++i) p[i] = InitialValue(config_, key, i);
-  index_.emplace(key, static_cast<uint32_t>(row));
   return row;
 }
 
@@ -144,6 +149,26 @@ absl::Status Table::ReadRows(std::span<const Key> keys, std::span<float> out) {
   if (auto s = CheckKeys(keys); !s.ok()) return s;
   for (size_t i = 0; i < keys.size(); ++i) {
     std::memcpy(out.data() + i * w, ReadRow(RowNumber(keys[i])), w * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+void Table::ForEachRow(absl::FunctionRef<void(Key, std::span<const float>)> fn) const {
+  const size_t w = config_.width();
+  for (const auto& [key, row] : index_) fn(key, std::span<const float>(ReadRow(row), w));
+}
+
+absl::Status Table::RestoreRows(std::span<const Key> keys, std::span<const float> values) {
+  const size_t w = config_.width();
+  if (values.size() != keys.size() * w) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", config_.table_id(), ": restore of ", keys.size(),
+                                                   " keys needs ", keys.size() * w, " values, got ", values.size()));
+  }
+  if (auto s = CheckKeys(keys); !s.ok()) return s;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = index_.find(keys[i]);
+    const size_t row = it == index_.end() ? AddRow(keys[i]) : it->second;
+    std::memcpy(WritableRow(row), values.data() + i * w, w * sizeof(float));
   }
   return absl::OkStatus();
 }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/buffer.h"
@@ -82,6 +83,19 @@ class Table {
   // SPARSE rows are created on first touch. Errors as ReadRows.
   absl::StatusOr<Buffer> ReadRowsShared(std::span<const Key> keys, BufferPool* pool);
 
+  // Calls fn(key, row) once for every row the table holds, in no particular
+  // order. The row span (width floats) is valid only during the call; fn must
+  // not change the table. Creates nothing.
+  void ForEachRow(absl::FunctionRef<void(Key, std::span<const float>)> fn) const;
+
+  // Sets the row of each key to exactly its values (keys.size() * width
+  // floats, row i at values[i * width]): no optimizer, no initializer. SPARSE
+  // rows that do not exist are created; a DENSE key must be one this table
+  // holds. All checks come before any change, so an error changes nothing.
+  // A key listed twice gets its last row. Rows lent to readers stay as they
+  // were for those readers (copy-on-write, as ApplyPush).
+  absl::Status RestoreRows(std::span<const Key> keys, std::span<const float> values);
+
   // Statistics, for tests and metrics: rows lent without a copy, and chunks
   // copied because a write found them lent.
   uint64_t rows_lent() const { return rows_lent_; }
@@ -101,7 +115,8 @@ class Table {
   size_t RowNumber(Key key);                   // existing row, or a new one (SPARSE)
   const float* ReadRow(size_t row) const;      // for reading only
   float* WritableRow(size_t row);              // copies a lent chunk first
-  size_t CreateRow(Key key);
+  size_t CreateRow(Key key);                   // a new row with its initial values
+  size_t AddRow(Key key);                      // a new row, values unset
   size_t chunk_floats() const { return rows_per_chunk_ * config_.width(); }
 
   const proto::TableConfig config_;
