@@ -65,6 +65,7 @@ class ClusterSection:
     transport: str = "tcp"
     host: str = "127.0.0.1"
     on_worker_loss: str = "stop"
+    replication: int = 2
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class TimeoutsSection:
     heartbeat_seconds: float = 1
     lease_seconds: float = 5
     rejoin_seconds: float = 60
+    server_lease_seconds: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -276,6 +278,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "vshards": Field(_positive_int, 64, "virtual shards the key space is hashed onto"),
         "transport": Field(_transport, "tcp", "tcp | ipc"),
         "host": Field(_nonempty_string, "127.0.0.1", "address processes bind and advertise (tcp)"),
+        "replication": Field(_positive_int, 2,
+                             "copies of each virtual shard (capped at servers); with 2 or more a lost server "
+                             "fails over to its backups"),
         "on_worker_loss": Field(_worker_loss, "stop",
                                 "stop: a lost worker fails the job; continue: the others go on without it; "
                                 "wait: its place is kept for a replacement process"),
@@ -286,6 +291,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "lease_seconds": Field(_positive_number, 5, "silence after which a node is lost"),
         "rejoin_seconds": Field(_positive_number, 60,
                                 "on_worker_loss: wait: how long a lost worker's place is kept"),
+        "server_lease_seconds": Field(_positive_number, 0.5,
+                                      "with replication: silence after which a server is lost and fails over"),
     },
     "worker": {
         "program": Field(_nonempty_string, _REQUIRED, "worker program: build-tree name or path"),

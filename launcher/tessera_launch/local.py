@@ -240,6 +240,8 @@ def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, d
         "--lease", _seconds(t.lease_seconds),
         "--on-worker-loss", config.cluster.on_worker_loss,
         "--rejoin-timeout", _seconds(t.rejoin_seconds),
+        "--replication", str(config.cluster.replication),
+        "--server-lease", _seconds(t.server_lease_seconds),
         "--summary-file", str(layout.coordinator_summary),
         "--name", "coordinator",
     ]
@@ -306,8 +308,12 @@ def worker_rank(name: str) -> Optional[int]:
 
 def may_fail(config: JobConfig, name: str) -> bool:
     """Whether the process's failure is the coordinator's to judge (workers
-    under on_worker_loss: continue or wait)."""
-    return worker_rank(name) is not None and config.cluster.on_worker_loss in ("continue", "wait")
+    under on_worker_loss: continue or wait; servers when their shards have
+    backups: the coordinator fails them over, or fails the job if a shard
+    lost every copy)."""
+    if worker_rank(name) is not None:
+        return config.cluster.on_worker_loss in ("continue", "wait")
+    return (name.startswith("server-") and config.cluster.replication > 1 and config.cluster.servers > 1)
 
 
 # --------------------------------------------------------------------------

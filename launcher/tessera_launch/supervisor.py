@@ -662,7 +662,7 @@ class Supervisor:
         self.console.say(f"{name} {describe_exit(code)}")
         if code != 0 and may_fail:
             self.tolerated_failures[name] = code
-            self.console.say(f"{name} failed; the coordinator decides what follows (on_worker_loss)")
+            self.console.say(f"{name} failed; the coordinator decides what follows (on_worker_loss, replication)")
             return
         if code != 0 and self._outcome is None:
             self._outcome = Outcome("failed", f"{name} {describe_exit(code)}", culprit=name, culprit_code=code)

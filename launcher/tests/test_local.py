@@ -216,6 +216,8 @@ def test_command_lines_follow_the_contract(tmp_path, job_file):
         "--servers", "2", "--workers", "2", "--vshards", "8",
         "--assemble-timeout", "5", "--heartbeat-interval", "0.5", "--lease", "5", "--on-worker-loss", "stop",
         "--rejoin-timeout", "60",
+        "--replication", "2",
+        "--server-lease", "0.5",
         "--summary-file", str(layout.coordinator_summary), "--name", "coordinator", "--debug"]
     assert server_argv(config, binaries, layout, 1, "tcp://h:1", debug=False) == [
         str(tmp_path / "build/server/tessera-server"), "--coordinator", "tcp://h:1", "--rank", "1",

@@ -1,0 +1,95 @@
+"""Failover with real processes on loopback (issue: replication).
+
+The consistency workload (accumulate optimizer, +1 gradients, every event
+recorded) runs through tessera-launch with 3 servers and replication 2, and
+the test SIGKILLs one server in the middle of it. Server 1 is the primary of
+a third of the shards and the backup of another third, so one kill loses a
+primary (E1) and a backup (E2) at once. The job must finish without an error
+in any worker, and tessera-consistency-check must find every pull exact:
+no acknowledged push lost (I2, I3: a pull counts fewer pushes than it must)
+and none applied twice (I4: more pushes than were issued)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("TESSERA_BUILD_DIR", REPO / "build"))
+CONFIG = REPO / "configs" / "consistency_check.yaml"
+WORKLOAD = BUILD / "tests" / "consistency" / "tessera-consistency-workload"
+CHECK = BUILD / "tests" / "consistency" / "tessera-consistency-check"
+
+
+def find_server(coordinator: str, name: str):
+    """The pid of the tessera-server called `name` that joined `coordinator`."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (argv and argv[0].endswith(b"tessera-server") and coordinator.encode() in argv
+                and name.encode() in argv):
+            return int(entry.name)
+    return None
+
+
+def start_job(tmp_path, records, *overrides):
+    argv = [sys.executable, str(REPO / "launcher" / "tessera-launch"), "local", "--config", str(CONFIG),
+            "--build-dir", str(BUILD), "--run-dir", str(tmp_path / "run"), "--timeout", "150",
+            "--set", f"worker.program={WORKLOAD}", "--set", f"worker.args.records={records}",
+            "--set", "cluster.servers=3", "--set", "cluster.replication=2"]
+    for override in overrides:
+        argv += ["--set", override]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_address(run_dir: Path, job, timeout=30.0) -> str:
+    path = run_dir / "coordinator.address"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        assert job.poll() is None, job.stdout.read()
+        time.sleep(0.05)
+    raise AssertionError(f"no coordinator address in {path} after {timeout} s")
+
+
+@pytest.mark.parametrize("model,staleness", [("bsp", 0), ("ssp", 2)])
+def test_a_server_killed_mid_job_loses_no_acknowledged_push(tmp_path, model, staleness):
+    records = tmp_path / "records"
+    records.mkdir()
+    job = start_job(tmp_path, records, f"worker.args.consistency={model}", f"worker.args.staleness={staleness}",
+                    "worker.args.clocks=400")
+    address = wait_for_address(tmp_path / "run", job)
+    deadline = time.monotonic() + 20
+    pid = None
+    while pid is None and time.monotonic() < deadline:
+        pid = find_server(address, "server-1")
+        time.sleep(0.05)
+    assert pid is not None, "server-1 never started"
+    time.sleep(2.0)  # let the workers get going
+    assert job.poll() is None, "the job ended before the fault: make it longer\n" + job.stdout.read()
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    out, _ = job.communicate(timeout=180)
+    assert job.returncode == 0, out[-4000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "ok", summary
+    # The coordinator saw the loss and failed over (it did not fail the job).
+    log = (tmp_path / "run" / "logs" / "coordinator.log").read_text()
+    assert re.search(r"lost server 1 .*fail over to their backups \(map epoch 2\)", log), log[-3000:]
+    # Every worker finished, and the job ran on well after the kill.
+    assert sorted(p.name for p in records.iterdir()) == ["worker-0.txt", "worker-1.txt", "worker-2.txt"]
+    check = subprocess.run([str(CHECK), "--records", str(records), "--workers", "3", "--consistency", model,
+                            "--staleness", str(staleness)], capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "I1 0, I2 0, I3 0, I4 0" in check.stdout, check.stdout
+    assert time.monotonic() - killed_at > 0.5
