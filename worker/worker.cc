@@ -602,6 +602,7 @@ class WorkerImpl final : public Worker {
     }
     if (session_->Handle(m)) return;
     CountWire(m);
+    if (m.header.has_ack()) NoteFirstAckAfterFailover(m.header.epoch());
     if (m.header.has_pull_reply() && m.header.pull_reply().value_parts() > 0) {
       uint64_t expected = 0;
       {
@@ -636,6 +637,21 @@ class WorkerImpl final : public Worker {
     }
   }
 
+  // Logs the first acknowledgement from a server on the map of the last
+  // failover (the fault reports measure failover time by this line).
+  void NoteFirstAckAfterFailover(uint64_t epoch) {
+    Nanos waited = 0;
+    {
+      std::lock_guard lock(mu_);
+      if (failover_epoch_ == 0 || epoch < failover_epoch_) return;
+      waited = MonotonicNow() - failover_seen_at_;
+      epoch = failover_epoch_;
+      failover_epoch_ = 0;
+    }
+    TLOG_INFO("first push acknowledged on shard map epoch {}, {:.1f} ms after the map arrived", epoch,
+              static_cast<double>(waited) / kMillis);
+  }
+
   // A newer shard map from the coordinator (a server was lost): resend what
   // went to it, and what waited for this map.
   void OnMapUpdate(const proto::ShardMapUpdate& update) {
@@ -648,6 +664,8 @@ class WorkerImpl final : public Worker {
       std::lock_guard lock(mu_);
       if (closed_ || !map_ || view->epoch() <= map_->epoch()) return;
       map_ = std::make_shared<const ShardMapView>(std::move(*view));
+      failover_epoch_ = map_->epoch();
+      failover_seen_at_ = MonotonicNow();
     }
     TLOG_INFO("shard map epoch {}: {}", update.shard_map().epoch(), update.reason());
     SendAgain();
@@ -760,6 +778,8 @@ class WorkerImpl final : public Worker {
   uint64_t last_push_seq_ = 0;                          // guarded by mu_: the last push's sequence number
   std::set<uint64_t> pushes_in_flight_;                 // guarded by mu_: sequence numbers of pushes not complete
   std::condition_variable push_cv_;                     // a push completed
+  uint64_t failover_epoch_ = 0;                         // guarded by mu_: map of the last failover, until its first ack
+  Nanos failover_seen_at_ = 0;                          // guarded by mu_: when that map arrived
   bool closed_ = false;                                // guarded by mu_
   std::thread ticker_;
 };
