@@ -105,6 +105,58 @@ absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32
   return next;
 }
 
+proto::ShardMap WithBackupsFilled(const proto::ShardMap& map, uint32_t* added) {
+  proto::ShardMap next = map;
+  if (added != nullptr) *added = 0;
+  const uint32_t n = static_cast<uint32_t>(map.servers_size());
+  const uint32_t r = std::max<uint32_t>(1, map.replication());
+  if (r <= 1 || n == 0) return next;
+  std::vector<bool> dead(n, false);
+  for (uint32_t d : map.dead_server_ranks())
+    if (d < n) dead[d] = true;
+  if (next.vshard_backups_size() == 0) {
+    for (uint32_t v = 0; v < map.num_vshards(); ++v) next.add_vshard_backups();
+  }
+  std::vector<uint32_t> load(n, 0);
+  for (uint32_t v = 0; v < next.num_vshards(); ++v) {
+    load[next.vshard_server_rank(v)]++;
+    for (uint32_t b : next.vshard_backups(v).ranks()) load[b]++;
+  }
+  for (uint32_t v = 0; v < next.num_vshards(); ++v) {
+    proto::Replicas* backups = next.mutable_vshard_backups(v);
+    while (static_cast<uint32_t>(backups->ranks_size()) + 1 < r) {
+      auto holds = [&](uint32_t rank) {
+        return next.vshard_server_rank(v) == rank ||
+               std::find(backups->ranks().begin(), backups->ranks().end(), rank) != backups->ranks().end();
+      };
+      uint32_t best = n;
+      for (uint32_t rank = 0; rank < n; ++rank) {
+        if (dead[rank] || holds(rank)) continue;
+        if (best == n || load[rank] < load[best]) best = rank;
+      }
+      if (best == n) break;  // fewer live servers than copies
+      backups->add_ranks(best);
+      load[best]++;
+      if (added != nullptr) ++*added;
+    }
+  }
+  return next;
+}
+
+absl::StatusOr<proto::ShardMap> WithServerBack(const proto::ShardMap& map, const proto::NodeInfo& server) {
+  const uint32_t rank = server.rank();
+  if (rank >= static_cast<uint32_t>(map.servers_size()) ||
+      std::find(map.dead_server_ranks().begin(), map.dead_server_ranks().end(), rank) ==
+          map.dead_server_ranks().end()) {
+    return absl::FailedPreconditionError(absl::StrCat("server rank ", rank, " is not dead in the shard map"));
+  }
+  proto::ShardMap next = map;
+  *next.mutable_servers(static_cast<int>(rank)) = server;
+  auto* ranks = next.mutable_dead_server_ranks();
+  ranks->erase(std::remove(ranks->begin(), ranks->end(), rank), ranks->end());
+  return next;
+}
+
 proto::ShardMap RoundRobinShardMap(uint64_t epoch, uint32_t num_vshards,
                                    std::span<const proto::NodeInfo> servers, uint32_t replication) {
   proto::ShardMap map;

@@ -84,4 +84,15 @@ proto::ShardMap RoundRobinShardMap(uint64_t epoch, uint32_t num_vshards,
 // ranks that held them) when some shard would be left with no copy.
 absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32_t rank);
 
+// The map with every shard brought back to map.replication() copies where
+// live servers allow: each missing backup is the live server that holds the
+// fewest shards so far and none of this one (ties: the lowest rank). The
+// epoch is not changed. Returns how many backups were added in *added.
+proto::ShardMap WithBackupsFilled(const proto::ShardMap& map, uint32_t* added = nullptr);
+
+// The map with a process back at a dead rank (a restarted server): the rank
+// is live again, at `server`'s address and node id, and holds nothing until
+// WithBackupsFilled recruits it. The epoch is not changed.
+absl::StatusOr<proto::ShardMap> WithServerBack(const proto::ShardMap& map, const proto::NodeInfo& server);
+
 }  // namespace tessera

@@ -170,5 +170,53 @@ TEST(KeysTest, ShardMapViewRejectsADeadPrimaryOrDuplicateReplicas) {
   EXPECT_EQ(ShardMapView::Create(twice).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(KeysTest, LostCopiesAreRecruitedOnTheLeastLoadedLiveServers) {
+  std::vector<proto::NodeInfo> servers = {Server(0), Server(1), Server(2), Server(3)};
+  absl::StatusOr<proto::ShardMap> lost = WithoutServer(RoundRobinShardMap(1, 8, servers, 2), 1);
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  uint32_t added = 0;
+  const proto::ShardMap filled = WithBackupsFilled(*lost, &added);
+  EXPECT_EQ(added, 4u);  // shards 0, 4 (backup was 1) and 1, 5 (primary was 1, its backup promoted)
+  EXPECT_EQ(filled.epoch(), lost->epoch());
+  absl::StatusOr<ShardMapView> view = ShardMapView::Create(filled);
+  ASSERT_TRUE(view.ok()) << view.status();
+  std::vector<uint32_t> load(4, 0);
+  for (uint32_t v = 0; v < 8; ++v) {
+    ASSERT_EQ(view->BackupsOf(v).size(), 1u) << v;
+    EXPECT_FALSE(view->Holds(1, v));
+    load[view->ServerRankOf(v)]++;
+    load[view->BackupsOf(v)[0]]++;
+  }
+  EXPECT_EQ(load, (std::vector<uint32_t>{6, 0, 5, 5}));  // 16 copies over 3 live servers, as even as can be
+  // Already full: nothing changes.
+  uint32_t again = 0;
+  WithBackupsFilled(filled, &again);
+  EXPECT_EQ(again, 0u);
+}
+
+TEST(KeysTest, ARestartedServerComesBackEmptyAndIsRecruitedWhereCopiesAreMissing) {
+  std::vector<proto::NodeInfo> servers = {Server(0), Server(1)};
+  absl::StatusOr<proto::ShardMap> lost = WithoutServer(RoundRobinShardMap(1, 4, servers, 2), 0);
+  ASSERT_TRUE(lost.ok());
+  EXPECT_EQ(WithBackupsFilled(*lost).vshard_backups(0).ranks_size(), 0) << "no live server left to copy to";
+  proto::NodeInfo back = Server(0);
+  back.set_node_id(99);
+  back.set_address("tcp://new:1");
+  absl::StatusOr<proto::ShardMap> returned = WithServerBack(*lost, back);
+  ASSERT_TRUE(returned.ok()) << returned.status();
+  EXPECT_EQ(returned->servers(0).address(), "tcp://new:1");
+  EXPECT_EQ(returned->dead_server_ranks_size(), 0);
+  uint32_t added = 0;
+  absl::StatusOr<ShardMapView> view = ShardMapView::Create(WithBackupsFilled(*returned, &added));
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(added, 4u);
+  for (uint32_t v = 0; v < 4; ++v) {
+    EXPECT_EQ(view->ServerRankOf(v), 1u);
+    EXPECT_TRUE(view->Holds(0, v));
+  }
+  // Only a dead rank can come back.
+  EXPECT_EQ(WithServerBack(*returned, back).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace tessera

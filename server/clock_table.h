@@ -10,6 +10,7 @@
 // - A worker's clock never decreases (an older announcement is ignored).
 // - min_clock() is the minimum over live workers, or kNoWorkers when none is
 //   live (nobody left to wait for).
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -32,6 +33,19 @@ class ClockTable {
   absl::Status Advance(uint32_t worker, uint64_t clock);
   // The worker left the job (finished or lost): nobody waits for it again.
   void Remove(uint32_t worker);
+
+  // Every worker ever tracked, by node id ascending: (node, clock, live).
+  // A worker that left has clock 0.
+  template <typename F>
+  void ForEach(F&& fn) const {
+    std::vector<uint32_t> nodes;
+    for (const auto& [node, rank] : ranks_) nodes.push_back(node);
+    std::sort(nodes.begin(), nodes.end());
+    for (uint32_t node : nodes) {
+      auto it = clocks_.find(node);
+      fn(node, it == clocks_.end() ? uint64_t{0} : it->second, it != clocks_.end());
+    }
+  }
 
   bool IsLive(uint32_t worker) const { return clocks_.contains(worker); }
   bool IsKnown(uint32_t worker) const { return ranks_.contains(worker); }

@@ -113,17 +113,49 @@ class ReplicationTest : public ::testing::Test {
     while (!net_.empty()) DeliverOne();
   }
 
-  void Fail(uint32_t rank) {
+  // Server `rank` dies; the others get the next map (with lost copies
+  // recruited on the survivors when `refill`).
+  void Fail(uint32_t rank, bool refill = false) {
     dead_[rank] = true;
     auto next = WithoutServer(map_, rank);
     ASSERT_TRUE(next.ok()) << next.status();
-    map_ = *next;
+    Publish(refill ? WithBackupsFilled(*next) : *next);
+  }
+  void Publish(const proto::ShardMap& map) {
+    map_ = map;
     for (uint32_t r = 0; r < kServers; ++r) {
       if (dead_[r]) continue;
       auto out = cores_[r]->UpdateShardMap(map_, now_);
       ASSERT_TRUE(out.ok()) << out.status();
       for (Outgoing& o : *out) net_.push_back(std::move(o));
     }
+  }
+  std::vector<Key> AllKeys(size_t n) {
+    std::vector<Key> keys(n);
+    for (size_t i = 0; i < n; ++i) keys[i] = i;
+    return keys;
+  }
+  // Pushes `value` to each key, one push per key, to its primary; delivers all.
+  void PushEach(const std::vector<Key>& keys, float value, uint64_t* seq) {
+    ShardMapView view = *ShardMapView::Create(map_);
+    for (Key k : keys) {
+      ++*seq;
+      Send(ServerAddress(view.ServerRankOfKey(kTable, k)), Push(1000 + *seq, {k}, value, *seq));
+    }
+    DeliverAll();
+    ASSERT_EQ(inbox_.size(), keys.size());
+    for (const Message& m : inbox_) ASSERT_TRUE(m.header.has_ack()) << m.header.ShortDebugString();
+    inbox_.clear();
+  }
+  // Pulls every key from its primary.
+  std::vector<float> PullEach(const std::vector<Key>& keys) {
+    ShardMapView view = *ShardMapView::Create(map_);
+    std::vector<float> all;
+    for (Key k : keys) {
+      auto v = PullFrom(view.ServerRankOfKey(kTable, k), {k});
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
   }
 
   std::vector<float> PullFrom(uint32_t rank, const std::vector<Key>& keys) {
@@ -348,6 +380,87 @@ TEST_F(ReplicationTest, AnOlderIncarnationOfAWorkerIsRefused) {
       << inbox_[1].header.ShortDebugString();
   EXPECT_TRUE(inbox_[2].header.has_ack());
   EXPECT_EQ(PullFrom(1, keys), std::vector<float>(4, 2.0f));
+}
+
+TEST_F(ReplicationTest, LostCopiesAreRebuiltByStateTransferSoASecondLossLosesNothing) {
+  const auto keys = AllKeys(40);
+  uint64_t seq = 0;
+  PushEach(keys, 1.0f, &seq);
+  Fail(1, /*refill=*/true);  // every shard gets its second copy back on the survivors
+  size_t transfers = 0;
+  for (const Outgoing& o : net_) transfers += o.message.header.replicate().has_transfer();
+  EXPECT_GT(transfers, 0u);
+  DeliverAll();
+  EXPECT_EQ(cores_[0]->stats().transfers_applied + cores_[2]->stats().transfers_applied, transfers);
+  EXPECT_EQ(cores_[0]->stats().forwards_rejected + cores_[2]->stats().forwards_rejected, 0u);
+  PushEach(keys, 2.0f, &seq);  // training goes on, replicated to the new copies
+  Fail(0);                     // server 2 is left with a copy of everything
+  DeliverAll();
+  for (uint32_t v = 0; v < 12; ++v) EXPECT_EQ(ShardMapView::Create(map_)->ServerRankOf(v), 2u);
+  EXPECT_EQ(PullEach(keys), std::vector<float>(80, 3.0f));
+  // The de-duplication windows came along: a resend of an old push is not applied again.
+  Send(ServerAddress(2), Push(1, {keys[0]}, 1.0f, 1, /*resend=*/true));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_TRUE(inbox_[0].header.has_ack());
+  EXPECT_EQ(PullFrom(2, {keys[0]}), std::vector<float>(2, 3.0f));
+}
+
+TEST_F(ReplicationTest, ARestartedServerIsRecruitedAsAFreshBackupAndCanTakeOver) {
+  const auto keys = AllKeys(30);
+  uint64_t seq = 0;
+  PushEach(keys, 1.0f, &seq);
+  Fail(0, true);
+  DeliverAll();
+  // A new process takes rank 0: new node id, empty, no tables.
+  proto::ShardMap map = map_;
+  proto::NodeInfo back = map.servers(0);
+  back.set_node_id(10);
+  back.set_address(ServerAddress(0));
+  auto returned = WithServerBack(map, back);
+  ASSERT_TRUE(returned.ok()) << returned.status();
+  proto::ShardMap next = WithBackupsFilled(*returned);  // nothing is missing: rank 0 holds nothing yet
+  next.set_epoch(map.epoch() + 1);
+  cores_[0] = std::make_unique<ServerCore>(ServerCoreOptions{.node_id = 10});
+  dead_[0] = false;
+  ASSERT_TRUE(cores_[0]->InstallShardMap(next, 0).ok());
+  cores_[0]->SetWorkers({{kWorkerNode, 0}});
+  Publish(next);
+  DeliverAll();
+  EXPECT_EQ(cores_[0]->num_tables(), 0u);
+  // Server 2 dies: rank 0 is recruited for every shard and gets the state.
+  Fail(2, true);
+  DeliverAll();
+  EXPECT_EQ(cores_[0]->num_tables(), 1u);
+  EXPECT_GT(cores_[0]->stats().transfers_applied, 0u);
+  PushEach(keys, 5.0f, &seq);
+  // And server 1 dies: the restarted process has everything.
+  Fail(1);
+  DeliverAll();
+  EXPECT_EQ(PullEach(keys), std::vector<float>(60, 6.0f));
+}
+
+TEST_F(ReplicationTest, PushesWaitingOnAReplacedBackupProcessWaitForItsTransfer) {
+  const auto keys = KeysOf(0, 2, map_);
+  Send(ServerAddress(0), Push(1, keys, 1.0f, 1));
+  DeliverOne();  // forwarded to server 1 ...
+  net_.clear();  // ... which dies before it reads it, and is restarted at once
+  proto::ShardMap next = map_;
+  next.set_epoch(map_.epoch() + 1);
+  next.mutable_servers(1)->set_node_id(20);
+  cores_[1] = std::make_unique<ServerCore>(ServerCoreOptions{.node_id = 20});
+  ASSERT_TRUE(cores_[1]->InstallShardMap(next, 1).ok());
+  cores_[1]->SetWorkers({{kWorkerNode, 0}});
+  Publish(next);
+  EXPECT_TRUE(inbox_.empty());
+  ASSERT_EQ(net_.size(), 1u) << "the transfer from server 0 to the new server 1";
+  EXPECT_TRUE(net_.front().message.header.replicate().has_transfer());
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_TRUE(inbox_[0].header.has_ack()) << "acknowledged once the new process has the push";
+  Fail(0);
+  DeliverAll();
+  EXPECT_EQ(PullFrom(1, keys), std::vector<float>(4, 1.0f));
 }
 
 }  // namespace

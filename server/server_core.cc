@@ -414,6 +414,140 @@ uint64_t DedupKey(uint32_t vshard, uint32_t worker) { return (uint64_t{vshard} <
 
 }  // namespace
 
+void ServerCore::ForwardsDone(const Forward& f, const absl::Status& status, std::vector<Outgoing>& out) {
+  if (f.push_id != 0) ForwardDone(f.push_id, status, out);
+  for (uint64_t id : f.carried) ForwardDone(id, status, out);
+}
+
+void ServerCore::SendTransfer(uint32_t rank, const std::vector<uint32_t>& vshards, std::vector<uint64_t> carried,
+                              Nanos now, std::vector<Outgoing>& out) {
+  const absl::flat_hash_set<uint32_t> shards(vshards.begin(), vshards.end());
+  Message f;
+  f.header.set_sender_id(options_.node_id);
+  auto* r = f.header.mutable_replicate();
+  proto::ShardTransfer* t = r->mutable_transfer();
+  for (uint32_t v : vshards) t->add_vshards(v);
+  std::vector<uint32_t> ids;
+  for (const auto& [id, table] : tables_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  uint64_t rows = 0;
+  for (uint32_t id : ids) {
+    const Table& table = *tables_.at(id);
+    *t->add_tables() = table.config();
+    std::vector<Key> keys;
+    std::vector<float> values;
+    table.ForEachRow([&](Key k, std::span<const float> row) {
+      if (!shards.contains(map_->VShardOfKey(id, k))) return;
+      keys.push_back(k);
+      values.insert(values.end(), row.begin(), row.end());
+    });
+    rows += keys.size();
+    f.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
+    f.frames.push_back(Buffer::CopyOf(values.data(), values.size() * sizeof(float)));
+  }
+  std::vector<uint64_t> dedup_keys;
+  for (const auto& [key, w] : dedup_)
+    if (shards.contains(static_cast<uint32_t>(key >> 32))) dedup_keys.push_back(key);
+  std::sort(dedup_keys.begin(), dedup_keys.end());
+  for (uint64_t key : dedup_keys) {
+    const DedupWindow& w = dedup_.at(key);
+    proto::DedupWindow* d = t->add_dedup();
+    d->set_vshard(static_cast<uint32_t>(key >> 32));
+    d->set_worker_id(static_cast<uint32_t>(key));
+    d->set_incarnation(w.incarnation);
+    d->set_floor(w.floor);
+    std::vector<uint64_t> seqs(w.seqs.begin(), w.seqs.end());
+    std::sort(seqs.begin(), seqs.end());
+    for (uint64_t s : seqs) d->add_seqs(s);
+  }
+  clocks_.ForEach([&](uint32_t node, uint64_t clock, bool live) {
+    proto::WorkerClock* c = t->add_clocks();
+    c->set_worker_id(node);
+    c->set_clock(clock);
+    c->set_live(live);
+  });
+  BackupStream& stream = streams_[rank];
+  stream.node_id = map_->server(rank).node_id();
+  r->set_position(stream.next_position++);
+  Message wire = f;
+  wire.header.set_epoch(map_->epoch());
+  stream.unacked.push_back(Forward{r->position(), 0, std::move(f), now, std::move(carried)});
+  stats_.forwards_sent++;
+  stats_.transfers_sent++;
+  stats_.rows_transferred += rows;
+  out.push_back(Outgoing{map_->server(rank).address(), std::move(wire)});
+}
+
+absl::Status ServerCore::ApplyTransfer(const Message& m, uint32_t from) {
+  const proto::ShardTransfer& t = m.header.replicate().transfer();
+  if (m.frames.size() != 2 * size_t(t.tables_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer of ", t.tables_size(), " tables needs ",
+                                                   2 * t.tables_size(), " frames, got ", m.frames.size()));
+  }
+  absl::flat_hash_set<uint32_t> shards;
+  for (uint32_t v : t.vshards()) {
+    auto bs = v < map_->num_vshards() ? map_->BackupsOf(v) : std::span<const uint32_t>();
+    if (v >= map_->num_vshards() || map_->ServerRankOf(v) != from ||
+        std::find(bs.begin(), bs.end(), my_rank_) == bs.end()) {
+      return absl::FailedPreconditionError(absl::StrCat("transfer of shard ", v, " from server ", from,
+                                                        ", which this server does not back up for it at map epoch ",
+                                                        map_->epoch()));
+    }
+    shards.insert(v);
+  }
+  // Everything is checked before anything changes.
+  for (int i = 0; i < t.tables_size(); ++i) {
+    const proto::TableConfig& c = t.tables(i);
+    if (auto s = ValidateTableConfig(c); !s.ok()) return s;
+    if (auto it = tables_.find(c.table_id());
+        it != tables_.end() && !google::protobuf::util::MessageDifferencer::Equals(it->second->config(), c)) {
+      return absl::AlreadyExistsError(absl::StrCat("transfer: table ", c.table_id(), " exists here with another config"));
+    }
+    const Buffer& keys = m.frames[2 * i];
+    const Buffer& values = m.frames[2 * i + 1];
+    if (keys.size() % sizeof(Key) != 0 ||
+        values.size() != keys.size() / sizeof(Key) * size_t{c.width()} * sizeof(float)) {
+      return absl::InvalidArgumentError(absl::StrCat("transfer: table ", c.table_id(), " has ", keys.size(),
+                                                     " key bytes and ", values.size(), " value bytes"));
+    }
+    for (Key k : keys.As<Key>()) {
+      if (!shards.contains(map_->VShardOfKey(c.table_id(), k)) ||
+          (c.kind() == proto::DENSE && k >= c.dense_rows())) {
+        return absl::InvalidArgumentError(absl::StrCat("transfer: key ", k, " of table ", c.table_id(),
+                                                       " is not in the shards transferred"));
+      }
+    }
+  }
+  for (const proto::DedupWindow& d : t.dedup()) {
+    if (!shards.contains(d.vshard())) {
+      return absl::InvalidArgumentError(absl::StrCat("transfer: a window of shard ", d.vshard(), " not transferred"));
+    }
+  }
+  for (int i = 0; i < t.tables_size(); ++i) {
+    proto::CreateTable create;
+    *create.mutable_config() = t.tables(i);
+    if (auto s = HandleCreateTable(create); !s.ok()) return s;
+    Table* table = tables_.at(t.tables(i).table_id()).get();
+    if (auto s = table->RestoreRows(m.frames[2 * i].As<Key>(), m.frames[2 * i + 1].As<float>(), true); !s.ok()) {
+      return s;  // (checked above: not reached)
+    }
+  }
+  for (const proto::DedupWindow& d : t.dedup()) {
+    DedupWindow& w = dedup_[DedupKey(d.vshard(), d.worker_id())];
+    w = DedupWindow{.incarnation = d.incarnation(), .floor = d.floor()};
+    w.seqs.insert(d.seqs().begin(), d.seqs().end());
+  }
+  for (const proto::WorkerClock& c : t.clocks()) {
+    if (!clocks_.IsKnown(c.worker_id())) continue;
+    if (c.live()) {
+      (void)clocks_.Advance(c.worker_id(), c.clock());
+    } else {
+      clocks_.Remove(c.worker_id());
+    }
+  }
+  return absl::OkStatus();
+}
+
 uint32_t ServerCore::RankOfNode(uint32_t node_id) const {
   for (uint32_t r = 0; r < map_->num_servers(); ++r)
     if (map_->server(r).node_id() == node_id) return r;
@@ -586,6 +720,7 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
     Message f;
     f.header.set_sender_id(options_.node_id);
     BackupStream& stream = streams_[b];
+    if (stream.node_id == 0) stream.node_id = map_->server(b).node_id();
     auto* r = f.header.mutable_replicate();
     r->set_position(stream.next_position++);
     r->set_worker_id(origin.worker);
@@ -632,9 +767,9 @@ void ServerCore::HandleReplicateAck(const Message& m, std::vector<Outgoing>& out
   const proto::ReplicateAck& a = m.header.replicate_ack();
   if (!a.rejected()) {
     while (!stream.unacked.empty() && stream.unacked.front().position <= a.position()) {
-      const uint64_t push_id = stream.unacked.front().push_id;
+      const Forward done = std::move(stream.unacked.front());
       stream.unacked.pop_front();
-      ForwardDone(push_id, absl::OkStatus(), out);
+      ForwardsDone(done, absl::OkStatus(), out);
     }
     return;
   }
@@ -643,11 +778,11 @@ void ServerCore::HandleReplicateAck(const Message& m, std::vector<Outgoing>& out
   if (m.header.epoch() > map_->epoch() || m.header.has_error()) return;
   for (auto f = stream.unacked.begin(); f != stream.unacked.end(); ++f) {
     if (f->position != a.position()) continue;
-    const uint64_t push_id = f->push_id;
+    const Forward refused = std::move(*f);
     stream.unacked.erase(f);
-    ForwardDone(push_id,
-                absl::FailedPreconditionError(absl::StrCat("backup server ", rank, " refused the push: ", a.reason())),
-                out);
+    ForwardsDone(refused,
+                 absl::FailedPreconditionError(absl::StrCat("backup server ", rank, " refused the push: ", a.reason())),
+                 out);
     return;
   }
 }
@@ -689,6 +824,12 @@ void ServerCore::HandleReplicate(const Message& m, std::vector<Outgoing>& out) {
   }
   if (r.position() > expected) return;  // a gap: the primary resends in order
   expected++;
+  if (r.has_transfer()) {
+    absl::Status status = ApplyTransfer(m, from);
+    if (status.ok()) stats_.transfers_applied++;
+    ack(r.position(), status);
+    return;
+  }
   absl::Status status = [&]() -> absl::Status {
     if (m.frames.size() != 2) return absl::InvalidArgumentError("forward needs 2 frames (keys, values)");
     auto table_or = FindTable(r.table_id());
@@ -751,6 +892,8 @@ absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::Sh
     return absl::InvalidArgumentError(absl::StrCat("shard map of epoch ", view->epoch(), " has ",
                                                    view->num_servers(), " servers, not ", map_->num_servers()));
   }
+  ApplyPending();  // a transfer below must see every accepted push
+  const ShardMapView old = std::move(*map_);
   map_ = std::move(*view);
   if (deposed()) {
     // Another server took over this one's shards: nothing waiting here may
@@ -764,24 +907,50 @@ absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::Sh
     streams_.clear();
     return out;
   }
+  // Per backup: the shards it holds for this server now; a stream to a
+  // server that holds none any more ends (every live copy has what waited
+  // on it); a server that newly holds some gets their state first.
   std::vector<uint32_t> ranks;
   for (const auto& [rank, stream] : streams_) ranks.push_back(rank);
+  for (uint32_t v = 0; v < map_->num_vshards(); ++v)
+    if (map_->ServerRankOf(v) == my_rank_)
+      for (uint32_t b : map_->BackupsOf(v)) ranks.push_back(b);
   std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
   for (uint32_t rank : ranks) {
-    bool still_backup = false;
-    for (uint32_t v = 0; v < map_->num_vshards() && !still_backup; ++v) {
+    std::vector<uint32_t> held, fresh;
+    const uint32_t node = map_->server(rank).node_id();
+    const bool same_process = old.server(rank).node_id() == node && !old.IsDead(rank);
+    for (uint32_t v = 0; v < map_->num_vshards(); ++v) {
       if (map_->ServerRankOf(v) != my_rank_) continue;
       auto bs = map_->BackupsOf(v);
-      still_backup = std::find(bs.begin(), bs.end(), rank) != bs.end();
+      if (std::find(bs.begin(), bs.end(), rank) == bs.end()) continue;
+      held.push_back(v);
+      if (!same_process || !old.Holds(rank, v)) fresh.push_back(v);
     }
-    BackupStream& stream = streams_.at(rank);
-    if (still_backup) {
-      SendForwards(rank, stream, now, out);  // with the new epoch, in case the backup refused the old one
+    auto it = streams_.find(rank);
+    if (held.empty()) {
+      if (it != streams_.end()) {
+        for (Forward& f : it->second.unacked) ForwardsDone(f, absl::OkStatus(), out);
+        streams_.erase(it);
+      }
       continue;
     }
-    // Every live replica has what waited on this one.
-    for (Forward& f : stream.unacked) ForwardDone(f.push_id, absl::OkStatus(), out);
-    streams_.erase(rank);
+    std::vector<uint64_t> carried;
+    if (it != streams_.end() && it->second.node_id != node) {
+      // A new process at this rank: what the old one had not acknowledged
+      // reaches it in the transfer, and waits for that.
+      for (Forward& f : it->second.unacked) {
+        if (f.push_id != 0) carried.push_back(f.push_id);
+        carried.insert(carried.end(), f.carried.begin(), f.carried.end());
+      }
+      streams_.erase(it);
+      it = streams_.end();
+    }
+    if (it != streams_.end()) {
+      SendForwards(rank, it->second, now, out);  // with the new epoch, in case the backup refused the old one
+    }
+    if (!fresh.empty()) SendTransfer(rank, fresh, std::move(carried), now, out);
   }
   return out;
 }

@@ -63,6 +63,15 @@
 //     backups are dropped (pushes that waited only on them are acknowledged:
 //     every live replica has them). A server that the map names dead answers
 //     every data request with Aborted and acknowledges nothing more.
+//   * State transfer: when the new map gives a shard this server is primary
+//     of a backup that did not hold it (recruited after a failover, or a
+//     restarted server at its rank), the primary sends that backup, first in
+//     its stream, a ShardTransfer: every table's config, the rows of those
+//     shards, their de-duplication windows and the clock table, as they are
+//     at that point of the order; the pushes after it follow as forwards. The
+//     backup creates missing tables, sets the rows, windows and clocks, and
+//     acknowledges like any forward; pushes acknowledged from then on wait
+//     for it as for any backup.
 // Thread safety: none; the shell serializes calls.
 #include <cstdint>
 #include <deque>
@@ -119,6 +128,9 @@ struct ServerStats {
   uint64_t forwards_sent = 0;      // Replicate messages to backups, resends included
   uint64_t forwards_applied = 0;   // Replicate messages this server applied as a backup
   uint64_t forwards_rejected = 0;  // Replicate messages this server refused (stale epoch, not a backup, bad)
+  uint64_t transfers_sent = 0;     // state transfers to new backups (shards' rows, windows, clocks)
+  uint64_t transfers_applied = 0;  // state transfers this server took as a new backup
+  uint64_t rows_transferred = 0;   // rows in the transfers sent
 };
 
 class ServerCore {
@@ -234,11 +246,21 @@ class ServerCore {
     uint64_t push_id;
     Message message;  // header without epoch; stamped at each send
     Nanos sent;       // last sent
+    std::vector<uint64_t> carried = {};  // pushes that also wait on this one (a transfer that replaced a stream)
   };
+  // Every push that waits on `f` is one forward closer to its Ack.
+  void ForwardsDone(const Forward& f, const absl::Status& status, std::vector<Outgoing>& out);
   struct BackupStream {
+    uint32_t node_id = 0;         // the process the stream goes to (a restarted rank starts a new stream)
     uint64_t next_position = 1;
     std::deque<Forward> unacked;  // position order
   };
+  // Queues and sends a ShardTransfer of `vshards` to backup `rank`; the
+  // pushes in `carried` wait for it too.
+  void SendTransfer(uint32_t rank, const std::vector<uint32_t>& vshards, std::vector<uint64_t> carried, Nanos now,
+                    std::vector<Outgoing>& out);
+  // A backup's side: applies a transfer (validated first).
+  absl::Status ApplyTransfer(const Message& m, uint32_t from);
   struct WaitingAck {
     std::string to;
     Message reply;

@@ -168,7 +168,9 @@ TEST_F(ServerCoreTest, BadRequestsGetErrorsAndChangeNothing) {
     EXPECT_TRUE(h.has_error()) << "request " << id << ": " << h.ShortDebugString();
     EXPECT_FALSE(h.error().message().empty());
     // A key held elsewhere means the sender's map is stale: Aborted, retry with a newer map.
-    if (id == 4) EXPECT_EQ(h.error().code(), static_cast<int>(absl::StatusCode::kAborted));
+    if (id == 4) {
+      EXPECT_EQ(h.error().code(), static_cast<int>(absl::StatusCode::kAborted));
+    }
   }
   EXPECT_EQ(core_.stats().bad_requests, bad.size() - 1) << "the misdirected push is not counted as bad input";
   EXPECT_EQ(PullValues(1, keys), (std::vector<float>{1, 2, 3, 4}));

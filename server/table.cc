@@ -158,13 +158,22 @@ void Table::ForEachRow(absl::FunctionRef<void(Key, std::span<const float>)> fn) 
   for (const auto& [key, row] : index_) fn(key, std::span<const float>(ReadRow(row), w));
 }
 
-absl::Status Table::RestoreRows(std::span<const Key> keys, std::span<const float> values) {
+absl::Status Table::RestoreRows(std::span<const Key> keys, std::span<const float> values, bool adopt_dense) {
   const size_t w = config_.width();
   if (values.size() != keys.size() * w) {
     return absl::InvalidArgumentError(absl::StrCat("table ", config_.table_id(), ": restore of ", keys.size(),
                                                    " keys needs ", keys.size() * w, " values, got ", values.size()));
   }
-  if (auto s = CheckKeys(keys); !s.ok()) return s;
+  if (adopt_dense && config_.kind() == proto::DENSE) {
+    for (Key k : keys) {
+      if (k >= config_.dense_rows()) {
+        return absl::InvalidArgumentError(absl::StrCat("table ", config_.table_id(), " is dense with ",
+                                                       config_.dense_rows(), " rows; key ", k, " is out of range"));
+      }
+    }
+  } else if (auto s = CheckKeys(keys); !s.ok()) {
+    return s;
+  }
   for (size_t i = 0; i < keys.size(); ++i) {
     auto it = index_.find(keys[i]);
     const size_t row = it == index_.end() ? AddRow(keys[i]) : it->second;

@@ -91,10 +91,12 @@ class Table {
   // Sets the row of each key to exactly its values (keys.size() * width
   // floats, row i at values[i * width]): no optimizer, no initializer. SPARSE
   // rows that do not exist are created; a DENSE key must be one this table
-  // holds. All checks come before any change, so an error changes nothing.
-  // A key listed twice gets its last row. Rows lent to readers stay as they
-  // were for those readers (copy-on-write, as ApplyPush).
-  absl::Status RestoreRows(std::span<const Key> keys, std::span<const float> values);
+  // holds, or, with adopt_dense, any key below dense_rows (a server taking
+  // over the copy of a shard it did not hold). All checks come before any
+  // change, so an error changes nothing. A key listed twice gets its last
+  // row. Rows lent to readers stay as they were for those readers
+  // (copy-on-write, as ApplyPush).
+  absl::Status RestoreRows(std::span<const Key> keys, std::span<const float> values, bool adopt_dense = false);
 
   // Statistics, for tests and metrics: rows lent without a copy, and chunks
   // copied because a write found them lent.
