@@ -3,9 +3,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "transport/fault_transport.h"
 
 namespace tessera {
 
@@ -24,7 +28,24 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(ZmqTransport::Options o
         "unsupported transport endpoint '", bind,
         "': accepted schemes are tcp:// (e.g. tcp://127.0.0.1:0) and ipc:// (e.g. ipc:///tmp/node.sock)"));
   }
-  return std::unique_ptr<Transport>(new ZmqTransport(std::move(options)));
+  std::unique_ptr<Transport> transport(new ZmqTransport(std::move(options)));
+  const char* faults = std::getenv(kFaultsEnvironmentVariable);
+  if (faults == nullptr) return transport;
+  auto wrapped = WrapWithFaults(std::move(transport), faults);
+  if (!wrapped.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(kFaultsEnvironmentVariable, ": ", wrapped.status().message()));
+  }
+  return wrapped;
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> WrapWithFaults(std::unique_ptr<Transport> inner,
+                                                          const std::string& spec) {
+  if (inner == nullptr) return absl::InvalidArgumentError("WrapWithFaults: no transport to wrap");
+  if (absl::StripAsciiWhitespace(spec).empty()) return inner;
+  absl::StatusOr<FaultSpec> parsed = FaultSpec::Parse(spec);
+  if (!parsed.ok()) return parsed.status();
+  TLOG_INFO("fault injection on: {}", parsed->ToString());
+  return std::unique_ptr<Transport>(new FaultTransport(std::move(inner), std::move(*parsed)));
 }
 
 std::string DefaultBind(const std::string& scheme, const std::string& host) {
