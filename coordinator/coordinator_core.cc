@@ -124,6 +124,7 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
     return;
   }
   if (phase_ == Phase::kRunning && req.role() == proto::WORKER && TakeOverAwayWorker(m, now, out)) return;
+  if (phase_ == Phase::kRunning && req.role() == proto::SERVER && TakeOverDeadServer(m, now, out)) return;
   if (phase_ != Phase::kAssembling) {
     SetError(reply, absl::StatusCode::kFailedPrecondition,
              phase_ == Phase::kRunning
@@ -368,14 +369,69 @@ void CoordinatorCore::LoseServer(Node& server, const std::string& what, std::vec
   }
   server.lost = true;
   server.lost_reason = what;
-  shard_map_ = std::move(*next);
+  uint32_t recruited = 0;
+  shard_map_ = WithBackupsFilled(*next, &recruited);
   events_.push_back(absl::StrCat("lost ", what, "; its shards fail over to their backups (map epoch ",
-                                 shard_map_.epoch(), ")"));
+                                 shard_map_.epoch(), ")",
+                                 recruited > 0 ? absl::StrCat("; ", recruited, " lost copies re-made on other servers")
+                                               : std::string()));
+  PublishMap(absl::StrCat("lost ", what), out);
+}
+
+void CoordinatorCore::PublishMap(const std::string& reason, std::vector<Outgoing>& out) const {
   proto::Envelope update;
   update.set_epoch(shard_map_.epoch());
   *update.mutable_shard_map_update()->mutable_shard_map() = shard_map_;
-  update.mutable_shard_map_update()->set_reason(absl::StrCat("lost ", what));
+  update.mutable_shard_map_update()->set_reason(reason);
   Broadcast(update, out);
+}
+
+bool CoordinatorCore::TakeOverDeadServer(const Message& m, Nanos now, std::vector<Outgoing>& out) {
+  const int rank = m.header.register_request().rank();
+  int dead = -1;
+  for (uint32_t d : shard_map_.dead_server_ranks())
+    if ((rank < 0 || static_cast<uint32_t>(rank) == d) && (dead < 0 || d < static_cast<uint32_t>(dead))) dead = d;
+  if (dead < 0) return false;
+  // The old process's entry goes; the new one is a new node (a new stream
+  // for every primary that sends to it), at the next incarnation.
+  uint32_t incarnation = 0;
+  Nanos lost_since = now;
+  for (auto it = nodes_.begin(); it != nodes_.end(); ++it) {
+    if (it->second.info.role() == proto::SERVER && it->second.info.rank() == static_cast<uint32_t>(dead)) {
+      incarnation = it->second.info.incarnation() + 1;
+      lost_since = it->second.last_seen;
+      node_by_address_.erase(it->second.info.address());
+      nodes_.erase(it);
+      break;
+    }
+  }
+  Node node;
+  node.info.set_node_id(next_node_id_++);
+  node.info.set_role(proto::SERVER);
+  node.info.set_rank(static_cast<uint32_t>(dead));
+  node.info.set_address(m.header.sender_address());
+  node.info.set_incarnation(incarnation);
+  node.last_seen = now;
+  absl::StatusOr<proto::ShardMap> back = WithServerBack(shard_map_, node.info);
+  if (!back.ok()) return false;  // (a dead rank is always in the map)
+  uint32_t recruited = 0;
+  shard_map_ = WithBackupsFilled(*back, &recruited);
+  shard_map_.set_epoch(shard_map_.epoch() + 1);
+  node_by_address_[node.info.address()] = node.info.node_id();
+  const proto::NodeInfo info = node.info;
+  nodes_.emplace(info.node_id(), std::move(node));
+  events_.push_back(absl::StrCat(NodeName(proto::SERVER, info.rank()), " rejoined from ", info.address(),
+                                 " (incarnation ", info.incarnation(), ") ", Seconds(now - lost_since),
+                                 " after it was last heard; it holds ", recruited, " shard copies (map epoch ",
+                                 shard_map_.epoch(), ")"));
+  Message reply = Reply(m);
+  *reply.header.mutable_register_reply()->mutable_self() = info;
+  out.push_back(Outgoing{info.address(), std::move(reply)});
+  PublishMap(absl::StrCat(NodeName(proto::SERVER, info.rank()), " rejoined"), out);
+  Message ready;
+  ready.header = JobReadyEnvelope();
+  out.push_back(Outgoing{info.address(), std::move(ready)});
+  return true;
 }
 
 std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {

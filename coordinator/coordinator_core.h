@@ -17,7 +17,11 @@
 //   has a copy left: then the coordinator publishes the next map (epoch + 1,
 //   each of its shards taken over by the first backup; WithoutServer in
 //   common/keys.h) to every node in a ShardMapUpdate, and the job goes on.
-//   A shard left with no copy fails the job, naming the shards. A lost worker
+//   A shard left with no copy fails the job, naming the shards. The same map
+//   re-makes lost copies on the least-loaded live servers (WithBackupsFilled;
+//   their primaries send them the state). A process that registers for a
+//   dead server rank while the job runs takes the rank over as a new node
+//   (incarnation + 1), empty, and is recruited where copies are missing. A lost worker
 //   does too under WorkerLossPolicy::kStopJob; under kContinue it is
 //   announced to the servers (WorkersLeft) so nobody waits for its clock, and
 //   the job ends when every other worker is done. (Workers that reported
@@ -116,6 +120,11 @@ class CoordinatorCore {
   void Fail(const std::string& reason, std::vector<Outgoing>& out);
   // A server's lease expired: fail over (see the promises) or fail the job.
   void LoseServer(Node& server, const std::string& what, std::vector<Outgoing>& out);
+  // A process registers for a dead server rank (or any, with rank -1): it
+  // becomes that rank as a new node, is recruited where copies are missing,
+  // and everyone gets the new map. Returns false if no rank is dead.
+  bool TakeOverDeadServer(const Message& m, Nanos now, std::vector<Outgoing>& out);
+  void PublishMap(const std::string& reason, std::vector<Outgoing>& out) const;
   void AnnounceWorkerLeft(const Node& worker, const std::string& reason, std::vector<Outgoing>& out) const;
   void MaybeFinish(std::vector<Outgoing>& out);
   // Releases every barrier that all live (not done, not lost) workers reached.

@@ -1,4 +1,5 @@
 #include "coordinator/coordinator_core.h"
+#include "common/keys.h"
 
 #include "absl/status/status.h"
 
@@ -327,12 +328,16 @@ TEST_F(CoordinatorCoreTest, WithReplicationALostServerFailsOverAndTheJobGoesOn) 
   Heartbeat(core, "s0", 2900 * kMillis);
   Heartbeat(core, "s2", 2900 * kMillis);
   EXPECT_TRUE(core.Tick(2900 * kMillis).empty());
-  // Losing the second copy of some shards fails the job and names them.
+  // The lost copies were re-made on s0 and s2, so losing s2 too leaves
+  // everything on s0; losing s0 after that loses data and fails the job.
   Heartbeat(core, "s0", 3500 * kMillis);
   Heartbeat(core, "w0", 3500 * kMillis);
   core.Tick(4000 * kMillis);  // s2 silent since 2.9 s
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kRunning) << core.failure_reason();
+  Heartbeat(core, "w0", 4500 * kMillis);
+  core.Tick(4600 * kMillis);  // s0 silent since 3.5 s
   EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kFailed);
-  EXPECT_NE(core.failure_reason().find("lost server 2 (s2)"), std::string::npos) << core.failure_reason();
+  EXPECT_NE(core.failure_reason().find("lost server 0 (s0)"), std::string::npos) << core.failure_reason();
   EXPECT_NE(core.failure_reason().find("last copy of virtual shard"), std::string::npos) << core.failure_reason();
 }
 
@@ -353,6 +358,51 @@ TEST_F(CoordinatorCoreTest, WithoutReplicationALostServerStillFailsTheJob) {
   core.Tick(3100 * kMillis);
   EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kFailed);
   EXPECT_NE(core.failure_reason().find("lost server 1 (s1)"), std::string::npos) << core.failure_reason();
+}
+
+TEST_F(CoordinatorCoreTest, LostCopiesAreRemadeAndARestartedServerRejoins) {
+  CoordinatorOptions o = Options(3, 1);
+  o.replication = 2;
+  o.server_lease = 1 * kSeconds;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 3, 1, 0);
+  for (const char* n : {"s0", "s2", "w0"}) Heartbeat(core, n, 900 * kMillis);
+  core.Tick(1100 * kMillis);  // s1 lost
+  ASSERT_EQ(core.phase(), CoordinatorCore::Phase::kRunning);
+  auto view = ShardMapView::Create(core.shard_map());
+  ASSERT_TRUE(view.ok());
+  for (uint32_t v = 0; v < 8; ++v) EXPECT_EQ(view->BackupsOf(v).size(), 1u) << "copy of shard " << v << " not re-made";
+  EXPECT_NE(core.TakeEvents()[0].find("lost copies re-made"), std::string::npos);
+  // A new process registers for rank 1.
+  auto out = core.Step(Register("s1-new", proto::SERVER, 1), 1200 * kMillis);
+  auto to_new = To(out, "s1-new");
+  ASSERT_GE(to_new.size(), 2u);
+  ASSERT_TRUE(to_new[0].message.header.has_register_reply()) << to_new[0].message.header.ShortDebugString();
+  const proto::NodeInfo self = to_new[0].message.header.register_reply().self();
+  EXPECT_EQ(self.rank(), 1u);
+  EXPECT_EQ(self.incarnation(), 1u);
+  EXPECT_TRUE(to_new.back().message.header.has_job_ready());
+  EXPECT_EQ(core.shard_map().epoch(), 3u);
+  EXPECT_EQ(core.shard_map().dead_server_ranks_size(), 0);
+  EXPECT_EQ(core.shard_map().servers(1).address(), "s1-new");
+  EXPECT_EQ(core.shard_map().servers(1).node_id(), self.node_id());
+  EXPECT_EQ(To(out, "s0").size(), 1u);  // everyone hears of the new map
+  EXPECT_TRUE(To(out, "s0")[0].message.header.has_shard_map_update());
+  // The old process's address is refused from now on.
+  Message late = From("s1");
+  late.header.mutable_heartbeat();
+  auto refused = core.Step(late, 1300 * kMillis);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_TRUE(refused[0].message.header.has_error());
+  // Another loss: the rejoined server takes copies.
+  for (const char* n : {"s0", "s1-new", "w0"}) Heartbeat(core, n, 2000 * kMillis);
+  core.Tick(2100 * kMillis);  // s2 silent since 0.9 s
+  ASSERT_EQ(core.phase(), CoordinatorCore::Phase::kRunning) << core.failure_reason();
+  view = ShardMapView::Create(core.shard_map());
+  ASSERT_TRUE(view.ok());
+  for (uint32_t v = 0; v < 8; ++v) {
+    EXPECT_TRUE(view->Holds(0, v) && view->Holds(1, v)) << v;
+  }
 }
 
 }  // namespace

@@ -42,9 +42,14 @@ void ServerNode::OnMessage(Message m) {
     (void)transport_->Send(m.header.sender_address(), std::move(reply));
     return;
   }
+  const uint64_t transfers_before = core_->stats().transfers_applied;
+  const bool is_transfer = m.header.has_replicate() && m.header.replicate().has_transfer();
   std::vector<Outgoing> out = core_->Step(std::move(m), MonotonicNow());
   const bool pending = core_->pending_pushes() > 0;
+  const bool took_transfer = is_transfer && core_->stats().transfers_applied > transfers_before;
+  const uint64_t epoch = core_->epoch();
   lock.unlock();
+  if (took_transfer) TLOG_INFO("took over shard copies by state transfer (map epoch {}); now a backup of them", epoch);
   for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
   if (pending) {
     // The acks are on their way; now make the updates (the core would make
@@ -61,6 +66,8 @@ void ServerNode::OnMapUpdate(const proto::ShardMapUpdate& update) {
     return;
   }
   const bool was_deposed = core_->deposed();
+  const uint64_t old_epoch = core_->epoch();
+  const ServerStats before = core_->stats();
   auto out = core_->UpdateShardMap(update.shard_map(), MonotonicNow());
   if (!out.ok()) {
     TLOG_ERROR("ignoring a bad shard map update from the coordinator: {}", out.status().message());
@@ -68,12 +75,18 @@ void ServerNode::OnMapUpdate(const proto::ShardMapUpdate& update) {
   }
   const uint64_t epoch = core_->epoch();
   const bool deposed = core_->deposed();
+  const ServerStats after = core_->stats();
   lock.unlock();
+  if (epoch == old_epoch) return;  // not newer: nothing changed
   if (deposed && !was_deposed) {
     TLOG_WARN("this server was removed from the job at map epoch {} ({}); it serves nothing from now on", epoch,
               update.reason());
   } else if (!deposed) {
     TLOG_INFO("shard map epoch {}: {}", epoch, update.reason());
+  }
+  if (after.transfers_sent > before.transfers_sent) {
+    TLOG_INFO("sending the state of its shards to {} new backups ({} rows)", after.transfers_sent - before.transfers_sent,
+              after.rows_transferred - before.rows_transferred);
   }
   for (Outgoing& o : *out) (void)transport_->Send(o.to, std::move(o.message));
 }

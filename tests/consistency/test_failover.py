@@ -93,3 +93,48 @@ def test_a_server_killed_mid_job_loses_no_acknowledged_push(tmp_path, model, sta
     assert check.returncode == 0, check.stdout + check.stderr
     assert "I1 0, I2 0, I3 0, I4 0" in check.stdout, check.stdout
     assert time.monotonic() - killed_at > 0.5
+
+
+def test_a_restarted_server_rejoins_and_takes_over_after_a_second_loss(tmp_path):
+    """Server 1 is killed and a new process started for its rank: it rejoins
+    empty. Then server 2 is killed: its shards' lost copies are re-made on
+    the rejoined server by state transfer, with training going on, and every
+    pull is still exact."""
+    records = tmp_path / "records"
+    records.mkdir()
+    job = start_job(tmp_path, records, "worker.args.clocks=700")
+    address = wait_for_address(tmp_path / "run", job)
+    deadline = time.monotonic() + 20
+    pid = None
+    while pid is None and time.monotonic() < deadline:
+        pid = find_server(address, "server-1")
+        time.sleep(0.05)
+    assert pid is not None, "server-1 never started"
+    argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    time.sleep(1.5)
+    assert job.poll() is None, "the job ended before the fault: make it longer\n" + job.stdout.read()
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(1.0)  # lost, failed over
+    with open(tmp_path / "server-1-again.log", "w") as log:
+        again = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(1.0)  # rejoined
+        pid2 = find_server(address, "server-2")
+        assert pid2 is not None
+        assert job.poll() is None, "the job ended before the second fault: make it longer\n" + job.stdout.read()
+        os.kill(pid2, signal.SIGKILL)
+        out, _ = job.communicate(timeout=180)
+        assert job.returncode == 0, out[-4000:]
+        assert again.wait(timeout=30) == 0, (tmp_path / "server-1-again.log").read_text()[-3000:]
+    finally:
+        if again.poll() is None:
+            again.kill()
+    log = (tmp_path / "run" / "logs" / "coordinator.log").read_text()
+    assert re.search(r"server 1 rejoined from .* \(incarnation 1\)", log), log[-3000:]
+    assert re.search(r"lost server 2 .*fail over.*lost copies re-made", log), log[-3000:]
+    again_log = (tmp_path / "server-1-again.log").read_text()
+    assert "served" in again_log, again_log[-2000:]
+    check = subprocess.run([str(CHECK), "--records", str(records), "--workers", "3", "--consistency", "bsp",
+                            "--staleness", "0"], capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "I1 0, I2 0, I3 0, I4 0" in check.stdout, check.stdout
