@@ -1,9 +1,9 @@
 """Loading, overriding and validating Tessera job configs.
 
 A job config is a YAML file with four sections: `job`, `cluster`, `timeouts`
-and `worker`, and one optional section per back-end that needs settings of
-its own: `mpirun`, `slurm`, `ssh`, `kubernetes` (configs/README.md documents
-every key). `load_config` reads one,
+and `worker`, one optional section per back-end that needs settings of
+its own: `mpirun`, `slurm`, `ssh`, `kubernetes`, and an optional list of
+process faults, `faults` (faults.py; configs/README.md documents every key). `load_config` reads one,
 applies `--set key.path=value` overrides, fills in defaults and validates
 strictly. Every problem raises ConfigError; its message names where the bad
 value came from (`FILE:LINE`, `FILE`, or `--set ...`) and the key path, e.g.
@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import yaml
+
+from .faults import FAULT_KEYS, FaultSpec, validate_faults
 
 TRANSPORTS = ("tcp", "ipc")
 
@@ -151,9 +153,12 @@ class JobConfig:
     ssh: SshSection = dataclasses.field(default_factory=SshSection)
     kubernetes: KubernetesSection = dataclasses.field(default_factory=KubernetesSection)
     metrics: MetricsSection = dataclasses.field(default_factory=MetricsSection)
+    faults: tuple = ()  # FaultSpec, in file order
 
     def to_dict(self) -> dict:
-        """The config as plain data, in file order, loadable again."""
+        """The config as plain data, in file order, loadable again (`faults`
+        only when there are any)."""
+        faults = {"faults": [f.to_dict() for f in self.faults]} if self.faults else {}
         return {
             "job": dataclasses.asdict(self.job),
             "cluster": dataclasses.asdict(self.cluster),
@@ -163,6 +168,7 @@ class JobConfig:
                 "args": dict(self.worker.args),
             },
             **{name: dataclasses.asdict(getattr(self, name)) for name in BACKEND_SECTIONS},
+            **faults,
         }
 
     def to_yaml(self) -> str:
@@ -348,9 +354,15 @@ _SECTION_TYPES = {
 }
 
 
+#: Top-level keys that are not sections of SCHEMA: the list of process faults.
+LIST_KEYS = ("faults",)
+
+
 def all_key_paths() -> list[str]:
-    """Every documented key path, e.g. "cluster.servers"."""
-    return [f"{s}.{k}" for s, fields in SCHEMA.items() for k in fields]
+    """Every documented key path, e.g. "cluster.servers", and
+    "faults[].target" for the keys of a fault entry."""
+    return ([f"{s}.{k}" for s, fields in SCHEMA.items() for k in fields]
+            + [f"faults[].{k}" for k in FAULT_KEYS])
 
 
 # --------------------------------------------------------------------------
@@ -368,6 +380,19 @@ class _MarkedDict(dict):
     def __deepcopy__(self, memo):
         clone = _MarkedDict({k: copy.deepcopy(v, memo) for k, v in self.items()})
         clone.key_lines = dict(self.key_lines)
+        return clone
+
+
+class _MarkedList(list):
+    """A list read from YAML that remembers the (1-based) line of each item."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.item_lines: list = []
+
+    def __deepcopy__(self, memo):
+        clone = _MarkedList(copy.deepcopy(v, memo) for v in self)
+        clone.item_lines = list(self.item_lines)
         return clone
 
 
@@ -404,7 +429,16 @@ def _construct_marked_mapping(loader: _StrictLoader, node: yaml.MappingNode):
         result.key_lines[key] = key_node.start_mark.line + 1
 
 
+def _construct_marked_sequence(loader: _StrictLoader, node: yaml.SequenceNode):
+    result = _MarkedList()
+    yield result
+    for item in node.value:
+        result.append(loader.construct_object(item, deep=True))
+        result.item_lines.append(item.start_mark.line + 1)
+
+
 _StrictLoader.add_constructor("tag:yaml.org,2002:map", _construct_marked_mapping)
+_StrictLoader.add_constructor("tag:yaml.org,2002:seq", _construct_marked_sequence)
 
 
 def _read_yaml(path: Path) -> Any:
@@ -460,17 +494,39 @@ def parse_override(text: str) -> Override:
     return Override(path, value, text)
 
 
+def _list_index(node: list, part: str) -> Optional[int]:
+    """`part` as an index of the list `node` ("0" is the first), or None."""
+    return int(part) if part.isdigit() and int(part) < len(node) else None
+
+
 def _apply_override(data: dict, override: Override) -> None:
+    """Sets the value at the override's path, making mappings on the way;
+    a part that is a number indexes an existing list (faults.0.at_seconds)."""
     node = data
     for depth, part in enumerate(override.path[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = _MarkedDict()
-        elif not isinstance(child, dict):
-            prefix = ".".join(override.path[: depth + 1])
+        prefix = ".".join(override.path[: depth + 1])
+        if isinstance(node, list):
+            index = _list_index(node, part)
+            if index is None:
+                raise ConfigError(f"--set {override.text}: {prefix}: the list has {len(node)} entries "
+                                  f"(0 to {len(node) - 1})")
+            child = node[index]
+        else:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = _MarkedDict()
+        if not isinstance(child, (dict, list)):
             raise ConfigError(f"--set {override.text}: {prefix} is not a mapping")
         node = child
-    node[override.path[-1]] = override.value
+    last = override.path[-1]
+    if isinstance(node, list):
+        index = _list_index(node, last)
+        if index is None:
+            raise ConfigError(f"--set {override.text}: {'.'.join(override.path)}: the list has {len(node)} "
+                              f"entries (0 to {len(node) - 1})")
+        node[index] = override.value
+    else:
+        node[last] = override.value
 
 
 # --------------------------------------------------------------------------
@@ -505,20 +561,28 @@ class _Validator:
     def where(self, path: tuple) -> str:
         """Where the value at `path` came from: the last --set that covers it,
         else FILE:LINE of the deepest key found in the file, else the --set
-        that created the key, else FILE."""
+        that created the key, else FILE. An integer in `path` indexes a
+        list (("faults", 0, "target")); an entry of a list is placed at its
+        first key."""
+        spath = tuple(str(p) for p in path)
         for override in reversed(self.overrides):
-            if path[: len(override.path)] == override.path:
+            if spath[: len(override.path)] == override.path:
                 return f"--set {override.text}"
         line = None
         node: Any = self.data
         for part in path:
+            if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+                item_lines = getattr(node, "item_lines", [])
+                line = item_lines[part] if part < len(item_lines) else line
+                node = node[part]
+                continue
             if not isinstance(node, dict) or part not in node:
                 break
             line = getattr(node, "key_lines", {}).get(part, line)
             node = node[part]
         if line is None:
             for override in reversed(self.overrides):
-                if override.path[: len(path)] == path:
+                if override.path[: len(spath)] == spath:
                     return f"--set {override.text}"  # the override created it
         return f"{self.source}:{line}" if line else self.source
 
@@ -626,20 +690,22 @@ def validate(data: Any, source: str, overrides: list = ()) -> JobConfig:
     if not isinstance(data, dict):
         raise ConfigError(
             f"{source}: the top level must be a mapping of sections "
-            f"({', '.join(SCHEMA)}), got {_render(data)}"
+            f"({', '.join(SCHEMA)}, {', '.join(LIST_KEYS)}), got {_render(data)}"
         )
     checker = _Validator(data, source, overrides)
-    checker.unknown_keys(data, SCHEMA, ())
+    checker.unknown_keys(data, list(SCHEMA) + list(LIST_KEYS), ())
     sections = {name: checker.section(name) for name in SCHEMA}
     if "args" in sections["worker"]:
         sections["worker"]["args"] = checker.worker_args(sections["worker"]["args"])
     checker.cross_checks(sections["cluster"], sections["timeouts"])
+    faults = validate_faults(data.get("faults"), sections["cluster"], sections["timeouts"], checker.error)
     if checker.errors:
         raise ConfigError("\n".join(checker.errors))
     return JobConfig(
         **{name: _SECTION_TYPES[name](**values) for name, values in sections.items()},
         source=source,
         overrides=tuple(o.text for o in overrides),
+        faults=tuple(faults),
     )
 
 

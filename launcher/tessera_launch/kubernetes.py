@@ -31,8 +31,8 @@ from pathlib import Path
 
 import yaml
 
-from .local import (EXIT_FAILED, EXIT_OK, Binaries, LocalOptions, RunLayout, SetupError, load_job,
-                    process_argv, start_run)
+from .local import (EXIT_FAILED, EXIT_OK, Binaries, LocalOptions, RunLayout, SetupError, check_fault_support,
+                    load_job, process_argv, start_run)
 
 CONFIG_MOUNT = "/etc/tessera"
 RUN_DIR = "/var/run/tessera"
@@ -141,6 +141,7 @@ def render(objects: list) -> str:
 def run(options: LocalOptions, args: argparse.Namespace) -> int:
     """`tessera-launch kubernetes`: write the manifests, and apply them."""
     job = load_job(options)
+    check_fault_support("kubernetes", False, job.config)
     text = render(manifests(job.config, options.debug))
     if args.dry_run:
         print(text, end="")

@@ -14,8 +14,10 @@ Order of events (docs/launcher.md has the user's view):
   4. start the servers, then the workers, each told the coordinator's
      address, leaving out the processes named by --skip;
   5. supervise until the coordinator finishes, something fails, the job
-     times out or the launcher is interrupted;
-  6. write summary.json, print the final block, return the exit code.
+     times out or the launcher is interrupted, firing the config's faults
+     (faults.py) on the way, once every process has started;
+  6. write summary.json (with what followed each fault, read from the logs
+     by fault_logs.py), print the final block, return the exit code.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from typing import Optional, TextIO
 
 from . import REPO_ROOT
 from .config import JobConfig, load_config
+from .fault_logs import analyze_all, read_logs
+from .faults import FaultScheduler
 from .summary import build_summary, format_report, read_coordinator_summary, write_summary, write_text_atomically
 from .supervisor import ADDRESS_TAG, SUMMARY_TAG, Console, Member, ProcessSpec, ProgressTracker, Supervisor
 
@@ -137,6 +141,7 @@ class RunLayout:
         self.coordinator_summary = self.root / "coordinator-summary.json"
         self.progress = self.root / "progress.jsonl"
         self.summary = self.root / "summary.json"
+        self.events = self.root / "events.jsonl"
         self.logs = self.root / "logs"
         self.launcher_log = self.logs / "launcher.log"
         self.sockets = self.root / "sock"
@@ -353,6 +358,9 @@ class Backend(abc.ABC):
 
     #: The subcommand.
     name = "local"
+    #: Whether the config's `faults` can be injected: the processes must be
+    #: the launcher's own children.
+    supports_faults = False
 
     def check(self, job: Job) -> None:
         """Raises SetupError for anything that would stop the job from
@@ -379,6 +387,7 @@ class LocalBackend(Backend):
     """Every process a child of the launcher, on this machine."""
 
     name = "local"
+    supports_faults = True
 
     def launch(self, sup: Supervisor, job: Job) -> None:
         address = _start_coordinator(sup, job)
@@ -469,6 +478,14 @@ def await_announced_address(sup: Supervisor, job: Job, how: str) -> Optional[str
     return None
 
 
+def check_fault_support(backend_name: str, supported: bool, config: JobConfig) -> None:
+    """Raises SetupError if the config has faults and the back-end cannot inject them."""
+    if config.faults and not supported:
+        raise SetupError(f"the config lists {len(config.faults)} fault(s) (faults:), but only the local back-end "
+                         f"injects process faults, not {backend_name}; remove them or run "
+                         "`tessera-launch local`")
+
+
 def _print_plan(backend: Backend, job: Job, console: Console) -> None:
     """--dry-run: the command lines that would run."""
     console.say(f"dry run of job {job.config.job.name} ({backend.name}): nothing is started")
@@ -477,6 +494,8 @@ def _print_plan(backend: Backend, job: Job, console: Console) -> None:
     for name, argv in backend.plan(job):
         note = "  # skipped" if name in job.skips else ""
         console.block([f"{name}: {shlex.join(argv)}{note}"])
+    for spec in job.config.faults:
+        console.block([f"{spec.describe()}"])
 
 
 def _prepare_run_dir(requested: Optional[str], config: JobConfig, now: datetime.datetime) -> RunLayout:
@@ -553,6 +572,7 @@ def run_job(options: LocalOptions, backend: Backend) -> int:
     """
     job = load_job(options)
     stream = options.stream if options.stream is not None else sys.stdout
+    check_fault_support(backend.name, backend.supports_faults, job.config)
     if options.dry_run:
         _print_plan(backend, job, Console(stream))
         return EXIT_OK
@@ -568,7 +588,7 @@ def run_job(options: LocalOptions, backend: Backend) -> int:
     try:
         console.say(f"job {config.job.name}: {config.cluster.servers} servers, {config.cluster.workers} "
                     f"workers over {config.cluster.transport} ({backend.name}); run directory {layout.root}")
-        outcome, tails, results = _supervise(backend, job, options, console, tracker)
+        outcome, tails, results, faults = _supervise(backend, job, options, console, tracker)
         coordinator, coordinator_error = read_coordinator_summary(layout.coordinator_summary)
         summary = build_summary(
             job_name=config.job.name, run_dir=layout.root, config_source=config.source,
@@ -579,6 +599,9 @@ def run_job(options: LocalOptions, backend: Backend) -> int:
             finished_at=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             skipped=job.skips,
         )
+        if faults:
+            summary["faults"] = analyze_all(faults, read_logs(layout.logs), config.cluster.on_worker_loss,
+                                            job_ok=summary["status"] == "ok")
         write_summary(summary, layout.summary)
         console.block(format_report(summary, tails if summary["status"] != "ok" else None))
         return _exit_code(summary, outcome)
@@ -591,20 +614,30 @@ def _supervise(backend: Backend, job: Job, options: LocalOptions, console: Conso
                tracker: ProgressTracker) -> tuple:
     """Starts and supervises the job until it ends. Returns (Outcome with an
     exit code for every process of the job, last lines to show by process
-    name, TESSERA_RESULT objects by worker rank). A coordinator summary
-    announced by a carried coordinator (whose run directory is elsewhere)
-    is written to this run directory."""
+    name, TESSERA_RESULT objects by worker rank, the config's faults as
+    FaultScheduler.records()). A coordinator summary announced by a carried
+    coordinator (whose run directory is elsewhere) is written to this run
+    directory."""
     with Supervisor(job.layout.logs, console, tracker, grace_seconds=STOP_GRACE_SECONDS) as sup:
+        scheduler = None
+        if job.config.faults:
+            scheduler = FaultScheduler(job.config.faults, sup, job.layout.events, tracker.started)
+            scheduler.attach()
         backend.launch(sup, job)
         outcome = sup.outcome
         if outcome is None:
+            if scheduler is not None:
+                scheduler.arm()
             outcome = sup.run(timeout=_remaining(job.deadline), leader="coordinator",
                               leader_grace=SHUTDOWN_GRACE_SECONDS)
         else:
             sup.stop(outcome.status, outcome.reason)
+        if scheduler is not None:
+            scheduler.finish()
         outcome.exit_codes = {name: outcome.exit_codes.get(name) for name in process_names(job.config)}
         announced = sup.notices.get("coordinator", {}).get(SUMMARY_TAG)
         if announced is not None:
             write_text_atomically(job.layout.coordinator_summary, announced + "\n")
-        return outcome, _tails_for_report(sup, outcome), sup.results_by_rank()
+        faults = scheduler.records() if scheduler is not None else []
+        return outcome, _tails_for_report(sup, outcome), sup.results_by_rank(), faults
 

@@ -8,11 +8,15 @@ that supervises a job) and writes, into RUN (or --out):
   started;
 - throughput.png: steps per second of the whole job (every worker's steps
   summed, in 1-second bins) against the same time axis;
-- report.md: the outcome, the key numbers per worker, and both plots.
+- report.md: the outcome, the key numbers per worker, the process faults
+  with what followed each (detection, failover, rejoin), and both plots.
 
 Events are marked on both plots as vertical lines: workers that were lost
 (from summary.json) and any record in RUN/events.jsonl ({"elapsed": s,
-"what": "..."}; fault schedules write it). Matplotlib is Debian's
+"what": "..."}). The fault schedule (faults.py) writes one there per fault
+(red, labelled), and one when a paused process resumes or a killed one is
+started again (grey); a fault skipped because its target had exited is not
+drawn. Matplotlib is Debian's
 (python3-matplotlib, installed by scripts/setup.sh).
 """
 
@@ -80,10 +84,13 @@ def throughput(progress: list, bin_seconds: float = 1.0) -> tuple:
 
 def _mark_events(ax, events: list) -> None:
     for e in events:
-        if e.get("elapsed") is not None:
-            ax.axvline(e["elapsed"], color="red", linestyle="--", linewidth=1)
-            ax.annotate(e.get("what", "event"), (e["elapsed"], 1.0), xycoords=("data", "axes fraction"),
-                        rotation=90, va="top", ha="right", fontsize=7, color="red")
+        if e.get("elapsed") is None or e.get("kind") == "skipped":
+            continue
+        follow_up = e.get("kind") in ("resume", "restart")
+        color = "grey" if follow_up else "red"
+        ax.axvline(e["elapsed"], color=color, linestyle=":" if follow_up else "--", linewidth=1)
+        ax.annotate(e.get("what", "event"), (e["elapsed"], 1.0), xycoords=("data", "axes fraction"),
+                    rotation=90, va="top", ha="right", fontsize=7, color=color)
 
 
 def plot(out: Path, progress: list, events: list) -> list:
@@ -105,7 +112,7 @@ def plot(out: Path, progress: list, events: list) -> list:
     ax.set_xlabel("seconds since the job started")
     ax.set_ylabel("log-loss")
     ax.grid(alpha=0.3)
-    if ax.has_data():
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "loss.png", dpi=100)
@@ -131,6 +138,32 @@ def _fmt(v, spec=".4f") -> str:
     return format(v, spec) if isinstance(v, (int, float)) else "-"
 
 
+def _secs(v) -> str:
+    return f"{v:.3f} s" if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+
+def fault_table(faults: list) -> list:
+    """report.md lines for summary.json's "faults" (none: no lines)."""
+    if not faults:
+        return []
+    lines = ["", "## Faults", "",
+             "| # | fault | at (since start) | wall time | detection | failover | rejoin | recovered | note |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for f in faults:
+        what = f"{f.get('action')} {f.get('target')}"
+        if f.get("action") == "pause" and f.get("duration_seconds") is not None:
+            what += f" for {f['duration_seconds']:g} s"
+        recovered = {True: "yes", False: "no"}.get(f.get("recovered"), "-")
+        note = f.get("note") or (f.get("skipped") and f"skipped: {f['skipped']}") or ""
+        lines.append(f"| {f.get('index')} | {what} | {_secs(f.get('seconds'))} | {f.get('time') or '-'} "
+                     f"| {_secs(f.get('detection_seconds'))} | {_secs(f.get('failover_seconds'))} "
+                     f"| {_secs(f.get('rejoin_seconds'))} | {recovered} | {note.replace('|', '/')} |")
+    lines += ["", "Times are seconds from the fault: detection to the coordinator's `lost` line, failover to "
+                  "the first worker's `first push acknowledged` on the new shard map, rejoin to the "
+                  "coordinator's `rejoined` line (docs/fault_injection.md)."]
+    return lines
+
+
 def markdown(summary: dict, events: list) -> str:
     lines = [f"# Run {summary.get('job', '?')}", "",
              f"- status: **{summary.get('status')}** ({summary.get('reason', '')})",
@@ -145,9 +178,12 @@ def markdown(summary: dict, events: list) -> str:
         lines.append(f"| {w.get('rank')} | {w.get('steps', '-')} | {_fmt(w.get('final_loss'))} "
                      f"| {_fmt(r.get('test_loss'))} | {_fmt(r.get('test_auc'))} "
                      f"| {stats.get('wire_bytes_pushed', '-')} | {stats.get('wire_bytes_pulled', '-')} |")
-    if events:
+    lines += fault_table(summary.get("faults") or [])
+    # Faults are in their table; the rest (lost workers, ...) is listed here.
+    others = [e for e in events if "fault" not in e]
+    if others:
         lines += ["", "Events:", ""] + [f"- {e.get('what')}" + (f" at {e['elapsed']:.1f} s" if e.get("elapsed")
-                                                                   is not None else "") for e in events]
+                                                                   is not None else "") for e in others]
     lines += ["", "![loss](loss.png)", "", "![throughput](throughput.png)", ""]
     return "\n".join(lines)
 

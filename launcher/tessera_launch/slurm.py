@@ -25,7 +25,8 @@ import subprocess
 import sys
 
 from .local import (EXIT_FAILED, EXIT_OK, Backend, Job, LocalOptions, RunLayout, SetupError,
-                    await_announced_address, launch_carried, load_job, process_names, run_job, start_run)
+                    await_announced_address, check_fault_support, launch_carried, load_job, process_names,
+                    run_job, start_run)
 from .role import LAUNCHER, role_command
 from .summary import format_report
 from .supervisor import Supervisor
@@ -112,6 +113,7 @@ def run(options: LocalOptions, args: argparse.Namespace) -> int:
 
 def submit(options: LocalOptions, wait: bool) -> int:
     job = load_job(options)
+    check_fault_support("slurm", False, job.config)
     Backend.check(SlurmBackend(), job)
     if shutil.which("sbatch") is None:
         raise SetupError("sbatch not found on PATH: is this a Slurm cluster?")

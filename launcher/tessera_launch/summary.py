@@ -148,6 +148,7 @@ def build_summary(*, job_name: str, run_dir: Path, config_source: str, worker_co
         "warnings": warnings,
         "worker_reports": reports,
         "server_addresses": (coordinator or {}).get("servers", []),
+        "faults": [],  # run_job fills in the config's faults and what followed each (fault_logs.py)
     })
 
 
@@ -177,6 +178,27 @@ def _fmt(value, spec: str = ".4f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _secs(value) -> str:
+    return "-" if value is None else f"{value:.3f} s"
+
+
+def describe_fault(fault: dict) -> str:
+    """One line for a summary.json fault entry: what was done, when, and
+    the figures that followed."""
+    head = f"{fault.get('index')}: {fault.get('action')} {fault.get('target')}"
+    if fault.get("seconds") is None:
+        return f"{head}: skipped ({fault.get('skipped') or fault.get('note') or 'did not fire'})"
+    parts = [f"{head} at {fault['seconds']:.3f} s", f"detected {_secs(fault.get('detection_seconds'))}"]
+    if "failover_seconds" in fault:
+        parts.append(f"failover {_secs(fault.get('failover_seconds'))}")
+    if "rejoin_seconds" in fault:
+        parts.append(f"rejoin {_secs(fault.get('rejoin_seconds'))}")
+    recovered = fault.get("recovered")
+    parts.append("recovered" if recovered else "not recovered" if recovered is False else "recovery unknown")
+    text = ", ".join(parts)
+    return text + (f" ({fault['note']})" if fault.get("note") else "")
+
+
 def format_report(summary: dict, tails: dict = None) -> list:
     """The final block: the summary's key numbers, and for a failed job the
     processes that did not exit 0 and the last lines of those named in
@@ -196,6 +218,7 @@ def format_report(summary: dict, tails: dict = None) -> list:
         f"summary       {Path(summary['run_dir']) / 'summary.json'}",
     ]
     lines += [f"warning       {w}" for w in summary["warnings"]]
+    lines += [f"fault         {describe_fault(f)}" for f in summary.get("faults") or []]
     if status != "ok":
         stopped = summary["stopped"]
         bad = {n: c for n, c in summary["processes"].items() if c not in (0, None) and n not in stopped}

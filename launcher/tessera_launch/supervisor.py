@@ -17,8 +17,8 @@ policy:
   * a timeout ends the job, naming who was still running;
   * when every process has exited with status 0, the job has completed.
 
-Stopping means SIGTERM to each process group, then SIGKILL to the groups still
-alive after the grace period. When a process exits, whatever is left of its
+Stopping means SIGTERM (and SIGCONT, for a group a fault has paused) to each
+process group, then SIGKILL to the groups still alive after the grace period. When a process exits, whatever is left of its
 process group is killed too, so no grandchild outlives its parent's exit.
 
 A process may carry others: `mpirun`, `srun` or `ssh` starting job processes
@@ -28,6 +28,13 @@ its members' lines as `[NAME] text` and, when a member exits,
 own log, parses its worker protocol, and applies the policy above to the
 members as if they were its own children. Members also announce facts as
 `[NAME] TAG payload` lines (NOTICE_TAGS), kept in `notices`.
+
+Hooks for a fault schedule (faults.py): `timers` run at every turn of the
+loop and say when they want to run again; `line_observers` and
+`progress_observers` see every line and progress record of a job process;
+`signal_process`, `expect_fault_exit` and `restart` act on a process by name.
+A process whose exit a fault announced is, like a may_fail process, the
+coordinator's to judge.
 
 Everything runs on the calling thread (one selector loop, no reader threads),
 which keeps preexec_fn safe and output ordering simple. A Supervisor that
@@ -189,6 +196,7 @@ class ProgressTracker:
         self._clock = clock
         self._wall_clock = wall_clock
         self._started = clock()
+        self.started = self._started  # the clock() reading `elapsed` counts from
         self._file = open(jsonl_path, "a", encoding="utf-8", buffering=1) if jsonl_path else None
         self.latest: dict = {}  # rank -> last payload
         self.records = 0
@@ -394,6 +402,10 @@ class Supervisor:
         self.tolerated_failures: dict = {}  # name -> exit code, for may_fail processes
         self._clock = clock
         self._started_at = clock()
+        self.timers: list = []  # () -> seconds until it wants to run again (inf: no wish), every turn
+        self.line_observers: list = []  # (name, text) for every line of a job process
+        self.progress_observers: list = []  # (name, rank, payload) for every progress record
+        self._fault_exits: dict = {}  # name -> (note, tolerate): a fault is about to end this process
         self._processes: dict = {}  # name -> _Managed, in start order
         self._never_started: list = []
         self._selector = selectors.DefaultSelector()
@@ -487,6 +499,56 @@ class Supervisor:
         output = _Output(name, rank, open(path, "a", encoding="utf-8", buffering=1), self.tail_lines)
         self._outputs[name] = output
         return output
+
+    def is_running(self, name: str) -> bool:
+        """Whether the launcher's own process called `name` runs (not a carried member)."""
+        managed = self._processes.get(name)
+        return managed is not None and managed.alive
+
+    def pid_of(self, name: str) -> Optional[int]:
+        managed = self._processes.get(name)
+        return managed.popen.pid if managed is not None else None
+
+    def describe_state(self, name: str) -> str:
+        """"is running (pid N)", "had already exited with status 0", "had
+        already been killed by SIGKILL", "was not started"."""
+        managed = self._processes.get(name)
+        if managed is None:
+            return "was not started"
+        if managed.alive:
+            return f"is running (pid {managed.popen.pid})"
+        return "had already " + describe_exit(managed.returncode).replace("was killed", "been killed")
+
+    def signal_process(self, name: str, signum: int) -> Optional[int]:
+        """Sends `signum` to the process group of the running process
+        `name`; returns its pid, or None if it is not running."""
+        managed = self._processes.get(name)
+        if managed is None or not managed.alive:
+            return None
+        managed.signal_group(signum)
+        return managed.popen.pid
+
+    def expect_fault_exit(self, name: str, note: str, tolerate: bool = True) -> None:
+        """The next exit of `name` is a fault's doing (`note` says which):
+        with `tolerate` it is the coordinator's to judge, as for a may_fail
+        process; without, it still ends the job, with the note in the reason."""
+        self._fault_exits[name] = (note, tolerate)
+
+    def restart(self, name: str) -> bool:
+        """Starts the process `name` again, with the same spec, after it has
+        exited; its output goes on in the same log. False, starting nothing,
+        while it runs or once the job has ended."""
+        managed = self._processes.get(name)
+        if managed is None or managed.alive or self._outcome is not None:
+            return False
+        self._read(managed, until_blocked=True)
+        self._close_pipe(managed)
+        old_output = self._outputs.pop(name)
+        del self._processes[name]
+        if not self.start(managed.spec):
+            return False
+        self._outputs[name].tail.extend(old_output.tail)
+        return True
 
     def start(self, spec: ProcessSpec) -> bool:
         """Starts a process. Returns False, without starting it, once the job
@@ -598,8 +660,14 @@ class Supervisor:
 
     # -- the event loop ------------------------------------------------------
 
+    def _run_timers(self) -> float:
+        """Runs every timer; the seconds until the soonest wants to run again."""
+        return min((timer() for timer in list(self.timers)), default=math.inf)
+
     def _pump(self, max_wait: float) -> None:
-        """One turn: read output, notice signals and exits, report progress."""
+        """One turn: run the timers, read output, notice signals and exits,
+        report progress."""
+        max_wait = min(max_wait, self._run_timers())
         for key, _ in self._selector.select(max(0.0, max_wait)):
             if key.data is _WAKEUP:
                 self._drain_wakeup()
@@ -612,6 +680,7 @@ class Supervisor:
                 self.console.say(f"{reason}; stopping")
                 self._outcome = Outcome("interrupted", reason)
         self._reap()
+        self._run_timers()
         if self.progress is not None:
             report = self.progress.due_report()
             if report:
@@ -659,13 +728,15 @@ class Supervisor:
 
     def _judge_exit(self, name: str, code: int, may_fail: bool) -> None:
         """Applies the policy to a job process (or member) that exited."""
-        self.console.say(f"{name} {describe_exit(code)}")
-        if code != 0 and may_fail:
+        note, tolerate = self._fault_exits.pop(name, (None, False))
+        why = f" ({note})" if note else ""
+        self.console.say(f"{name} {describe_exit(code)}{why}")
+        if code != 0 and (may_fail or tolerate):
             self.tolerated_failures[name] = code
             self.console.say(f"{name} failed; the coordinator decides what follows (on_worker_loss, replication)")
             return
         if code != 0 and self._outcome is None:
-            self._outcome = Outcome("failed", f"{name} {describe_exit(code)}", culprit=name, culprit_code=code)
+            self._outcome = Outcome("failed", f"{name} {describe_exit(code)}{why}", culprit=name, culprit_code=code)
 
     def _stop_all(self) -> None:
         """After a process failure, wait up to settle_seconds for others to
@@ -686,6 +757,7 @@ class Supervisor:
             self.console.say(f"stopping {names} (SIGTERM, then SIGKILL after {max(grace.values()):g} s)")
             for managed in alive:
                 managed.signal_group(signal.SIGTERM)
+                managed.signal_group(signal.SIGCONT)  # a paused group would not act on SIGTERM
             started = self._clock()
             for seconds in sorted(set(grace.values())):
                 self._wait_for_exits(max(0.0, started + seconds - self._clock()))
@@ -799,12 +871,16 @@ class Supervisor:
         name = output.name
         prefixed = f"[{name}] {text}"
         output.log.write(prefixed + "\n")
+        for observe in self.line_observers:
+            observe(name, text)
         if output.rank is not None:
             if text.startswith(PROGRESS_TAG):
                 payload = self._protocol_payload(output, text, PROGRESS_TAG)
                 if payload is not None:
                     if self.progress is not None:
                         self.progress.record(output.rank, payload)
+                    for observe in self.progress_observers:
+                        observe(name, output.rank, payload)
                     return  # progress lines stay off the terminal
             elif text.startswith(RESULT_TAG):
                 payload = self._protocol_payload(output, text, RESULT_TAG)

@@ -14,9 +14,17 @@ Behaviour switches (environment):
                              before writing its address
   FAKE_WORKER_FAIL=R         worker R exits 5 after its first progress line
   FAKE_WORKER_STEPS=N        steps per worker (default 6)
+  FAKE_STEP_SECONDS=S        seconds per step (default 0.02)
+
+With --on-worker-loss wait, a worker whose connection closes before it is
+done is declared lost (`lost worker R (...)`, in the C++ programs' log
+format) and a process registering as the same worker takes its place
+(`worker R rejoined from ...`); servers that went away are not sent the
+shutdown.
 """
 
 import argparse
+import datetime
 import json
 import os
 import socket
@@ -26,6 +34,12 @@ import time
 
 def log(text):
     print(text, flush=True)
+
+
+def stamped(name, level, text):
+    """A line as the C++ programs log it: local time with milliseconds."""
+    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    log(f"{now} {name} {level} {text}")
 
 
 def listen(bind):
@@ -120,12 +134,30 @@ def coordinator(argv):
     reports = []
     for r in range(a.workers):
         line = members[f"worker-{r}"][1].readline()
+        while not line.startswith("done ") and a.on_worker_loss == "wait":
+            stamped("coordinator", "warning", f"lost worker {r} (fake://worker-{r}): connection closed; its place "
+                                              f"is kept for a replacement for up to {a.rejoin_timeout:g} s")
+            server.settimeout(a.rejoin_timeout)
+            try:
+                conn, _ = server.accept()
+            except socket.timeout:
+                finish("failed", f"lost worker {r}, and no replacement joined", reports, code=1)
+            conn.settimeout(None)
+            reader = conn.makefile("r")
+            name = reader.readline().split()[-1]
+            members[name] = (conn, reader)
+            stamped("coordinator", "warning", f"worker {r} rejoined from fake://{name} (incarnation 1)")
+            conn.sendall(b"start\n")
+            line = reader.readline()
         if not line.startswith("done "):
             finish("failed", f"worker-{r} was lost", reports, code=1)
         reports.append(json.loads(line[len("done "):]))
     for name, (conn, _) in members.items():
         if name.startswith("server"):
-            conn.sendall(b"shutdown\n")
+            try:
+                conn.sendall(b"shutdown\n")
+            except OSError:
+                pass  # it is gone (killed)
     finish("ok", "all workers done", reports)
 
 
@@ -166,7 +198,7 @@ def worker_main(argv):
         if os.environ.get("FAKE_WORKER_FAIL") == str(a.rank):
             log(f"ERROR {a.name}: fake failure")
             sys.exit(5)
-        time.sleep(0.02)
+        time.sleep(float(os.environ.get("FAKE_STEP_SECONDS", "0.02")))
     result = {"steps": steps, "final_loss": loss, "test_auc": 0.75 + 0.01 * a.rank, "examples": 100}
     print("TESSERA_RESULT " + json.dumps(result), flush=True)
     report = {"rank": a.rank, "steps": steps, "final_loss": loss, "bytes_pushed": 1000,
