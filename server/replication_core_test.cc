@@ -340,6 +340,28 @@ TEST_F(ReplicationTest, ADeposedPrimaryIsRefusedByEpochAndAcknowledgesNothing) {
   EXPECT_EQ(PullFrom(1, keys), std::vector<float>(4, 0.0f)) << "the deposed primary's push leaked";
 }
 
+TEST_F(ReplicationTest, AForwardRefusedForAnOlderEpochIsSentAgainNotFailed) {
+  const auto keys = KeysOf(2, 2, map_);  // primary 2, backup 0
+  Send(ServerAddress(2), Push(1, keys, 1.0f, 1));
+  DeliverOne();  // forwarded at epoch 1
+  dead_[1] = true;
+  auto next = WithoutServer(map_, 1);
+  ASSERT_TRUE(next.ok());
+  map_ = *next;
+  ASSERT_TRUE(cores_[0]->UpdateShardMap(map_, now_).ok());  // the backup has the new map first
+  DeliverOne();  // ... so it refuses the epoch-1 forward
+  ASSERT_EQ(net_.size(), 1u);
+  EXPECT_TRUE(net_.front().message.header.replicate_ack().stale_epoch());
+  auto out = cores_[2]->UpdateShardMap(map_, now_);  // the primary gets it before the refusal
+  ASSERT_TRUE(out.ok());
+  for (Outgoing& o : *out) net_.push_back(std::move(o));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_TRUE(inbox_[0].header.has_ack()) << inbox_[0].header.ShortDebugString();
+  EXPECT_EQ(cores_[0]->stats().forwards_applied, 1u);
+  EXPECT_EQ(cores_[0]->stats().forwards_rejected, 1u);
+}
+
 TEST_F(ReplicationTest, AResendSpanningServersIsSplitByTheNewMap) {
   auto keys = KeysOf(0, 3, map_);
   auto other = KeysOf(2, 3, map_);

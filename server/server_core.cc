@@ -460,6 +460,22 @@ void ServerCore::SendTransfer(uint32_t rank, const std::vector<uint32_t>& vshard
     std::sort(seqs.begin(), seqs.end());
     for (uint64_t s : seqs) d->add_seqs(s);
   }
+  if (options_.audit) {
+    std::vector<std::pair<uint32_t, Key>> rows_here;
+    for (const auto& [row, entries] : audit_)
+      if (shards.contains(map_->VShardOfKey(row.first, row.second))) rows_here.push_back(row);
+    std::sort(rows_here.begin(), rows_here.end());
+    for (const auto& row : rows_here) {
+      proto::AuditRow* a = t->add_audit();
+      a->set_table_id(row.first);
+      a->set_key(row.second);
+      for (const AuditEntry& e : audit_.at(row)) {
+        a->add_workers(e.worker);
+        a->add_incarnations(e.incarnation);
+        a->add_seqs(e.seq);
+      }
+    }
+  }
   clocks_.ForEach([&](uint32_t node, uint64_t clock, bool live) {
     proto::WorkerClock* c = t->add_clocks();
     c->set_worker_id(node);
@@ -537,6 +553,12 @@ absl::Status ServerCore::ApplyTransfer(const Message& m, uint32_t from) {
     w = DedupWindow{.incarnation = d.incarnation(), .floor = d.floor()};
     w.seqs.insert(d.seqs().begin(), d.seqs().end());
   }
+  for (const proto::AuditRow& a : t.audit()) {
+    std::vector<AuditEntry>& entries = audit_[{a.table_id(), a.key()}];
+    entries.clear();
+    for (int i = 0; i < a.workers_size() && i < a.incarnations_size() && i < a.seqs_size(); ++i)
+      entries.push_back(AuditEntry{a.workers(i), a.incarnations(i), a.seqs(i)});
+  }
   for (const proto::WorkerClock& c : t.clocks()) {
     if (!clocks_.IsKnown(c.worker_id())) continue;
     if (c.live()) {
@@ -546,6 +568,38 @@ absl::Status ServerCore::ApplyTransfer(const Message& m, uint32_t from) {
     }
   }
   return absl::OkStatus();
+}
+
+void ServerCore::AuditApplied(uint32_t table_id, std::span<const Key> keys, const Origin& origin) {
+  if (!options_.audit) return;
+  for (Key k : keys) audit_[{table_id, k}].push_back(AuditEntry{origin.worker, origin.incarnation, origin.seq});
+}
+
+std::string ServerCore::AuditDump() const {
+  if (!options_.audit || !map_) return {};
+  std::string out = absl::StrCat("# tessera audit server ", my_rank_, " epoch ", map_->epoch(),
+                                 deposed() ? " deposed" : "", "\n");
+  if (deposed()) return out;
+  std::vector<uint32_t> ids;
+  for (const auto& [id, table] : tables_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (uint32_t id : ids) {
+    std::vector<std::pair<Key, std::vector<float>>> rows;
+    tables_.at(id)->ForEachRow([&](Key k, std::span<const float> row) {
+      if (map_->Holds(my_rank_, map_->VShardOfKey(id, k))) rows.emplace_back(k, std::vector<float>(row.begin(), row.end()));
+    });
+    std::sort(rows.begin(), rows.end());
+    for (const auto& [k, values] : rows) {
+      const bool primary = map_->ServerRankOfKey(id, k) == my_rank_;
+      absl::StrAppend(&out, "row ", id, " ", k, primary ? " primary " : " backup ");
+      for (size_t i = 0; i < values.size(); ++i) absl::StrAppend(&out, i ? "," : "", values[i]);
+      if (auto it = audit_.find({id, k}); it != audit_.end()) {
+        for (const AuditEntry& e : it->second) absl::StrAppend(&out, " ", e.worker, ":", e.incarnation, ":", e.seq);
+      }
+      out += "\n";
+    }
+  }
+  return out;
 }
 
 uint32_t ServerCore::RankOfNode(uint32_t node_id) const {
@@ -701,6 +755,7 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
   for (uint32_t v : shards)
     if (!duplicate.contains(v)) RecordApplied(v, origin);
   if (!duplicate.empty()) stats_.duplicate_pushes++;
+  AuditApplied(req.table_id(), apply_keys.As<Key>(), origin);
 
   // Forwards: each backup gets the keys (of this server's shards, applied
   // here now or before) of the shards it backs up; backups de-duplicate.
@@ -773,9 +828,10 @@ void ServerCore::HandleReplicateAck(const Message& m, std::vector<Outgoing>& out
     }
     return;
   }
-  // Refused for an older epoch: this server's map is behind; the forwards
-  // stay and go again (with the newer epoch) once the map arrives.
-  if (m.header.epoch() > map_->epoch() || m.header.has_error()) return;
+  // Refused for an older epoch: the forwards stay and go again with the
+  // newer epoch (UpdateShardMap sends every unacknowledged forward again, and
+  // Tick keeps resending); a deposed server's never do.
+  if (a.stale_epoch() || m.header.has_error()) return;
   for (auto f = stream.unacked.begin(); f != stream.unacked.end(); ++f) {
     if (f->position != a.position()) continue;
     const Forward refused = std::move(*f);
@@ -790,7 +846,7 @@ void ServerCore::HandleReplicateAck(const Message& m, std::vector<Outgoing>& out
 void ServerCore::HandleReplicate(const Message& m, std::vector<Outgoing>& out) {
   const proto::Envelope& h = m.header;
   const proto::Replicate& r = h.replicate();
-  auto ack = [&](uint64_t position, const absl::Status& rejection) {
+  auto ack = [&](uint64_t position, const absl::Status& rejection, bool stale = false) {
     if (h.sender_address().empty()) return;
     Message reply;
     reply.header.set_sender_id(options_.node_id);
@@ -800,14 +856,16 @@ void ServerCore::HandleReplicate(const Message& m, std::vector<Outgoing>& out) {
     if (!rejection.ok()) {
       stats_.forwards_rejected++;
       a->set_rejected(true);
+      a->set_stale_epoch(stale);
       a->set_reason(std::string(rejection.message()));
     }
     out.push_back(Outgoing{h.sender_address(), std::move(reply)});
   };
   if (h.epoch() < map_->epoch()) {
-    ack(r.position(), absl::FailedPreconditionError(absl::StrCat("forward of map epoch ", h.epoch(),
-                                                                 " is older than this server's epoch ",
-                                                                 map_->epoch())));
+    ack(r.position(),
+        absl::FailedPreconditionError(absl::StrCat("forward of map epoch ", h.epoch(),
+                                                   " is older than this server's epoch ", map_->epoch())),
+        /*stale=*/true);
     return;
   }
   if (h.epoch() > map_->epoch()) return;  // this server's map is behind: the primary sends again
@@ -873,6 +931,7 @@ void ServerCore::HandleReplicate(const Message& m, std::vector<Outgoing>& out) {
     if (auto s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>()); !s.ok()) return s;
     for (uint32_t v : shards)
       if (!duplicate.contains(v)) RecordApplied(v, origin);
+    AuditApplied(r.table_id(), apply_keys.As<Key>(), origin);
     return absl::OkStatus();
   }();
   if (status.ok()) stats_.forwards_applied++;

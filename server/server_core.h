@@ -102,6 +102,10 @@ struct ServerCoreOptions {
   // this many bytes (0 = never split); see "Pull replies in pieces" below.
   size_t pull_reply_piece_bytes = 0;
   Nanos replicate_retry = 200 * kMillis;    // resend unacknowledged forwards to backups this often
+  // Audit mode (fault experiments): every row also keeps the list of pushes
+  // applied to it, (worker node, incarnation, seq), replicated and
+  // transferred with the row; AuditDump() writes them out.
+  bool audit = false;
 };
 
 // Pull replies in pieces. A reply whose values frame is larger than
@@ -149,6 +153,12 @@ class ServerCore {
   // releases. An older or equal epoch changes nothing; a bad map is an error.
   absl::StatusOr<std::vector<Outgoing>> UpdateShardMap(const proto::ShardMap& map, Nanos now = 0);
   uint64_t epoch() const { return map_ ? map_->epoch() : 0; }
+  // Audit mode: the rows of every shard this server holds, with their
+  // values and applied pushes, one line each, sorted:
+  //   row TABLE KEY ROLE V1,V2,.. WORKER:INCARNATION:SEQ ...
+  // ROLE is "primary" or "backup"; a first line "# tessera audit server RANK
+  // epoch E" names the server. Empty outside audit mode.
+  std::string AuditDump() const;
   // Whether the current map names this server dead (it serves nothing).
   bool deposed() const { return map_ && map_->IsDead(my_rank_); }
   // Pushes accepted but waiting for backups, and forwards not yet acknowledged.
@@ -208,6 +218,8 @@ class ServerCore {
   bool IsDuplicate(uint32_t vshard, const Origin& origin) const;
   void RecordApplied(uint32_t vshard, const Origin& origin);
   uint32_t RankOfNode(uint32_t node_id) const;  // the map's rank of a server node, or UINT32_MAX
+  // Audit mode: records that the push `origin` was applied to these keys.
+  void AuditApplied(uint32_t table_id, std::span<const Key> keys, const Origin& origin);
   // A compressed push (value_parts > 0): replaces the parts by the decoded
   // fp32 values frame, so the rest handles it like any push.
   absl::Status DecodePushValues(const proto::Push& req, Message& m);
@@ -290,6 +302,11 @@ class ServerCore {
   absl::flat_hash_map<uint32_t, BackupStream> streams_;     // backup rank -> forwards
   absl::flat_hash_map<uint32_t, uint64_t> expected_from_;   // primary node id -> next position (as a backup)
   absl::flat_hash_map<uint64_t, WaitingAck> waiting_;       // push id -> its Ack, held for backups
+  struct AuditEntry {
+    uint32_t worker, incarnation;
+    uint64_t seq;
+  };
+  absl::flat_hash_map<std::pair<uint32_t, Key>, std::vector<AuditEntry>> audit_;  // (table, key) -> pushes applied
   uint64_t next_push_id_ = 1;
   absl::flat_hash_map<uint32_t, compress::Codec> pull_codecs_;  // tables with pull_compression
   uint64_t pull_encodes_ = 0;                                   // tensor ids of encoded pull replies

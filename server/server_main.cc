@@ -1,9 +1,12 @@
 // tessera-server: parses flags and runs a ServerNode. Exits 0 when the
 // coordinator ends the job in order, 1 on any failure with one line saying why.
 #include <csignal>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/memory.h"
 #include "common/metrics.h"
@@ -40,8 +43,14 @@ int main(int argc, char** argv) {
                  "Serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (0 = any free port; -1 = off)")
       ->check(CLI::Range(-1, 65535));
   app.add_option("--metrics-host", metrics_host, "IPv4 address the metrics endpoint listens on");
+  std::string audit_dir;
+  if (const char* env = std::getenv("TESSERA_AUDIT_DIR"); env != nullptr) audit_dir = env;
+  app.add_option("--audit-dir", audit_dir,
+                 "Audit mode (fault experiments): keep the pushes applied to every row and write them, with the rows, "
+                 "to DIR/server-RANK-node-ID.audit at the end of the job (default: $TESSERA_AUDIT_DIR)");
   app.add_flag("--debug", debug, "Log debug lines");
   CLI11_PARSE(app, argc, argv);
+  core.audit = !audit_dir.empty();
   if (name.empty()) name = so.rank >= 0 ? "server-" + std::to_string(so.rank) : "server";
   tessera::InitLogging(name, debug);
   std::signal(SIGPIPE, SIG_IGN);
@@ -69,6 +78,17 @@ int main(int argc, char** argv) {
   }
   absl::Status s = node.Run();
   if (metrics) metrics->Stop();
+  if (!audit_dir.empty() && node.node_id() != 0) {
+    const std::string path = absl::StrCat(audit_dir, "/server-", node.rank(), "-node-", node.node_id(), ".audit");
+    std::ofstream file(path);
+    file << node.AuditDump();
+    file.close();
+    if (!file) {
+      TLOG_ERROR("cannot write the audit to {}", path);
+      return 1;
+    }
+    TLOG_INFO("audit written to {}", path);
+  }
   if (!s.ok()) {
     TLOG_ERROR("{}", s.message());
     return 1;

@@ -192,6 +192,11 @@ std::string ServerNode::MetricsText() const {
   return w.text();
 }
 
+std::string ServerNode::AuditDump() const {
+  std::lock_guard lock(mu_);
+  return core_ ? core_->AuditDump() : std::string();
+}
+
 ServerStats ServerNode::stats() const {
   std::lock_guard lock(mu_);
   return core_ ? core_->stats() : ServerStats{};

@@ -31,6 +31,11 @@ class ServerNode {
 
   // Core statistics; valid after Run() returned.
   ServerStats stats() const;
+  // Audit mode: the core's AuditDump() (any thread; empty before serving).
+  std::string AuditDump() const;
+  // This process's node id and rank once it joined (0 and the requested rank before).
+  uint32_t node_id() const { return session_.self().node_id(); }
+  uint32_t rank() const { return session_.self().rank(); }
   // The server's metrics in the Prometheus text format (any thread, any time).
   std::string MetricsText() const;
 

@@ -195,6 +195,11 @@ class WorkerImpl final : public Worker {
   }
 
   uint32_t rank() const override { return session_->self().rank(); }
+  uint32_t node_id() const override { return session_->self().node_id(); }
+  uint64_t next_push_seq() const override {
+    std::lock_guard lock(mu_);
+    return last_push_seq_ + 1;
+  }
   uint32_t num_workers() const override { return num_workers_; }
   uint32_t num_servers() const override { return static_cast<uint32_t>(Map()->num_servers()); }
 

@@ -162,6 +162,12 @@ class Worker {
   virtual uint32_t incarnation() const = 0;
   virtual uint32_t num_workers() const = 0;
   virtual uint32_t num_servers() const = 0;
+  // This process's node id in the job (servers name pushes by it).
+  virtual uint32_t node_id() const = 0;
+  // The sequence number the next Push() of this process will carry (pushes
+  // are numbered 1, 2, ... per incarnation). For audit records; exact only
+  // when no other thread pushes meanwhile.
+  virtual uint64_t next_push_seq() const = 0;
 
   // Creates the table on every server, or checks that it exists with equal
   // options. Blocks until every server answered.

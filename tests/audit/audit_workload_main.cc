@@ -1,0 +1,130 @@
+// tessera-audit-workload: a worker program for fault experiments (audit
+// mode). Every push adds +1 to a few random keys of one ACCUMULATE table.
+// Before a push is issued the program appends a line
+//   I NODE INCARNATION SEQ KEY KEY ...
+// to DIR/worker-RANK-node-NODE-inc-INC.log, and once it is acknowledged
+//   A NODE INCARNATION SEQ
+// (plain write(2) calls: the lines survive a SIGKILL). With servers in audit
+// mode (tessera-server --audit-dir), tests/audit/audit_check.py proves
+// acknowledged <= applied <= issued, no push applied twice, and replicas equal.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "worker/worker.h"
+
+namespace {
+
+class Log {
+ public:
+  explicit Log(const std::string& path) : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644)) {}
+  ~Log() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool ok() const { return fd_ >= 0; }
+  bool Write(const std::string& line) { return ::write(fd_, line.data(), line.size()) == static_cast<ssize_t>(line.size()); }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tessera::WorkerOptions wo;
+  std::string name = "worker", records, consistency = "bsp", bind;
+  uint32_t clocks = 100, keys = 64, pushes_per_clock = 4, max_keys_per_push = 4, max_sleep_us = 2000;
+  uint64_t seed = 1;
+  CLI::App app{"Audit workload: +1 pushes to random keys, each issued and acknowledged push logged for "
+               "tests/audit/audit_check.py."};
+  app.add_option("--coordinator", wo.coordinator, "Coordinator address")->required();
+  app.add_option("--rank", wo.rank, "Worker rank");
+  app.add_option("--name", name, "Name in log lines");
+  app.add_option("--bind", bind, "Endpoint to listen on");
+  app.add_option("--records", records, "Directory for the push logs")->required();
+  app.add_option("--consistency", consistency, "bsp | asp")->check(CLI::IsMember({"bsp", "asp"}));
+  app.add_option("--clocks", clocks, "Clocks to run (a replacement runs the rest)");
+  app.add_option("--keys", keys, "Keys in the table")->check(CLI::PositiveNumber);
+  app.add_option("--pushes-per-clock", pushes_per_clock, "Pushes per clock");
+  app.add_option("--max-keys-per-push", max_keys_per_push, "Keys per push, 1 to this")->check(CLI::PositiveNumber);
+  app.add_option("--max-sleep-us", max_sleep_us, "Longest random pause per clock");
+  app.add_option("--seed", seed, "Random seed");
+  CLI11_PARSE(app, argc, argv);
+  tessera::InitLogging(name, false);
+  if (!bind.empty()) wo.bind = bind;
+  auto connected = tessera::Worker::Connect(wo);
+  if (!connected.ok()) {
+    TLOG_ERROR("{}", connected.status().message());
+    return 1;
+  }
+  tessera::Worker& worker = **connected;
+  const uint32_t node = worker.node_id(), inc = worker.incarnation();
+  Log log(absl::StrCat(records, "/worker-", worker.rank(), "-node-", node, "-inc-", inc, ".log"));
+  if (!log.ok()) {
+    TLOG_ERROR("cannot open the push log in {}", records);
+    return 1;
+  }
+  tessera::TableOptions table;
+  table.id = 5;
+  table.name = "audit";
+  table.width = 1;
+  table.kind = tessera::proto::SPARSE;
+  table.optimizer = tessera::proto::ACCUMULATE;
+  table.consistency = consistency == "bsp" ? tessera::proto::BSP : tessera::proto::ASP;
+  if (auto s = worker.CreateTable(table); !s.ok()) {
+    TLOG_ERROR("{}", s.message());
+    return 1;
+  }
+  std::mt19937_64 rng(seed * 1000003 + worker.rank() * 7919 + inc);
+  const uint64_t start = worker.clock();
+  uint64_t pushes = 0;
+  for (uint64_t c = start; c < clocks; ++c) {
+    struct Pending {
+      uint64_t seq;
+      std::vector<tessera::Key> keys;
+      std::vector<float> ones;
+      tessera::Future future;
+    };
+    std::vector<Pending> pending(pushes_per_clock);
+    for (Pending& p : pending) {
+      const uint32_t n = 1 + rng() % max_keys_per_push;
+      for (uint32_t i = 0; i < n; ++i) p.keys.push_back(rng() % keys);
+      p.ones.assign(n, 1.0f);
+      p.seq = worker.next_push_seq();
+      std::string line = absl::StrCat("I ", node, " ", inc, " ", p.seq);
+      for (tessera::Key k : p.keys) absl::StrAppend(&line, " ", k);
+      if (!log.Write(line + "\n")) return 1;
+      p.future = worker.Push(table.id, p.keys, p.ones);
+      ++pushes;
+    }
+    for (Pending& p : pending) {
+      if (absl::Status s = p.future.Wait(); !s.ok()) {
+        TLOG_ERROR("push {}: {}", p.seq, s.message());
+        return 1;
+      }
+      if (!log.Write(absl::StrCat("A ", node, " ", inc, " ", p.seq, "\n"))) return 1;
+    }
+    if (max_sleep_us > 0) ::usleep(static_cast<useconds_t>(rng() % max_sleep_us));
+    if (absl::Status s = worker.Clock(); !s.ok()) {
+      TLOG_ERROR("clock {}: {}", c + 1, s.message());
+      return 1;
+    }
+  }
+  std::printf("TESSERA_RESULT {\"steps\":%llu,\"final_loss\":0}\n", static_cast<unsigned long long>(clocks - start));
+  std::fflush(stdout);
+  tessera::proto::WorkerDone done;
+  done.set_steps(clocks - start);
+  done.set_report_json(absl::StrCat("{\"pushes\":", pushes, "}"));
+  if (auto f = worker.Finish(done); !f.ok()) {
+    TLOG_ERROR("{}", f.message());
+    return 1;
+  }
+  return 0;
+}

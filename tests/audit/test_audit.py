@@ -1,0 +1,180 @@
+"""Fault experiments with the audit checker (issue: replication, E1-E3, E7).
+
+Each test runs the audit workload through tessera-launch (3 servers,
+replication 2, 3 workers, BSP; servers in audit mode), injects one fault by
+signalling a process of the job, and then proves with audit_check.py that
+acknowledged <= applied <= issued, that no push was applied twice, that every
+row's value matches the pushes it lists, and that all copies of a row agree."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("TESSERA_BUILD_DIR", REPO / "build"))
+CONFIG = Path(__file__).resolve().parent / "audit_job.yaml"
+WORKLOAD = BUILD / "tests" / "audit" / "tessera-audit-workload"
+CHECK = Path(__file__).resolve().parent / "audit_check.py"
+
+
+class Job:
+    def __init__(self, tmp_path, *overrides):
+        self.run_dir = tmp_path / "run"
+        self.records = tmp_path / "records"
+        self.audit = tmp_path / "audit"
+        self.records.mkdir()
+        self.audit.mkdir()
+        argv = [sys.executable, str(REPO / "launcher" / "tessera-launch"), "local", "--config", str(CONFIG),
+                "--build-dir", str(BUILD), "--run-dir", str(self.run_dir), "--timeout", "150",
+                "--set", f"worker.program={WORKLOAD}", "--set", f"worker.args.records={self.records}"]
+        for o in overrides:
+            argv += ["--set", o]
+        env = dict(os.environ, TESSERA_AUDIT_DIR=str(self.audit))
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.extra = []
+        self.address = self._wait_for_address()
+
+    def _wait_for_address(self, timeout=30.0):
+        path = self.run_dir / "coordinator.address"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if path.exists() and path.read_text().strip():
+                return path.read_text().strip()
+            assert self.process.poll() is None, self.process.stdout.read()
+            time.sleep(0.05)
+        raise AssertionError(f"no coordinator address after {timeout} s")
+
+    def pid(self, binary: str, name: str, timeout=20.0):
+        """The pid of this job's process running `binary` called `name`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    argv = (entry / "cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if argv and argv[0].endswith(binary.encode()) and self.address.encode() in argv \
+                        and name.encode() in argv:
+                    return int(entry.name)
+            time.sleep(0.05)
+        raise AssertionError(f"no {name} ({binary}) in this job")
+
+    def running(self):
+        return self.process.poll() is None
+
+    def restart(self, pid: int, log: Path):
+        """Starts the process `pid` ran again, with the same command line
+        (after it is gone) and the launcher's environment."""
+        argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+        return argv, log
+
+    def start(self, argv, log: Path):
+        env = dict(os.environ, TESSERA_AUDIT_DIR=str(self.audit))
+        out = open(log, "w")
+        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        self.extra.append((p, out))
+        return p
+
+    def finish(self):
+        try:
+            out, _ = self.process.communicate(timeout=180)
+            for p, _ in self.extra:
+                p.wait(timeout=30)
+        finally:
+            for p, f in self.extra:
+                if p.poll() is None:
+                    p.kill()
+                f.close()
+        return out
+
+    def verdict(self):
+        out_json = self.run_dir / "audit.json"
+        check = subprocess.run([sys.executable, str(CHECK), "--records", str(self.records), "--audit", str(self.audit),
+                                "--json", str(out_json)], capture_output=True, text=True, timeout=120)
+        return check, (json.loads(out_json.read_text()) if out_json.exists() else None)
+
+
+def assert_job_ok(job, out):
+    assert job.process.returncode == 0, out[-4000:]
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert summary["status"] == "ok", summary
+
+
+def assert_audit_passes(job, min_acked=500):
+    check, verdict = job.verdict()
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert verdict["ok"] and verdict["lost"] == 0 and verdict["duplicates"] == 0, verdict
+    assert verdict["acknowledged"] >= min_acked, verdict
+    assert verdict["acknowledged"] <= verdict["applied"] <= verdict["issued"], verdict
+    return verdict
+
+
+def coordinator_log(job):
+    return (job.run_dir / "logs" / "coordinator.log").read_text()
+
+
+def test_without_faults_the_audit_passes(tmp_path):
+    job = Job(tmp_path, "worker.args.clocks=60")
+    out = job.finish()
+    assert_job_ok(job, out)
+    verdict = assert_audit_passes(job, min_acked=3 * 60 * 4)
+    assert verdict["applied"] == verdict["issued"] == verdict["acknowledged"]
+    assert len(verdict["servers"]) == 3
+
+
+def test_e1_e2_a_server_killed(tmp_path):
+    """Server 1 is the primary of some shards and the backup of others."""
+    job = Job(tmp_path)
+    pid = job.pid("tessera-server", "server-1")
+    time.sleep(1.5)
+    assert job.running(), "the job ended before the fault"
+    os.kill(pid, signal.SIGKILL)
+    out = job.finish()
+    assert_job_ok(job, out)
+    assert "lost server 1" in coordinator_log(job)
+    verdict = assert_audit_passes(job)
+    assert len(verdict["servers"]) == 2
+
+
+def test_e3_a_primary_paused_past_its_lease_is_deposed_and_refused(tmp_path):
+    job = Job(tmp_path)
+    pid = job.pid("tessera-server", "server-1")
+    time.sleep(1.5)
+    assert job.running(), "the job ended before the fault"
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(1.5)  # three leases
+    os.kill(pid, signal.SIGCONT)
+    out = job.finish()
+    assert_job_ok(job, out)
+    assert "lost server 1" in coordinator_log(job)
+    server_log = (job.run_dir / "logs" / "server-1.log").read_text()
+    assert "was removed from the job" in server_log, server_log[-2000:]
+    dumps = sorted(p.name for p in job.audit.iterdir())
+    deposed = [d for d in dumps if d.startswith("server-1-")]
+    assert deposed and "deposed" in (job.audit / deposed[0]).read_text().splitlines()[0]
+    assert_audit_passes(job)
+
+
+def test_e7_a_worker_killed_and_restarted_applies_nothing_twice(tmp_path):
+    job = Job(tmp_path, "cluster.on_worker_loss=wait", "timeouts.lease_seconds=1", "timeouts.heartbeat_seconds=0.2")
+    pid = job.pid("tessera-audit-workload", "worker-1")
+    argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    time.sleep(1.5)
+    assert job.running(), "the job ended before the fault"
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(1.5)  # lost after the 1 s lease; its place is kept
+    job.start(argv, tmp_path / "worker-1-again.log")
+    out = job.finish()
+    assert_job_ok(job, out)
+    log = coordinator_log(job)
+    assert "worker 1 rejoined" in log, log[-3000:]
+    logs = sorted(p.name for p in job.records.iterdir())
+    assert any("-inc-1.log" in name for name in logs), logs
+    assert_audit_passes(job)

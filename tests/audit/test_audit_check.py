@@ -1,0 +1,62 @@
+"""The audit checker catches each kind of violation (synthetic logs and dumps)."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location("audit_check", Path(__file__).resolve().parent / "audit_check.py")
+audit_check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(audit_check)
+
+PUSHES = "I 7 0 1 10 11\nA 7 0 1\nI 7 0 2 10\nA 7 0 2\nI 8 0 1 11\n"  # push 8:0:1 issued, never acknowledged
+GOOD = {
+    "server-0-node-1.audit": "# tessera audit server 0 epoch 2\nrow 5 10 primary 2 7:0:1 7:0:2\nrow 5 11 backup 1 7:0:1\n",
+    "server-1-node-2.audit": "# tessera audit server 1 epoch 2\nrow 5 10 backup 2 7:0:1 7:0:2\nrow 5 11 primary 1 7:0:1\n",
+}
+
+
+def run(tmp_path, dumps, pushes=PUSHES):
+    records, audit = tmp_path / "records", tmp_path / "audit"
+    records.mkdir()
+    audit.mkdir()
+    (records / "worker-0-node-7-inc-0.log").write_text(pushes)
+    for name, text in dumps.items():
+        (audit / name).write_text(text)
+    out = tmp_path / "verdict.json"
+    code = audit_check.main(["--records", str(records), "--audit", str(audit), "--json", str(out)])
+    import json
+    return code, json.loads(out.read_text()) if out.exists() else None
+
+
+def test_a_consistent_run_passes(tmp_path):
+    code, verdict = run(tmp_path, GOOD)
+    assert code == 0 and verdict["ok"]
+    assert (verdict["issued"], verdict["acknowledged"], verdict["applied"]) == (3, 2, 2)
+
+
+@pytest.mark.parametrize("kind,server,old,new", [
+    ("lost", "server-1-node-2.audit", "row 5 10 backup 2 7:0:1 7:0:2", "row 5 10 backup 1 7:0:1"),
+    ("duplicates", "server-0-node-1.audit", "row 5 11 backup 1 7:0:1", "row 5 11 backup 2 7:0:1 7:0:1"),
+    ("phantoms", "server-0-node-1.audit", "row 5 11 backup 1 7:0:1", "row 5 11 backup 2 7:0:1 9:0:1"),
+    ("values", "server-0-node-1.audit", "row 5 10 primary 2 7:0:1 7:0:2", "row 5 10 primary 3 7:0:1 7:0:2"),
+    ("replicas", "server-0-node-1.audit", "row 5 11 backup 1 7:0:1", "row 5 11 backup 2 7:0:1 8:0:1"),
+])
+def test_each_violation_is_caught(tmp_path, kind, server, old, new):
+    dumps = dict(GOOD)
+    assert old in dumps[server]
+    dumps[server] = dumps[server].replace(old, new)
+    code, verdict = run(tmp_path, dumps)
+    assert code == 1
+    assert verdict[kind] >= 1, verdict
+    assert not verdict["ok"]
+
+
+def test_a_deposed_servers_dump_is_not_a_copy(tmp_path):
+    dumps = dict(GOOD, **{"server-2-node-3.audit": "# tessera audit server 2 epoch 3 deposed\n"})
+    code, verdict = run(tmp_path, dumps)
+    assert code == 0 and len(verdict["servers"]) == 2
+
+
+def test_unusable_input_is_reported(tmp_path):
+    code, _ = run(tmp_path, {"server-0-node-1.audit": "garbage\n"})
+    assert code == 2
