@@ -10,8 +10,9 @@ RUN/logs/NAME.log prefixed `[NAME] `. After a job with faults (faults.py),
               shard map epoch E`, E being the map epoch the coordinator's
               lost line announced (`... fail over to their backups (map
               epoch E)`), or a later one;
-  rejoin      (worker restarts; also any worker under on_worker_loss: wait)
-              the coordinator's `worker R rejoined from ...` line.
+  rejoin      (restarts; also any worker under on_worker_loss: wait) the
+              coordinator's `server R rejoined from ...` / `worker R
+              rejoined from ...` line.
 
 Figures whose line is missing are None, and `note` says which line was
 missing. Nothing here knows about processes or files beyond reading them.
@@ -117,8 +118,9 @@ def analyze(fault: dict, lines: list, on_worker_loss: str = "stop", until: float
     not this one's). job_ok: the job's verdict, for faults of the
     coordinator. Returns detection_seconds, recovered and note, plus
     failover_seconds, failover_seconds_last_worker and failover_epoch for
-    servers, and rejoin_seconds for worker restarts and for workers under
-    on_worker_loss: wait.
+    servers, and rejoin_seconds for restarts and for workers under
+    on_worker_loss: wait. A server restart has recovered when it failed
+    over and the new process rejoined.
     """
     target, action, t0 = fault["target"], fault["action"], fault["unix_time"]
     role, _, rank_text = target.partition("-")
@@ -197,8 +199,9 @@ def analyze(fault: dict, lines: list, on_worker_loss: str = "stop", until: float
                 l.process == "coordinator" and (m := _REJOIN_RE.match(l.message))
                 and m["role"] == "server" and int(m["rank"]) == rank))
             if rejoin is None:
-                notes.append(f"no 'server {rank} rejoined' line: the coordinator does not take a restarted "
-                             "server back yet (server rejoin)")
+                out["recovered"] = False
+                notes.append(f"no 'server {rank} rejoined' line from the coordinator (the new process was "
+                             "refused, or the job ended first)")
             else:
                 out["rejoin_seconds"] = _seconds(rejoin[0], t0)
     else:  # a worker

@@ -19,10 +19,12 @@ progress record of a worker (any, or `step_of`) with step >= `at_step`.
            over from it.
   pause    SIGSTOP to the group, SIGCONT `duration_seconds` later.
   restart  kill, then the same command line again (same rank, same
-           arguments, the same log appended to). A server starts again
-           `restart_delay_seconds` after the kill; a worker that much after
-           the coordinator has declared it lost (its `lost worker R` line),
-           since only then is its place open to a new process.
+           arguments, the same log appended to), `restart_delay_seconds`
+           after the coordinator has declared the target lost (its `lost
+           server R` / `lost worker R` line): only then does the coordinator
+           let a new process take the rank (a server rejoins empty and is
+           given copies; a worker, under on_worker_loss: wait, takes its
+           place over).
 
 Each fault, and what followed it (a resume, a restart), is appended to
 RUN/events.jsonl as it happens; `records()` gives the summary's entries,
@@ -321,12 +323,12 @@ class FaultScheduler:
                 f.step_trigger = f"{name} reported step {step:g}"
 
     def _on_line(self, name: str, text: str) -> None:
-        """Watches the coordinator declare a restarted worker lost."""
+        """Watches the coordinator declare a restarted process lost."""
         if name != "coordinator":
             return
         for f in self.faults:
-            if f.state == "restarting" and f.spec.role == "worker" and f.lost_seen_at is None:
-                if fault_logs.lost_in_message(text, "worker", f.spec.rank):
+            if f.state == "restarting" and f.lost_seen_at is None:
+                if fault_logs.lost_in_message(text, f.spec.role, f.spec.rank):
                     f.lost_seen_at = self._clock()
 
     # -- the timer --------------------------------------------------------------
@@ -397,12 +399,9 @@ class FaultScheduler:
         """Starts the target again once it has exited and its delay has
         passed; returns the seconds until it may be time (inf: waiting on a line)."""
         spec, name = f.spec, f.spec.target
-        if spec.role == "worker":
-            if f.lost_seen_at is None:
-                return math.inf  # the coordinator has not declared it lost yet
-            due = f.lost_seen_at + spec.restart_delay_seconds
-        else:
-            due = f.fired_at + spec.restart_delay_seconds
+        if f.lost_seen_at is None:
+            return math.inf  # the coordinator has not declared it lost yet
+        due = f.lost_seen_at + spec.restart_delay_seconds
         if now < due:
             return due - now
         if self.sup.is_running(name):
@@ -413,7 +412,8 @@ class FaultScheduler:
             return math.inf
         f.restarted_at, f.restart_pid = self._clock(), self.sup.pid_of(name)
         self.sup.console.say(f"fault {spec.index}: started {name} again (pid {f.restart_pid}), "
-                             f"{f.restarted_at - f.fired_at:.3f} s after the kill")
+                             f"{f.restarted_at - f.fired_at:.3f} s after the kill, "
+                             f"{f.restarted_at - f.lost_seen_at:.3f} s after the coordinator declared it lost")
         self._event(f, "restart", f"fault {spec.index}: {name} started again", f.restarted_at,
                     pid=f.restart_pid)
         return math.inf
@@ -445,8 +445,7 @@ class FaultScheduler:
             elif f.state == "restarting":
                 f.state = "done"
                 f.restart_note = ("not started again: the coordinator never declared it lost"
-                                  if f.spec.role == "worker" and f.lost_seen_at is None
-                                  else "not started again: the job ended first")
+                                  if f.lost_seen_at is None else "not started again: the job ended first")
             elif f.state == "paused":
                 f.state = "done"  # the supervisor's stop sent SIGCONT
 

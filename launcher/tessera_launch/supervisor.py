@@ -18,8 +18,9 @@ policy:
   * when every process has exited with status 0, the job has completed.
 
 Stopping means SIGTERM (and SIGCONT, for a group a fault has paused) to each
-process group, then SIGKILL to the groups still alive after the grace period. When a process exits, whatever is left of its
-process group is killed too, so no grandchild outlives its parent's exit.
+process group, then SIGKILL to the groups still alive after the grace period.
+When a process exits, whatever is left of its process group is killed too, so
+no grandchild outlives its parent's exit.
 
 A process may carry others: `mpirun`, `srun` or `ssh` starting job processes
 elsewhere through `tessera-launch role` (role.py). A carrier's output holds

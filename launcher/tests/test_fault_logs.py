@@ -104,10 +104,31 @@ def test_a_server_loss_without_failover_is_not_recovered():
     assert "did not fail server-1 over" in figures["note"]
 
 
-def test_server_restart_notes_that_servers_do_not_rejoin_yet():
+def test_server_restart_rejoins():
+    rejoined = line("coordinator", 1.21, "server 1 rejoined from tcp://127.0.0.1:40001 (incarnation 1) 1.2 s after "
+                                         "it was last heard; it holds 5 shard copies (map epoch 3)", "warning")
+    figures = analyze({"target": "server-1", "action": "restart", "unix_time": T0},
+                      parse_lines(SERVER_KILL + [rejoined]))
+    assert (figures["detection_seconds"], figures["failover_seconds"], figures["rejoin_seconds"]) == (
+        0.508, 0.522, 1.21)
+    assert figures["recovered"] is True and figures["note"] is None
+
+
+def test_server_restart_without_a_rejoin_has_not_recovered():
     figures = analyze({"target": "server-1", "action": "restart", "unix_time": T0}, parse_lines(SERVER_KILL))
-    assert figures["rejoin_seconds"] is None and figures["recovered"] is True
-    assert "server rejoin" in figures["note"]
+    assert figures["rejoin_seconds"] is None and figures["failover_seconds"] == 0.522
+    assert figures["recovered"] is False
+    assert "no 'server 1 rejoined' line" in figures["note"]
+
+
+def test_failover_line_with_recruited_copies():
+    lines = parse_lines([line("coordinator", 0.5, "lost server 1 (a): no heartbeat for 0.5 s; its shards fail over "
+                                                  "to their backups (map epoch 2); 4 lost copies re-made on other "
+                                                  "servers", "warning"),
+                         line("worker-0", 0.6, "first push acknowledged on shard map epoch 2, 3.0 ms after the map "
+                                               "arrived")])
+    figures = analyze({"target": "server-1", "action": "kill", "unix_time": T0}, lines)
+    assert (figures["failover_epoch"], figures["failover_seconds"], figures["recovered"]) == (2, 0.6, True)
 
 
 def test_worker_restart_under_wait_rejoins():

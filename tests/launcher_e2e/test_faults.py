@@ -1,0 +1,63 @@
+"""Process faults end to end: configs/fault_kill_server.yaml through
+launcher/tessera-launch with the real binaries. The consistency workload
+runs on 3 servers with replication 2; the config's schedule SIGKILLs
+server-1 2 s after every process started and pauses worker-1 for 0.3 s
+(well under its 5 s lease). The job must end ok, and summary.json must say
+how long the coordinator took to declare server-1 lost and the first worker
+to have a push acknowledged on the new shard map."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+#: Detection is the server lease (0.5 s) plus the coordinator's check
+#: interval; more than this means something is wrong, not slow.
+MAX_DETECTION_SECONDS = 2.0
+
+
+def read_summary(result):
+    path = result.run_dir / "summary.json"
+    assert path.is_file(), f"no summary.json in {result.run_dir}; {result.describe()}"
+    return json.loads(path.read_text())
+
+
+def test_killed_server_fails_over_and_paused_worker_survives(launcher, build_dir, source_dir, tmp_path):
+    needed = [build_dir / "coordinator" / "tessera-coordinator", build_dir / "server" / "tessera-server",
+              build_dir / "tests" / "consistency" / "tessera-consistency-workload"]
+    missing = [str(p) for p in needed if not os.access(p, os.X_OK)]
+    if missing:
+        pytest.fail("not built: " + ", ".join(missing) + " (cmake --build the build tree first)")
+    records = tmp_path / "records"
+    records.mkdir()
+    result = launcher.local("--config", str(source_dir / "configs" / "fault_kill_server.yaml"), "--quiet",
+                            "--timeout", "150", "--set", f"worker.program={needed[2]}",
+                            "--set", f"worker.args.records={records}")
+    assert result.returncode == 0, result.describe()
+    summary = read_summary(result)
+    assert summary["status"] == "ok", summary["reason"]
+    assert summary["processes"]["server-1"] == -9, summary["processes"]
+    assert sorted(p.name for p in records.iterdir()) == ["worker-0.txt", "worker-1.txt", "worker-2.txt"]
+
+    faults = {f["index"]: f for f in summary["faults"]}
+    kill, pause = faults[0], faults[1]
+    assert (kill["target"], kill["action"], kill["fired"]) == ("server-1", "kill", True), kill
+    assert kill["detection_seconds"] is not None, kill
+    assert 0 < kill["detection_seconds"] < MAX_DETECTION_SECONDS, kill
+    assert kill["failover_seconds"] is not None, kill
+    assert kill["failover_seconds"] >= kill["detection_seconds"] and kill["failover_epoch"] == 2, kill
+    assert kill["recovered"] is True, kill
+
+    assert (pause["target"], pause["action"], pause["fired"]) == ("worker-1", "pause", True), pause
+    assert 0.3 <= pause["resumed_seconds"] < 1.0, pause
+    assert pause["detection_seconds"] is None and pause["recovered"] is True, pause
+
+    events = [json.loads(line) for line in (result.run_dir / "events.jsonl").read_text().splitlines()]
+    assert [(e["kind"], e["fault"]) for e in events] == [("fault", 1), ("resume", 1), ("fault", 0)], events
+    coordinator_log = (result.run_dir / "logs" / "coordinator.log").read_text()
+    assert "lost server 1 (" in coordinator_log
+    assert "lost worker 1" not in coordinator_log  # the pause stayed within the lease
+    print(f"\nserver-1 killed: detection {kill['detection_seconds']} s, failover {kill['failover_seconds']} s "
+          f"(last worker {kill['failover_seconds_last_worker']} s)")
