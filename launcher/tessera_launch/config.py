@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from .faults import FAULT_KEYS, FaultSpec, validate_faults
+from .faults import FAULT_KEYS, validate_faults
 
 TRANSPORTS = ("tcp", "ipc")
 
@@ -698,7 +698,7 @@ def validate(data: Any, source: str, overrides: list = ()) -> JobConfig:
     if "args" in sections["worker"]:
         sections["worker"]["args"] = checker.worker_args(sections["worker"]["args"])
     checker.cross_checks(sections["cluster"], sections["timeouts"])
-    faults = validate_faults(data.get("faults"), sections["cluster"], sections["timeouts"], checker.error)
+    faults = validate_faults(data.get("faults"), sections["cluster"], checker.error)
     if checker.errors:
         raise ConfigError("\n".join(checker.errors))
     return JobConfig(

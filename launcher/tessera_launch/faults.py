@@ -135,8 +135,7 @@ def _process_problem(name: Any, cluster: dict, allow_coordinator: bool) -> Optio
     return None
 
 
-def validate_faults(raw: Any, cluster: dict, timeouts: dict,
-                    error: Callable[[tuple, str], None]) -> list:
+def validate_faults(raw: Any, cluster: dict, error: Callable[[tuple, str], None]) -> list:
     """Checks the `faults` list against the validated cluster section and
     returns a FaultSpec per entry. Every problem goes to error(path,
     message), path like ("faults", 0, "target"), the message naming the
@@ -149,13 +148,13 @@ def validate_faults(raw: Any, cluster: dict, timeouts: dict,
         return []
     specs = []
     for index, entry in enumerate(raw):
-        spec = _validate_entry(index, entry, cluster, timeouts, error)
+        spec = _validate_entry(index, entry, cluster, error)
         if spec is not None:
             specs.append(spec)
     return specs
 
 
-def _validate_entry(index: int, entry: Any, cluster: dict, timeouts: dict,
+def _validate_entry(index: int, entry: Any, cluster: dict,
                     error: Callable[[tuple, str], None]) -> Optional[FaultSpec]:
     name = f"faults[{index}]"
     here = ("faults", index)
@@ -163,10 +162,10 @@ def _validate_entry(index: int, entry: Any, cluster: dict, timeouts: dict,
         error(here, f"{name} must be a mapping with target, action and at_seconds or at_step, "
                     f"got {_render(entry)}")
         return None
-    errors_before = []
+    problems = []
 
     def bad(key: Optional[str], message: str) -> None:
-        errors_before.append(key)
+        problems.append(key)
         error(here + ((key,) if key else ()), message)
 
     for key in entry:
@@ -236,7 +235,7 @@ def _validate_entry(index: int, entry: Any, cluster: dict, timeouts: dict,
         bad("action", f"{name}: restarting {target} needs cluster.on_worker_loss: wait (it is "
                       f"{cluster.get('on_worker_loss')}): only then does the coordinator keep a lost worker's "
                       "place for a new process")
-    if errors_before:
+    if problems:
         return None
     return FaultSpec(index=index, target=target, action=action,
                      at_seconds=float(at_seconds) if at_seconds is not None else None,
