@@ -76,6 +76,13 @@ std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
   }
   Node& node = nodes_.at(it->second);
   node.last_seen = now;
+  if (finished()) {  // it missed the Shutdown (a lost message): again
+    Message end;
+    end.header.mutable_shutdown()->set_ok(phase_ == Phase::kDone);
+    end.header.mutable_shutdown()->set_reason(phase_ == Phase::kDone ? "the job has ended" : failure_reason_);
+    out.push_back(Outgoing{node.info.address(), std::move(end)});
+    return out;
+  }
   if (node.away) {  // it was only silent (paused, or a slow network): it keeps its place
     node.away = false;
     events_.push_back(absl::StrCat(NodeName(node.info.role(), node.info.rank()), " (", node.info.address(),
@@ -86,6 +93,14 @@ std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
       Message reply = Reply(m);
       reply.header.mutable_heartbeat_ack();
       reply_to(std::move(reply));
+      // A node behind on the map (it missed an update) gets it again.
+      if (phase_ == Phase::kRunning && h.epoch() != 0 && h.epoch() < shard_map_.epoch()) {
+        Message update;
+        update.header.set_epoch(shard_map_.epoch());
+        *update.header.mutable_shard_map_update()->mutable_shard_map() = shard_map_;
+        update.header.mutable_shard_map_update()->set_reason("a map this node missed");
+        out.push_back(Outgoing{node.info.address(), std::move(update)});
+      }
       break;
     }
     case proto::Envelope::kBarrierRequest:

@@ -39,6 +39,9 @@
 //   without a message: a lost worker fails the job, which releases everyone
 //   with the reason.
 // - Every request with a request_id gets a reply (possibly an Error).
+// - Lost messages: a heartbeat stamped with an older map epoch than the
+//   coordinator's is answered with the current map too; once the job has
+//   ended, any message from a node is answered with the Shutdown again.
 #include <cstdint>
 #include <optional>
 #include <string>

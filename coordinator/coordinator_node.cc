@@ -89,8 +89,19 @@ absl::Status CoordinatorNode::Run() {
     }
     last_phase = core.phase();
   }
-  // Give the shutdown messages time to leave before the transport closes.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Stay a moment: the shutdown messages leave before the transport closes,
+  // and a node that missed its Shutdown (a lost message) gets it again when
+  // it next heartbeats.
+  const Nanos linger_until = MonotonicNow() + 1500 * kMillis;
+  while (MonotonicNow() < linger_until) {
+    std::deque<Message> batch;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return !inbox_.empty(); });
+      batch.swap(inbox_);
+    }
+    for (Message& m : batch) send_all(core.Step(m, MonotonicNow()));
+  }
   transport_->Stop();
   if (core.phase() == CoordinatorCore::Phase::kDone) return absl::OkStatus();
   return absl::AbortedError(core.failure_reason());

@@ -1,5 +1,7 @@
 #include "node/coordinator_session.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
@@ -48,7 +50,10 @@ bool CoordinatorSession::Handle(const Message& m) {
       if (!registered_) registered_ = h.register_reply();
       break;
     case proto::Envelope::kJobReady:
-      if (!ready_) ready_ = h.job_ready();
+      if (!ready_) {
+        ready_ = h.job_ready();
+        map_epoch_ = std::max(map_epoch_, ready_->shard_map().epoch());
+      }
       break;
     case proto::Envelope::kHeartbeatAck:
       break;
@@ -103,9 +108,23 @@ absl::StatusOr<proto::JobReady> CoordinatorSession::Join() {
   self_ = registered_->self();
   last_heard_ = MonotonicNow();
   heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
-  // Wait for the whole job to assemble.
-  bool ok = cv_.wait_for(lock, std::chrono::nanoseconds(std::max<Nanos>(0, deadline - MonotonicNow())),
-                         [&] { return ready_ || ended_; });
+  // Wait for the whole job to assemble. The registration goes again now and
+  // then: the coordinator answers a repeat with the same reply and, once the
+  // job runs, the JobReady again (in case a message was lost).
+  bool ok = false;
+  while (!(ok = ready_.has_value() || ended_.has_value()) && MonotonicNow() < deadline) {
+    cv_.wait_for(lock, std::chrono::nanoseconds(std::min(4 * options_.register_retry, deadline - MonotonicNow())),
+                 [&] { return ready_ || ended_; });
+    if (ready_ || ended_) continue;
+    proto::Envelope h;
+    h.set_request_id(NextRequestIdLocked());
+    auto* r = h.mutable_register_request();
+    r->set_role(options_.role);
+    r->set_rank(static_cast<int>(self_.rank()));
+    lock.unlock();
+    Send(std::move(h));
+    lock.lock();
+  }
   if (ended_) return ended_->ok() ? absl::AbortedError("job ended before it started") : *ended_;
   if (!ok) {
     return absl::DeadlineExceededError(absl::StrCat("the job did not assemble within ",
@@ -126,6 +145,7 @@ void CoordinatorSession::HeartbeatLoop() {
     }
     proto::Envelope h;
     h.set_request_id(NextRequestIdLocked());
+    h.set_epoch(map_epoch_);
     h.mutable_heartbeat();
     lock.unlock();
     Send(std::move(h));
@@ -162,16 +182,26 @@ absl::Status CoordinatorSession::Barrier(const std::string& name, Nanos timeout)
                                                   " waits for every worker)"));
 }
 
+void CoordinatorSession::set_map_epoch(uint64_t epoch) {
+  std::lock_guard lock(mu_);
+  map_epoch_ = std::max(map_epoch_, epoch);
+}
+
 absl::Status CoordinatorSession::ReportDone(const proto::WorkerDone& report, Nanos timeout) {
   std::unique_lock lock(mu_);
   proto::Envelope h;
   h.set_request_id(NextRequestIdLocked());
   const uint64_t id = h.request_id();
   *h.mutable_worker_done() = report;
-  lock.unlock();
-  Send(std::move(h));
-  lock.lock();
-  cv_.wait_for(lock, std::chrono::nanoseconds(timeout), [&] { return replies_.contains(id) || ended_; });
+  // Sent again until answered (the coordinator takes a repeat as the same report).
+  const Nanos deadline = MonotonicNow() + timeout;
+  while (!replies_.contains(id) && !ended_ && MonotonicNow() < deadline) {
+    lock.unlock();
+    Send(h);
+    lock.lock();
+    cv_.wait_for(lock, std::chrono::nanoseconds(std::min(options_.register_retry, deadline - MonotonicNow())),
+                 [&] { return replies_.contains(id) || ended_.has_value(); });
+  }
   if (auto it = replies_.find(id); it != replies_.end()) {
     absl::Status s = it->second;
     replies_.erase(it);

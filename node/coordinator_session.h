@@ -13,6 +13,10 @@
 // - After Join(), the session heartbeats every heartbeat_interval. If the
 //   coordinator is silent for `lease`, the job ends for this node with
 //   Unavailable("lost the coordinator at ADDR ...").
+// - Heartbeats carry the node's shard map epoch (set_map_epoch; at first
+//   the JobReady's): a coordinator with a newer map answers with a
+//   ShardMapUpdate, so a node that missed one (a lost message) catches up.
+// - ReportDone() sends its report again until the coordinator answers.
 // - The end of the job (Shutdown from the coordinator, or a lost
 //   coordinator) is reported exactly once, to WaitForEnd() and to the
 //   on_end callback. Barrier() and ReportDone() return early with the
@@ -60,6 +64,8 @@ class CoordinatorSession {
   const proto::NodeInfo& self() const { return self_; }
 
   absl::Status Barrier(const std::string& name, Nanos timeout);
+  // The epoch of the shard map the node acts on (heartbeats carry it).
+  void set_map_epoch(uint64_t epoch);
   absl::Status ReportDone(const proto::WorkerDone& report, Nanos timeout);
 
   // Blocks until the job ends; OK for an orderly shutdown.
@@ -89,6 +95,7 @@ class CoordinatorSession {
   std::optional<proto::JobReady> ready_;
   std::optional<absl::Status> ended_;
   Nanos last_heard_ = 0;
+  uint64_t map_epoch_ = 0;
   absl::flat_hash_map<std::string, bool> barriers_released_;
   absl::flat_hash_map<uint64_t, absl::Status> replies_;  // request id -> result
   bool stopping_ = false;

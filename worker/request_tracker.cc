@@ -13,7 +13,7 @@ std::string RequestTracker::ServerName(uint32_t rank) const {
 }
 
 void RequestTracker::Begin(Handle handle, std::string what, std::vector<PartSpec> parts, Nanos deadline,
-                           std::span<float> out, uint32_t width) {
+                           std::span<float> out, uint32_t width, Nanos now) {
   auto op = std::make_unique<Op>();
   op->handle = std::move(handle);
   op->what = std::move(what);
@@ -24,7 +24,9 @@ void RequestTracker::Begin(Handle handle, std::string what, std::vector<PartSpec
   Op* raw = op.get();
   for (PartSpec& p : parts) {
     raw->request_ids.push_back(p.request_id);
-    parts_.emplace(p.request_id, Part{raw, p.server_rank, std::move(p.scatter), std::move(p.request)});
+    Part& part = parts_.emplace(p.request_id, Part{raw, p.server_rank, std::move(p.scatter), std::move(p.request)})
+                     .first->second;
+    part.sent_at = now;
   }
   ops_.emplace(raw, std::move(op));
 }
@@ -152,17 +154,20 @@ std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& r
 
 std::vector<RequestTracker::Resend> RequestTracker::TakeResends(uint64_t epoch,
                                                                 const std::function<bool(uint32_t)>& dead,
-                                                                std::vector<Completion>* done) {
+                                                                std::vector<Completion>* done, Nanos silent_before) {
   std::vector<uint64_t> ids;
   for (const auto& [id, part] : parts_) {
-    if (part.parked ? part.ready_epoch <= epoch : dead(part.server_rank)) ids.push_back(id);
+    const bool silent = !part.parked && part.received == 0 && part.sent_at < silent_before &&
+                        part.request.header.body_case() != proto::Envelope::BODY_NOT_SET;
+    if (part.parked ? part.ready_epoch <= epoch : (dead(part.server_rank) || silent)) ids.push_back(id);
   }
   std::sort(ids.begin(), ids.end());  // issue order
   std::vector<Resend> resends;
   for (uint64_t id : ids) {
     auto node = parts_.extract(id);
     Part& part = node.mapped();
-    if (part.request.header.has_push() || part.request.header.has_pull()) {
+    if (part.request.header.has_push() || part.request.header.has_pull() ||
+        (!dead(part.server_rank) && part.request.header.body_case() != proto::Envelope::BODY_NOT_SET)) {
       resends.push_back(Resend{id, part.server_rank, std::move(part.scatter), std::move(part.request)});
       // The op keeps counting this part until Reissue.
       resend_ops_.emplace(id, part.op);
@@ -174,7 +179,8 @@ std::vector<RequestTracker::Resend> RequestTracker::TakeResends(uint64_t epoch,
   return resends;
 }
 
-std::vector<RequestTracker::Completion> RequestTracker::Reissue(const Resend& old, std::vector<PartSpec> parts) {
+std::vector<RequestTracker::Completion> RequestTracker::Reissue(const Resend& old, std::vector<PartSpec> parts,
+                                                                Nanos now) {
   std::vector<Completion> done;
   auto it = resend_ops_.find(old.request_id);
   if (it == resend_ops_.end()) return done;
@@ -184,7 +190,9 @@ std::vector<RequestTracker::Completion> RequestTracker::Reissue(const Resend& ol
   op->remaining += parts.size();
   for (PartSpec& p : parts) {
     op->request_ids.push_back(p.request_id);
-    parts_.emplace(p.request_id, Part{op, p.server_rank, std::move(p.scatter), std::move(p.request)});
+    Part& part = parts_.emplace(p.request_id, Part{op, p.server_rank, std::move(p.scatter), std::move(p.request)})
+                     .first->second;
+    part.sent_at = now;
   }
   if (--op->remaining == 0) done.push_back(Finish(op));
   return done;

@@ -30,6 +30,12 @@
 //   names dead. Parts of other kinds (clocks, tables) addressed to a dead
 //   server are answered as done: a lost server needs nothing more from us.
 //   Reissue puts the new requests in the old part's place, in the same op.
+// - Lost messages: TakeResends also hands back every part that kept its
+//   request and has not been answered since `silent_before` (sent before
+//   it), whatever its kind, for sending again under a new request id (a
+//   late answer to the old id is then ignored). Every server request is
+//   safe to repeat: pushes are de-duplicated by their sequence number,
+//   clocks and tables are idempotent, pulls read.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -66,7 +72,7 @@ class RequestTracker {
     uint64_t request_id;
     uint32_t server_rank;
     Scatter scatter;  // pulls only
-    Message request;  // pushes and pulls: what to send again after a failover (header unset: not resendable)
+    Message request;  // what to send again after a failover or a loss (header unset: never sent again)
   };
 
   // A part taken out for sending again (TakeResends).
@@ -83,7 +89,7 @@ class RequestTracker {
   // Starts an operation. For pulls, `out` is the caller's output and `width`
   // the row width. `what` describes it in errors ("pull of table 3").
   void Begin(Handle handle, std::string what, std::vector<PartSpec> parts, Nanos deadline,
-             std::span<float> out = {}, uint32_t width = 0);
+             std::span<float> out = {}, uint32_t width = 0, Nanos now = 0);
 
   // Feeds a reply; returns the operation if this reply completed it.
   std::vector<Completion> OnReply(const Message& reply);
@@ -96,10 +102,11 @@ class RequestTracker {
   // says whether a server rank is dead in it. Operations that the dropped
   // parts of other kinds complete go to *done.
   std::vector<Resend> TakeResends(uint64_t epoch, const std::function<bool(uint32_t)>& dead,
-                                  std::vector<Completion>* done);
-  // Puts `parts` in the place of the part `old` was taken from. With no
-  // parts, the old part counts as answered (its op may complete: returned).
-  std::vector<Completion> Reissue(const Resend& old, std::vector<PartSpec> parts);
+                                  std::vector<Completion>* done, Nanos silent_before = 0);
+  // Puts `parts` in the place of the part `old` was taken from (sent at
+  // `now`). With no parts, the old part counts as answered (its op may
+  // complete: returned).
+  std::vector<Completion> Reissue(const Resend& old, std::vector<PartSpec> parts, Nanos now = 0);
   // Parked parts waiting for a newer map.
   size_t parked() const;
 
@@ -128,6 +135,7 @@ class RequestTracker {
     uint64_t received = 0;   // value bytes placed so far (pulls in pieces)
     bool parked = false;     // answered Aborted: waits for the map of ready_epoch
     uint64_t ready_epoch = 0;
+    Nanos sent_at = 0;
   };
   // Applies a reply (or one piece of it) to its part; sets *part_done when
   // the part needs nothing more (it answered, or failed).

@@ -144,7 +144,7 @@ class WorkerImpl final : public Worker {
     for (uint32_t r : map->LiveServers()) {
       Message m = NewRequest(*map);
       m.header.mutable_clock_query();
-      parts.push_back({m.header.request_id(), r, {}, {}});
+      parts.push_back({m.header.request_id(), r, {}, m});
       sends.push_back({map->server(r).address(), std::move(m)});
     }
     if (absl::Status s = Issue("clock query", std::move(parts), std::move(sends)).Wait(); !s.ok()) {
@@ -227,7 +227,7 @@ class WorkerImpl final : public Worker {
     for (uint32_t r : map->LiveServers()) {
       Message m = NewRequest(*map);
       *m.header.mutable_create_table()->mutable_config() = config;
-      parts.push_back({m.header.request_id(), r, {}, {}});
+      parts.push_back({m.header.request_id(), r, {}, m});
       sends.push_back({map->server(r).address(), std::move(m)});
     }
     absl::Status s = Issue(absl::StrCat("create table ", options.id), std::move(parts), std::move(sends)).Wait();
@@ -371,7 +371,7 @@ class WorkerImpl final : public Worker {
       Message m = NewRequest(*map);
       m.header.mutable_clock_advance()->set_clock(clock);
       m.header.mutable_clock_advance()->set_hold_timeout_ms(options_.hold_timeout / kMillis);
-      parts.push_back({m.header.request_id(), r, {}, {}});
+      parts.push_back({m.header.request_id(), r, {}, m});
       sends.push_back({map->server(r).address(), std::move(m)});
     }
     absl::Status s = Issue(absl::StrCat("clock ", clock), std::move(parts), std::move(sends), {}, 0,
@@ -547,8 +547,9 @@ class WorkerImpl final : public Worker {
         if (push_seq != 0) pushes_in_flight_.erase(push_seq);
         return Future::Ready(absl::CancelledError("worker is closed"));
       }
-      tracker_->Begin(state, std::move(what), std::move(parts), MonotonicNow() + options_.request_timeout + hold, out,
-                      width);
+      const Nanos now = MonotonicNow();
+      tracker_->Begin(state, std::move(what), std::move(parts), now + options_.request_timeout + hold, out, width,
+                      now);
     }
     for (Outgoing& o : sends) {
       CountWire(o.message);
@@ -634,10 +635,11 @@ class WorkerImpl final : public Worker {
       tick_cv_.wait_for(lock, std::chrono::milliseconds(100));
       if (closed_) break;
       auto done = tracker_->Tick(MonotonicNow());
-      const bool parked = tracker_->parked() > 0;
       lock.unlock();
       Complete(std::move(done));
-      if (parked) SendAgain();  // parts a lagging server refused go again with our map
+      // Parts a lagging server refused go again with our map, and parts
+      // nobody answered for resend_after go again (a lost message).
+      SendAgain(MonotonicNow() - options_.resend_after);
       lock.lock();
     }
   }
@@ -672,21 +674,24 @@ class WorkerImpl final : public Worker {
       failover_epoch_ = map_->epoch();
       failover_seen_at_ = MonotonicNow();
     }
+    session_->set_map_epoch(update.shard_map().epoch());
     TLOG_INFO("shard map epoch {}: {}", update.shard_map().epoch(), update.reason());
     SendAgain();
   }
 
-  // Sends again, by the current map, the parts the tracker hands back.
-  void SendAgain() {
+  // Sends again, by the current map, the parts the tracker hands back
+  // (those unanswered since silent_before too).
+  void SendAgain(Nanos silent_before = 0) {
     std::vector<RequestTracker::Completion> done;
     std::vector<Outgoing> sends;
     {
       std::lock_guard lock(mu_);
       if (closed_ || !tracker_) return;
       const ShardMapView& map = *map_;
-      for (RequestTracker::Resend& r :
-           tracker_->TakeResends(map.epoch(), [&](uint32_t rank) { return map.IsDead(rank); }, &done)) {
-        for (auto& c : tracker_->Reissue(r, Redirect(map, r, sends))) done.push_back(std::move(c));
+      const Nanos now = MonotonicNow();
+      for (RequestTracker::Resend& r : tracker_->TakeResends(
+               map.epoch(), [&](uint32_t rank) { return map.IsDead(rank); }, &done, silent_before)) {
+        for (auto& c : tracker_->Reissue(r, Redirect(map, r, sends), now)) done.push_back(std::move(c));
         stats_.resends++;
       }
     }
@@ -705,6 +710,14 @@ class WorkerImpl final : public Worker {
                                                  std::vector<Outgoing>& sends) {
     std::vector<RequestTracker::PartSpec> parts;
     const proto::Envelope& h = r.request.header;
+    if (!h.has_push() && !h.has_pull()) {  // a clock, a table, a query: again, to the same server
+      Message m = r.request;
+      m.header.set_request_id(next_request_.fetch_add(1) + 1);
+      m.header.set_epoch(map.epoch());
+      parts.push_back({m.header.request_id(), r.server_rank, {}, m});
+      sends.push_back({map.server(r.server_rank).address(), std::move(m)});
+      return parts;
+    }
     const uint32_t table = h.has_push() ? h.push().table_id() : h.pull().table_id();
     const auto keys = r.request.frames[0].As<Key>();
     std::vector<std::vector<uint32_t>> rows(map.num_servers());

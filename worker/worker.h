@@ -39,6 +39,10 @@
 //   error for a loss the replicas cover; a loss they do not cover ends the
 //   job with the coordinator's reason. Clock() first waits for the pushes
 //   issued before it, so that no server counts a clock before it has them.
+// - Lost messages: a request to a server unanswered for
+//   options.resend_after is sent again under a new request id (pushes keep
+//   their sequence number, so a server applies each once); it still fails
+//   after options.request_timeout (plus any hold) in all.
 // - Futures complete with OK, or with an error that says what failed and which
 //   server did not answer (DeadlineExceeded after options.request_timeout).
 // - Thread safety: all methods may be called from any thread concurrently,
@@ -68,6 +72,7 @@ struct WorkerOptions {
   std::string bind = "tcp://127.0.0.1:0";   // where this worker receives replies
   Nanos connect_timeout = 30 * kSeconds;     // for registration and job assembly
   Nanos request_timeout = 60 * kSeconds;     // for every push, pull and table creation (on top of any hold)
+  Nanos resend_after = 2 * kSeconds;         // a request unanswered this long is sent again (a lost message)
   Nanos hold_timeout = 120 * kSeconds;       // longest wait for slower workers in Clock() or a pull
   Nanos barrier_timeout = 300 * kSeconds;    // for Barrier()
   Nanos heartbeat_interval = 1 * kSeconds;   // heartbeats to the coordinator

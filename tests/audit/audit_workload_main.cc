@@ -56,7 +56,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-keys-per-push", max_keys_per_push, "Keys per push, 1 to this")->check(CLI::PositiveNumber);
   app.add_option("--max-sleep-us", max_sleep_us, "Longest random pause per clock");
   app.add_option("--seed", seed, "Random seed");
+  uint32_t resend_after_ms = 2000;
+  app.add_option("--resend-after-ms", resend_after_ms, "Send a request again when unanswered this long (lost messages)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  wo.resend_after = static_cast<tessera::Nanos>(resend_after_ms) * tessera::kMillis;
   tessera::InitLogging(name, false);
   if (!bind.empty()) wo.bind = bind;
   auto connected = tessera::Worker::Connect(wo);
