@@ -73,7 +73,9 @@ std::vector<uint32_t> ShardMapView::LiveServers() const {
   return live;
 }
 
-absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32_t rank) {
+absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32_t rank,
+                                              std::vector<uint32_t>* reassign,
+                                              const std::function<bool(uint32_t, uint32_t)>& in_sync) {
   if (rank >= static_cast<uint32_t>(map.servers_size())) {
     return absl::InvalidArgumentError(absl::StrCat("no server rank ", rank, " in the shard map"));
   }
@@ -91,12 +93,51 @@ absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32
       ranks->erase(std::remove(ranks->begin(), ranks->end(), rank), ranks->end());
     }
     if (next.vshard_server_rank(v) != rank) continue;
-    if (backups == nullptr || backups->ranks().empty()) {
+    if (backups == nullptr) {
       orphans.push_back(absl::StrCat(v));
       continue;
     }
-    next.set_vshard_server_rank(v, backups->ranks(0));
-    backups->mutable_ranks()->erase(backups->mutable_ranks()->begin());
+    auto* ranks = backups->mutable_ranks();
+    auto heir = std::find_if(ranks->begin(), ranks->end(),
+                             [&](uint32_t b) { return in_sync == nullptr || in_sync(v, b); });
+    if (heir == ranks->end()) {
+      orphans.push_back(absl::StrCat(v));
+      continue;
+    }
+    next.set_vshard_server_rank(v, *heir);
+    ranks->erase(heir);
+  }
+  if (!orphans.empty() && reassign != nullptr) {
+    const uint32_t n = static_cast<uint32_t>(next.servers_size());
+    std::vector<bool> dead(n, false);
+    for (uint32_t d : next.dead_server_ranks()) dead[d] = true;
+    std::vector<uint32_t> load(n, 0);
+    for (uint32_t v = 0; v < next.num_vshards(); ++v) {
+      if (next.vshard_server_rank(v) != rank) load[next.vshard_server_rank(v)]++;
+      if (next.vshard_backups_size() > 0)
+        for (uint32_t b : next.vshard_backups(v).ranks()) load[b]++;
+    }
+    for (const std::string& o : orphans) {
+      const uint32_t v = static_cast<uint32_t>(std::stoul(o));
+      uint32_t best = n;
+      for (uint32_t r = 0; r < n; ++r)
+        if (!dead[r] && (best == n || load[r] < load[best])) best = r;
+      if (best == n) break;
+      next.set_vshard_server_rank(v, best);
+      if (next.vshard_backups_size() > 0) {  // (a backup that never got the state may be chosen)
+        auto* ranks = next.mutable_vshard_backups(v)->mutable_ranks();
+        if (std::find(ranks->begin(), ranks->end(), best) != ranks->end()) {
+          ranks->erase(std::find(ranks->begin(), ranks->end(), best));
+        } else {
+          load[best]++;
+        }
+      } else {
+        load[best]++;
+      }
+      reassign->push_back(v);
+    }
+    if (reassign->size() == orphans.size()) return next;
+    reassign->clear();
   }
   if (!orphans.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("server ", rank, " held the last copy of virtual shard",

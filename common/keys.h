@@ -6,6 +6,7 @@
 // the table id in, so the same key of two tables lands on different shards,
 // and consecutive or hot ids spread evenly.
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -82,7 +83,17 @@ proto::ShardMap RoundRobinShardMap(uint64_t epoch, uint32_t num_vshards,
 // out of every replica list; each shard it was primary of is taken over by
 // its first backup. Fails (FailedPrecondition, naming the shards and the
 // ranks that held them) when some shard would be left with no copy.
-absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32_t rank);
+// With `orphans`, a shard left with no copy does not fail: it is given to
+// the least-loaded live server as primary (to be restored from a
+// checkpoint) and listed in *orphans; only a map with no live server left
+// fails.
+// `in_sync(v, b)` says whether backup b of shard v has the shard's state (a
+// backup recruited by WithBackupsFilled has it only once its state transfer
+// is acknowledged); only such a backup is promoted, else the shard counts as
+// lost (the default: every backup is in sync).
+absl::StatusOr<proto::ShardMap> WithoutServer(
+    const proto::ShardMap& map, uint32_t rank, std::vector<uint32_t>* orphans = nullptr,
+    const std::function<bool(uint32_t, uint32_t)>& in_sync = nullptr);
 
 // The map with every shard brought back to map.replication() copies where
 // live servers allow: each missing backup is the live server that holds the

@@ -90,6 +90,14 @@ std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
   }
   switch (h.body_case()) {
     case proto::Envelope::kHeartbeat: {
+      const proto::Heartbeat& hb = h.heartbeat();
+      for (int i = 0; i < hb.vshards_size() && i < hb.applied_size(); ++i) {
+        const uint32_t v = hb.vshards(i);
+        if (node.info.role() == proto::SERVER && v < shard_map_.num_vshards() &&
+            shard_map_.vshard_server_rank(v) == node.info.rank()) {
+          last_applied_[v] = hb.applied(i);  // from its current primary only
+        }
+      }
       Message reply = Reply(m);
       reply.header.mutable_heartbeat_ack();
       reply_to(std::move(reply));
@@ -109,6 +117,22 @@ std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
     case proto::Envelope::kWorkerDone:
       HandleWorkerDone(m, out);
       break;
+    case proto::Envelope::kShardsInSync: {
+      const proto::ShardsInSync& s = h.shards_in_sync();
+      std::vector<uint32_t> done;
+      for (uint32_t v : s.vshards()) {
+        if (node.info.role() == proto::SERVER && v < shard_map_.num_vshards() &&
+            shard_map_.vshard_server_rank(v) == node.info.rank() && syncing_.erase({v, s.backup_rank()}) > 0) {
+          done.push_back(v);
+        }
+      }
+      if (!done.empty()) {
+        events_.push_back(absl::StrCat(NodeName(proto::SERVER, s.backup_rank()), " is in sync with ",
+                                       NodeName(proto::SERVER, node.info.rank()), " on ", done.size(),
+                                       " shard copies (map epoch ", shard_map_.epoch(), ")"));
+      }
+      break;
+    }
     default: {
       Message reply = Reply(m);
       SetError(reply, absl::StatusCode::kInvalidArgument,
@@ -375,7 +399,10 @@ void CoordinatorCore::Fail(const std::string& reason, std::vector<Outgoing>& out
 }
 
 void CoordinatorCore::LoseServer(Node& server, const std::string& what, std::vector<Outgoing>& out) {
-  absl::StatusOr<proto::ShardMap> next = WithoutServer(shard_map_, server.info.rank());
+  std::vector<uint32_t> orphans;
+  absl::StatusOr<proto::ShardMap> next =
+      WithoutServer(shard_map_, server.info.rank(), options_.restore_lost_shards ? &orphans : nullptr,
+                    [&](uint32_t v, uint32_t b) { return !syncing_.contains({v, b}); });
   if (!next.ok()) {
     Fail(absl::StrCat("lost ", what, "; ", next.status().message(), " (replication ", shard_map_.replication(),
                       "): its acknowledged pushes are gone"),
@@ -385,19 +412,50 @@ void CoordinatorCore::LoseServer(Node& server, const std::string& what, std::vec
   server.lost = true;
   server.lost_reason = what;
   uint32_t recruited = 0;
+  absl::erase_if(syncing_, [&](const auto& p) { return p.second == server.info.rank(); });
+  const proto::ShardMap previous = *next;
   shard_map_ = WithBackupsFilled(*next, &recruited);
+  NoteRecruits(previous, shard_map_);
   events_.push_back(absl::StrCat("lost ", what, "; its shards fail over to their backups (map epoch ",
                                  shard_map_.epoch(), ")",
                                  recruited > 0 ? absl::StrCat("; ", recruited, " lost copies re-made on other servers")
                                                : std::string()));
-  PublishMap(absl::StrCat("lost ", what), out);
+  std::vector<proto::ShardRestore> restores;
+  if (!orphans.empty()) {
+    uint64_t last = 0;
+    for (uint32_t v : orphans) {
+      proto::ShardRestore r;
+      r.set_vshard(v);
+      r.set_last_applied(last_applied_.contains(v) ? last_applied_.at(v) : 0);
+      last += r.last_applied();
+      restores.push_back(r);
+    }
+    events_.push_back(absl::StrCat("lost the last copy of ", orphans.size(), " virtual shards (",
+                                   absl::StrJoin(orphans, ", "), ") with ", what,
+                                   "; they are restored from the last checkpoint (on_shard_loss: restore); their "
+                                   "primaries last reported ", last, " applied pushes"));
+  }
+  PublishMap(absl::StrCat("lost ", what), out, restores);
 }
 
-void CoordinatorCore::PublishMap(const std::string& reason, std::vector<Outgoing>& out) const {
+void CoordinatorCore::NoteRecruits(const proto::ShardMap& previous, const proto::ShardMap& next) {
+  for (uint32_t v = 0; v < next.num_vshards() && static_cast<int>(v) < next.vshard_backups_size(); ++v) {
+    for (uint32_t b : next.vshard_backups(v).ranks()) {
+      const bool had = static_cast<int>(v) < previous.vshard_backups_size() &&
+                       std::find(previous.vshard_backups(v).ranks().begin(), previous.vshard_backups(v).ranks().end(),
+                                 b) != previous.vshard_backups(v).ranks().end();
+      if (!had) syncing_.insert({v, b});
+    }
+  }
+}
+
+void CoordinatorCore::PublishMap(const std::string& reason, std::vector<Outgoing>& out,
+                                 const std::vector<proto::ShardRestore>& restores) const {
   proto::Envelope update;
   update.set_epoch(shard_map_.epoch());
   *update.mutable_shard_map_update()->mutable_shard_map() = shard_map_;
   update.mutable_shard_map_update()->set_reason(reason);
+  for (const proto::ShardRestore& r : restores) *update.mutable_shard_map_update()->add_restores() = r;
   Broadcast(update, out);
 }
 
@@ -430,7 +488,9 @@ bool CoordinatorCore::TakeOverDeadServer(const Message& m, Nanos now, std::vecto
   absl::StatusOr<proto::ShardMap> back = WithServerBack(shard_map_, node.info);
   if (!back.ok()) return false;  // (a dead rank is always in the map)
   uint32_t recruited = 0;
+  absl::erase_if(syncing_, [&](const auto& p) { return p.second == static_cast<uint32_t>(dead); });
   shard_map_ = WithBackupsFilled(*back, &recruited);
+  NoteRecruits(*back, shard_map_);
   shard_map_.set_epoch(shard_map_.epoch() + 1);
   node_by_address_[node.info.address()] = node.info.node_id();
   const proto::NodeInfo info = node.info;
@@ -495,7 +555,8 @@ std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {
                                      Seconds(options_.rejoin_timeout), " (on_worker_loss: wait)"));
       continue;
     }
-    if (n.info.role() == proto::SERVER && phase_ == Phase::kRunning && shard_map_.replication() > 1) {
+    if (n.info.role() == proto::SERVER && phase_ == Phase::kRunning &&
+        (shard_map_.replication() > 1 || options_.restore_lost_shards)) {
       LoseServer(n, what, out);
       if (phase_ == Phase::kFailed) return out;
       continue;

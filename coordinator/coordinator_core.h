@@ -17,7 +17,13 @@
 //   has a copy left: then the coordinator publishes the next map (epoch + 1,
 //   each of its shards taken over by the first backup; WithoutServer in
 //   common/keys.h) to every node in a ShardMapUpdate, and the job goes on.
-//   A shard left with no copy fails the job, naming the shards. The same map
+//   A shard left with no copy fails the job, naming the shards, or, with
+//   restore_lost_shards, goes to the least-loaded live server, which the map
+//   update tells (ShardMapUpdate.restores, with the applied count its last
+//   primary reported in heartbeats) to restore it from the last checkpoint.
+//   A recruited backup is promoted only once its primary reported its state
+//   transfer acknowledged (ShardsInSync); until then a shard whose other
+//   copies are lost counts as lost. The same map
 //   re-makes lost copies on the least-loaded live servers (WithBackupsFilled;
 //   their primaries send them the state). A process that registers for a
 //   dead server rank while the job runs takes the rank over as a new node
@@ -73,6 +79,10 @@ struct CoordinatorOptions {
   Nanos rejoin_timeout = 60 * kSeconds;      // kWait: how long a lost worker's place is kept
   uint32_t replication = 1;                  // copies of each shard (primary + backups), capped at servers
   Nanos server_lease = 0;                    // with replication > 1: silence after which a server is lost (0 = lease)
+  // When a shard loses every copy: false = fail the job naming it; true =
+  // give it to a live server to restore from the last checkpoint, and say
+  // how many applied pushes that checkpoint may miss.
+  bool restore_lost_shards = false;
 };
 
 class CoordinatorCore {
@@ -127,7 +137,8 @@ class CoordinatorCore {
   // becomes that rank as a new node, is recruited where copies are missing,
   // and everyone gets the new map. Returns false if no rank is dead.
   bool TakeOverDeadServer(const Message& m, Nanos now, std::vector<Outgoing>& out);
-  void PublishMap(const std::string& reason, std::vector<Outgoing>& out) const;
+  void PublishMap(const std::string& reason, std::vector<Outgoing>& out,
+                  const std::vector<proto::ShardRestore>& restores = {}) const;
   void AnnounceWorkerLeft(const Node& worker, const std::string& reason, std::vector<Outgoing>& out) const;
   void MaybeFinish(std::vector<Outgoing>& out);
   // Releases every barrier that all live (not done, not lost) workers reached.
@@ -151,6 +162,13 @@ class CoordinatorCore {
   // Barrier name -> node ids of the workers that reached it.
   absl::flat_hash_map<std::string, absl::flat_hash_set<uint32_t>> barriers_;
   std::vector<std::string> events_;
+  // vshard -> pushes applied to it, as its primary last reported (heartbeats).
+  absl::flat_hash_map<uint32_t, uint64_t> last_applied_;
+  // (vshard, backup rank) recruited but not yet in sync (its primary has not
+  // reported the state transfer acknowledged): never promoted.
+  absl::flat_hash_set<std::pair<uint32_t, uint32_t>> syncing_;
+  // Marks the backups `next` has that `previous` did not as syncing.
+  void NoteRecruits(const proto::ShardMap& previous, const proto::ShardMap& next);
 };
 
 }  // namespace tessera

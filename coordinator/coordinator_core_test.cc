@@ -48,6 +48,21 @@ class CoordinatorCoreTest : public ::testing::Test {
     return core.Step(m, now);
   }
 
+  // Every primary reports its recruited backups in sync (as after their
+  // state transfers were acknowledged). Server addresses are "s<rank>",
+  // or as the map names them.
+  static void SyncAll(CoordinatorCore& core, Nanos now) {
+    const proto::ShardMap& map = core.shard_map();
+    for (uint32_t v = 0; v < map.num_vshards() && static_cast<int>(v) < map.vshard_backups_size(); ++v) {
+      for (uint32_t b : map.vshard_backups(v).ranks()) {
+        Message m = From(map.servers(map.vshard_server_rank(v)).address(), 0);
+        m.header.mutable_shards_in_sync()->add_vshards(v);
+        m.header.mutable_shards_in_sync()->set_backup_rank(b);
+        core.Step(m, now);
+      }
+    }
+  }
+
   // Registers s servers and w workers at time `now`; returns the last outputs.
   std::vector<Outgoing> Assemble(CoordinatorCore& core, uint32_t s, uint32_t w, Nanos now = 0) {
     std::vector<Outgoing> out;
@@ -328,8 +343,10 @@ TEST_F(CoordinatorCoreTest, WithReplicationALostServerFailsOverAndTheJobGoesOn) 
   Heartbeat(core, "s0", 2900 * kMillis);
   Heartbeat(core, "s2", 2900 * kMillis);
   EXPECT_TRUE(core.Tick(2900 * kMillis).empty());
-  // The lost copies were re-made on s0 and s2, so losing s2 too leaves
-  // everything on s0; losing s0 after that loses data and fails the job.
+  // The lost copies were re-made on s0 and s2 (once in sync), so losing s2
+  // too leaves everything on s0; losing s0 after that loses data and fails
+  // the job.
+  SyncAll(core, 3000 * kMillis);
   Heartbeat(core, "s0", 3500 * kMillis);
   Heartbeat(core, "w0", 3500 * kMillis);
   core.Tick(4000 * kMillis);  // s2 silent since 2.9 s
@@ -374,6 +391,7 @@ TEST_F(CoordinatorCoreTest, LostCopiesAreRemadeAndARestartedServerRejoins) {
   for (uint32_t v = 0; v < 8; ++v) EXPECT_EQ(view->BackupsOf(v).size(), 1u) << "copy of shard " << v << " not re-made";
   EXPECT_NE(core.TakeEvents()[0].find("lost copies re-made"), std::string::npos);
   // A new process registers for rank 1.
+  SyncAll(core, 1150 * kMillis);
   auto out = core.Step(Register("s1-new", proto::SERVER, 1), 1200 * kMillis);
   auto to_new = To(out, "s1-new");
   ASSERT_GE(to_new.size(), 2u);
@@ -395,14 +413,65 @@ TEST_F(CoordinatorCoreTest, LostCopiesAreRemadeAndARestartedServerRejoins) {
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_TRUE(refused[0].message.header.has_error());
   // Another loss: the rejoined server takes copies.
+  SyncAll(core, 1150 * kMillis);  // the copies re-made after the first loss are in sync
   for (const char* n : {"s0", "s1-new", "w0"}) Heartbeat(core, n, 2000 * kMillis);
-  core.Tick(2100 * kMillis);  // s2 silent since 0.9 s
+  core.Tick(2200 * kMillis);  // s2 silent since 1.15 s
   ASSERT_EQ(core.phase(), CoordinatorCore::Phase::kRunning) << core.failure_reason();
   view = ShardMapView::Create(core.shard_map());
   ASSERT_TRUE(view.ok());
   for (uint32_t v = 0; v < 8; ++v) {
-    EXPECT_TRUE(view->Holds(0, v) && view->Holds(1, v)) << v;
+    EXPECT_TRUE(view->Holds(0, v) && view->Holds(1, v)) << v << ": " << core.shard_map().ShortDebugString();
   }
+}
+
+TEST_F(CoordinatorCoreTest, ARecruitNotYetInSyncIsNeverPromoted) {
+  CoordinatorOptions o = Options(3, 1);
+  o.replication = 2;
+  o.server_lease = 1 * kSeconds;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 3, 1, 0);
+  for (const char* n : {"s0", "s2", "w0"}) Heartbeat(core, n, 900 * kMillis);
+  core.Tick(1100 * kMillis);  // s1 lost: its copies re-made on s0 and s2, not yet in sync
+  ASSERT_EQ(core.phase(), CoordinatorCore::Phase::kRunning);
+  // s2 is lost before any transfer is acknowledged: shards whose only synced
+  // copy was on s2 are lost, though s0 is listed as their backup.
+  for (const char* n : {"s0", "w0"}) Heartbeat(core, n, 2000 * kMillis);
+  core.Tick(2100 * kMillis);
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kFailed);
+  EXPECT_NE(core.failure_reason().find("last copy"), std::string::npos) << core.failure_reason();
+}
+
+TEST_F(CoordinatorCoreTest, WithRestoreALostShardGoesToALiveServerWithItsLastAppliedCount) {
+  CoordinatorOptions o = Options(2, 1);
+  o.replication = 1;
+  o.lease = 1 * kSeconds;
+  o.restore_lost_shards = true;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 2, 1, 0);
+  // s1 reports what it applied to its shards (1, 3, 5, 7).
+  Message hb = From("s1");
+  for (uint32_t v : {1u, 3u, 5u, 7u}) {
+    hb.header.mutable_heartbeat()->add_vshards(v);
+    hb.header.mutable_heartbeat()->add_applied(10 + v);
+  }
+  hb.header.mutable_heartbeat()->add_vshards(0);  // not its shard: ignored
+  hb.header.mutable_heartbeat()->add_applied(99);
+  core.Step(hb, 500 * kMillis);
+  for (const char* n : {"s0", "w0"}) Heartbeat(core, n, 1200 * kMillis);
+  auto out = core.Tick(1600 * kMillis);
+  ASSERT_EQ(core.phase(), CoordinatorCore::Phase::kRunning) << core.failure_reason();
+  auto to_s0 = To(out, "s0");
+  ASSERT_EQ(to_s0.size(), 1u);
+  const proto::ShardMapUpdate& u = to_s0[0].message.header.shard_map_update();
+  ASSERT_EQ(u.restores_size(), 4);
+  for (const auto& r : u.restores()) {
+    EXPECT_EQ(r.last_applied(), 10 + r.vshard());
+    EXPECT_EQ(u.shard_map().vshard_server_rank(r.vshard()), 0u);
+  }
+  auto events = core.TakeEvents();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_NE(events[1].find("restored from the last checkpoint"), std::string::npos) << events[1];
+  EXPECT_NE(events[1].find("last reported 56 applied pushes"), std::string::npos) << events[1];  // 11+13+15+17
 }
 
 }  // namespace

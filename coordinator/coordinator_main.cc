@@ -67,6 +67,11 @@ int main(int argc, char** argv) {
                  "With replication: seconds of silence after which a server is lost and its shards fail over "
                  "(servers heartbeat every 0.1 s by default); without replication servers get --lease")
       ->check(CLI::PositiveNumber);
+  std::string on_shard_loss = "stop";
+  app.add_option("--on-shard-loss", on_shard_loss,
+                 "When a shard loses every copy: stop (fail the job naming it) or restore (a live server restores it "
+                 "from the last checkpoint in the servers' --checkpoint-dir and reports how many pushes it misses)")
+      ->check(CLI::IsMember({"stop", "restore"}));
   app.add_option("--name", name, "Name in log lines");
   app.add_flag("--debug", debug, "Log debug lines");
   CLI11_PARSE(app, argc, argv);
@@ -83,6 +88,7 @@ int main(int argc, char** argv) {
                                                         : tessera::WorkerLossPolicy::kStopJob;
   options.rejoin_timeout = static_cast<tessera::Nanos>(rejoin_timeout * 1e9);
   options.server_lease = static_cast<tessera::Nanos>(server_lease * 1e9);
+  options.restore_lost_shards = on_shard_loss == "restore";
 
   auto transport = tessera::MakeTransport(bind);
   if (!transport.ok()) {
@@ -102,6 +108,9 @@ int main(int argc, char** argv) {
   if (!summary_file.empty() && !WriteFileAtomically(summary_file, node.SummaryJson())) {
     TLOG_ERROR("cannot write the summary file {}", summary_file);
   }
+  // A successful job stays a moment for nodes that missed the Shutdown; a
+  // failed one goes now (its nodes end on the failure or the lost coordinator).
+  node.Linger(result.ok() ? 1500 * tessera::kMillis : 0);
   if (!result.ok()) {
     TLOG_ERROR("job failed: {}", result.message());
     return 1;

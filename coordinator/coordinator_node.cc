@@ -89,22 +89,26 @@ absl::Status CoordinatorNode::Run() {
     }
     last_phase = core.phase();
   }
-  // Stay a moment: the shutdown messages leave before the transport closes,
-  // and a node that missed its Shutdown (a lost message) gets it again when
-  // it next heartbeats.
-  const Nanos linger_until = MonotonicNow() + 1500 * kMillis;
-  while (MonotonicNow() < linger_until) {
+  // Give the shutdown messages time to leave before anything closes.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  if (core.phase() == CoordinatorCore::Phase::kDone) return absl::OkStatus();
+  return absl::AbortedError(core.failure_reason());
+}
+
+void CoordinatorNode::Linger(Nanos duration) {
+  CoordinatorCore& core = *core_;
+  const Nanos until = MonotonicNow() + duration;
+  while (MonotonicNow() < until) {
     std::deque<Message> batch;
     {
       std::unique_lock lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return !inbox_.empty(); });
       batch.swap(inbox_);
     }
-    for (Message& m : batch) send_all(core.Step(m, MonotonicNow()));
+    for (Message& m : batch)
+      for (Outgoing& o : core.Step(m, MonotonicNow())) (void)transport_->Send(o.to, std::move(o.message));
   }
   transport_->Stop();
-  if (core.phase() == CoordinatorCore::Phase::kDone) return absl::OkStatus();
-  return absl::AbortedError(core.failure_reason());
 }
 
 std::string CoordinatorNode::SummaryJson() const {

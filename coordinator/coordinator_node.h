@@ -31,6 +31,10 @@ class CoordinatorNode {
   // Runs the job to its end. OK if every worker finished; Aborted with the
   // reason if the job failed. Requires Start() to have succeeded.
   absl::Status Run();
+  // After Run(): keeps answering for `duration` (a node that missed its
+  // Shutdown, a lost message, gets it again when it next heartbeats), then
+  // closes the transport.
+  void Linger(Nanos duration);
 
   // The job summary as JSON (see docs/launcher.md); valid after Run().
   std::string SummaryJson() const;

@@ -148,6 +148,7 @@ void CoordinatorSession::HeartbeatLoop() {
     h.set_epoch(map_epoch_);
     h.mutable_heartbeat();
     lock.unlock();
+    if (fill_heartbeat_) fill_heartbeat_(h.mutable_heartbeat());
     Send(std::move(h));
     lock.lock();
     cv_.wait_for(lock, std::chrono::nanoseconds(options_.heartbeat_interval), [&] { return stopping_ || ended_; });

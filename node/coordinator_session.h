@@ -64,8 +64,13 @@ class CoordinatorSession {
   const proto::NodeInfo& self() const { return self_; }
 
   absl::Status Barrier(const std::string& name, Nanos timeout);
+  // Sends the coordinator a notice (no reply expected), e.g. ShardsInSync.
+  void Notify(proto::Envelope notice) { Send(std::move(notice)); }
   // The epoch of the shard map the node acts on (heartbeats carry it).
   void set_map_epoch(uint64_t epoch);
+  // Called (on the heartbeat thread, without the session's lock) to add the
+  // node's figures to each heartbeat. Set before Join().
+  void set_heartbeat_filler(std::function<void(proto::Heartbeat*)> fill) { fill_heartbeat_ = std::move(fill); }
   absl::Status ReportDone(const proto::WorkerDone& report, Nanos timeout);
 
   // Blocks until the job ends; OK for an orderly shutdown.
@@ -85,6 +90,7 @@ class CoordinatorSession {
   const Options options_;
   Transport* const transport_;
   std::function<void(const absl::Status&)> on_end_;
+  std::function<void(proto::Heartbeat*)> fill_heartbeat_;
   proto::NodeInfo self_;
 
   std::mutex mu_;

@@ -362,6 +362,46 @@ TEST_F(ReplicationTest, AForwardRefusedForAnOlderEpochIsSentAgainNotFailed) {
   EXPECT_EQ(cores_[0]->stats().forwards_rejected, 1u);
 }
 
+TEST_F(ReplicationTest, ACheckpointRestoresRowsWindowsAndAppliedCounts) {
+  const auto keys = KeysOf(0, 6, map_);
+  uint64_t seq = 0;
+  PushEach(keys, 2.0f, &seq);
+  const ShardSnapshot snap = cores_[0]->SnapshotPrimaryShards();
+  ASSERT_FALSE(snap.vshards.empty());
+  for (uint32_t v : snap.vshards) EXPECT_EQ(ShardMapView::Create(map_)->ServerRankOf(v), 0u);
+  uint64_t applied = 0;
+  for (const auto& [v, n] : snap.applied_pushes_by_vshard) applied += n;
+  EXPECT_EQ(applied, keys.size());
+  // A fresh core at rank 0 (no tables) takes the shards back.
+  ServerCore fresh(ServerCoreOptions{.node_id = 30});
+  ASSERT_TRUE(fresh.InstallShardMap(map_, 0).ok());
+  fresh.SetWorkers({{kWorkerNode, 0}});
+  auto rows = fresh.RestoreShards(snap, snap.vshards, /*with_windows=*/true);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(*rows, keys.size());
+  for (uint32_t v : snap.vshards) EXPECT_EQ(fresh.applied(v), snap.applied_pushes_by_vshard.at(v));
+  // Its rows are back, and the windows too: a resend of an applied push is not applied again.
+  auto pull = [&](Key k) {
+    Message m = Request(9999);
+    m.header.mutable_pull()->set_table_id(kTable);
+    m.header.mutable_pull()->set_num_keys(1);
+    m.frames.push_back(Buffer::CopyOf(&k, sizeof(k)));
+    auto out = fresh.Step(std::move(m), now_);
+    EXPECT_EQ(out.size(), 1u);
+    return out.empty() ? -1.0f : out[0].message.frames[0].As<float>()[0];
+  };
+  EXPECT_EQ(pull(keys[0]), 2.0f);
+  fresh.Step(Push(1, {keys[0]}, 2.0f, 1, /*resend=*/true), now_);
+  EXPECT_EQ(pull(keys[0]), 2.0f);
+  EXPECT_EQ(fresh.stats().duplicate_pushes, 1u);
+  // Without windows (a new job), the same number is a new push.
+  ServerCore job(ServerCoreOptions{.node_id = 31});
+  ASSERT_TRUE(job.InstallShardMap(map_, 0).ok());
+  ASSERT_TRUE(job.RestoreShards(snap, snap.vshards, /*with_windows=*/false).ok());
+  job.Step(Push(1, {keys[0]}, 2.0f, 1), now_);
+  EXPECT_EQ(job.stats().duplicate_pushes, 0u);
+}
+
 TEST_F(ReplicationTest, AResendSpanningServersIsSplitByTheNewMap) {
   auto keys = KeysOf(0, 3, map_);
   auto other = KeysOf(2, 3, map_);

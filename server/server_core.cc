@@ -426,7 +426,10 @@ void ServerCore::SendTransfer(uint32_t rank, const std::vector<uint32_t>& vshard
   f.header.set_sender_id(options_.node_id);
   auto* r = f.header.mutable_replicate();
   proto::ShardTransfer* t = r->mutable_transfer();
-  for (uint32_t v : vshards) t->add_vshards(v);
+  for (uint32_t v : vshards) {
+    t->add_vshards(v);
+    t->add_applied(applied(v));
+  }
   std::vector<uint32_t> ids;
   for (const auto& [id, table] : tables_) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
@@ -553,6 +556,7 @@ absl::Status ServerCore::ApplyTransfer(const Message& m, uint32_t from) {
     w = DedupWindow{.incarnation = d.incarnation(), .floor = d.floor()};
     w.seqs.insert(d.seqs().begin(), d.seqs().end());
   }
+  for (int i = 0; i < t.vshards_size() && i < t.applied_size(); ++i) applied_[t.vshards(i)] = t.applied(i);
   for (const proto::AuditRow& a : t.audit()) {
     std::vector<AuditEntry>& entries = audit_[{a.table_id(), a.key()}];
     entries.clear();
@@ -568,6 +572,131 @@ absl::Status ServerCore::ApplyTransfer(const Message& m, uint32_t from) {
     }
   }
   return absl::OkStatus();
+}
+
+std::vector<Outgoing> ServerCore::TransferShards(std::span<const uint32_t> vshards, Nanos now) {
+  std::vector<Outgoing> out;
+  if (!map_ || deposed()) return out;
+  absl::flat_hash_map<uint32_t, std::vector<uint32_t>> by_backup;
+  for (uint32_t v : vshards) {
+    if (v >= map_->num_vshards() || map_->ServerRankOf(v) != my_rank_) continue;
+    for (uint32_t b : map_->BackupsOf(v)) by_backup[b].push_back(v);
+  }
+  std::vector<uint32_t> ranks;
+  for (const auto& [b, vs] : by_backup) ranks.push_back(b);
+  std::sort(ranks.begin(), ranks.end());
+  for (uint32_t b : ranks) SendTransfer(b, by_backup.at(b), {}, now, out);
+  return out;
+}
+
+std::vector<std::pair<uint32_t, uint64_t>> ServerCore::AppliedByPrimaryShard() const {
+  std::vector<std::pair<uint32_t, uint64_t>> out;
+  if (!map_ || deposed()) return out;
+  for (uint32_t v = 0; v < map_->num_vshards(); ++v)
+    if (map_->ServerRankOf(v) == my_rank_) out.emplace_back(v, applied(v));
+  return out;
+}
+
+ShardSnapshot ServerCore::SnapshotPrimaryShards() const {
+  ShardSnapshot snap;
+  if (!map_) return snap;
+  snap.server_rank = my_rank_;
+  snap.epoch = map_->epoch();
+  for (auto& [v, n] : AppliedByPrimaryShard()) {
+    snap.vshards.push_back(v);
+    snap.applied_pushes_by_vshard[v] = n;
+  }
+  std::vector<uint32_t> ids;
+  for (const auto& [id, table] : tables_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (uint32_t id : ids) {
+    snap.tables.push_back(
+        SnapshotTable(*tables_.at(id), KeysOfVShards(id, map_->num_vshards(), std::span<const uint32_t>(snap.vshards))));
+  }
+  // The windows (and audit rows) of those shards, as a ShardTransfer.
+  proto::ShardTransfer state;
+  const absl::flat_hash_set<uint32_t> shards(snap.vshards.begin(), snap.vshards.end());
+  std::vector<uint64_t> keys;
+  for (const auto& [key, w] : dedup_)
+    if (shards.contains(static_cast<uint32_t>(key >> 32))) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  for (uint64_t key : keys) {
+    const DedupWindow& w = dedup_.at(key);
+    proto::DedupWindow* d = state.add_dedup();
+    d->set_vshard(static_cast<uint32_t>(key >> 32));
+    d->set_worker_id(static_cast<uint32_t>(key));
+    d->set_incarnation(w.incarnation);
+    d->set_floor(w.floor);
+    std::vector<uint64_t> seqs(w.seqs.begin(), w.seqs.end());
+    std::sort(seqs.begin(), seqs.end());
+    for (uint64_t s : seqs) d->add_seqs(s);
+  }
+  snap.core_state = state.SerializeAsString();
+  return snap;
+}
+
+absl::StatusOr<uint64_t> ServerCore::RestoreShards(const ShardSnapshot& snapshot, std::span<const uint32_t> vshards,
+                                                   bool with_windows) {
+  if (!map_) return absl::FailedPreconditionError("no shard map yet");
+  std::vector<uint32_t> wanted(vshards.begin(), vshards.end());
+  std::sort(wanted.begin(), wanted.end());
+  for (uint32_t v : wanted) {
+    if (!std::binary_search(snapshot.vshards.begin(), snapshot.vshards.end(), v)) {
+      return absl::NotFoundError(absl::StrCat("the checkpoint of server ", snapshot.server_rank, " (epoch ",
+                                              snapshot.epoch, ") has no shard ", v));
+    }
+  }
+  proto::ShardTransfer state;
+  if (with_windows && !state.ParseFromString(snapshot.core_state)) {
+    return absl::DataLossError("the checkpoint's de-duplication windows do not parse");
+  }
+  // Checks first.
+  for (const TableSnapshot& t : snapshot.tables) {
+    if (auto s = ValidateTableConfig(t.config); !s.ok()) return s;
+    auto it = tables_.find(t.config.table_id());
+    if (it != tables_.end() && (it->second->width() != t.config.width() || it->second->config().kind() != t.config.kind() ||
+                                it->second->config().dense_rows() != t.config.dense_rows())) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint table ", t.config.table_id(),
+                                                        " does not fit the table of that id here"));
+    }
+    if (t.values.size() != t.keys.size() * size_t{t.config.width()}) {
+      return absl::DataLossError(absl::StrCat("checkpoint table ", t.config.table_id(), " has ", t.values.size(),
+                                              " values for ", t.keys.size(), " rows"));
+    }
+  }
+  uint64_t rows = 0;
+  for (const TableSnapshot& t : snapshot.tables) {
+    const uint32_t id = t.config.table_id();
+    if (!tables_.contains(id)) {
+      proto::CreateTable create;
+      *create.mutable_config() = t.config;
+      if (auto s = HandleCreateTable(create); !s.ok()) return s;
+    }
+    std::vector<Key> keys;
+    std::vector<float> values;
+    const size_t w = t.config.width();
+    for (size_t i = 0; i < t.keys.size(); ++i) {
+      if (!std::binary_search(wanted.begin(), wanted.end(), map_->VShardOfKey(id, t.keys[i]))) continue;
+      keys.push_back(t.keys[i]);
+      values.insert(values.end(), t.values.begin() + static_cast<ptrdiff_t>(i * w),
+                    t.values.begin() + static_cast<ptrdiff_t>((i + 1) * w));
+    }
+    if (auto s = tables_.at(id)->RestoreRows(keys, values, /*adopt_dense=*/true); !s.ok()) return s;
+    rows += keys.size();
+  }
+  if (with_windows) {
+    for (const proto::DedupWindow& d : state.dedup()) {
+      if (!std::binary_search(wanted.begin(), wanted.end(), d.vshard())) continue;
+      DedupWindow& win = dedup_[DedupKey(d.vshard(), d.worker_id())];
+      win = DedupWindow{.incarnation = d.incarnation(), .floor = d.floor()};
+      win.seqs.insert(d.seqs().begin(), d.seqs().end());
+    }
+    for (uint32_t v : wanted) {
+      auto it = snapshot.applied_pushes_by_vshard.find(v);
+      applied_[v] = it == snapshot.applied_pushes_by_vshard.end() ? 0 : it->second;
+    }
+  }
+  return rows;
 }
 
 void ServerCore::AuditApplied(uint32_t table_id, std::span<const Key> keys, const Origin& origin) {
@@ -752,8 +881,11 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
       (void)s;
     }
   }
-  for (uint32_t v : shards)
-    if (!duplicate.contains(v)) RecordApplied(v, origin);
+  for (uint32_t v : shards) {
+    if (duplicate.contains(v)) continue;
+    RecordApplied(v, origin);
+    applied_[v]++;
+  }
   if (!duplicate.empty()) stats_.duplicate_pushes++;
   AuditApplied(req.table_id(), apply_keys.As<Key>(), origin);
 
@@ -824,6 +956,12 @@ void ServerCore::HandleReplicateAck(const Message& m, std::vector<Outgoing>& out
     while (!stream.unacked.empty() && stream.unacked.front().position <= a.position()) {
       const Forward done = std::move(stream.unacked.front());
       stream.unacked.pop_front();
+      if (done.message.header.replicate().has_transfer()) {
+        proto::ShardsInSync s;
+        s.set_backup_rank(rank);
+        *s.mutable_vshards() = done.message.header.replicate().transfer().vshards();
+        in_sync_.push_back(std::move(s));
+      }
       ForwardsDone(done, absl::OkStatus(), out);
     }
     return;
@@ -929,8 +1067,11 @@ void ServerCore::HandleReplicate(const Message& m, std::vector<Outgoing>& out) {
       stats_.duplicate_pushes++;
     }
     if (auto s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>()); !s.ok()) return s;
-    for (uint32_t v : shards)
-      if (!duplicate.contains(v)) RecordApplied(v, origin);
+    for (uint32_t v : shards) {
+      if (duplicate.contains(v)) continue;
+      RecordApplied(v, origin);
+      applied_[v]++;
+    }
     AuditApplied(r.table_id(), apply_keys.As<Key>(), origin);
     return absl::OkStatus();
   }();

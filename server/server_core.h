@@ -87,6 +87,7 @@
 #include "common/message.h"
 #include "common/clock.h"
 #include "compress/codec.h"
+#include "server/checkpoint.h"
 #include "server/clock_table.h"
 #include "server/table.h"
 
@@ -159,6 +160,29 @@ class ServerCore {
   // ROLE is "primary" or "backup"; a first line "# tessera audit server RANK
   // epoch E" names the server. Empty outside audit mode.
   std::string AuditDump() const;
+
+  // Checkpoints (server/checkpoint.h): the shards this server is primary of
+  // as they are now: their rows, de-duplication windows and applied counts.
+  ShardSnapshot SnapshotPrimaryShards() const;
+  // Sets `vshards` from `snapshot`: the rows of those shards (tables the
+  // snapshot has and this server lacks are created); with_windows also their
+  // de-duplication windows and applied counts (a shard restored inside a
+  // running job; not for a new job, whose workers number pushes afresh).
+  // Returns the rows restored. Checks everything before changing anything.
+  absl::StatusOr<uint64_t> RestoreShards(const ShardSnapshot& snapshot, std::span<const uint32_t> vshards,
+                                         bool with_windows);
+  // Sends each backup of `vshards` (those this server is primary of) their
+  // state again, as a transfer in its stream (after a restore).
+  std::vector<Outgoing> TransferShards(std::span<const uint32_t> vshards, Nanos now);
+  // State transfers acknowledged since the last call: the coordinator may
+  // promote those backups for those shards from now on (the shell tells it).
+  std::vector<proto::ShardsInSync> TakeShardsInSync() { return std::exchange(in_sync_, {}); }
+  // Pushes applied to each shard this server is primary of: (vshard, count).
+  std::vector<std::pair<uint32_t, uint64_t>> AppliedByPrimaryShard() const;
+  uint64_t applied(uint32_t vshard) const {
+    auto it = applied_.find(vshard);
+    return it == applied_.end() ? 0 : it->second;
+  }
   // Whether the current map names this server dead (it serves nothing).
   bool deposed() const { return map_ && map_->IsDead(my_rank_); }
   // Pushes accepted but waiting for backups, and forwards not yet acknowledged.
@@ -308,6 +332,8 @@ class ServerCore {
   };
   absl::flat_hash_map<std::pair<uint32_t, Key>, std::vector<AuditEntry>> audit_;  // (table, key) -> pushes applied
   uint64_t next_push_id_ = 1;
+  std::vector<proto::ShardsInSync> in_sync_;  // acknowledged transfers, for TakeShardsInSync
+  absl::flat_hash_map<uint32_t, uint64_t> applied_;  // vshard -> pushes applied to it (here or, before, elsewhere)
   absl::flat_hash_map<uint32_t, compress::Codec> pull_codecs_;  // tables with pull_compression
   uint64_t pull_encodes_ = 0;                                   // tensor ids of encoded pull replies
   ServerStats stats_;

@@ -1,6 +1,9 @@
 // tessera-server: parses flags and runs a ServerNode. Exits 0 when the
 // coordinator ends the job in order, 1 on any failure with one line saying why.
+#include <atomic>
+#include <chrono>
 #include <csignal>
+#include <thread>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -48,8 +51,21 @@ int main(int argc, char** argv) {
   app.add_option("--audit-dir", audit_dir,
                  "Audit mode (fault experiments): keep the pushes applied to every row and write them, with the rows, "
                  "to DIR/server-RANK-node-ID.audit at the end of the job (default: $TESSERA_AUDIT_DIR)");
+  tessera::CheckpointOptions checkpoints;
+  double checkpoint_every = 0;
+  app.add_option("--checkpoint-dir", checkpoints.dir,
+                 "Write checkpoints of the shards this server is primary of here (atomic, checksummed; "
+                 "docs/checkpoints.md), every --checkpoint-every seconds and on SIGUSR1; a shard that loses every "
+                 "copy is restored from here (coordinator --on-shard-loss restore). Every server of a job should "
+                 "get the same directory (shared storage across machines)");
+  app.add_option("--checkpoint-every", checkpoint_every, "Seconds between checkpoints (0: only on SIGUSR1)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep-checkpoints", checkpoints.keep, "Checkpoints kept per server rank")->check(CLI::PositiveNumber);
+  app.add_option("--restore-from", checkpoints.restore_from,
+                 "Start from checkpoints: each shard this server holds is loaded from its newest checkpoint in DIR");
   app.add_flag("--debug", debug, "Log debug lines");
   CLI11_PARSE(app, argc, argv);
+  checkpoints.every = static_cast<tessera::Nanos>(checkpoint_every * 1e9);
   core.audit = !audit_dir.empty();
   if (name.empty()) name = so.rank >= 0 ? "server-" + std::to_string(so.rank) : "server";
   tessera::InitLogging(name, debug);
@@ -65,6 +81,17 @@ int main(int argc, char** argv) {
     return 1;
   }
   tessera::ServerNode node(so, std::move(*transport), core);
+  node.set_checkpoints(checkpoints);
+  static std::atomic<bool> checkpoint_signal{false};
+  std::signal(SIGUSR1, [](int) { checkpoint_signal.store(true); });
+  std::thread signal_watch([&node] {
+    // A signal handler may only set a flag; this thread passes it on.
+    while (true) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (checkpoint_signal.exchange(false)) node.RequestCheckpoint();
+    }
+  });
+  signal_watch.detach();
   std::unique_ptr<tessera::metrics::MetricsHttpServer> metrics;
   if (metrics_port >= 0) {
     auto m = tessera::metrics::MetricsHttpServer::Start(metrics_host, static_cast<uint16_t>(metrics_port),

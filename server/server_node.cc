@@ -2,6 +2,11 @@
 
 #include "common/metrics.h"
 
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
 #include <thread>
 
 #include "common/logging.h"
@@ -46,6 +51,11 @@ void ServerNode::OnMessage(Message m) {
   const bool is_transfer = m.header.has_replicate() && m.header.replicate().has_transfer();
   std::vector<Outgoing> out = core_->Step(std::move(m), MonotonicNow());
   const bool pending = core_->pending_pushes() > 0;
+  for (proto::ShardsInSync& s : core_->TakeShardsInSync()) {
+    proto::Envelope notice;
+    *notice.mutable_shards_in_sync() = std::move(s);
+    session_.Notify(std::move(notice));
+  }
   const bool took_transfer = is_transfer && core_->stats().transfers_applied > transfers_before;
   const uint64_t epoch = core_->epoch();
   lock.unlock();
@@ -78,11 +88,39 @@ void ServerNode::OnMapUpdate(const proto::ShardMapUpdate& update) {
   const ServerStats after = core_->stats();
   lock.unlock();
   if (epoch == old_epoch) return;  // not newer: nothing changed
+  session_.set_map_epoch(epoch);
   if (deposed && !was_deposed) {
     TLOG_WARN("this server was removed from the job at map epoch {} ({}); it serves nothing from now on", epoch,
               update.reason());
   } else if (!deposed) {
     TLOG_INFO("shard map epoch {}: {}", epoch, update.reason());
+  }
+  if (update.restores_size() > 0) {
+    // Shards that lost every copy: restore the ones this server now leads
+    // from the last checkpoint, then give their backups the restored state.
+    std::vector<uint32_t> mine;
+    absl::flat_hash_map<uint32_t, uint64_t> last;
+    lock.lock();
+    for (const proto::ShardRestore& r : update.restores()) {
+      if (r.vshard() < update.shard_map().num_vshards() &&
+          update.shard_map().vshard_server_rank(r.vshard()) == session_.self().rank()) {
+        mine.push_back(r.vshard());
+        last[r.vshard()] = r.last_applied();
+      }
+    }
+    std::string line;
+    std::vector<Outgoing> transfers;
+    if (!mine.empty()) {
+      line = checkpoints_.dir.empty()
+                 ? absl::StrCat("shards ", absl::StrJoin(mine, ","),
+                                " lost every copy and this server has no --checkpoint-dir: they start from their "
+                                "initial values; every push applied to them is lost")
+                 : RestoreFromCheckpoints(checkpoints_.dir, mine, /*with_windows=*/true, last);
+      transfers = core_->TransferShards(mine, MonotonicNow());
+    }
+    lock.unlock();
+    if (!line.empty()) TLOG_WARN("{}", line);
+    for (Outgoing& o : transfers) out->push_back(std::move(o));
   }
   if (after.transfers_sent > before.transfers_sent) {
     TLOG_INFO("sending the state of its shards to {} new backups ({} rows)", after.transfers_sent - before.transfers_sent,
@@ -99,13 +137,114 @@ void ServerNode::TickLoop() {
     std::vector<Outgoing> out = core_->Tick(MonotonicNow());
     lock.unlock();
     for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
+    const Nanos now = MonotonicNow();
+    if (!checkpoints_.dir.empty() &&
+        (checkpoint_requested_.exchange(false) || (checkpoints_.every > 0 && now >= next_checkpoint_))) {
+      if (checkpoints_.every > 0) next_checkpoint_ = now + checkpoints_.every;
+      WriteCheckpointNow();
+    }
     lock.lock();
   }
+}
+
+void ServerNode::WriteCheckpointNow() {
+  const Nanos start = MonotonicNow();
+  ShardSnapshot snapshot;
+  {
+    std::lock_guard lock(mu_);
+    if (core_ == nullptr || core_->deposed()) return;
+    core_->ApplyPending();
+    snapshot = core_->SnapshotPrimaryShards();  // consistent: taken between two requests
+  }
+  if (snapshot.vshards.empty()) return;  // primary of nothing (a fresh backup)
+  uint64_t rows = 0;
+  for (const TableSnapshot& t : snapshot.tables) rows += t.keys.size();
+  auto written = WriteCheckpoint(checkpoints_.dir, snapshot, CheckpointWriteOptions{.keep_last = checkpoints_.keep});
+  if (!written.ok()) {
+    TLOG_ERROR("checkpoint failed: {}", written.status().message());
+    return;
+  }
+  TLOG_INFO("checkpoint {} written: {} shards, {} rows, map epoch {}, in {:.1f} ms", written->path,
+            snapshot.vshards.size(), rows, snapshot.epoch, static_cast<double>(MonotonicNow() - start) / kMillis);
+}
+
+std::string ServerNode::RestoreFromCheckpoints(const std::string& dir, const std::vector<uint32_t>& vshards,
+                                               bool with_windows,
+                                               const absl::flat_hash_map<uint32_t, uint64_t>& last_applied) {
+  auto listed = ListCheckpoints(dir);
+  if (!listed.ok()) return absl::StrCat("cannot list checkpoints in ", dir, ": ", listed.status().message());
+  // For each shard, the newest snapshot that holds it: by map epoch, then
+  // by the writer's sequence (a shard has one primary per epoch).
+  struct Best {
+    uint64_t epoch = 0, sequence = 0;
+    size_t file = SIZE_MAX;
+  };
+  absl::flat_hash_map<uint32_t, Best> best;
+  std::vector<ShardSnapshot> snapshots;
+  std::vector<std::string> paths, problems;
+  for (const CheckpointInfo& info : *listed) {
+    auto snap = ReadCheckpoint(info.path);
+    if (!snap.ok()) {
+      problems.push_back(std::string(snap.status().message()));
+      continue;
+    }
+    for (uint32_t v : vshards) {
+      if (!std::binary_search(snap->vshards.begin(), snap->vshards.end(), v)) continue;
+      Best& b = best[v];
+      if (b.file == SIZE_MAX || std::tie(snap->epoch, info.sequence) > std::tie(b.epoch, b.sequence)) {
+        b = Best{snap->epoch, info.sequence, snapshots.size()};
+      }
+    }
+    snapshots.push_back(std::move(*snap));
+    paths.push_back(info.path);
+  }
+  std::string report;
+  uint64_t restored_rows = 0, missed = 0;
+  std::vector<uint32_t> none;
+  absl::flat_hash_map<size_t, std::vector<uint32_t>> by_file;
+  for (uint32_t v : vshards) {
+    if (!best.contains(v)) {
+      none.push_back(v);
+      continue;
+    }
+    by_file[best.at(v).file].push_back(v);
+  }
+  for (auto& [file, vs] : by_file) {
+    auto rows = core_->RestoreShards(snapshots[file], vs, with_windows);
+    if (!rows.ok()) {
+      problems.push_back(absl::StrCat(paths[file], ": ", rows.status().message()));
+      continue;
+    }
+    restored_rows += *rows;
+    for (uint32_t v : vs) {
+      const uint64_t had = snapshots[file].applied_pushes_by_vshard.count(v) ? snapshots[file].applied_pushes_by_vshard.at(v) : 0;
+      const uint64_t last = last_applied.contains(v) ? last_applied.at(v) : 0;
+      if (last > had) missed += last - had;
+    }
+    absl::StrAppend(&report, report.empty() ? "" : "; ", "shards ", absl::StrJoin(vs, ","), " from ", paths[file]);
+  }
+  std::string line = absl::StrCat("restored ", vshards.size() - none.size(), " of ", vshards.size(), " shards (",
+                                  restored_rows, " rows) from checkpoints: ", report.empty() ? "none" : report);
+  if (with_windows) {
+    absl::StrAppend(&line, "; the checkpoints miss at least ", missed,
+                    " pushes applied (and possibly acknowledged) after them");
+  }
+  if (!none.empty()) absl::StrAppend(&line, "; no checkpoint holds shards ", absl::StrJoin(none, ","), ": they start from their initial values");
+  if (!problems.empty()) absl::StrAppend(&line, "; unreadable: ", absl::StrJoin(problems, "; "));
+  return line;
 }
 
 absl::Status ServerNode::Run() {
   if (auto s = transport_->Start([this](Message m) { OnMessage(std::move(m)); }); !s.ok()) return s;
   TLOG_INFO("listening on {}; joining the job", transport_->address());
+  session_.set_heartbeat_filler([this](proto::Heartbeat* hb) {
+    std::lock_guard lock(mu_);
+    if (core_ == nullptr) return;
+    for (const auto& [v, n] : core_->AppliedByPrimaryShard()) {
+      hb->add_vshards(v);
+      hb->add_applied(n);
+    }
+  });
   auto ready = session_.Join();
   if (!ready.ok()) {
     transport_->Stop();
@@ -124,6 +263,19 @@ absl::Status ServerNode::Run() {
   for (const auto& n : ready->nodes())
     if (n.role() == proto::WORKER) workers[n.node_id()] = n.rank();
   core->SetWorkers(workers);
+  if (!checkpoints_.restore_from.empty()) {
+    // A new job from a checkpoint: every shard this server holds (primary
+    // or backup) starts from its newest checkpoint. Workers of a new job
+    // number their pushes afresh, so no de-duplication window is restored.
+    std::vector<uint32_t> held;
+    auto view = ShardMapView::Create(ready->shard_map());
+    for (uint32_t v = 0; view.ok() && v < view->num_vshards(); ++v)
+      if (view->Holds(session_.self().rank(), v)) held.push_back(v);
+    std::lock_guard lock(mu_);
+    core_ = std::move(core);  // (RestoreFromCheckpoints works on core_)
+    TLOG_INFO("{}", RestoreFromCheckpoints(checkpoints_.restore_from, held, false, {}));
+    core = std::move(core_);
+  }
   std::vector<Outgoing> out;
   {
     std::lock_guard lock(mu_);

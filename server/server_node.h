@@ -3,7 +3,9 @@
 // coordinator, installs the shard map into a ServerCore, then feeds every
 // request to the core on the transport's delivery thread and sends the
 // replies. Used by the tessera-server binary and by in-process cluster tests.
+#include <atomic>
 #include <memory>
+#include <string>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -15,6 +17,14 @@
 #include "transport/transport.h"
 
 namespace tessera {
+
+// Checkpoints of the shards a server is primary of (server/checkpoint.h).
+struct CheckpointOptions {
+  std::string dir;           // where checkpoints go (and come from for a lost shard); "" = none
+  Nanos every = 0;           // write one this often (0 = only on RequestCheckpoint)
+  uint32_t keep = 3;         // checkpoints kept per server rank
+  std::string restore_from;  // at start: load every held shard's newest checkpoint from this directory
+};
 
 class ServerNode {
  public:
@@ -31,6 +41,11 @@ class ServerNode {
 
   // Core statistics; valid after Run() returned.
   ServerStats stats() const;
+  // Checkpoints: set before Run().
+  void set_checkpoints(CheckpointOptions options) { checkpoints_ = std::move(options); }
+  // Asks for a checkpoint now (any thread, e.g. a signal handler's flag).
+  void RequestCheckpoint() { checkpoint_requested_.store(true); }
+
   // Audit mode: the core's AuditDump() (any thread; empty before serving).
   std::string AuditDump() const;
   // This process's node id and rank once it joined (0 and the requested rank before).
@@ -42,6 +57,12 @@ class ServerNode {
  private:
   void OnMessage(Message m);
   void OnMapUpdate(const proto::ShardMapUpdate& update);
+  // Writes a checkpoint of the shards this server is primary of.
+  void WriteCheckpointNow();
+  // Restores `vshards` from the newest checkpoints in `dir` that hold them
+  // (core_ locked by the caller). Returns a line for the log.
+  std::string RestoreFromCheckpoints(const std::string& dir, const std::vector<uint32_t>& vshards, bool with_windows,
+                                     const absl::flat_hash_map<uint32_t, uint64_t>& last_applied);
   void TickLoop();
 
   std::unique_ptr<Transport> transport_;
@@ -52,6 +73,9 @@ class ServerNode {
   std::condition_variable tick_cv_;
   bool stopping_ = false;  // guarded by mu_
   std::unique_ptr<ServerCore> core_;
+  CheckpointOptions checkpoints_;
+  std::atomic<bool> checkpoint_requested_{false};
+  Nanos next_checkpoint_ = 0;  // tick thread only
   static constexpr size_t kMaxEarlyRequests = 100000;
   std::deque<Message> early_;  // guarded by mu_: requests that arrived before core_ existed
   std::optional<proto::ShardMap> early_map_;  // guarded by mu_: the newest map update before core_ existed
