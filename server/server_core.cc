@@ -631,6 +631,22 @@ ShardSnapshot ServerCore::SnapshotPrimaryShards() const {
     std::sort(seqs.begin(), seqs.end());
     for (uint64_t s : seqs) d->add_seqs(s);
   }
+  if (options_.audit) {
+    std::vector<std::pair<uint32_t, Key>> rows_here;
+    for (const auto& [row, entries] : audit_)
+      if (shards.contains(map_->VShardOfKey(row.first, row.second))) rows_here.push_back(row);
+    std::sort(rows_here.begin(), rows_here.end());
+    for (const auto& row : rows_here) {
+      proto::AuditRow* a = state.add_audit();
+      a->set_table_id(row.first);
+      a->set_key(row.second);
+      for (const AuditEntry& e : audit_.at(row)) {
+        a->add_workers(e.worker);
+        a->add_incarnations(e.incarnation);
+        a->add_seqs(e.seq);
+      }
+    }
+  }
   snap.core_state = state.SerializeAsString();
   return snap;
 }
@@ -647,7 +663,7 @@ absl::StatusOr<uint64_t> ServerCore::RestoreShards(const ShardSnapshot& snapshot
     }
   }
   proto::ShardTransfer state;
-  if (with_windows && !state.ParseFromString(snapshot.core_state)) {
+  if ((with_windows || options_.audit) && !state.ParseFromString(snapshot.core_state)) {
     return absl::DataLossError("the checkpoint's de-duplication windows do not parse");
   }
   // Checks first.
@@ -694,6 +710,15 @@ absl::StatusOr<uint64_t> ServerCore::RestoreShards(const ShardSnapshot& snapshot
     for (uint32_t v : wanted) {
       auto it = snapshot.applied_pushes_by_vshard.find(v);
       applied_[v] = it == snapshot.applied_pushes_by_vshard.end() ? 0 : it->second;
+    }
+  }
+  if (options_.audit && with_windows) {  // the audit record is part of the rows' state
+    for (const proto::AuditRow& a : state.audit()) {
+      if (!std::binary_search(wanted.begin(), wanted.end(), map_->VShardOfKey(a.table_id(), a.key()))) continue;
+      std::vector<AuditEntry>& entries = audit_[{a.table_id(), a.key()}];
+      entries.clear();
+      for (int i = 0; i < a.workers_size() && i < a.incarnations_size() && i < a.seqs_size(); ++i)
+        entries.push_back(AuditEntry{a.workers(i), a.incarnations(i), a.seqs(i)});
     }
   }
   return rows;

@@ -227,7 +227,8 @@ std::string ServerNode::RestoreFromCheckpoints(const std::string& dir, const std
                                   restored_rows, " rows) from checkpoints: ", report.empty() ? "none" : report);
   if (with_windows) {
     absl::StrAppend(&line, "; the checkpoints miss at least ", missed,
-                    " pushes applied (and possibly acknowledged) after them");
+                    " push applications to these shards (a push counts once per shard it touched) made, and "
+                    "possibly acknowledged, after them");
   }
   if (!none.empty()) absl::StrAppend(&line, "; no checkpoint holds shards ", absl::StrJoin(none, ","), ": they start from their initial values");
   if (!problems.empty()) absl::StrAppend(&line, "; unreadable: ", absl::StrJoin(problems, "; "));

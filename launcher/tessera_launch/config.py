@@ -68,6 +68,7 @@ class ClusterSection:
     host: str = "127.0.0.1"
     on_worker_loss: str = "stop"
     replication: int = 2
+    on_shard_loss: str = "stop"
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,14 @@ class MetricsSection:
 
 
 @dataclass(frozen=True)
+class CheckpointsSection:
+    dir: str = ""
+    every_seconds: float = 0
+    keep: int = 3
+    restore_from: str = ""
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """A validated job config with every default filled in.
 
@@ -153,6 +162,7 @@ class JobConfig:
     ssh: SshSection = dataclasses.field(default_factory=SshSection)
     kubernetes: KubernetesSection = dataclasses.field(default_factory=KubernetesSection)
     metrics: MetricsSection = dataclasses.field(default_factory=MetricsSection)
+    checkpoints: CheckpointsSection = dataclasses.field(default_factory=CheckpointsSection)
     faults: tuple = ()  # FaultSpec, in file order
 
     def to_dict(self) -> dict:
@@ -210,6 +220,17 @@ def _positive_number(value: Any) -> Optional[str]:
         or value <= 0
     ):
         return "must be a positive number (seconds)"
+    return None
+
+
+def _non_negative_number(value: Any) -> Optional[str]:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        return "must be a number of seconds, 0 or more"
     return None
 
 
@@ -287,6 +308,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "replication": Field(_positive_int, 2,
                              "copies of each virtual shard (capped at servers); with 2 or more a lost server "
                              "fails over to its backups"),
+        "on_shard_loss": Field(_one_of(("stop", "restore")), "stop",
+                               "when a shard loses every copy: stop (fail the job naming it) or restore (from the "
+                               "last checkpoint, reporting what it misses; needs checkpoints.dir)"),
         "on_worker_loss": Field(_worker_loss, "stop",
                                 "stop: a lost worker fails the job; continue: the others go on without it; "
                                 "wait: its place is kept for a replacement process"),
@@ -332,6 +356,12 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "build_dir": Field(_nonempty_string, "/opt/tessera/build", "the build tree inside the image"),
         "port": Field(_port, 7000, "coordinator port; servers use port+1, workers port+2"),
     },
+    "checkpoints": {
+        "dir": Field(_string, "", "where servers write checkpoints (relative: in the run directory); empty: none"),
+        "every_seconds": Field(_non_negative_number, 0, "seconds between checkpoints; 0: only on SIGUSR1"),
+        "keep": Field(_positive_int, 3, "checkpoints kept per server rank"),
+        "restore_from": Field(_string, "", "start the job from the checkpoints in this directory; empty: no"),
+    },
     "metrics": {
         "port": Field(_metrics_port, 0, "first Prometheus port: server-R port+R, worker-R port+servers+R; 0: off"),
         "host": Field(_nonempty_string, "127.0.0.1", "address the metrics endpoints listen on"),
@@ -349,6 +379,7 @@ _SECTION_TYPES = {
     "mpirun": MpirunSection,
     "slurm": SlurmSection,
     "metrics": MetricsSection,
+    "checkpoints": CheckpointsSection,
     "ssh": SshSection,
     "kubernetes": KubernetesSection,
 }

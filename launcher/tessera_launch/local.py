@@ -247,6 +247,7 @@ def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, d
         "--rejoin-timeout", _seconds(t.rejoin_seconds),
         "--replication", str(config.cluster.replication),
         "--server-lease", _seconds(t.server_lease_seconds),
+        "--on-shard-loss", config.cluster.on_shard_loss,
         "--summary-file", str(layout.coordinator_summary),
         "--name", "coordinator",
     ]
@@ -267,6 +268,12 @@ def server_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
     port = config.metrics.port_of("server", rank, config.cluster.servers)
     if port:
         argv += ["--metrics-port", str(port), "--metrics-host", config.metrics.host]
+    c = config.checkpoints
+    if c.dir:
+        argv += ["--checkpoint-dir", str(layout.root / c.dir), "--checkpoint-every", _seconds(c.every_seconds),
+                 "--keep-checkpoints", str(c.keep)]
+    if c.restore_from:
+        argv += ["--restore-from", str(Path(c.restore_from).resolve())]
     return argv + (["--debug"] if debug else [])
 
 

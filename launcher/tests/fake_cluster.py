@@ -94,6 +94,7 @@ def coordinator(argv):
     p.add_argument("--rejoin-timeout", type=float, default=60)
     p.add_argument("--replication", type=int, default=2)
     p.add_argument("--server-lease", type=float, default=0.5)
+    p.add_argument("--on-shard-loss", default="stop")
     p.add_argument("--debug", action="store_true")
     a = p.parse_args(argv)
     if os.environ.get("FAKE_COORDINATOR_CRASH"):

@@ -105,7 +105,7 @@ def test_unknown_key_names_path_and_suggests(tmp_path):
     path = write(tmp_path, MINIMAL + "cluster:\n  srevers: 2\n")
     assert error_of(path) == (
         f"{path}:4: unknown key cluster.srevers; did you mean cluster.servers? "
-        "(known: servers, workers, vshards, transport, host, replication, on_worker_loss)")
+        "(known: servers, workers, vshards, transport, host, replication, on_shard_loss, on_worker_loss)")
 
 
 def test_unknown_section(tmp_path):

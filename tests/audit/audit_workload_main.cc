@@ -7,9 +7,14 @@
 // (plain write(2) calls: the lines survive a SIGKILL). With servers in audit
 // mode (tessera-server --audit-dir), tests/audit/audit_check.py proves
 // acknowledged <= applied <= issued, no push applied twice, and replicas equal.
+// Every 10 clocks it prints, for the launcher's progress.jsonl,
+//   TESSERA_PROGRESS {"step":CLOCK,"acked":ACKED,"t":SECONDS}
+// (ACKED: pushes this process had acknowledged; SECONDS: since it started),
+// from which bench/fault_matrix_report.py draws throughput over time.
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -38,6 +43,7 @@ class Log {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const auto started = std::chrono::steady_clock::now();
   tessera::WorkerOptions wo;
   std::string name = "worker", records, consistency = "bsp", bind;
   uint32_t clocks = 100, keys = 64, pushes_per_clock = 4, max_keys_per_push = 4, max_sleep_us = 2000;
@@ -88,7 +94,7 @@ int main(int argc, char** argv) {
   }
   std::mt19937_64 rng(seed * 1000003 + worker.rank() * 7919 + inc);
   const uint64_t start = worker.clock();
-  uint64_t pushes = 0;
+  uint64_t pushes = 0, acked = 0;
   for (uint64_t c = start; c < clocks; ++c) {
     struct Pending {
       uint64_t seq;
@@ -114,11 +120,18 @@ int main(int argc, char** argv) {
         return 1;
       }
       if (!log.Write(absl::StrCat("A ", node, " ", inc, " ", p.seq, "\n"))) return 1;
+      ++acked;
     }
     if (max_sleep_us > 0) ::usleep(static_cast<useconds_t>(rng() % max_sleep_us));
     if (absl::Status s = worker.Clock(); !s.ok()) {
       TLOG_ERROR("clock {}: {}", c + 1, s.message());
       return 1;
+    }
+    if ((c + 1) % 10 == 0) {
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      std::printf("TESSERA_PROGRESS {\"step\":%llu,\"acked\":%llu,\"t\":%.3f}\n",
+                  static_cast<unsigned long long>(c + 1), static_cast<unsigned long long>(acked), t);
+      std::fflush(stdout);
     }
   }
   std::printf("TESSERA_RESULT {\"steps\":%llu,\"final_loss\":0}\n", static_cast<unsigned long long>(clocks - start));
