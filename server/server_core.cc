@@ -419,6 +419,56 @@ void ServerCore::ForwardsDone(const Forward& f, const absl::Status& status, std:
   for (uint64_t id : f.carried) ForwardDone(id, status, out);
 }
 
+void ServerCore::ExportShardState(const absl::flat_hash_set<uint32_t>& shards, proto::ShardTransfer* t) const {
+  std::vector<uint64_t> keys;
+  for (const auto& [key, w] : dedup_)
+    if (shards.contains(static_cast<uint32_t>(key >> 32))) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  for (uint64_t key : keys) {
+    const DedupWindow& w = dedup_.at(key);
+    proto::DedupWindow* d = t->add_dedup();
+    d->set_vshard(static_cast<uint32_t>(key >> 32));
+    d->set_worker_id(static_cast<uint32_t>(key));
+    d->set_incarnation(w.incarnation);
+    d->set_floor(w.floor);
+    std::vector<uint64_t> seqs(w.seqs.begin(), w.seqs.end());
+    std::sort(seqs.begin(), seqs.end());
+    for (uint64_t s : seqs) d->add_seqs(s);
+  }
+  if (!options_.audit) return;
+  std::vector<std::pair<uint32_t, Key>> rows;
+  for (const auto& [row, entries] : audit_)
+    if (shards.contains(map_->VShardOfKey(row.first, row.second))) rows.push_back(row);
+  std::sort(rows.begin(), rows.end());
+  for (const auto& row : rows) {
+    proto::AuditRow* a = t->add_audit();
+    a->set_table_id(row.first);
+    a->set_key(row.second);
+    for (const AuditEntry& e : audit_.at(row)) {
+      a->add_workers(e.worker);
+      a->add_incarnations(e.incarnation);
+      a->add_seqs(e.seq);
+    }
+  }
+}
+
+void ServerCore::ImportShardState(const proto::ShardTransfer& t, const std::function<bool(uint32_t)>& keep) {
+  for (const proto::DedupWindow& d : t.dedup()) {
+    if (!keep(d.vshard())) continue;
+    DedupWindow& w = dedup_[DedupKey(d.vshard(), d.worker_id())];
+    w = DedupWindow{.incarnation = d.incarnation(), .floor = d.floor()};
+    w.seqs.insert(d.seqs().begin(), d.seqs().end());
+  }
+  if (!options_.audit) return;
+  for (const proto::AuditRow& a : t.audit()) {
+    if (!keep(map_->VShardOfKey(a.table_id(), a.key()))) continue;
+    std::vector<AuditEntry>& entries = audit_[{a.table_id(), a.key()}];
+    entries.clear();
+    for (int i = 0; i < a.workers_size() && i < a.incarnations_size() && i < a.seqs_size(); ++i)
+      entries.push_back(AuditEntry{a.workers(i), a.incarnations(i), a.seqs(i)});
+  }
+}
+
 void ServerCore::SendTransfer(uint32_t rank, const std::vector<uint32_t>& vshards, std::vector<uint64_t> carried,
                               Nanos now, std::vector<Outgoing>& out) {
   const absl::flat_hash_set<uint32_t> shards(vshards.begin(), vshards.end());
@@ -448,37 +498,7 @@ void ServerCore::SendTransfer(uint32_t rank, const std::vector<uint32_t>& vshard
     f.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
     f.frames.push_back(Buffer::CopyOf(values.data(), values.size() * sizeof(float)));
   }
-  std::vector<uint64_t> dedup_keys;
-  for (const auto& [key, w] : dedup_)
-    if (shards.contains(static_cast<uint32_t>(key >> 32))) dedup_keys.push_back(key);
-  std::sort(dedup_keys.begin(), dedup_keys.end());
-  for (uint64_t key : dedup_keys) {
-    const DedupWindow& w = dedup_.at(key);
-    proto::DedupWindow* d = t->add_dedup();
-    d->set_vshard(static_cast<uint32_t>(key >> 32));
-    d->set_worker_id(static_cast<uint32_t>(key));
-    d->set_incarnation(w.incarnation);
-    d->set_floor(w.floor);
-    std::vector<uint64_t> seqs(w.seqs.begin(), w.seqs.end());
-    std::sort(seqs.begin(), seqs.end());
-    for (uint64_t s : seqs) d->add_seqs(s);
-  }
-  if (options_.audit) {
-    std::vector<std::pair<uint32_t, Key>> rows_here;
-    for (const auto& [row, entries] : audit_)
-      if (shards.contains(map_->VShardOfKey(row.first, row.second))) rows_here.push_back(row);
-    std::sort(rows_here.begin(), rows_here.end());
-    for (const auto& row : rows_here) {
-      proto::AuditRow* a = t->add_audit();
-      a->set_table_id(row.first);
-      a->set_key(row.second);
-      for (const AuditEntry& e : audit_.at(row)) {
-        a->add_workers(e.worker);
-        a->add_incarnations(e.incarnation);
-        a->add_seqs(e.seq);
-      }
-    }
-  }
+  ExportShardState(shards, t);
   clocks_.ForEach([&](uint32_t node, uint64_t clock, bool live) {
     proto::WorkerClock* c = t->add_clocks();
     c->set_worker_id(node);
@@ -551,18 +571,8 @@ absl::Status ServerCore::ApplyTransfer(const Message& m, uint32_t from) {
       return s;  // (checked above: not reached)
     }
   }
-  for (const proto::DedupWindow& d : t.dedup()) {
-    DedupWindow& w = dedup_[DedupKey(d.vshard(), d.worker_id())];
-    w = DedupWindow{.incarnation = d.incarnation(), .floor = d.floor()};
-    w.seqs.insert(d.seqs().begin(), d.seqs().end());
-  }
+  ImportShardState(t, [](uint32_t) { return true; });
   for (int i = 0; i < t.vshards_size() && i < t.applied_size(); ++i) applied_[t.vshards(i)] = t.applied(i);
-  for (const proto::AuditRow& a : t.audit()) {
-    std::vector<AuditEntry>& entries = audit_[{a.table_id(), a.key()}];
-    entries.clear();
-    for (int i = 0; i < a.workers_size() && i < a.incarnations_size() && i < a.seqs_size(); ++i)
-      entries.push_back(AuditEntry{a.workers(i), a.incarnations(i), a.seqs(i)});
-  }
   for (const proto::WorkerClock& c : t.clocks()) {
     if (!clocks_.IsKnown(c.worker_id())) continue;
     if (c.live()) {
@@ -615,38 +625,7 @@ ShardSnapshot ServerCore::SnapshotPrimaryShards() const {
   }
   // The windows (and audit rows) of those shards, as a ShardTransfer.
   proto::ShardTransfer state;
-  const absl::flat_hash_set<uint32_t> shards(snap.vshards.begin(), snap.vshards.end());
-  std::vector<uint64_t> keys;
-  for (const auto& [key, w] : dedup_)
-    if (shards.contains(static_cast<uint32_t>(key >> 32))) keys.push_back(key);
-  std::sort(keys.begin(), keys.end());
-  for (uint64_t key : keys) {
-    const DedupWindow& w = dedup_.at(key);
-    proto::DedupWindow* d = state.add_dedup();
-    d->set_vshard(static_cast<uint32_t>(key >> 32));
-    d->set_worker_id(static_cast<uint32_t>(key));
-    d->set_incarnation(w.incarnation);
-    d->set_floor(w.floor);
-    std::vector<uint64_t> seqs(w.seqs.begin(), w.seqs.end());
-    std::sort(seqs.begin(), seqs.end());
-    for (uint64_t s : seqs) d->add_seqs(s);
-  }
-  if (options_.audit) {
-    std::vector<std::pair<uint32_t, Key>> rows_here;
-    for (const auto& [row, entries] : audit_)
-      if (shards.contains(map_->VShardOfKey(row.first, row.second))) rows_here.push_back(row);
-    std::sort(rows_here.begin(), rows_here.end());
-    for (const auto& row : rows_here) {
-      proto::AuditRow* a = state.add_audit();
-      a->set_table_id(row.first);
-      a->set_key(row.second);
-      for (const AuditEntry& e : audit_.at(row)) {
-        a->add_workers(e.worker);
-        a->add_incarnations(e.incarnation);
-        a->add_seqs(e.seq);
-      }
-    }
-  }
+  ExportShardState(absl::flat_hash_set<uint32_t>(snap.vshards.begin(), snap.vshards.end()), &state);
   snap.core_state = state.SerializeAsString();
   return snap;
 }
@@ -701,24 +680,10 @@ absl::StatusOr<uint64_t> ServerCore::RestoreShards(const ShardSnapshot& snapshot
     rows += keys.size();
   }
   if (with_windows) {
-    for (const proto::DedupWindow& d : state.dedup()) {
-      if (!std::binary_search(wanted.begin(), wanted.end(), d.vshard())) continue;
-      DedupWindow& win = dedup_[DedupKey(d.vshard(), d.worker_id())];
-      win = DedupWindow{.incarnation = d.incarnation(), .floor = d.floor()};
-      win.seqs.insert(d.seqs().begin(), d.seqs().end());
-    }
+    ImportShardState(state, [&](uint32_t v) { return std::binary_search(wanted.begin(), wanted.end(), v); });
     for (uint32_t v : wanted) {
       auto it = snapshot.applied_pushes_by_vshard.find(v);
       applied_[v] = it == snapshot.applied_pushes_by_vshard.end() ? 0 : it->second;
-    }
-  }
-  if (options_.audit && with_windows) {  // the audit record is part of the rows' state
-    for (const proto::AuditRow& a : state.audit()) {
-      if (!std::binary_search(wanted.begin(), wanted.end(), map_->VShardOfKey(a.table_id(), a.key()))) continue;
-      std::vector<AuditEntry>& entries = audit_[{a.table_id(), a.key()}];
-      entries.clear();
-      for (int i = 0; i < a.workers_size() && i < a.incarnations_size() && i < a.seqs_size(); ++i)
-        entries.push_back(AuditEntry{a.workers(i), a.incarnations(i), a.seqs(i)});
     }
   }
   return rows;

@@ -75,6 +75,7 @@
 // Thread safety: none; the shell serializes calls.
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -295,6 +296,10 @@ class ServerCore {
   // pushes in `carried` wait for it too.
   void SendTransfer(uint32_t rank, const std::vector<uint32_t>& vshards, std::vector<uint64_t> carried, Nanos now,
                     std::vector<Outgoing>& out);
+  // The de-duplication windows (and, in audit mode, audit rows) of `shards`,
+  // added to `t`; and the reverse, for the shards `keep` accepts.
+  void ExportShardState(const absl::flat_hash_set<uint32_t>& shards, proto::ShardTransfer* t) const;
+  void ImportShardState(const proto::ShardTransfer& t, const std::function<bool(uint32_t)>& keep);
   // A backup's side: applies a transfer (validated first).
   absl::Status ApplyTransfer(const Message& m, uint32_t from);
   struct WaitingAck {

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jobprocs import command_line, wait_for_address, wait_for_process  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("TESSERA_BUILD_DIR", REPO / "build"))
 CONFIG = Path(__file__).resolve().parent / "audit_job.yaml"
@@ -39,43 +42,14 @@ class Job:
             env["TESSERA_FAULTS"] = faults  # every process of the job (transport/fault_transport.h)
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.extra = []
-        self.address = self._wait_for_address()
-
-    def _wait_for_address(self, timeout=30.0):
-        path = self.run_dir / "coordinator.address"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if path.exists() and path.read_text().strip():
-                return path.read_text().strip()
-            assert self.process.poll() is None, self.process.stdout.read()
-            time.sleep(0.05)
-        raise AssertionError(f"no coordinator address after {timeout} s")
+        self.address = wait_for_address(self.run_dir, self.process)
 
     def pid(self, binary: str, name: str, timeout=20.0):
         """The pid of this job's process running `binary` called `name`."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for entry in Path("/proc").iterdir():
-                if not entry.name.isdigit():
-                    continue
-                try:
-                    argv = (entry / "cmdline").read_bytes().split(b"\0")
-                except OSError:
-                    continue
-                if argv and argv[0].endswith(binary.encode()) and self.address.encode() in argv \
-                        and name.encode() in argv:
-                    return int(entry.name)
-            time.sleep(0.05)
-        raise AssertionError(f"no {name} ({binary}) in this job")
+        return wait_for_process(binary, self.address, name, timeout)
 
     def running(self):
         return self.process.poll() is None
-
-    def restart(self, pid: int, log: Path):
-        """Starts the process `pid` ran again, with the same command line
-        (after it is gone) and the launcher's environment."""
-        argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
-        return argv, log
 
     def start(self, argv, log: Path):
         env = dict(os.environ, TESSERA_AUDIT_DIR=str(self.audit))
@@ -167,7 +141,7 @@ def test_e3_a_primary_paused_past_its_lease_is_deposed_and_refused(tmp_path):
 def test_e7_a_worker_killed_and_restarted_applies_nothing_twice(tmp_path):
     job = Job(tmp_path, "cluster.on_worker_loss=wait", "timeouts.lease_seconds=1", "timeouts.heartbeat_seconds=0.2")
     pid = job.pid("tessera-audit-workload", "worker-1")
-    argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    argv = command_line(pid)
     time.sleep(1.5)
     assert job.running(), "the job ended before the fault"
     os.kill(pid, signal.SIGKILL)

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jobprocs import command_line, find_process, wait_for_address, wait_for_process  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("TESSERA_BUILD_DIR", REPO / "build"))
 CONFIG = REPO / "configs" / "consistency_check.yaml"
@@ -28,17 +31,7 @@ CHECK = BUILD / "tests" / "consistency" / "tessera-consistency-check"
 
 def find_server(coordinator: str, name: str):
     """The pid of the tessera-server called `name` that joined `coordinator`."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (argv and argv[0].endswith(b"tessera-server") and coordinator.encode() in argv
-                and name.encode() in argv):
-            return int(entry.name)
-    return None
+    return find_process("tessera-server", coordinator, name)
 
 
 def start_job(tmp_path, records, *overrides):
@@ -51,17 +44,6 @@ def start_job(tmp_path, records, *overrides):
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def wait_for_address(run_dir: Path, job, timeout=30.0) -> str:
-    path = run_dir / "coordinator.address"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().strip():
-            return path.read_text().strip()
-        assert job.poll() is None, job.stdout.read()
-        time.sleep(0.05)
-    raise AssertionError(f"no coordinator address in {path} after {timeout} s")
-
-
 @pytest.mark.parametrize("model,staleness", [("bsp", 0), ("ssp", 2)])
 def test_a_server_killed_mid_job_loses_no_acknowledged_push(tmp_path, model, staleness):
     records = tmp_path / "records"
@@ -69,12 +51,7 @@ def test_a_server_killed_mid_job_loses_no_acknowledged_push(tmp_path, model, sta
     job = start_job(tmp_path, records, f"worker.args.consistency={model}", f"worker.args.staleness={staleness}",
                     "worker.args.clocks=400")
     address = wait_for_address(tmp_path / "run", job)
-    deadline = time.monotonic() + 20
-    pid = None
-    while pid is None and time.monotonic() < deadline:
-        pid = find_server(address, "server-1")
-        time.sleep(0.05)
-    assert pid is not None, "server-1 never started"
+    pid = wait_for_process("tessera-server", address, "server-1")
     time.sleep(2.0)  # let the workers get going
     assert job.poll() is None, "the job ended before the fault: make it longer\n" + job.stdout.read()
     killed_at = time.monotonic()
@@ -104,13 +81,8 @@ def test_a_restarted_server_rejoins_and_takes_over_after_a_second_loss(tmp_path)
     records.mkdir()
     job = start_job(tmp_path, records, "worker.args.clocks=700")
     address = wait_for_address(tmp_path / "run", job)
-    deadline = time.monotonic() + 20
-    pid = None
-    while pid is None and time.monotonic() < deadline:
-        pid = find_server(address, "server-1")
-        time.sleep(0.05)
-    assert pid is not None, "server-1 never started"
-    argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    pid = wait_for_process("tessera-server", address, "server-1")
+    argv = command_line(pid)
     time.sleep(1.5)
     assert job.poll() is None, "the job ended before the fault: make it longer\n" + job.stdout.read()
     os.kill(pid, signal.SIGKILL)
