@@ -154,10 +154,12 @@ std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& r
 
 std::vector<RequestTracker::Resend> RequestTracker::TakeResends(uint64_t epoch,
                                                                 const std::function<bool(uint32_t)>& dead,
-                                                                std::vector<Completion>* done, Nanos silent_before) {
+                                                                std::vector<Completion>* done, Nanos now,
+                                                                Nanos resend_after) {
   std::vector<uint64_t> ids;
   for (const auto& [id, part] : parts_) {
-    const bool silent = !part.parked && part.received == 0 && part.sent_at < silent_before &&
+    const bool silent = resend_after > 0 && !part.parked && part.received == 0 &&
+                        now - part.sent_at >= resend_after << std::min<uint32_t>(part.resends, 6) &&
                         part.request.header.body_case() != proto::Envelope::BODY_NOT_SET;
     if (part.parked ? part.ready_epoch <= epoch : (dead(part.server_rank) || silent)) ids.push_back(id);
   }
@@ -168,7 +170,9 @@ std::vector<RequestTracker::Resend> RequestTracker::TakeResends(uint64_t epoch,
     Part& part = node.mapped();
     if (part.request.header.has_push() || part.request.header.has_pull() ||
         (!dead(part.server_rank) && part.request.header.body_case() != proto::Envelope::BODY_NOT_SET)) {
-      resends.push_back(Resend{id, part.server_rank, std::move(part.scatter), std::move(part.request)});
+      const bool lost = !part.parked && !dead(part.server_rank);  // resent for silence, not for a new map
+      resends.push_back(Resend{id, part.server_rank, std::move(part.scatter), std::move(part.request),
+                               part.resends + (lost ? 1 : 0)});
       // The op keeps counting this part until Reissue.
       resend_ops_.emplace(id, part.op);
       continue;
@@ -193,6 +197,7 @@ std::vector<RequestTracker::Completion> RequestTracker::Reissue(const Resend& ol
     Part& part = parts_.emplace(p.request_id, Part{op, p.server_rank, std::move(p.scatter), std::move(p.request)})
                      .first->second;
     part.sent_at = now;
+    part.resends = old.resends;
   }
   if (--op->remaining == 0) done.push_back(Finish(op));
   return done;

@@ -31,9 +31,11 @@
 //   server are answered as done: a lost server needs nothing more from us.
 //   Reissue puts the new requests in the old part's place, in the same op.
 // - Lost messages: TakeResends also hands back every part that kept its
-//   request and has not been answered since `silent_before` (sent before
-//   it), whatever its kind, for sending again under a new request id (a
-//   late answer to the old id is then ignored). Every server request is
+//   request and has gone unanswered for `resend_after` times 2^k since it
+//   was sent, where k is how often it was sent again already (at most 2^6:
+//   a request a server holds for slower workers is not repeated every few
+//   seconds), whatever its kind, for sending again under a new request id
+//   (a late answer to the old id is then ignored). Every server request is
 //   safe to repeat: pushes are de-duplicated by their sequence number,
 //   clocks and tables are idempotent, pulls read.
 #include <cstdint>
@@ -81,6 +83,7 @@ class RequestTracker {
     uint32_t server_rank;
     Scatter scatter;
     Message request;
+    uint32_t resends = 0;  // times this part was sent again before (for the next one's backoff)
   };
 
   // `server_names` name servers by rank in error messages.
@@ -101,8 +104,9 @@ class RequestTracker {
   // Parts to send again with the map of `epoch` (see the contract); `dead`
   // says whether a server rank is dead in it. Operations that the dropped
   // parts of other kinds complete go to *done.
+  // `now` and `resend_after` (0: never) time the resends of silent parts.
   std::vector<Resend> TakeResends(uint64_t epoch, const std::function<bool(uint32_t)>& dead,
-                                  std::vector<Completion>* done, Nanos silent_before = 0);
+                                  std::vector<Completion>* done, Nanos now = 0, Nanos resend_after = 0);
   // Puts `parts` in the place of the part `old` was taken from (sent at
   // `now`). With no parts, the old part counts as answered (its op may
   // complete: returned).
@@ -136,6 +140,7 @@ class RequestTracker {
     bool parked = false;     // answered Aborted: waits for the map of ready_epoch
     uint64_t ready_epoch = 0;
     Nanos sent_at = 0;
+    uint32_t resends = 0;    // times sent again because nobody answered
   };
   // Applies a reply (or one piece of it) to its part; sets *part_done when
   // the part needs nothing more (it answered, or failed).

@@ -339,5 +339,30 @@ TEST(RequestTrackerTest, AReissuedOpThatTimedOutMeanwhileIsNotRevived) {
   EXPECT_TRUE(t.OnReply(Ack(11)).empty());
 }
 
+TEST(RequestTrackerTest, SilentPartsAreSentAgainWithBackoff) {
+  RequestTracker t({"a"});
+  Message clock;
+  clock.header.mutable_clock_advance()->set_clock(3);
+  t.Begin(std::make_shared<int>(0), "clock", {{10, 0, {}, clock}}, 1'000'000, {}, 0, /*now=*/0);
+  auto never_dead = [](uint32_t) { return false; };
+  std::vector<RequestTracker::Completion> done;
+  EXPECT_TRUE(t.TakeResends(1, never_dead, &done, 99, 100).empty());
+  EXPECT_TRUE(t.TakeResends(1, never_dead, &done, 5000, 0).empty()) << "resend_after 0: never";
+  auto first = t.TakeResends(1, never_dead, &done, 100, 100);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].resends, 1u);
+  EXPECT_TRUE(first[0].request.header.has_clock_advance());
+  EXPECT_TRUE(t.Reissue(first[0], {{11, 0, {}, clock}}, /*now=*/100).empty());
+  EXPECT_TRUE(t.TakeResends(1, never_dead, &done, 299, 100).empty()) << "the second wait is twice as long";
+  auto second = t.TakeResends(1, never_dead, &done, 300, 100);
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0].resends, 2u);
+  EXPECT_TRUE(t.Reissue(second[0], {{12, 0, {}, clock}}, 300).empty());
+  done = t.OnReply(Ack(12));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok());
+  EXPECT_TRUE(done.empty() || t.in_flight() == 0);
+}
+
 }  // namespace
 }  // namespace tessera

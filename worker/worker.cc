@@ -639,7 +639,7 @@ class WorkerImpl final : public Worker {
       Complete(std::move(done));
       // Parts a lagging server refused go again with our map, and parts
       // nobody answered for resend_after go again (a lost message).
-      SendAgain(MonotonicNow() - options_.resend_after);
+      SendAgain(options_.resend_after);
       lock.lock();
     }
   }
@@ -680,8 +680,8 @@ class WorkerImpl final : public Worker {
   }
 
   // Sends again, by the current map, the parts the tracker hands back
-  // (those unanswered since silent_before too).
-  void SendAgain(Nanos silent_before = 0) {
+  // (and, with resend_after, those unanswered that long: see the tracker).
+  void SendAgain(Nanos resend_after = 0) {
     std::vector<RequestTracker::Completion> done;
     std::vector<Outgoing> sends;
     {
@@ -690,7 +690,7 @@ class WorkerImpl final : public Worker {
       const ShardMapView& map = *map_;
       const Nanos now = MonotonicNow();
       for (RequestTracker::Resend& r : tracker_->TakeResends(
-               map.epoch(), [&](uint32_t rank) { return map.IsDead(rank); }, &done, silent_before)) {
+               map.epoch(), [&](uint32_t rank) { return map.IsDead(rank); }, &done, now, resend_after)) {
         for (auto& c : tracker_->Reissue(r, Redirect(map, r, sends), now)) done.push_back(std::move(c));
         stats_.resends++;
       }

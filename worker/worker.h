@@ -41,8 +41,10 @@
 //   issued before it, so that no server counts a clock before it has them.
 // - Lost messages: a request to a server unanswered for
 //   options.resend_after is sent again under a new request id (pushes keep
-//   their sequence number, so a server applies each once); it still fails
-//   after options.request_timeout (plus any hold) in all.
+//   their sequence number, so a server applies each once), then after twice
+//   that, four times, ... (up to 64 times: a request held for slower workers
+//   is not repeated often); it still fails after options.request_timeout
+//   (plus any hold) in all.
 // - Futures complete with OK, or with an error that says what failed and which
 //   server did not answer (DeadlineExceeded after options.request_timeout).
 // - Thread safety: all methods may be called from any thread concurrently,
