@@ -438,6 +438,95 @@ void CoordinatorCore::LoseServer(Node& server, const std::string& what, std::vec
   PublishMap(absl::StrCat("lost ", what), out, restores);
 }
 
+proto::CoordinatorState CoordinatorCore::SaveState() const {
+  proto::CoordinatorState s;
+  s.set_address(options_.address);
+  s.set_phase(static_cast<uint32_t>(phase_));
+  s.set_failure_reason(failure_reason_);
+  s.set_next_node_id(next_node_id_);
+  std::vector<uint32_t> ids;
+  for (const auto& [id, n] : nodes_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (uint32_t id : ids) {
+    const Node& n = nodes_.at(id);
+    proto::CoordinatorNodeState* ns = s.add_nodes();
+    *ns->mutable_info() = n.info;
+    ns->set_done(n.done);
+    ns->set_lost(n.lost);
+    ns->set_lost_reason(n.lost_reason);
+    ns->set_away(n.away);
+    ns->set_away_reason(n.away_reason);
+    for (const auto& [name, inc] : n.passed_barriers) (*ns->mutable_passed_barriers())[name] = inc;
+    *ns->mutable_report() = n.report;
+  }
+  *s.mutable_shard_map() = shard_map_;
+  std::vector<std::string> names;
+  for (const auto& [name, arrived] : barriers_) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    proto::CoordinatorBarrierState* b = s.add_barriers();
+    b->set_name(name);
+    std::vector<uint32_t> arrived(barriers_.at(name).begin(), barriers_.at(name).end());
+    std::sort(arrived.begin(), arrived.end());
+    for (uint32_t id : arrived) b->add_node_ids(id);
+  }
+  std::vector<std::pair<uint32_t, uint32_t>> syncing(syncing_.begin(), syncing_.end());
+  std::sort(syncing.begin(), syncing.end());
+  for (const auto& [v, b] : syncing) {
+    s.add_syncing_vshards(v);
+    s.add_syncing_ranks(b);
+  }
+  return s;
+}
+
+absl::Status CoordinatorCore::RestoreState(const proto::CoordinatorState& s, Nanos now) {
+  if (!nodes_.empty()) return absl::FailedPreconditionError("a coordinator restores its state only when fresh");
+  if (s.phase() > static_cast<uint32_t>(Phase::kFailed)) {
+    return absl::InvalidArgumentError(absl::StrCat("state file: unknown phase ", s.phase()));
+  }
+  if (s.phase() != static_cast<uint32_t>(Phase::kAssembling)) {
+    if (auto view = ShardMapView::Create(s.shard_map()); !view.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("state file: ", view.status().message()));
+    }
+  }
+  absl::flat_hash_map<uint32_t, Node> nodes;
+  absl::flat_hash_map<std::string, uint32_t> by_address;
+  for (const proto::CoordinatorNodeState& ns : s.nodes()) {
+    Node n;
+    n.info = ns.info();
+    n.last_seen = now;
+    n.done = ns.done();
+    n.lost = ns.lost();
+    n.lost_reason = ns.lost_reason();
+    n.away = ns.away();
+    n.away_since = now;
+    n.away_reason = ns.away_reason();
+    for (const auto& [name, inc] : ns.passed_barriers()) n.passed_barriers[name] = inc;
+    n.report = ns.report();
+    if (n.info.node_id() == 0 || n.info.node_id() >= s.next_node_id() || !nodes.emplace(n.info.node_id(), n).second) {
+      return absl::InvalidArgumentError(absl::StrCat("state file: bad or repeated node id ", n.info.node_id()));
+    }
+    by_address[n.info.address()] = n.info.node_id();
+  }
+  if (s.syncing_vshards_size() != s.syncing_ranks_size()) {
+    return absl::InvalidArgumentError("state file: syncing copies do not pair up");
+  }
+  phase_ = static_cast<Phase>(s.phase());
+  failure_reason_ = s.failure_reason();
+  next_node_id_ = s.next_node_id();
+  nodes_ = std::move(nodes);
+  node_by_address_ = std::move(by_address);
+  shard_map_ = s.shard_map();
+  barriers_.clear();
+  for (const proto::CoordinatorBarrierState& b : s.barriers())
+    barriers_[b.name()].insert(b.node_ids().begin(), b.node_ids().end());
+  syncing_.clear();
+  for (int i = 0; i < s.syncing_vshards_size(); ++i) syncing_.insert({s.syncing_vshards(i), s.syncing_ranks(i)});
+  events_.push_back(absl::StrCat("took the job over from the state file: ", nodes_.size(), " nodes, shard map epoch ",
+                                 shard_map_.epoch()));
+  return absl::OkStatus();
+}
+
 void CoordinatorCore::NoteRecruits(const proto::ShardMap& previous, const proto::ShardMap& next) {
   for (uint32_t v = 0; v < next.num_vshards() && static_cast<int>(v) < next.vshard_backups_size(); ++v) {
     for (uint32_t b : next.vshard_backups(v).ranks()) {

@@ -56,6 +56,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
 #include "common/clock.h"
 #include "common/message.h"
 
@@ -116,6 +117,14 @@ class CoordinatorCore {
   // Registered nodes by node id.
   const absl::flat_hash_map<uint32_t, Node>& nodes() const { return nodes_; }
   const proto::ShardMap& shard_map() const { return shard_map_; }
+
+  // The state a restarted coordinator needs (its --state-file): everything
+  // but timings. Deterministic for equal states (sorted).
+  proto::CoordinatorState SaveState() const;
+  // Takes a saved state over at time `now`: every live node counts as just
+  // heard from (a node that died meanwhile is lost one lease later). Only on
+  // a fresh core; a bad state is an error and changes nothing.
+  absl::Status RestoreState(const proto::CoordinatorState& state, Nanos now);
 
   // Membership lines since the last call ("worker 1 (...) was lost: ..."), for logs.
   std::vector<std::string> TakeEvents() { return std::exchange(events_, {}); }

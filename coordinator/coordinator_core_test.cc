@@ -474,5 +474,44 @@ TEST_F(CoordinatorCoreTest, WithRestoreALostShardGoesToALiveServerWithItsLastApp
   EXPECT_NE(events[1].find("last reported 56 applied pushes"), std::string::npos) << events[1];  // 11+13+15+17
 }
 
+TEST_F(CoordinatorCoreTest, ARestartedCoordinatorTakesTheJobOverFromItsSavedState) {
+  CoordinatorOptions o = Options(3, 2);
+  o.replication = 2;
+  o.server_lease = 1 * kSeconds;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 3, 2, 0);
+  for (const char* n : {"s0", "s2", "w0", "w1"}) Heartbeat(core, n, 900 * kMillis);
+  core.Tick(1100 * kMillis);  // s1 lost: epoch 2, copies re-made (syncing)
+  Message barrier = From("w0");
+  barrier.header.mutable_barrier_request()->set_name("b");
+  core.Step(barrier, 1200 * kMillis);  // w0 waits at a barrier
+  const proto::CoordinatorState saved = core.SaveState();
+  ASSERT_EQ(saved.shard_map().epoch(), 2u);
+
+  // A new process takes over at t = 50 s (its own clock).
+  CoordinatorCore again(o, 50 * kSeconds);
+  ASSERT_TRUE(again.RestoreState(saved, 50 * kSeconds).ok());
+  EXPECT_EQ(again.phase(), CoordinatorCore::Phase::kRunning);
+  EXPECT_EQ(again.SaveState().SerializeAsString(), saved.SerializeAsString());
+  EXPECT_TRUE(again.Tick(50 * kSeconds + 500 * kMillis).empty()) << "nodes count as just heard from";
+  // The barrier it was holding is released when w1 arrives.
+  Message b1 = From("w1");
+  b1.header.mutable_barrier_request()->set_name("b");
+  auto out = again.Step(b1, 50 * kSeconds + 600 * kMillis);
+  EXPECT_EQ(To(out, "w0").size(), 1u);
+  EXPECT_EQ(To(out, "w1").size(), 1u);
+  // A recruit still syncing is not promoted by the new coordinator either.
+  for (const char* n : {"s0", "w0", "w1"}) Heartbeat(again, n, 51 * kSeconds);
+  again.Tick(51 * kSeconds + 700 * kMillis);  // s2 silent since 50 s
+  EXPECT_EQ(again.phase(), CoordinatorCore::Phase::kFailed);
+  EXPECT_NE(again.failure_reason().find("last copy"), std::string::npos) << again.failure_reason();
+  // Restoring twice, or a state with nonsense in it, is refused.
+  EXPECT_EQ(again.RestoreState(saved, 0).code(), absl::StatusCode::kFailedPrecondition);
+  proto::CoordinatorState bad = saved;
+  bad.mutable_nodes(0)->mutable_info()->set_node_id(0);
+  CoordinatorCore third(o, 0);
+  EXPECT_EQ(third.RestoreState(bad, 0).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace tessera

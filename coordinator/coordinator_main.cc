@@ -5,6 +5,8 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <optional>
 
 #include "CLI/CLI.hpp"
 #include "common/logging.h"
@@ -72,6 +74,11 @@ int main(int argc, char** argv) {
                  "When a shard loses every copy: stop (fail the job naming it) or restore (a live server restores it "
                  "from the last checkpoint in the servers' --checkpoint-dir and reports how many pushes it misses)")
       ->check(CLI::IsMember({"stop", "restore"}));
+  std::string state_file;
+  app.add_option("--state-file", state_file,
+                 "Keep the coordinator's own state (membership, shard map and epoch, barriers) in this file; a "
+                 "coordinator started again with the same file takes the job over where it was, at the address it "
+                 "had (--bind is then ignored), as long as the nodes' coordinator lease (5 s) has not run out");
   app.add_option("--name", name, "Name in log lines");
   app.add_flag("--debug", debug, "Log debug lines");
   CLI11_PARSE(app, argc, argv);
@@ -90,6 +97,23 @@ int main(int argc, char** argv) {
   options.server_lease = static_cast<tessera::Nanos>(server_lease * 1e9);
   options.restore_lost_shards = on_shard_loss == "restore";
 
+  std::optional<tessera::proto::CoordinatorState> restored;
+  if (!state_file.empty() && std::filesystem::exists(state_file)) {
+    std::ifstream in(state_file, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    tessera::proto::CoordinatorState state;
+    if (!in.good() && !in.eof()) {
+      TLOG_ERROR("cannot read the state file {}", state_file);
+      return 1;
+    }
+    if (!state.ParseFromString(bytes) || state.address().empty()) {
+      TLOG_ERROR("the state file {} is not a coordinator state (remove it to start a new job)", state_file);
+      return 1;
+    }
+    TLOG_INFO("taking the job over from {}: listening at {} again", state_file, state.address());
+    bind = state.address();
+    restored = std::move(state);
+  }
   auto transport = tessera::MakeTransport(bind);
   if (!transport.ok()) {
     TLOG_ERROR("cannot create transport: {}", transport.status().message());
@@ -104,6 +128,11 @@ int main(int argc, char** argv) {
     TLOG_ERROR("cannot write the address file {}", address_file);
     return 1;
   }
+  node.set_state(std::move(restored), [&state_file](const std::string& bytes) {
+    if (!state_file.empty() && !WriteFileAtomically(state_file, bytes)) {
+      TLOG_ERROR("cannot write the state file {}", state_file);
+    }
+  });
   absl::Status result = node.Run();
   if (!summary_file.empty() && !WriteFileAtomically(summary_file, node.SummaryJson())) {
     TLOG_ERROR("cannot write the summary file {}", summary_file);

@@ -67,11 +67,29 @@ absl::Status CoordinatorNode::Run() {
   options_.address = transport_->address();
   core_.emplace(options_, MonotonicNow());
   CoordinatorCore& core = *core_;
+  if (restored_) {
+    if (absl::Status s = core.RestoreState(*restored_, MonotonicNow()); !s.ok()) {
+      transport_->Stop();
+      return s;
+    }
+  }
+  std::string saved;
+  auto save = [&] {
+    if (!save_state_) return;
+    std::string now = core.SaveState().SerializeAsString();
+    if (now == saved) return;
+    save_state_(now);
+    saved = std::move(now);
+  };
   auto send_all = [&](std::vector<Outgoing> out) {
     for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
   };
-  TLOG_INFO("listening on {}; waiting for {} servers and {} workers", transport_->address(), options_.servers,
-            options_.workers);
+  if (restored_) {
+    TLOG_INFO("listening on {}; the job goes on (map epoch {})", transport_->address(), core.shard_map().epoch());
+  } else {
+    TLOG_INFO("listening on {}; waiting for {} servers and {} workers", transport_->address(), options_.servers,
+              options_.workers);
+  }
   CoordinatorCore::Phase last_phase = core.phase();
   while (!core.finished()) {
     std::deque<Message> batch;
@@ -88,7 +106,9 @@ absl::Status CoordinatorNode::Run() {
                 options_.workers, options_.vshards, core.shard_map().epoch());
     }
     last_phase = core.phase();
+    save();
   }
+  save();
   // Give the shutdown messages time to leave before anything closes.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   if (core.phase() == CoordinatorCore::Phase::kDone) return absl::OkStatus();

@@ -5,6 +5,7 @@
 // tessera-coordinator binary and by in-process cluster tests.
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -28,6 +29,15 @@ class CoordinatorNode {
   absl::Status Start();
   const std::string& address() const { return transport_->address(); }
 
+  // The coordinator's own state (set before Run()): `restored` is taken over
+  // at the start (a restarted coordinator), and `save` is called with the
+  // serialized proto::CoordinatorState whenever it changed (at most every
+  // 50 ms), to keep it where a restart finds it.
+  void set_state(std::optional<proto::CoordinatorState> restored, std::function<void(const std::string&)> save) {
+    restored_ = std::move(restored);
+    save_state_ = std::move(save);
+  }
+
   // Runs the job to its end. OK if every worker finished; Aborted with the
   // reason if the job failed. Requires Start() to have succeeded.
   absl::Status Run();
@@ -46,6 +56,8 @@ class CoordinatorNode {
   std::condition_variable cv_;
   std::deque<Message> inbox_;  // guarded by mu_
   std::optional<CoordinatorCore> core_;
+  std::optional<proto::CoordinatorState> restored_;
+  std::function<void(const std::string&)> save_state_;
 };
 
 // JSON helpers shared with tests.

@@ -15,8 +15,8 @@ progress record of a worker (any, or `step_of`) with step >= `at_step`.
   kill     SIGKILL to the target's process group. The supervisor does not
            count the exit as a failure of the job: the coordinator judges it
            (replication fails a server over, on_worker_loss says what a lost
-           worker means). A killed coordinator ends the job: nothing takes
-           over from it.
+           worker means). A killed coordinator ends the job, unless it is
+           restarted (below).
   pause    SIGSTOP to the group, SIGCONT `duration_seconds` later.
   restart  kill, then the same command line again (same rank, same
            arguments, the same log appended to), `restart_delay_seconds`
@@ -24,7 +24,10 @@ progress record of a worker (any, or `step_of`) with step >= `at_step`.
            server R` / `lost worker R` line): only then does the coordinator
            let a new process take the rank (a server rejoins empty and is
            given copies; a worker, under on_worker_loss: wait, takes its
-           place over).
+           place over). The coordinator is started again
+           `restart_delay_seconds` after the kill: it takes the job over from
+           its state file (--state-file), at the address it had, and the
+           nodes go on (their coordinator lease is 5 s).
 
 Each fault, and what followed it (a resume, a restart), is appended to
 RUN/events.jsonl as it happens; `records()` gives the summary's entries,
@@ -227,9 +230,6 @@ def _validate_entry(index: int, entry: Any, cluster: dict,
             bad("restart_delay_seconds", f"{name}.restart_delay_seconds must be a non-negative number "
                                          f"(seconds), got {_render(delay)}")
 
-    if action == "restart" and target == "coordinator":
-        bad("action", f"{name}: the coordinator cannot be restarted (the job's state and address are its "
-                      "own; nothing would find a new one); use kill or pause")
     if (action == "restart" and isinstance(target, str) and target.startswith("worker-")
             and cluster.get("on_worker_loss") not in (None, "wait")):
         bad("action", f"{name}: restarting {target} needs cluster.on_worker_loss: wait (it is "
@@ -369,7 +369,8 @@ class FaultScheduler:
         if spec.action == "pause":
             f.pid = self.sup.signal_process(name, signal.SIGSTOP)
         else:
-            self.sup.expect_fault_exit(name, f"fault {spec.index}: {spec.action}", tolerate=spec.role != "coordinator")
+            self.sup.expect_fault_exit(name, f"fault {spec.index}: {spec.action}",
+                                       tolerate=spec.role != "coordinator" or spec.action == "restart")
             f.pid = self.sup.signal_process(name, signal.SIGKILL)
         f.fired_at, f.fired_unix = self._clock(), self._wall_clock()
         f.extra["trigger"] = why
@@ -381,6 +382,8 @@ class FaultScheduler:
             f.state, f.resume_at = "paused", f.fired_at + spec.duration_seconds
         elif spec.action == "restart":
             f.state = "restarting"
+            if spec.role == "coordinator":  # nobody declares it lost: start it again after the delay
+                f.lost_seen_at = f.fired_at
         else:
             f.state = "done"
 
@@ -410,9 +413,10 @@ class FaultScheduler:
             f.restart_note = "not started again: the job had ended"
             return math.inf
         f.restarted_at, f.restart_pid = self._clock(), self.sup.pid_of(name)
+        declared = ("" if spec.role == "coordinator" else
+                    f", {f.restarted_at - f.lost_seen_at:.3f} s after the coordinator declared it lost")
         self.sup.console.say(f"fault {spec.index}: started {name} again (pid {f.restart_pid}), "
-                             f"{f.restarted_at - f.fired_at:.3f} s after the kill, "
-                             f"{f.restarted_at - f.lost_seen_at:.3f} s after the coordinator declared it lost")
+                             f"{f.restarted_at - f.fired_at:.3f} s after the kill{declared}")
         self._event(f, "restart", f"fault {spec.index}: {name} started again", f.restarted_at,
                     pid=f.restart_pid)
         return math.inf

@@ -249,6 +249,7 @@ def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, d
         "--server-lease", _seconds(t.server_lease_seconds),
         "--on-shard-loss", config.cluster.on_shard_loss,
         "--summary-file", str(layout.coordinator_summary),
+        "--state-file", str(layout.root / "coordinator.state"),
         "--name", "coordinator",
     ]
     return argv + (["--debug"] if debug else [])

@@ -95,6 +95,7 @@ def coordinator(argv):
     p.add_argument("--replication", type=int, default=2)
     p.add_argument("--server-lease", type=float, default=0.5)
     p.add_argument("--on-shard-loss", default="stop")
+    p.add_argument("--state-file", default="")
     p.add_argument("--debug", action="store_true")
     a = p.parse_args(argv)
     if os.environ.get("FAKE_COORDINATOR_CRASH"):

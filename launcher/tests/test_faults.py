@@ -122,8 +122,6 @@ def test_no_faults_leaves_the_resolved_config_as_it_was(tmp_path):
      ":7: faults[0].restart_delay_seconds applies to restart only (action is kill)"),
     ("- {target: server-1, action: restart, at_seconds: 1, restart_delay_seconds: soon}",
      ':7: faults[0].restart_delay_seconds must be a non-negative number (seconds), got "soon"'),
-    ("- {target: coordinator, action: restart, at_seconds: 1}",
-     ":7: faults[0]: the coordinator cannot be restarted"),
     ("- {target: worker-1, action: restart, at_seconds: 1}",
      ":7: faults[0]: restarting worker-1 needs cluster.on_worker_loss: wait (it is stop)"),
     ("- {target: server-1, action: kill, at_second: 1}",

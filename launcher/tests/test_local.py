@@ -219,7 +219,8 @@ def test_command_lines_follow_the_contract(tmp_path, job_file):
         "--replication", "2",
         "--server-lease", "0.5",
         "--on-shard-loss", "stop",
-        "--summary-file", str(layout.coordinator_summary), "--name", "coordinator", "--debug"]
+        "--summary-file", str(layout.coordinator_summary), "--state-file", str(layout.root / "coordinator.state"),
+        "--name", "coordinator", "--debug"]
     assert server_argv(config, binaries, layout, 1, "tcp://h:1", debug=False) == [
         str(tmp_path / "build/server/tessera-server"), "--coordinator", "tcp://h:1", "--rank", "1",
         "--bind", "tcp://127.0.0.1:0", "--name", "server-1", "--connect-timeout", "10"]

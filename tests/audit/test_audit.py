@@ -201,3 +201,18 @@ def test_e9_both_copies_of_some_shards_lost_are_restored_from_the_last_checkpoin
         check.stdout)
     assert verdict["applied"] <= verdict["issued"]
     assert verdict["servers"] == ["server-0-node-1.audit"] or len(verdict["servers"]) == 1, verdict
+
+
+def test_e8_the_coordinator_killed_and_restarted_takes_the_job_over_from_its_state_file(tmp_path):
+    """The launcher SIGKILLs the coordinator at 2 s and starts it again 0.5 s
+    later: it reads its state file (membership, shard map and epoch), listens
+    at the address it had, and the job goes on to its end; nothing is lost or
+    applied twice. (Standby coordinators elected through etcd are not built.)"""
+    job = Job(tmp_path, "faults=[{target: coordinator, action: restart, at_seconds: 2, restart_delay_seconds: 0.5}]")
+    out = job.finish()
+    assert_job_ok(job, out)
+    log = coordinator_log(job)
+    assert "taking the job over from" in log and "took the job over from the state file" in log, log[-3000:]
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert summary["faults"][0]["target"] == "coordinator" and summary["faults"][0]["restarted_pid"], summary["faults"]
+    assert_audit_passes(job)
