@@ -153,6 +153,7 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
   if (address.empty()) return;  // nowhere to answer
   // A repeated registration (a retry whose reply was lost) gets the same answer.
   if (auto it = node_by_address_.find(address); it != node_by_address_.end()) {
+    reply.header.mutable_register_reply()->set_heartbeat_interval_ms(options_.heartbeat_interval / kMillis);
     *reply.header.mutable_register_reply()->mutable_self() = nodes_.at(it->second).info;
     send_reply();
     if (phase_ == Phase::kRunning) {
@@ -220,6 +221,7 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
   node.info.set_rank(rank);
   node.info.set_address(address);
   node.last_seen = now;
+  reply.header.mutable_register_reply()->set_heartbeat_interval_ms(options_.heartbeat_interval / kMillis);
   *reply.header.mutable_register_reply()->mutable_self() = node.info;
   node_by_address_[address] = node.info.node_id();
   nodes_.emplace(node.info.node_id(), std::move(node));
@@ -256,6 +258,7 @@ bool CoordinatorCore::TakeOverAwayWorker(const Message& m, Nanos now, std::vecto
                                  " (incarnation ", place->info.incarnation(), ") ", Seconds(now - place->away_since),
                                  " after it was lost"));
   Message reply = Reply(m);
+  reply.header.mutable_register_reply()->set_heartbeat_interval_ms(options_.heartbeat_interval / kMillis);
   *reply.header.mutable_register_reply()->mutable_self() = place->info;
   out.push_back(Outgoing{address, std::move(reply)});
   Message ready;
@@ -589,6 +592,7 @@ bool CoordinatorCore::TakeOverDeadServer(const Message& m, Nanos now, std::vecto
                                  " after it was last heard; it holds ", recruited, " shard copies (map epoch ",
                                  shard_map_.epoch(), ")"));
   Message reply = Reply(m);
+  reply.header.mutable_register_reply()->set_heartbeat_interval_ms(options_.heartbeat_interval / kMillis);
   *reply.header.mutable_register_reply()->mutable_self() = info;
   out.push_back(Outgoing{info.address(), std::move(reply)});
   PublishMap(absl::StrCat(NodeName(proto::SERVER, info.rank()), " rejoined"), out);

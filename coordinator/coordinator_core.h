@@ -84,6 +84,7 @@ struct CoordinatorOptions {
   // give it to a live server to restore from the last checkpoint, and say
   // how many applied pushes that checkpoint may miss.
   bool restore_lost_shards = false;
+  Nanos heartbeat_interval = 0;              // told to registering nodes (RegisterReply); 0 = not told
 };
 
 class CoordinatorCore {

@@ -513,5 +513,18 @@ TEST_F(CoordinatorCoreTest, ARestartedCoordinatorTakesTheJobOverFromItsSavedStat
   EXPECT_EQ(third.RestoreState(bad, 0).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(CoordinatorCoreTest, RegisteringNodesAreToldTheJobsHeartbeatInterval) {
+  CoordinatorOptions o = Options(1, 1);
+  o.heartbeat_interval = 200 * kMillis;
+  CoordinatorCore core(o, 0);
+  auto out = core.Step(Register("s0", proto::SERVER, 0), 0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].message.header.register_reply().heartbeat_interval_ms(), 200u);
+  // A repeated registration gets it too.
+  out = core.Step(Register("s0", proto::SERVER, 0), 0);
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(out[0].message.header.register_reply().heartbeat_interval_ms(), 200u);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   app.add_option("--assemble-timeout", assemble_timeout, "Seconds for every process to register")
       ->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-interval", heartbeat_interval,
-                 "Seconds between node heartbeats (the nodes' setting; accepted for one flag set)")
+                 "Seconds between node heartbeats: nodes whose own interval is longer adopt it when they register")
       ->check(CLI::PositiveNumber);
   app.add_option("--lease", lease, "Seconds of silence after which a node is declared lost")
       ->check(CLI::PositiveNumber);
@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
                            : on_worker_loss == "wait"   ? tessera::WorkerLossPolicy::kWait
                                                         : tessera::WorkerLossPolicy::kStopJob;
   options.rejoin_timeout = static_cast<tessera::Nanos>(rejoin_timeout * 1e9);
+  options.heartbeat_interval = static_cast<tessera::Nanos>(heartbeat_interval * 1e9);
   options.server_lease = static_cast<tessera::Nanos>(server_lease * 1e9);
   options.restore_lost_shards = on_shard_loss == "restore";
 

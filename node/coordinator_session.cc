@@ -151,7 +151,11 @@ void CoordinatorSession::HeartbeatLoop() {
     if (fill_heartbeat_) fill_heartbeat_(h.mutable_heartbeat());
     Send(std::move(h));
     lock.lock();
-    cv_.wait_for(lock, std::chrono::nanoseconds(options_.heartbeat_interval), [&] { return stopping_ || ended_; });
+    Nanos interval = options_.heartbeat_interval;
+    if (registered_ && registered_->heartbeat_interval_ms() > 0) {
+      interval = std::min<Nanos>(interval, static_cast<Nanos>(registered_->heartbeat_interval_ms()) * kMillis);
+    }
+    cv_.wait_for(lock, std::chrono::nanoseconds(interval), [&] { return stopping_ || ended_; });
   }
 }
 

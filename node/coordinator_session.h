@@ -10,7 +10,8 @@
 //   why: the coordinator's own reason (e.g. "job did not assemble within
 //   30 s: missing server 1"), or "coordinator at ADDR did not answer within
 //   N s" when nothing came back.
-// - After Join(), the session heartbeats every heartbeat_interval. If the
+// - After Join(), the session heartbeats every heartbeat_interval (or the
+//   job's interval from the RegisterReply, when that is shorter). If the
 //   coordinator is silent for `lease`, the job ends for this node with
 //   Unavailable("lost the coordinator at ADDR ...").
 // - Heartbeats carry the node's shard map epoch (set_map_epoch; at first

@@ -300,6 +300,19 @@ TEST_F(ReplicationTest, LostAndRepeatedForwardsAreResentAndAppliedOnce) {
   EXPECT_EQ(PullFrom(2, keys), std::vector<float>(4, 2.0f));
 }
 
+TEST_F(ReplicationTest, ReorderedForwardsAreAppliedInOrderWithoutWaitingForAResend) {
+  const auto keys = KeysOf(1, 2, map_);
+  for (uint64_t i = 1; i <= 3; ++i) Send(ServerAddress(1), Push(i, keys, 1.0f, i));
+  for (int i = 0; i < 3; ++i) DeliverOne();
+  ASSERT_EQ(Count(&proto::Envelope::has_replicate), 3u);
+  std::reverse(net_.begin(), net_.end());  // positions 3, 2, 1
+  DeliverAll();                            // no Tick: nothing is resent
+  ASSERT_EQ(inbox_.size(), 3u);
+  for (const Message& m : inbox_) EXPECT_TRUE(m.header.has_ack()) << m.header.ShortDebugString();
+  EXPECT_EQ(cores_[2]->stats().forwards_applied, 3u);
+  EXPECT_EQ(cores_[1]->stats().forwards_sent, 3u);
+}
+
 TEST_F(ReplicationTest, ALostBackupReleasesTheAcksThatWaitedOnIt) {
   const auto keys = KeysOf(0, 2, map_);
   Send(ServerAddress(0), Push(1, keys, 1.0f, 1));

@@ -972,6 +972,21 @@ void ServerCore::HandleReplicateAck(const Message& m, std::vector<Outgoing>& out
 }
 
 void ServerCore::HandleReplicate(const Message& m, std::vector<Outgoing>& out) {
+  const uint32_t from = m.header.sender_id();
+  ReplicateOne(m, out);
+  // Forwards that arrived ahead of their turn (reordered) and are next now.
+  for (auto it = early_forwards_.find(from); it != early_forwards_.end(); it = early_forwards_.find(from)) {
+    const uint64_t expected = expected_from_[from];
+    it->second.erase(it->second.begin(), it->second.lower_bound(expected));
+    auto next = it->second.find(expected);
+    if (next == it->second.end()) break;
+    const Message f = std::move(next->second);
+    it->second.erase(next);
+    ReplicateOne(f, out);
+  }
+}
+
+void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
   const proto::Envelope& h = m.header;
   const proto::Replicate& r = h.replicate();
   auto ack = [&](uint64_t position, const absl::Status& rejection, bool stale = false) {
@@ -1008,7 +1023,11 @@ void ServerCore::HandleReplicate(const Message& m, std::vector<Outgoing>& out) {
     ack(expected - 1, absl::OkStatus());
     return;
   }
-  if (r.position() > expected) return;  // a gap: the primary resends in order
+  if (r.position() > expected) {  // a gap: kept (bounded) until its turn; the primary resends in order anyway
+    auto& early = early_forwards_[h.sender_id()];
+    if (early.size() < kMaxEarlyForwards) early.emplace(r.position(), m);
+    return;
+  }
   expected++;
   if (r.has_transfer()) {
     absl::Status status = ApplyTransfer(m, from);

@@ -55,8 +55,9 @@
 //   * A backup applies a Replicate only if it carries the backup's own map
 //     epoch, comes from the primary of the shard of each key, and is the
 //     next position from that primary: an earlier position is acknowledged
-//     again, a later one dropped (the primary resends in order), an older
-//     epoch rejected, a newer one ignored until this server has that map.
+//     again, a later one kept (up to kMaxEarlyForwards) until its turn comes
+//     (the primary resends in order anyway), an older epoch rejected, a newer
+//     one ignored until this server has that map.
 //     Backups de-duplicate like primaries, so a resend that reaches a
 //     promoted backup applies each push once.
 //   * UpdateShardMap(newer map): forwards to servers that are no longer
@@ -75,6 +76,7 @@
 // Thread safety: none; the shell serializes calls.
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -223,8 +225,10 @@ class ServerCore {
   // push_id to the streams and returns how many there are.
   absl::StatusOr<uint32_t> AcceptPush(const proto::Push& req, Message& m, uint64_t push_id, Nanos now,
                                       std::vector<Outgoing>& out);
-  // A backup's side: Replicate from a primary (reply in `out`).
+  // A backup's side: Replicate from a primary (reply in `out`), then any
+  // forwards that came early and are next now.
   void HandleReplicate(const Message& m, std::vector<Outgoing>& out);
+  void ReplicateOne(const Message& m, std::vector<Outgoing>& out);
   // A primary's side: a backup acknowledged (or rejected) forwards.
   void HandleReplicateAck(const Message& m, std::vector<Outgoing>& out);
   // One forward of push_id is done (acknowledged, or its backup left): the
@@ -330,6 +334,8 @@ class ServerCore {
   absl::flat_hash_map<uint64_t, DedupWindow> dedup_;        // (vshard << 32 | worker node id) -> applied
   absl::flat_hash_map<uint32_t, BackupStream> streams_;     // backup rank -> forwards
   absl::flat_hash_map<uint32_t, uint64_t> expected_from_;   // primary node id -> next position (as a backup)
+  static constexpr size_t kMaxEarlyForwards = 4096;
+  absl::flat_hash_map<uint32_t, std::map<uint64_t, Message>> early_forwards_;  // primary -> position -> forward
   absl::flat_hash_map<uint64_t, WaitingAck> waiting_;       // push id -> its Ack, held for backups
   struct AuditEntry {
     uint32_t worker, incarnation;
