@@ -16,7 +16,7 @@
 #   e7-restart-worker  restart worker-1 at 2 s (on_worker_loss: wait, lease 1 s, heartbeat 0.2 s)
 #   server-restart     restart server-1 at 2 s, kill server-2 at 5 s (copies re-made on the rejoined server)
 #
-# Environment: OUT (default bench/results/fault_matrix-<date>): run
+# Environment: OUT (default runs/fault_matrix-<date>): run
 # directories under OUT/runs, report.md, report.json, fault_<scenario>.png,
 # fault_matrix.png. CLOCKS (default 2000, about 10 s a run), E5_CLOCKS
 # (default 100), E5_FAULTS (default seed=11,drop=0.02,dup=0.02,reorder=0.05,side=send),
@@ -38,7 +38,7 @@ E5_FAULTS=${E5_FAULTS:-seed=11,drop=0.02,dup=0.02,reorder=0.05,side=send}
 SCENARIOS=${SCENARIOS:-baseline e1e2-kill-server e3-pause-server e5-message-faults e7-restart-worker server-restart}
 REPEATS=${REPEATS:-1}
 TIMEOUT=${TIMEOUT:-180}
-OUT=$(realpath -m "${OUT:-$ROOT/bench/results/fault_matrix-$(date +%Y%m%d-%H%M%S)}")
+OUT=$(realpath -m "${OUT:-$ROOT/runs/fault_matrix-$(date +%Y%m%d-%H%M%S)}")
 WORKLOAD=$BUILD/tests/audit/tessera-audit-workload
 
 mkdir -p "$OUT/runs"
