@@ -491,6 +491,10 @@ absl::Status CoordinatorCore::RestoreState(const proto::CoordinatorState& s, Nan
     if (auto view = ShardMapView::Create(s.shard_map()); !view.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("state file: ", view.status().message()));
     }
+    if (static_cast<uint32_t>(s.shard_map().servers_size()) != options_.servers) {
+      return absl::InvalidArgumentError(absl::StrCat("state file: a shard map of ", s.shard_map().servers_size(),
+                                                     " servers for a job of ", options_.servers));
+    }
   }
   absl::flat_hash_map<uint32_t, Node> nodes;
   absl::flat_hash_map<std::string, uint32_t> by_address;
@@ -506,6 +510,14 @@ absl::Status CoordinatorCore::RestoreState(const proto::CoordinatorState& s, Nan
     n.away_reason = ns.away_reason();
     for (const auto& [name, inc] : ns.passed_barriers()) n.passed_barriers[name] = inc;
     n.report = ns.report();
+    const uint32_t count = n.info.role() == proto::SERVER   ? options_.servers
+                           : n.info.role() == proto::WORKER ? options_.workers
+                                                            : 0;
+    if (n.info.rank() >= count) {
+      return absl::InvalidArgumentError(absl::StrCat("state file: node ", n.info.node_id(), " has role ",
+                                                     n.info.role(), " and rank ", n.info.rank(),
+                                                     ", not one of this job's"));
+    }
     if (n.info.node_id() == 0 || n.info.node_id() >= s.next_node_id() || !nodes.emplace(n.info.node_id(), n).second) {
       return absl::InvalidArgumentError(absl::StrCat("state file: bad or repeated node id ", n.info.node_id()));
     }

@@ -511,6 +511,11 @@ TEST_F(CoordinatorCoreTest, ARestartedCoordinatorTakesTheJobOverFromItsSavedStat
   bad.mutable_nodes(0)->mutable_info()->set_node_id(0);
   CoordinatorCore third(o, 0);
   EXPECT_EQ(third.RestoreState(bad, 0).code(), absl::StatusCode::kInvalidArgument);
+  proto::CoordinatorState bad_rank = saved;
+  bad_rank.mutable_nodes(0)->mutable_info()->set_rank(7);  // the job has 3 servers
+  EXPECT_EQ(third.RestoreState(bad_rank, 0).code(), absl::StatusCode::kInvalidArgument);
+  CoordinatorCore fourth(CoordinatorOptions{.servers = 2, .workers = 2}, 0);
+  EXPECT_EQ(fourth.RestoreState(saved, 0).code(), absl::StatusCode::kInvalidArgument) << "another job's state";
 }
 
 TEST_F(CoordinatorCoreTest, RegisteringNodesAreToldTheJobsHeartbeatInterval) {
