@@ -101,13 +101,23 @@ std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
       Message reply = Reply(m);
       reply.header.mutable_heartbeat_ack();
       reply_to(std::move(reply));
-      // A node behind on the map (it missed an update) gets it again.
+      // A node behind on the map (it missed an update) gets it again, with
+      // the restores it was to make; one that has the map has them.
       if (phase_ == Phase::kRunning && h.epoch() != 0 && h.epoch() < shard_map_.epoch()) {
         Message update;
         update.header.set_epoch(shard_map_.epoch());
         *update.header.mutable_shard_map_update()->mutable_shard_map() = shard_map_;
         update.header.mutable_shard_map_update()->set_reason("a map this node missed");
+        std::vector<uint32_t> vs;
+        for (const auto& [v, r] : pending_restores_)
+          if (node.info.role() == proto::SERVER && shard_map_.vshard_server_rank(v) == node.info.rank()) vs.push_back(v);
+        std::sort(vs.begin(), vs.end());
+        for (uint32_t v : vs) *update.header.mutable_shard_map_update()->add_restores() = pending_restores_.at(v).first;
         out.push_back(Outgoing{node.info.address(), std::move(update)});
+      } else if (node.info.role() == proto::SERVER) {
+        absl::erase_if(pending_restores_, [&](const auto& p) {
+          return shard_map_.vshard_server_rank(p.first) == node.info.rank() && h.epoch() >= p.second.second;
+        });
       }
       break;
     }
@@ -432,6 +442,7 @@ void CoordinatorCore::LoseServer(Node& server, const std::string& what, std::vec
       r.set_last_applied(last_applied_.contains(v) ? last_applied_.at(v) : 0);
       last += r.last_applied();
       restores.push_back(r);
+      pending_restores_[v] = {r, shard_map_.epoch()};
     }
     events_.push_back(absl::StrCat("lost the last copy of ", orphans.size(), " virtual shards (",
                                    absl::StrJoin(orphans, ", "), ") with ", what,

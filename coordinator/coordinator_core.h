@@ -177,6 +177,10 @@ class CoordinatorCore {
   // (vshard, backup rank) recruited but not yet in sync (its primary has not
   // reported the state transfer acknowledged): never promoted.
   absl::flat_hash_set<std::pair<uint32_t, uint32_t>> syncing_;
+  // Restores not yet known to have reached their new primary (by its
+  // heartbeats' map epoch): vshard -> (the restore, the map epoch that asked
+  // for it). A heartbeat catch-up map to that primary carries them again.
+  absl::flat_hash_map<uint32_t, std::pair<proto::ShardRestore, uint64_t>> pending_restores_;
   // Marks the backups `next` has that `previous` did not as syncing.
   void NoteRecruits(const proto::ShardMap& previous, const proto::ShardMap& next);
 };

@@ -472,6 +472,21 @@ TEST_F(CoordinatorCoreTest, WithRestoreALostShardGoesToALiveServerWithItsLastApp
   ASSERT_EQ(events.size(), 2u);
   EXPECT_NE(events[1].find("restored from the last checkpoint"), std::string::npos) << events[1];
   EXPECT_NE(events[1].find("last reported 56 applied pushes"), std::string::npos) << events[1];  // 11+13+15+17
+  // s0 missed that update (its heartbeat says epoch 1): the catch-up map
+  // carries the restores again; once it heartbeats at epoch 2 they are done.
+  auto stale_heartbeat = [&](uint64_t epoch, Nanos now) {
+    Message m = From("s0");
+    m.header.set_epoch(epoch);
+    m.header.mutable_heartbeat();
+    return To(core.Step(m, now), "s0");
+  };
+  auto again = stale_heartbeat(1, 1700 * kMillis);
+  ASSERT_EQ(again.size(), 2u);  // the ack, and the map
+  EXPECT_EQ(again[1].message.header.shard_map_update().restores_size(), 4);
+  EXPECT_EQ(stale_heartbeat(2, 1800 * kMillis).size(), 1u);  // up to date: just the ack
+  again = stale_heartbeat(1, 1900 * kMillis);
+  ASSERT_EQ(again.size(), 2u);
+  EXPECT_EQ(again[1].message.header.shard_map_update().restores_size(), 0) << "restored once already";
 }
 
 TEST_F(CoordinatorCoreTest, ARestartedCoordinatorTakesTheJobOverFromItsSavedState) {
