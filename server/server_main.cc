@@ -84,14 +84,6 @@ int main(int argc, char** argv) {
   node.set_checkpoints(checkpoints);
   static std::atomic<bool> checkpoint_signal{false};
   std::signal(SIGUSR1, [](int) { checkpoint_signal.store(true); });
-  std::thread signal_watch([&node] {
-    // A signal handler may only set a flag; this thread passes it on.
-    while (true) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      if (checkpoint_signal.exchange(false)) node.RequestCheckpoint();
-    }
-  });
-  signal_watch.detach();
   std::unique_ptr<tessera::metrics::MetricsHttpServer> metrics;
   if (metrics_port >= 0) {
     auto m = tessera::metrics::MetricsHttpServer::Start(metrics_host, static_cast<uint16_t>(metrics_port),
@@ -103,7 +95,18 @@ int main(int argc, char** argv) {
     metrics = std::move(*m);
     TLOG_INFO("metrics at http://{}:{}/metrics", metrics_host, metrics->port());
   }
+  std::atomic<bool> serving{true};
+  std::thread signal_watch([&node, &serving] {
+    // A signal handler may only set a flag; this thread passes it on while
+    // the node lives.
+    while (serving.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (checkpoint_signal.exchange(false)) node.RequestCheckpoint();
+    }
+  });
   absl::Status s = node.Run();
+  serving.store(false);
+  signal_watch.join();
   if (metrics) metrics->Stop();
   if (!audit_dir.empty() && node.node_id() != 0) {
     const std::string path = absl::StrCat(audit_dir, "/server-", node.rank(), "-node-", node.node_id(), ".audit");

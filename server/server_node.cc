@@ -99,7 +99,7 @@ void ServerNode::OnMapUpdate(const proto::ShardMapUpdate& update) {
     // Shards that lost every copy: restore the ones this server now leads
     // from the last checkpoint, then give their backups the restored state.
     std::vector<uint32_t> mine;
-    absl::flat_hash_map<uint32_t, uint64_t> last;
+    std::map<uint32_t, uint64_t> last;
     lock.lock();
     for (const proto::ShardRestore& r : update.restores()) {
       if (r.vshard() < update.shard_map().num_vshards() &&
@@ -169,18 +169,11 @@ void ServerNode::WriteCheckpointNow() {
 }
 
 std::string ServerNode::RestoreFromCheckpoints(const std::string& dir, const std::vector<uint32_t>& vshards,
-                                               bool with_windows,
-                                               const absl::flat_hash_map<uint32_t, uint64_t>& last_applied) {
+                                               bool with_windows, const std::map<uint32_t, uint64_t>& last_applied) {
   auto listed = ListCheckpoints(dir);
   if (!listed.ok()) return absl::StrCat("cannot list checkpoints in ", dir, ": ", listed.status().message());
-  // For each shard, the newest snapshot that holds it: by map epoch, then
-  // by the writer's sequence (a shard has one primary per epoch).
-  struct Best {
-    uint64_t epoch = 0, sequence = 0;
-    size_t file = SIZE_MAX;
-  };
-  absl::flat_hash_map<uint32_t, Best> best;
   std::vector<ShardSnapshot> snapshots;
+  std::vector<uint64_t> sequences;
   std::vector<std::string> paths, problems;
   for (const CheckpointInfo& info : *listed) {
     auto snap = ReadCheckpoint(info.path);
@@ -188,40 +181,22 @@ std::string ServerNode::RestoreFromCheckpoints(const std::string& dir, const std
       problems.push_back(std::string(snap.status().message()));
       continue;
     }
-    for (uint32_t v : vshards) {
-      if (!std::binary_search(snap->vshards.begin(), snap->vshards.end(), v)) continue;
-      Best& b = best[v];
-      if (b.file == SIZE_MAX || std::tie(snap->epoch, info.sequence) > std::tie(b.epoch, b.sequence)) {
-        b = Best{snap->epoch, info.sequence, snapshots.size()};
-      }
-    }
     snapshots.push_back(std::move(*snap));
+    sequences.push_back(info.sequence);
     paths.push_back(info.path);
   }
+  std::vector<uint32_t> none;
   std::string report;
   uint64_t restored_rows = 0, missed = 0;
-  std::vector<uint32_t> none;
-  absl::flat_hash_map<size_t, std::vector<uint32_t>> by_file;
-  for (uint32_t v : vshards) {
-    if (!best.contains(v)) {
-      none.push_back(v);
-      continue;
-    }
-    by_file[best.at(v).file].push_back(v);
-  }
-  for (auto& [file, vs] : by_file) {
-    auto rows = core_->RestoreShards(snapshots[file], vs, with_windows);
+  for (const auto& [i, vs] : ChooseNewestCopies(snapshots, sequences, vshards, &none)) {
+    auto rows = core_->RestoreShards(snapshots[i], vs, with_windows);
     if (!rows.ok()) {
-      problems.push_back(absl::StrCat(paths[file], ": ", rows.status().message()));
+      problems.push_back(absl::StrCat(paths[i], ": ", rows.status().message()));
       continue;
     }
     restored_rows += *rows;
-    for (uint32_t v : vs) {
-      const uint64_t had = snapshots[file].applied_pushes_by_vshard.count(v) ? snapshots[file].applied_pushes_by_vshard.at(v) : 0;
-      const uint64_t last = last_applied.contains(v) ? last_applied.at(v) : 0;
-      if (last > had) missed += last - had;
-    }
-    absl::StrAppend(&report, report.empty() ? "" : "; ", "shards ", absl::StrJoin(vs, ","), " from ", paths[file]);
+    missed += MissedApplications(snapshots[i], vs, last_applied);
+    absl::StrAppend(&report, report.empty() ? "" : "; ", "shards ", absl::StrJoin(vs, ","), " from ", paths[i]);
   }
   std::string line = absl::StrCat("restored ", vshards.size() - none.size(), " of ", vshards.size(), " shards (",
                                   restored_rows, " rows) from checkpoints: ", report.empty() ? "none" : report);
@@ -230,7 +205,10 @@ std::string ServerNode::RestoreFromCheckpoints(const std::string& dir, const std
                     " push applications to these shards (a push counts once per shard it touched) made, and "
                     "possibly acknowledged, after them");
   }
-  if (!none.empty()) absl::StrAppend(&line, "; no checkpoint holds shards ", absl::StrJoin(none, ","), ": they start from their initial values");
+  if (!none.empty()) {
+    absl::StrAppend(&line, "; no checkpoint holds shards ", absl::StrJoin(none, ","),
+                    ": they start from their initial values");
+  }
   if (!problems.empty()) absl::StrAppend(&line, "; unreadable: ", absl::StrJoin(problems, "; "));
   return line;
 }

@@ -4,6 +4,7 @@
 // request to the core on the transport's delivery thread and sends the
 // replies. Used by the tessera-server binary and by in-process cluster tests.
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <condition_variable>
@@ -62,7 +63,7 @@ class ServerNode {
   // Restores `vshards` from the newest checkpoints in `dir` that hold them
   // (core_ locked by the caller). Returns a line for the log.
   std::string RestoreFromCheckpoints(const std::string& dir, const std::vector<uint32_t>& vshards, bool with_windows,
-                                     const absl::flat_hash_map<uint32_t, uint64_t>& last_applied);
+                                     const std::map<uint32_t, uint64_t>& last_applied);
   void TickLoop();
 
   std::unique_ptr<Transport> transport_;

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from .faults import FAULT_KEYS, validate_faults
+from .faults import FAULT_KEYS, render_value as _render, validate_faults
 
 TRANSPORTS = ("tcp", "ipc")
 
@@ -563,21 +563,6 @@ def _apply_override(data: dict, override: Override) -> None:
 # --------------------------------------------------------------------------
 # Validation
 # --------------------------------------------------------------------------
-
-
-def _render(value: Any) -> str:
-    """A value as it would read in YAML, for error messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return repr(value)
 
 
 class _Validator:

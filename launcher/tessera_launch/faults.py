@@ -105,7 +105,8 @@ class FaultSpec:
 # --------------------------------------------------------------------------
 
 
-def _render(value: Any) -> str:
+def render_value(value: Any) -> str:
+    """A value as it would read in YAML, for error messages."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -130,7 +131,7 @@ def _process_problem(name: Any, cluster: dict, allow_coordinator: bool) -> Optio
         return None
     match = _TARGET_RE.match(name) if isinstance(name, str) else None
     if not match or (match.group(1) == "server" and not allow_coordinator):
-        return f"must be {kinds}, got {_render(name)}"
+        return f"must be {kinds}, got {render_value(name)}"
     role, rank = match.group(1), int(match.group(2))
     count = cluster.get("servers" if role == "server" else "workers")
     if isinstance(count, int) and rank >= count:
@@ -147,7 +148,7 @@ def validate_faults(raw: Any, cluster: dict, error: Callable[[tuple, str], None]
         return []
     if not isinstance(raw, list):
         error(("faults",), "faults must be a list of faults, e.g. [{target: server-1, action: kill, "
-                           f"at_seconds: 2}}], got {_render(raw)}")
+                           f"at_seconds: 2}}], got {render_value(raw)}")
         return []
     specs = []
     for index, entry in enumerate(raw):
@@ -163,7 +164,7 @@ def _validate_entry(index: int, entry: Any, cluster: dict,
     here = ("faults", index)
     if not isinstance(entry, dict):
         error(here, f"{name} must be a mapping with target, action and at_seconds or at_step, "
-                    f"got {_render(entry)}")
+                    f"got {render_value(entry)}")
         return None
     problems = []
 
@@ -189,7 +190,7 @@ def _validate_entry(index: int, entry: Any, cluster: dict,
     if "action" not in entry:
         bad(None, f"{name}.action is required ({' | '.join(ACTIONS)})")
     elif action not in ACTIONS:
-        bad("action", f"{name}.action must be one of {' | '.join(ACTIONS)}, got {_render(action)}")
+        bad("action", f"{name}.action must be one of {' | '.join(ACTIONS)}, got {render_value(action)}")
 
     at_seconds, at_step = entry.get("at_seconds"), entry.get("at_step")
     if "at_seconds" in entry and "at_step" in entry:
@@ -199,9 +200,9 @@ def _validate_entry(index: int, entry: Any, cluster: dict,
                   "(a worker's step)")
     if "at_seconds" in entry and not (_is_number(at_seconds) and at_seconds >= 0):
         bad("at_seconds", f"{name}.at_seconds must be a non-negative number (seconds after every process of "
-                          f"the job started), got {_render(at_seconds)}")
+                          f"the job started), got {render_value(at_seconds)}")
     if "at_step" in entry and (isinstance(at_step, bool) or not isinstance(at_step, int) or at_step < 0):
-        bad("at_step", f"{name}.at_step must be a non-negative integer (a worker's step), got {_render(at_step)}")
+        bad("at_step", f"{name}.at_step must be a non-negative integer (a worker's step), got {render_value(at_step)}")
 
     step_of = entry.get("step_of")
     if "step_of" in entry:
@@ -219,7 +220,7 @@ def _validate_entry(index: int, entry: Any, cluster: dict,
             bad("duration_seconds", f"{name}.duration_seconds applies to pause only (action is {action})")
         elif not (_is_number(duration) and duration > 0):
             bad("duration_seconds", f"{name}.duration_seconds must be a positive number (seconds), "
-                                    f"got {_render(duration)}")
+                                    f"got {render_value(duration)}")
 
     delay = entry.get("restart_delay_seconds")
     if "restart_delay_seconds" in entry:
@@ -228,7 +229,7 @@ def _validate_entry(index: int, entry: Any, cluster: dict,
                                          f"(action is {action})")
         elif not (_is_number(delay) and delay >= 0):
             bad("restart_delay_seconds", f"{name}.restart_delay_seconds must be a non-negative number "
-                                         f"(seconds), got {_render(delay)}")
+                                         f"(seconds), got {render_value(delay)}")
 
     if (action == "restart" and isinstance(target, str) and target.startswith("worker-")
             and cluster.get("on_worker_loss") not in (None, "wait")):
