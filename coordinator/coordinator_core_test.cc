@@ -48,6 +48,14 @@ class CoordinatorCoreTest : public ::testing::Test {
     return core.Step(m, now);
   }
 
+  // s servers and w workers, replication 2, servers lost after 1 s of silence.
+  CoordinatorOptions Replicated(uint32_t s, uint32_t w) {
+    CoordinatorOptions o = Options(s, w);
+    o.replication = 2;
+    o.server_lease = 1 * kSeconds;
+    return o;
+  }
+
   // Every primary reports its recruited backups in sync (as after their
   // state transfers were acknowledged). Server addresses are "s<rank>",
   // or as the map names them.
@@ -313,10 +321,7 @@ TEST_F(CoordinatorCoreTest, WithoutTheWaitPolicyNoPlaceCanBeTakenOver) {
 }
 
 TEST_F(CoordinatorCoreTest, WithReplicationALostServerFailsOverAndTheJobGoesOn) {
-  CoordinatorOptions o = Options(3, 1);
-  o.replication = 2;
-  o.server_lease = 1 * kSeconds;  // servers are watched more closely than workers
-  CoordinatorCore core(o, 0);
+  CoordinatorCore core(Replicated(3, 1), 0);  // servers are watched more closely than workers
   Assemble(core, 3, 1, 0);
   ASSERT_EQ(core.shard_map().replication(), 2u);
   ASSERT_EQ(core.shard_map().vshard_backups_size(), 8);
@@ -378,9 +383,7 @@ TEST_F(CoordinatorCoreTest, WithoutReplicationALostServerStillFailsTheJob) {
 }
 
 TEST_F(CoordinatorCoreTest, LostCopiesAreRemadeAndARestartedServerRejoins) {
-  CoordinatorOptions o = Options(3, 1);
-  o.replication = 2;
-  o.server_lease = 1 * kSeconds;
+  const CoordinatorOptions o = Replicated(3, 1);
   CoordinatorCore core(o, 0);
   Assemble(core, 3, 1, 0);
   for (const char* n : {"s0", "s2", "w0"}) Heartbeat(core, n, 900 * kMillis);
@@ -425,9 +428,7 @@ TEST_F(CoordinatorCoreTest, LostCopiesAreRemadeAndARestartedServerRejoins) {
 }
 
 TEST_F(CoordinatorCoreTest, ARecruitNotYetInSyncIsNeverPromoted) {
-  CoordinatorOptions o = Options(3, 1);
-  o.replication = 2;
-  o.server_lease = 1 * kSeconds;
+  const CoordinatorOptions o = Replicated(3, 1);
   CoordinatorCore core(o, 0);
   Assemble(core, 3, 1, 0);
   for (const char* n : {"s0", "s2", "w0"}) Heartbeat(core, n, 900 * kMillis);
@@ -490,9 +491,7 @@ TEST_F(CoordinatorCoreTest, WithRestoreALostShardGoesToALiveServerWithItsLastApp
 }
 
 TEST_F(CoordinatorCoreTest, ARestartedCoordinatorTakesTheJobOverFromItsSavedState) {
-  CoordinatorOptions o = Options(3, 2);
-  o.replication = 2;
-  o.server_lease = 1 * kSeconds;
+  const CoordinatorOptions o = Replicated(3, 2);
   CoordinatorCore core(o, 0);
   Assemble(core, 3, 2, 0);
   for (const char* n : {"s0", "s2", "w0", "w1"}) Heartbeat(core, n, 900 * kMillis);
