@@ -54,7 +54,6 @@ def test_a_server_killed_mid_job_loses_no_acknowledged_push(tmp_path, model, sta
     pid = wait_for_process("tessera-server", address, "server-1")
     time.sleep(2.0)  # let the workers get going
     assert job.poll() is None, "the job ended before the fault: make it longer\n" + job.stdout.read()
-    killed_at = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     out, _ = job.communicate(timeout=180)
     assert job.returncode == 0, out[-4000:]
@@ -69,7 +68,6 @@ def test_a_server_killed_mid_job_loses_no_acknowledged_push(tmp_path, model, sta
                             "--staleness", str(staleness)], capture_output=True, text=True, timeout=120)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "I1 0, I2 0, I3 0, I4 0" in check.stdout, check.stdout
-    assert time.monotonic() - killed_at > 0.5
 
 
 def test_a_restarted_server_rejoins_and_takes_over_after_a_second_loss(tmp_path):
