@@ -13,6 +13,7 @@ PACKAGES=(
   libabsl-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
   python3-yaml python3-numpy python3-pytest python3-matplotlib
   openmpi-bin slurm-wlm munge openssh-server openssh-client
+  etcd-server etcd-client
 )
 
 missing=()
