@@ -493,7 +493,7 @@ proto::CoordinatorState CoordinatorCore::SaveState() const {
   return s;
 }
 
-absl::Status CoordinatorCore::RestoreState(const proto::CoordinatorState& s, Nanos now) {
+absl::Status CoordinatorCore::RestoreState(const proto::CoordinatorState& s, Nanos now, std::string_view source) {
   if (!nodes_.empty()) return absl::FailedPreconditionError("a coordinator restores its state only when fresh");
   if (s.phase() > static_cast<uint32_t>(Phase::kFailed)) {
     return absl::InvalidArgumentError(absl::StrCat("state file: unknown phase ", s.phase()));
@@ -548,7 +548,7 @@ absl::Status CoordinatorCore::RestoreState(const proto::CoordinatorState& s, Nan
     barriers_[b.name()].insert(b.node_ids().begin(), b.node_ids().end());
   syncing_.clear();
   for (int i = 0; i < s.syncing_vshards_size(); ++i) syncing_.insert({s.syncing_vshards(i), s.syncing_ranks(i)});
-  events_.push_back(absl::StrCat("took the job over from the state file: ", nodes_.size(), " nodes, shard map epoch ",
+  events_.push_back(absl::StrCat("took the job over from ", std::string(source), ": ", nodes_.size(), " nodes, shard map epoch ",
                                  shard_map_.epoch()));
   return absl::OkStatus();
 }

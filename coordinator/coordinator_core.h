@@ -125,7 +125,9 @@ class CoordinatorCore {
   // Takes a saved state over at time `now`: every live node counts as just
   // heard from (a node that died meanwhile is lost one lease later). Only on
   // a fresh core; a bad state is an error and changes nothing.
-  absl::Status RestoreState(const proto::CoordinatorState& state, Nanos now);
+  // `source` names where the state came from, for the event line.
+  absl::Status RestoreState(const proto::CoordinatorState& state, Nanos now,
+                            std::string_view source = "the state file");
 
   // Membership lines since the last call ("worker 1 (...) was lost: ..."), for logs.
   std::vector<std::string> TakeEvents() { return std::exchange(events_, {}); }

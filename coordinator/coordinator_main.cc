@@ -1,7 +1,9 @@
 // tessera-coordinator: parses flags and runs a CoordinatorNode. Writes the
-// bound address to --address-file once listening and the job summary to
-// --summary-file at the end. Exits 0 when every worker finished, 1 when the
-// job failed (the reason is the last log line), 2 on bad flags.
+// bound address to --address-file once listening (with --etcd: once it
+// leads the job) and the job summary to --summary-file at the end. Exits 0
+// when every worker finished, 1 when the job failed (the reason is the last
+// log line), 2 on bad flags, 3 when it lost the leadership of the job to a
+// standby (--etcd).
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +13,7 @@
 #include "CLI/CLI.hpp"
 #include "common/logging.h"
 #include "coordinator/coordinator_node.h"
+#include "coordinator/etcd_leadership.h"
 #include "transport/transport_factory.h"
 
 namespace {
@@ -79,6 +82,18 @@ int main(int argc, char** argv) {
                  "Keep the coordinator's own state (membership, shard map and epoch, barriers) in this file; a "
                  "coordinator started again with the same file takes the job over where it was, at the address it "
                  "had (--bind is then ignored), as long as the nodes' coordinator lease (5 s) has not run out");
+  std::string etcd, job = "tessera";
+  double etcd_lease = 2;
+  app.add_option("--etcd", etcd,
+                 "Keep the coordinator's state in etcd at these client URLs (http://HOST:PORT, comma-separated) "
+                 "instead of a file, and run for the job's leadership there: any number of coordinators may "
+                 "be started for one job; one leads, the others stand by and take over when its lease runs out. "
+                 "Nodes then find the leader with --coordinator etcd://HOST:PORT/JOB");
+  app.add_option("--job", job, "With --etcd: the job's name, its keys' prefix /tessera/JOB/ (unique per job run)");
+  app.add_option("--etcd-lease", etcd_lease,
+                 "With --etcd: seconds the leader's etcd lease lasts without a keep-alive; a standby takes over "
+                 "this long after the leader dies (etcd's minimum is 2 s by default)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--name", name, "Name in log lines");
   app.add_flag("--debug", debug, "Log debug lines");
   CLI11_PARSE(app, argc, argv);
@@ -98,6 +113,10 @@ int main(int argc, char** argv) {
   options.server_lease = static_cast<tessera::Nanos>(server_lease * 1e9);
   options.restore_lost_shards = on_shard_loss == "restore";
 
+  if (!etcd.empty() && !state_file.empty()) {
+    TLOG_ERROR("--etcd and --state-file both keep the coordinator's state: give one");
+    return 2;
+  }
   std::optional<tessera::proto::CoordinatorState> restored;
   if (!state_file.empty() && std::filesystem::exists(state_file)) {
     std::ifstream in(state_file, std::ios::binary);
@@ -125,22 +144,69 @@ int main(int argc, char** argv) {
     TLOG_ERROR("cannot listen on {}: {}", bind, s.message());
     return 1;
   }
+  std::unique_ptr<tessera::EtcdLeadership> leadership;
+  if (!etcd.empty()) {
+    auto created = tessera::EtcdLeadership::Create({.endpoints = etcd,
+                                                    .job = job,
+                                                    .address = node.address(),
+                                                    .lease_ttl = static_cast<tessera::Nanos>(etcd_lease * 1e9)});
+    if (!created.ok()) {
+      TLOG_ERROR("{}", created.status().message());
+      return 2;
+    }
+    leadership = std::move(*created);
+    TLOG_INFO("listening on {}; running for the leadership of job {} in etcd at {}", node.address(), job, etcd);
+    auto state = leadership->Campaign([&](const std::string& leader) {
+      TLOG_INFO("standing by: job {} is led by the coordinator at {}; taking over if its etcd lease ({} s) runs out",
+                job, leader, etcd_lease);
+    });
+    if (!state.ok()) {
+      TLOG_ERROR("cannot run for the leadership of job {}: {}", job, state.status().message());
+      return 1;
+    }
+    if (*state && ((*state)->phase() == static_cast<uint32_t>(tessera::CoordinatorCore::Phase::kDone) ||
+                   (*state)->phase() == static_cast<uint32_t>(tessera::CoordinatorCore::Phase::kFailed))) {
+      const bool ok = (*state)->phase() == static_cast<uint32_t>(tessera::CoordinatorCore::Phase::kDone);
+      TLOG_INFO("job {} has ended under an earlier coordinator ({}{}); nothing to take over (a new job needs a "
+                "new --job name)",
+                job, ok ? "ok" : "failed: ", (*state)->failure_reason());
+      leadership->Resign();
+      return ok ? 0 : 1;
+    }
+    if (*state) {
+      TLOG_INFO("taking job {} over from etcd: shard map epoch {}, {} nodes", job, (*state)->shard_map().epoch(),
+                (*state)->nodes_size());
+      restored = std::move(**state);
+    }
+    tessera::EtcdLeadership* lead = leadership.get();
+    node.set_state(
+        std::move(restored), [lead](const std::string& bytes) { return lead->Save(bytes); }, "etcd");
+    node.set_leadership([lead] { return lead->Holds(); });
+  } else {
+    node.set_state(std::move(restored), [&state_file](const std::string& bytes) {
+      if (!state_file.empty() && !WriteFileAtomically(state_file, bytes)) {
+        TLOG_ERROR("cannot write the state file {}", state_file);
+      }
+      return true;
+    });
+  }
   if (!address_file.empty() && !WriteFileAtomically(address_file, node.address() + "\n")) {
     TLOG_ERROR("cannot write the address file {}", address_file);
     return 1;
   }
-  node.set_state(std::move(restored), [&state_file](const std::string& bytes) {
-    if (!state_file.empty() && !WriteFileAtomically(state_file, bytes)) {
-      TLOG_ERROR("cannot write the state file {}", state_file);
-    }
-  });
   absl::Status result = node.Run();
+  if (absl::IsFailedPrecondition(result)) {
+    TLOG_ERROR("stopping: lost the leadership of job {}: {}", job, leadership ? leadership->lost_reason() : "");
+    return 3;
+  }
   if (!summary_file.empty() && !WriteFileAtomically(summary_file, node.SummaryJson())) {
     TLOG_ERROR("cannot write the summary file {}", summary_file);
   }
   // A successful job stays a moment for nodes that missed the Shutdown; a
   // failed one goes now (its nodes end on the failure or the lost coordinator).
   node.Linger(result.ok() ? 1500 * tessera::kMillis : 0);
+  // Standbys take the leader key now, find the job ended, and exit.
+  if (leadership) leadership->Resign();
   if (!result.ok()) {
     TLOG_ERROR("job failed: {}", result.message());
     return 1;

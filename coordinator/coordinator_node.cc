@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace tessera {
 
@@ -68,21 +70,31 @@ absl::Status CoordinatorNode::Run() {
   core_.emplace(options_, MonotonicNow());
   CoordinatorCore& core = *core_;
   if (restored_) {
-    if (absl::Status s = core.RestoreState(*restored_, MonotonicNow()); !s.ok()) {
+    if (absl::Status s = core.RestoreState(*restored_, MonotonicNow(), state_source_); !s.ok()) {
       transport_->Stop();
       return s;
     }
   }
   std::string saved;
+  // Saves a changed state; false when this coordinator may no longer act.
   auto save = [&] {
-    if (!save_state_) return;
-    std::string now = core.SaveState().SerializeAsString();
-    if (now == saved) return;
-    save_state_(now);
+    if (!save_state_) return true;
+    std::string now;
+    {
+      google::protobuf::io::StringOutputStream out(&now);
+      google::protobuf::io::CodedOutputStream coded(&out);
+      coded.SetSerializationDeterministic(true);
+      core.SaveState().SerializeToCodedStream(&coded);
+    }
+    if (now == saved) return true;
+    if (!save_state_(now)) return false;
     saved = std::move(now);
+    return true;
   };
-  auto send_all = [&](std::vector<Outgoing> out) {
-    for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
+  auto leads = [&] { return !holds_ || holds_(); };
+  auto deposed = [&] {
+    transport_->Stop();
+    return absl::FailedPreconditionError("this coordinator no longer leads the job; it stops without sending");
   };
   if (restored_) {
     TLOG_INFO("listening on {}; the job goes on (map epoch {})", transport_->address(), core.shard_map().epoch());
@@ -90,7 +102,9 @@ absl::Status CoordinatorNode::Run() {
     TLOG_INFO("listening on {}; waiting for {} servers and {} workers", transport_->address(), options_.servers,
               options_.workers);
   }
+  if (!save()) return deposed();
   CoordinatorCore::Phase last_phase = core.phase();
+  std::vector<Outgoing> outbox;
   while (!core.finished()) {
     std::deque<Message> batch;
     {
@@ -98,17 +112,23 @@ absl::Status CoordinatorNode::Run() {
       cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return !inbox_.empty(); });
       batch.swap(inbox_);
     }
-    for (Message& m : batch) send_all(core.Step(m, MonotonicNow()));
-    send_all(core.Tick(MonotonicNow()));
+    if (!leads()) return deposed();
+    outbox.clear();
+    auto take = [&](std::vector<Outgoing> out) {
+      for (Outgoing& o : out) outbox.push_back(std::move(o));
+    };
+    for (Message& m : batch) take(core.Step(m, MonotonicNow()));
+    take(core.Tick(MonotonicNow()));
+    // Write-ahead: the state that these messages follow from is saved first.
+    if (!save() || !leads()) return deposed();
+    for (Outgoing& o : outbox) (void)transport_->Send(o.to, std::move(o.message));
     for (const std::string& e : core.TakeEvents()) TLOG_WARN("{}", e);
     if (core.phase() != last_phase && core.phase() == CoordinatorCore::Phase::kRunning) {
       TLOG_INFO("job assembled: {} servers, {} workers, {} virtual shards; shard map epoch {}", options_.servers,
                 options_.workers, options_.vshards, core.shard_map().epoch());
     }
     last_phase = core.phase();
-    save();
   }
-  save();
   // Give the shutdown messages time to leave before anything closes.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   if (core.phase() == CoordinatorCore::Phase::kDone) return absl::OkStatus();
@@ -125,6 +145,7 @@ void CoordinatorNode::Linger(Nanos duration) {
       cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return !inbox_.empty(); });
       batch.swap(inbox_);
     }
+    if (holds_ && !holds_()) break;
     for (Message& m : batch)
       for (Outgoing& o : core.Step(m, MonotonicNow())) (void)transport_->Send(o.to, std::move(o.message));
   }

@@ -30,16 +30,26 @@ class CoordinatorNode {
   const std::string& address() const { return transport_->address(); }
 
   // The coordinator's own state (set before Run()): `restored` is taken over
-  // at the start (a restarted coordinator), and `save` is called with the
-  // serialized proto::CoordinatorState whenever it changed (at most every
-  // 50 ms), to keep it where a restart finds it.
-  void set_state(std::optional<proto::CoordinatorState> restored, std::function<void(const std::string&)> save) {
+  // at the start (a restarted coordinator, or a standby taking over), and
+  // `save` is called with the serialized proto::CoordinatorState whenever it
+  // changed, before any message that follows from the change is sent (so a
+  // successor never publishes an older map than one a node has seen). `save`
+  // returning false means this coordinator may no longer act (it was
+  // deposed): Run() then returns FailedPrecondition without sending.
+  // `source` names where the state was kept, for the log ("the state file").
+  void set_state(std::optional<proto::CoordinatorState> restored, std::function<bool(const std::string&)> save,
+                 std::string source = "the state file") {
     restored_ = std::move(restored);
     save_state_ = std::move(save);
+    state_source_ = std::move(source);
   }
+  // Whether this coordinator still leads the job (checked before every
+  // send); false stops Run() as a false `save` does. Default: always.
+  void set_leadership(std::function<bool()> holds) { holds_ = std::move(holds); }
 
   // Runs the job to its end. OK if every worker finished; Aborted with the
-  // reason if the job failed. Requires Start() to have succeeded.
+  // reason if the job failed; FailedPrecondition if this coordinator lost the
+  // leadership. Requires Start() to have succeeded.
   absl::Status Run();
   // After Run(): keeps answering for `duration` (a node that missed its
   // Shutdown, a lost message, gets it again when it next heartbeats), then
@@ -57,7 +67,9 @@ class CoordinatorNode {
   std::deque<Message> inbox_;  // guarded by mu_
   std::optional<CoordinatorCore> core_;
   std::optional<proto::CoordinatorState> restored_;
-  std::function<void(const std::string&)> save_state_;
+  std::function<bool(const std::string&)> save_state_;
+  std::function<bool()> holds_;
+  std::string state_source_;
 };
 
 // JSON helpers shared with tests.

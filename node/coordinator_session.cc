@@ -1,6 +1,8 @@
 #include "node/coordinator_session.h"
 
 #include <algorithm>
+#include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -11,7 +13,55 @@ std::string Secs(Nanos n) { return absl::StrCat(static_cast<double>(n / kMillis)
 }  // namespace
 
 CoordinatorSession::CoordinatorSession(Options options, Transport* transport)
-    : options_(std::move(options)), transport_(transport) {}
+    : options_(std::move(options)), transport_(transport) {
+  if (IsEtcdAddress(options_.coordinator)) {
+    // Bad addresses are refused by the flag parsers (ParseEtcdCoordinatorAddress); here a bad one
+    // just finds no leader, and Join() says so.
+    if (auto a = ParseEtcdCoordinatorAddress(options_.coordinator); a.ok()) {
+      etcd_ = std::move(*EtcdClient::Create(a->endpoints, 1 * kSeconds));
+      etcd_job_ = a->job;
+      leader_key_ = EtcdLeaderKey(a->job);
+    }
+  } else {
+    coordinator_ = options_.coordinator;
+  }
+}
+
+std::string CoordinatorSession::coordinator() const {
+  std::lock_guard lock(address_mu_);
+  return coordinator_.empty() ? options_.coordinator : coordinator_;
+}
+
+absl::Status CoordinatorSession::Resolve(bool force) {
+  if (!IsEtcdAddress(options_.coordinator)) return absl::OkStatus();
+  if (!etcd_) return absl::InvalidArgumentError(ParseEtcdCoordinatorAddress(options_.coordinator).status().message());
+  {
+    std::lock_guard lock(address_mu_);
+    if (!force && MonotonicNow() - last_resolve_ < 250 * kMillis) return absl::OkStatus();
+    last_resolve_ = MonotonicNow();
+  }
+  auto leader = etcd_->Get(leader_key_);
+  if (!leader.ok()) return leader.status();
+  if (!leader->has_value()) {
+    return absl::NotFoundError(absl::StrCat("no coordinator leads job ", etcd_job_, " (no key ", leader_key_,
+                                            " in etcd at ", etcd_->endpoints(), ")"));
+  }
+  std::string previous;
+  {
+    std::lock_guard lock(address_mu_);
+    if (coordinator_ == (*leader)->value) return absl::OkStatus();
+    previous = std::exchange(coordinator_, (*leader)->value);
+  }
+  if (previous.empty()) {
+    TLOG_INFO("the coordinator of job {} is at {} (etcd at {})", etcd_job_, (*leader)->value, etcd_->endpoints());
+  } else {
+    TLOG_WARN("the coordinator of job {} moved from {} to {} (a standby took over)", etcd_job_, previous,
+              (*leader)->value);
+    std::lock_guard lock(mu_);
+    last_heard_ = MonotonicNow();  // the new leader gets a whole lease
+  }
+  return absl::OkStatus();
+}
 
 CoordinatorSession::~CoordinatorSession() {
   {
@@ -26,8 +76,10 @@ void CoordinatorSession::Send(proto::Envelope header) {
   Message m;
   header.set_sender_id(self_.node_id());
   m.header = std::move(header);
-  if (auto s = transport_->Send(options_.coordinator, std::move(m)); !s.ok()) {
-    TLOG_WARN("send to coordinator {} failed: {}", options_.coordinator, s.ToString());
+  const std::string to = coordinator();
+  if (IsEtcdAddress(to)) return;  // no leader known yet: Join() resolves first
+  if (auto s = transport_->Send(to, std::move(m)); !s.ok()) {
+    TLOG_WARN("send to coordinator {} failed: {}", to, s.ToString());
   }
 }
 
@@ -85,12 +137,28 @@ bool CoordinatorSession::Handle(const Message& m) {
 
 absl::StatusOr<proto::JobReady> CoordinatorSession::Join() {
   const Nanos deadline = MonotonicNow() + options_.connect_timeout;
+  // With etcd: find the leader first.
+  for (absl::Status found = Resolve(true); !found.ok(); found = Resolve(true)) {
+    if (found.code() == absl::StatusCode::kInvalidArgument) return found;
+    if (MonotonicNow() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("found no coordinator within ", Secs(options_.connect_timeout),
+                                                      ": ", found.message()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
   std::unique_lock lock(mu_);
   // Register, resending until the coordinator answers.
+  int unanswered = 0;
   while (!registered_ && !register_error_ && !ended_) {
     if (MonotonicNow() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("coordinator at ", options_.coordinator,
-                                                      " did not answer within ", Secs(options_.connect_timeout)));
+      return absl::DeadlineExceededError(absl::StrCat("coordinator at ", coordinator(), " did not answer within ",
+                                                      Secs(options_.connect_timeout)));
+    }
+    if (++unanswered % 3 == 0) {
+      // The leader may have changed since it was looked up.
+      lock.unlock();
+      (void)Resolve(false);
+      lock.lock();
     }
     proto::Envelope h;
     h.set_request_id(NextRequestIdLocked());
@@ -116,6 +184,9 @@ absl::StatusOr<proto::JobReady> CoordinatorSession::Join() {
     cv_.wait_for(lock, std::chrono::nanoseconds(std::min(4 * options_.register_retry, deadline - MonotonicNow())),
                  [&] { return ready_ || ended_; });
     if (ready_ || ended_) continue;
+    lock.unlock();
+    (void)Resolve(false);
+    lock.lock();
     proto::Envelope h;
     h.set_request_id(NextRequestIdLocked());
     auto* r = h.mutable_register_request();
@@ -129,7 +200,7 @@ absl::StatusOr<proto::JobReady> CoordinatorSession::Join() {
   if (!ok) {
     return absl::DeadlineExceededError(absl::StrCat("the job did not assemble within ",
                                                     Secs(options_.connect_timeout), " (coordinator at ",
-                                                    options_.coordinator, " did not send the shard map)"));
+                                                    coordinator(), " did not send the shard map)"));
   }
   return *ready_;
 }
@@ -137,8 +208,22 @@ absl::StatusOr<proto::JobReady> CoordinatorSession::Join() {
 void CoordinatorSession::HeartbeatLoop() {
   std::unique_lock lock(mu_);
   while (!stopping_ && !ended_) {
+    Nanos interval = options_.heartbeat_interval;
+    if (registered_ && registered_->heartbeat_interval_ms() > 0) {
+      interval = std::min<Nanos>(interval, static_cast<Nanos>(registered_->heartbeat_interval_ms()) * kMillis);
+    }
+    if (etcd_ && MonotonicNow() - last_heard_ >= 2 * interval) {
+      // Silent for two heartbeats: has a standby taken over?
+      lock.unlock();
+      absl::Status found = Resolve(false);
+      if (!found.ok()) TLOG_DEBUG("looking up the coordinator: {}", found.message());
+      lock.lock();
+    }
     if (MonotonicNow() - last_heard_ >= options_.lease) {
-      EndLocked(absl::UnavailableError(absl::StrCat("lost the coordinator at ", options_.coordinator,
+      EndLocked(absl::UnavailableError(absl::StrCat("lost the coordinator at ", coordinator(),
+                                                    etcd_ ? absl::StrCat(" (job ", etcd_job_, " in etcd at ",
+                                                                         etcd_->endpoints(), ")")
+                                                          : std::string(),
                                                     ": no answer for ", Secs(MonotonicNow() - last_heard_))),
                 lock);
       break;
@@ -151,10 +236,6 @@ void CoordinatorSession::HeartbeatLoop() {
     if (fill_heartbeat_) fill_heartbeat_(h.mutable_heartbeat());
     Send(std::move(h));
     lock.lock();
-    Nanos interval = options_.heartbeat_interval;
-    if (registered_ && registered_->heartbeat_interval_ms() > 0) {
-      interval = std::min<Nanos>(interval, static_cast<Nanos>(registered_->heartbeat_interval_ms()) * kMillis);
-    }
     cv_.wait_for(lock, std::chrono::nanoseconds(interval), [&] { return stopping_ || ended_; });
   }
 }
@@ -183,7 +264,7 @@ absl::Status CoordinatorSession::Barrier(const std::string& name, Nanos timeout)
   if (ended_) return ended_->ok() ? absl::AbortedError("job ended during barrier '" + name + "'") : *ended_;
   (void)done;
   return absl::DeadlineExceededError(absl::StrCat("barrier '", name, "' not released within ", Secs(timeout),
-                                                  " (the coordinator at ", options_.coordinator,
+                                                  " (the coordinator at ", coordinator(),
                                                   " waits for every worker)"));
 }
 
@@ -213,7 +294,7 @@ absl::Status CoordinatorSession::ReportDone(const proto::WorkerDone& report, Nan
     return s;
   }
   if (ended_) return *ended_;
-  return absl::DeadlineExceededError(absl::StrCat("coordinator at ", options_.coordinator,
+  return absl::DeadlineExceededError(absl::StrCat("coordinator at ", coordinator(),
                                                   " did not acknowledge the done report within ", Secs(timeout)));
 }
 

@@ -17,6 +17,11 @@
 // - Heartbeats carry the node's shard map epoch (set_map_epoch; at first
 //   the JobReady's): a coordinator with a newer map answers with a
 //   ShardMapUpdate, so a node that missed one (a lost message) catches up.
+// - The coordinator is a fixed address, or "etcd://HOST:PORT[,...]/JOB": the
+//   session then reads the leader's address from etcd (/tessera/JOB/leader)
+//   before it registers, and again whenever the coordinator has been silent
+//   for two heartbeats; when the address changed (a standby took over) it
+//   goes on with the new leader, which gets a whole `lease` to answer.
 // - ReportDone() sends its report again until the coordinator answers.
 // - The end of the job (Shutdown from the coordinator, or a lost
 //   coordinator) is reported exactly once, to WaitForEnd() and to the
@@ -36,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "common/message.h"
+#include "etcd/etcd_client.h"
 #include "transport/transport.h"
 
 namespace tessera {
@@ -43,7 +49,7 @@ namespace tessera {
 class CoordinatorSession {
  public:
   struct Options {
-    std::string coordinator;                  // the coordinator's address
+    std::string coordinator;                  // the coordinator's address, or etcd://HOST:PORT/JOB
     proto::Role role = proto::WORKER;         // SERVER or WORKER
     int rank = -1;                            // requested rank, -1 = any
     Nanos connect_timeout = 30 * kSeconds;    // registration + assembly
@@ -84,12 +90,22 @@ class CoordinatorSession {
 
  private:
   void Send(proto::Envelope header);
+  std::string coordinator() const;
+  // With an etcd:// coordinator: reads the leader's address (at most every
+  // 250 ms unless `force`); switches to it if it changed. Call without mu_.
+  // Returns why it could not, or OK.
+  absl::Status Resolve(bool force);
   void HeartbeatLoop();
   void EndLocked(absl::Status status, std::unique_lock<std::mutex>& lock);
   uint64_t NextRequestIdLocked() { return kSessionRequestBit | ++next_request_; }
 
   const Options options_;
   Transport* const transport_;
+  std::unique_ptr<EtcdClient> etcd_;  // set for an etcd:// coordinator
+  std::string etcd_job_, leader_key_;
+  mutable std::mutex address_mu_;
+  std::string coordinator_;           // guarded by address_mu_
+  Nanos last_resolve_ = 0;            // guarded by address_mu_
   std::function<void(const absl::Status&)> on_end_;
   std::function<void(proto::Heartbeat*)> fill_heartbeat_;
   proto::NodeInfo self_;

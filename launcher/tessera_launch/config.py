@@ -144,6 +144,21 @@ class CheckpointsSection:
 
 
 @dataclass(frozen=True)
+class CoordinatorSection:
+    etcd: str = ""
+    standbys: int = 0
+    etcd_lease_seconds: float = 2
+
+    def node_address(self, job_key: str) -> str:
+        """Where servers and workers find the leading coordinator:
+        etcd://HOST:PORT[,...]/JOB_KEY ("" without etcd)."""
+        if not self.etcd:
+            return ""
+        hosts = [e.strip().removeprefix("http://").rstrip("/") for e in self.etcd.split(",") if e.strip()]
+        return f"etcd://{','.join(hosts)}/{job_key}"
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """A validated job config with every default filled in.
 
@@ -163,6 +178,7 @@ class JobConfig:
     kubernetes: KubernetesSection = dataclasses.field(default_factory=KubernetesSection)
     metrics: MetricsSection = dataclasses.field(default_factory=MetricsSection)
     checkpoints: CheckpointsSection = dataclasses.field(default_factory=CheckpointsSection)
+    coordinator: CoordinatorSection = dataclasses.field(default_factory=CoordinatorSection)
     faults: tuple = ()  # FaultSpec, in file order
 
     def to_dict(self) -> dict:
@@ -177,7 +193,8 @@ class JobConfig:
                 "program": self.worker.program,
                 "args": dict(self.worker.args),
             },
-            **{name: dataclasses.asdict(getattr(self, name)) for name in BACKEND_SECTIONS},
+            **{name: dataclasses.asdict(getattr(self, name))
+               for name in SCHEMA if name not in ("job", "cluster", "timeouts", "worker")},
             **faults,
         }
 
@@ -261,6 +278,20 @@ _transport = _one_of(TRANSPORTS)
 _worker_loss = _one_of(WORKER_LOSS_POLICIES)
 _pull_policy = _one_of(("Always", "IfNotPresent", "Never"))
 _count_or_zero = _int_in(0, 2**63, "a non-negative integer (0: not set)")
+_standbys = _int_in(0, 16, "a number of standby coordinators from 0 to 16")
+
+
+def _etcd_endpoints(value: Any) -> Optional[str]:
+    if not isinstance(value, str):
+        return "must be a string of etcd client URLs (http://HOST:PORT, comma-separated), or empty"
+    for part in (p.strip() for p in value.split(",")):
+        if not value.strip():
+            return None
+        rest = part.removeprefix("http://").rstrip("/")
+        host, _, port = rest.rpartition(":")
+        if part.startswith("https://") or not host or "/" in rest or not port.isdigit() or not 0 < int(port) < 65536:
+            return f"'{part}' is not an etcd client URL http://HOST:PORT (https is not supported)"
+    return None
 _port = _int_in(1, 65533, "a port number from 1 to 65533 (it and the next two are used)")
 _metrics_port = _int_in(0, 65535, "0 (metrics off) or the first of the ports, up to 65535")
 
@@ -362,6 +393,17 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "keep": Field(_positive_int, 3, "checkpoints kept per server rank"),
         "restore_from": Field(_string, "", "start the job from the checkpoints in this directory; empty: no"),
     },
+    "coordinator": {
+        "etcd": Field(_etcd_endpoints, "",
+                      "etcd client URLs (http://HOST:PORT, comma-separated) where the coordinator keeps its state "
+                      "and its leader is elected; empty: a state file in the run directory"),
+        "standbys": Field(_standbys, 0,
+                          "standby coordinators (local back-end; needs etcd): they take over when the leader's "
+                          "etcd lease runs out"),
+        "etcd_lease_seconds": Field(_positive_number, 2,
+                                    "the leader's etcd lease: a standby takes over this long after the leader "
+                                    "dies (etcd's minimum is 2)"),
+    },
     "metrics": {
         "port": Field(_metrics_port, 0, "first Prometheus port: server-R port+R, worker-R port+servers+R; 0: off"),
         "host": Field(_nonempty_string, "127.0.0.1", "address the metrics endpoints listen on"),
@@ -380,6 +422,7 @@ _SECTION_TYPES = {
     "slurm": SlurmSection,
     "metrics": MetricsSection,
     "checkpoints": CheckpointsSection,
+    "coordinator": CoordinatorSection,
     "ssh": SshSection,
     "kubernetes": KubernetesSection,
 }
@@ -714,6 +757,9 @@ def validate(data: Any, source: str, overrides: list = ()) -> JobConfig:
     if "args" in sections["worker"]:
         sections["worker"]["args"] = checker.worker_args(sections["worker"]["args"])
     checker.cross_checks(sections["cluster"], sections["timeouts"])
+    if sections["coordinator"].get("standbys") and not sections["coordinator"].get("etcd"):
+        checker.error(("coordinator", "standbys"),
+                      "coordinator.standbys needs coordinator.etcd (standbys are elected through etcd)")
     faults = validate_faults(data.get("faults"), sections["cluster"], checker.error)
     if checker.errors:
         raise ConfigError("\n".join(checker.errors))

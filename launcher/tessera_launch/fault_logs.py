@@ -37,6 +37,7 @@ _LINE_RE = re.compile(r"^\[(?P<process>[^\]]+)\] (?P<stamp>\d{4}-\d{2}-\d{2} \d{
                       r"(?P<logger>\S+) (?P<level>\S+) (?P<message>.*)$")
 _LOST_RE = re.compile(r"\blost (?P<role>server|worker) (?P<rank>\d+) \(")
 _FAILOVER_RE = re.compile(r"fail over to their backups \(map epoch (?P<epoch>\d+)\)")
+_TAKEOVER_RE = re.compile(r"^won the leadership of job ")
 _ACK_RE = re.compile(r"^first push acknowledged on shard map epoch (?P<epoch>\d+)\b")
 _REJOIN_RE = re.compile(r"^(?P<role>server|worker) (?P<rank>\d+) rejoined from ")
 _BACK_RE = re.compile(r"^(?P<role>server|worker) (?P<rank>\d+) \(.*\) is back after ")
@@ -84,6 +85,11 @@ def read_logs(log_dir: Path) -> list:
     return parse_lines(lines)
 
 
+def _is_coordinator(process: str) -> bool:
+    """The coordinator, or one of its standbys (coordinator-S), which may lead by now."""
+    return process == "coordinator" or process.startswith("coordinator-")
+
+
 def lost_in_message(message: str, role: str, rank: int) -> bool:
     """Whether a coordinator message (or whole log line) declares `role rank` lost."""
     return any(m["role"] == role and int(m["rank"]) == rank for m in _LOST_RE.finditer(message))
@@ -128,9 +134,19 @@ def analyze(fault: dict, lines: list, on_worker_loss: str = "stop", until: float
     out: dict = {"detection_seconds": None}
     notes: list = []
     if role == "coordinator":
-        out["recovered"] = False if action == "kill" else job_ok
-        notes.append("nothing takes over from a killed coordinator" if action == "kill" else
-                     "a paused coordinator is not failed over; recovered is whether the job still ended ok")
+        takeover = _first(lines, start, until,
+                          lambda l: l.process.startswith("coordinator-") and _TAKEOVER_RE.match(l.message))
+        if takeover:
+            out["detection_seconds"] = _seconds(takeover[0], t0)
+            out["recovered"] = job_ok
+            notes.append(f"{takeover[0].process} took the leadership over (detection: its `won the leadership` "
+                         "line); recovered is whether the job still ended ok")
+        elif action == "kill":
+            out["recovered"] = False
+            notes.append("nothing takes over from a killed coordinator (no standby won the leadership)")
+        else:
+            out["recovered"] = job_ok
+            notes.append("the coordinator was not taken over; recovered is whether the job still ended ok")
         out["note"] = "; ".join(notes)
         return out
     rank = int(rank_text)
@@ -144,7 +160,7 @@ def analyze(fault: dict, lines: list, on_worker_loss: str = "stop", until: float
     if action == "pause":
         detect_end = min(until, t0 + fault["duration_seconds"] + PAUSE_DETECTION_SLACK_SECONDS)
     found = _first(lines, start, detect_end,
-                   lambda l: l.process == "coordinator" and lost_in_message(l.message, role, rank))
+                   lambda l: _is_coordinator(l.process) and lost_in_message(l.message, role, rank))
     lost = found[0] if found else None
     if lost is None:
         if action == "pause":
@@ -196,7 +212,7 @@ def analyze(fault: dict, lines: list, on_worker_loss: str = "stop", until: float
                 out["failover_seconds_last_worker"] = _seconds(last, t0)
         if action == "restart":
             rejoin = _first(lines, lost.time - TIMESTAMP_SLACK_SECONDS, until, lambda l: (
-                l.process == "coordinator" and (m := _REJOIN_RE.match(l.message))
+                _is_coordinator(l.process) and (m := _REJOIN_RE.match(l.message))
                 and m["role"] == "server" and int(m["rank"]) == rank))
             if rejoin is None:
                 out["recovered"] = False
@@ -211,10 +227,10 @@ def analyze(fault: dict, lines: list, on_worker_loss: str = "stop", until: float
             out["recovered"] = False
         if "rejoin_seconds" in out:
             rejoin = _first(lines, lost.time - TIMESTAMP_SLACK_SECONDS, until, lambda l: (
-                l.process == "coordinator" and (m := _REJOIN_RE.match(l.message))
+                _is_coordinator(l.process) and (m := _REJOIN_RE.match(l.message))
                 and m["role"] == "worker" and int(m["rank"]) == rank))
             back = _first(lines, lost.time - TIMESTAMP_SLACK_SECONDS, until, lambda l: (
-                l.process == "coordinator" and (m := _BACK_RE.match(l.message))
+                _is_coordinator(l.process) and (m := _BACK_RE.match(l.message))
                 and m["role"] == "worker" and int(m["rank"]) == rank)) if action == "pause" else None
             if rejoin is not None:
                 out["rejoin_seconds"] = _seconds(rejoin[0], t0)

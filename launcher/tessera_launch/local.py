@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import abc
 import datetime
+import hashlib
 import os
 import re
 import shlex
@@ -230,12 +231,24 @@ def bind_address(config: JobConfig, layout: RunLayout, name: str, host: Optional
     return f"ipc://{path}"
 
 
+def etcd_job_key(layout: RunLayout) -> str:
+    """The job's name in etcd (its keys' prefix /tessera/KEY/): unique per
+    run directory, the same for every process of the run."""
+    digest = hashlib.sha1(str(layout.root).encode("utf-8")).hexdigest()[:8]
+    return f"{layout.root.name}-{digest}"
+
+
+def coordinator_names(config: JobConfig) -> list:
+    """The coordinator and its standbys: coordinator, coordinator-1, ..."""
+    return ["coordinator"] + [f"coordinator-{i}" for i in range(1, config.coordinator.standbys + 1)]
+
+
 def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, debug: bool,
-                     host: Optional[str] = None) -> list:
+                     host: Optional[str] = None, name: str = "coordinator") -> list:
     t = config.timeouts
     argv = [
         str(binaries.coordinator),
-        "--bind", bind_address(config, layout, "coordinator", host),
+        "--bind", bind_address(config, layout, name, host),
         "--address-file", str(layout.address_file),
         "--servers", str(config.cluster.servers),
         "--workers", str(config.cluster.workers),
@@ -249,10 +262,20 @@ def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, d
         "--server-lease", _seconds(t.server_lease_seconds),
         "--on-shard-loss", config.cluster.on_shard_loss,
         "--summary-file", str(layout.coordinator_summary),
-        "--state-file", str(layout.root / "coordinator.state"),
-        "--name", "coordinator",
     ]
+    if config.coordinator.etcd:
+        argv += ["--etcd", config.coordinator.etcd, "--job", etcd_job_key(layout),
+                 "--etcd-lease", _seconds(config.coordinator.etcd_lease_seconds)]
+    else:
+        argv += ["--state-file", str(layout.root / "coordinator.state")]
+    argv += ["--name", name]
     return argv + (["--debug"] if debug else [])
+
+
+def node_coordinator_address(config: JobConfig, layout: RunLayout, address: str) -> str:
+    """What servers and workers are given as --coordinator: with etcd, where
+    they look the leader up (it may change); else the coordinator's address."""
+    return config.coordinator.node_address(etcd_job_key(layout)) or address
 
 
 def server_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: int,
@@ -260,7 +283,7 @@ def server_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
     name = f"server-{rank}"
     argv = [
         str(binaries.server),
-        "--coordinator", address,
+        "--coordinator", node_coordinator_address(config, layout, address),
         "--rank", str(rank),
         "--bind", bind_address(config, layout, name, host),
         "--name", name,
@@ -283,7 +306,8 @@ def worker_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
     """`bind`: pass --bind with tcp too (back-ends whose workers may run on
     another machine than their servers; a worker's default is loopback)."""
     name = f"worker-{rank}"
-    argv = [str(binaries.program), "--coordinator", address, "--rank", str(rank), "--name", name]
+    argv = [str(binaries.program), "--coordinator", node_coordinator_address(config, layout, address), "--rank",
+            str(rank), "--name", name]
     if config.cluster.transport == "ipc" or bind:
         argv += ["--bind", bind_address(config, layout, name, host)]
     for key, value in config.worker.args.items():
@@ -297,9 +321,9 @@ def worker_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
 def process_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, name: str, address: str,
                  debug: bool, host: Optional[str] = None, bind_workers: bool = False) -> list:
     """The command line of the job process called `name` (coordinator,
-    server-R or worker-R)."""
-    if name == "coordinator":
-        return coordinator_argv(config, binaries, layout, debug, host)
+    coordinator-S (a standby), server-R or worker-R)."""
+    if name.startswith("coordinator"):
+        return coordinator_argv(config, binaries, layout, debug, host, name)
     role, _, rank = name.partition("-")
     if role == "server":
         return server_argv(config, binaries, layout, int(rank), address, debug, host)
@@ -326,6 +350,8 @@ def may_fail(config: JobConfig, name: str) -> bool:
     lost every copy)."""
     if worker_rank(name) is not None:
         return config.cluster.on_worker_loss in ("continue", "wait")
+    if name.startswith("coordinator"):
+        return config.coordinator.standbys > 0  # another takes over
     return (name.startswith("server-") and config.cluster.replication > 1 and config.cluster.servers > 1)
 
 
@@ -397,17 +423,29 @@ class LocalBackend(Backend):
     name = "local"
     supports_faults = True
 
+    def plan(self, job: Job) -> list:
+        standbys = [(name, coordinator_argv(job.config, job.binaries, job.layout, job.debug, name=name))
+                    for name in coordinator_names(job.config)[1:]]
+        plan = super().plan(job)
+        return plan[:1] + standbys + plan[1:]
+
     def launch(self, sup: Supervisor, job: Job) -> None:
         address = _start_coordinator(sup, job)
-        if address is not None:
-            _start_cluster(sup, job, address)
+        if address is None:
+            return
+        for name in coordinator_names(job.config)[1:]:
+            argv = coordinator_argv(job.config, job.binaries, job.layout, job.debug, name=name)
+            if not sup.start(ProcessSpec(name, argv, may_fail=True)):
+                return
+        _start_cluster(sup, job, address)
 
 
 def _start_coordinator(sup: Supervisor, job: Job) -> Optional[str]:
     """Starts the coordinator and waits for its address; None if the job
     ended instead (the supervisor's outcome says why)."""
     config, layout = job.config, job.layout
-    if not sup.start(ProcessSpec("coordinator", coordinator_argv(config, job.binaries, layout, job.debug))):
+    if not sup.start(ProcessSpec("coordinator", coordinator_argv(config, job.binaries, layout, job.debug),
+                                 may_fail=may_fail(config, "coordinator"))):
         return None
     assemble = config.timeouts.assemble_seconds
     remaining = _remaining(job.deadline)
@@ -487,7 +525,13 @@ def await_announced_address(sup: Supervisor, job: Job, how: str) -> Optional[str
 
 
 def check_fault_support(backend_name: str, supported: bool, config: JobConfig) -> None:
-    """Raises SetupError if the config has faults and the back-end cannot inject them."""
+    """Raises SetupError if the config has faults, or standby coordinators,
+    and the back-end cannot inject or start them (both need the processes to
+    be the launcher's own children)."""
+    if config.coordinator.standbys and not supported:
+        raise SetupError(f"coordinator.standbys is {config.coordinator.standbys}, but only the local back-end "
+                         f"starts standby coordinators, not {backend_name}; set it to 0 (the coordinator still "
+                         "keeps its state in etcd) or run `tessera-launch local`")
     if config.faults and not supported:
         raise SetupError(f"the config lists {len(config.faults)} fault(s) (faults:), but only the local back-end "
                          f"injects process faults, not {backend_name}; remove them or run "
@@ -636,7 +680,7 @@ def _supervise(backend: Backend, job: Job, options: LocalOptions, console: Conso
         if outcome is None:
             if scheduler is not None:
                 scheduler.arm()
-            outcome = sup.run(timeout=_remaining(job.deadline), leader="coordinator",
+            outcome = sup.run(timeout=_remaining(job.deadline), leader=coordinator_names(job.config),
                               leader_grace=SHUTDOWN_GRACE_SECONDS)
         else:
             sup.stop(outcome.status, outcome.reason)

@@ -607,17 +607,19 @@ class Supervisor:
                 return "timeout"
             self._pump(0.25 if deadline is None else min(0.25, deadline - now))
 
-    def run(self, timeout: Optional[float] = None, leader: Optional[str] = None,
+    def run(self, timeout: Optional[float] = None, leader=None,
             leader_grace: float = 10.0) -> Outcome:
         """Supervises until the job ends and returns its Outcome.
 
         timeout:      seconds from now after which everything is stopped
                       (status "timeout", naming who was still running).
-        leader:       the process whose exit 0 means the job is done; the
+        leader:       the process whose exit 0 means the job is done (or a
+                      list of such processes: the first to exit 0); the
                       others then get `leader_grace` seconds to exit on their
                       own before they are stopped (and listed as stragglers).
         """
         deadline = None if timeout is None else self._clock() + timeout
+        leaders = [leader] if isinstance(leader, str) else list(leader or [])
         leader_done_at = None
         while self._outcome is None:
             alive = self.running_names()
@@ -632,12 +634,13 @@ class Supervisor:
                     still_running=alive,
                 )
                 break
-            if leader and self.exit_codes().get(leader) == 0:
+            finished = [name for name in leaders if self.exit_codes().get(name) == 0]
+            if finished:
                 leader_done_at = leader_done_at if leader_done_at is not None else now
                 if now - leader_done_at >= leader_grace:
                     self.console.say(
-                        f"{', '.join(alive)} still running {leader_grace:g} s after {leader} finished; stopping")
-                    self._outcome = Outcome("completed", f"{leader} finished", stragglers=alive)
+                        f"{', '.join(alive)} still running {leader_grace:g} s after {finished[0]} finished; stopping")
+                    self._outcome = Outcome("completed", f"{finished[0]} finished", stragglers=alive)
                     break
             waits = [0.25]
             if deadline is not None:

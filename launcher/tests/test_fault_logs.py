@@ -195,6 +195,23 @@ def test_coordinator_faults():
     assert paused["recovered"] is True
 
 
+def test_a_standby_taking_the_coordinator_over_is_its_detection():
+    lines = parse_lines([
+        line("coordinator-1", 1.0, "standing by: job j is led by the coordinator at tcp://a:1"),
+        line("coordinator-1", 2.4, "won the leadership of job j after 2.4 s standing by"),
+        line("coordinator-1", 3.1, "lost server 1 (b): no heartbeat for 0.5 s; its shards fail over to their "
+                                   "backups (map epoch 3)", "warning")])
+    taken = analyze({"target": "coordinator", "action": "kill", "unix_time": T0 + 1.5}, lines, job_ok=True)
+    assert taken["detection_seconds"] == 0.9 and taken["recovered"] is True
+    assert "coordinator-1 took the leadership over" in taken["note"]
+    # A takeover before the fault is not the fault's.
+    late = analyze({"target": "coordinator", "action": "kill", "unix_time": T0 + 2.5}, lines, job_ok=True)
+    assert late["recovered"] is False and late["detection_seconds"] is None
+    # After a takeover the standby's lines are the coordinator's: it declares servers lost.
+    server = analyze({"target": "server-1", "action": "kill", "unix_time": T0 + 2.6}, lines)
+    assert server["detection_seconds"] == 0.5
+
+
 def test_analyze_all_keeps_each_faults_lines_apart():
     lines = parse_lines(SERVER_KILL + [
         line("coordinator", 3.0, "lost server 2 (b): no heartbeat for 0.5 s; its shards fail over to their backups "
