@@ -3,7 +3,10 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace tessera {
 
@@ -215,6 +218,19 @@ proto::ShardMap RoundRobinShardMap(uint64_t epoch, uint32_t num_vshards,
     }
   }
   return map;
+}
+
+std::string ShardMapDigest(const proto::ShardMap& map) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    map.SerializeToCodedStream(&coded);
+  }
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
+  return absl::StrFormat("%08x", static_cast<uint32_t>(Mix64(h)));
 }
 
 }  // namespace tessera

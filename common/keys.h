@@ -106,4 +106,10 @@ proto::ShardMap WithBackupsFilled(const proto::ShardMap& map, uint32_t* added = 
 // WithBackupsFilled recruits it. The epoch is not changed.
 absl::StatusOr<proto::ShardMap> WithServerBack(const proto::ShardMap& map, const proto::NodeInfo& server);
 
+// Eight hex digits that name the map's content (assignment, backups,
+// servers, epoch): two nodes that log the same epoch with different digests
+// were sent two different maps under one epoch. Deterministic across
+// processes and runs.
+std::string ShardMapDigest(const proto::ShardMap& map);
+
 }  // namespace tessera

@@ -220,3 +220,23 @@ TEST(KeysTest, ARestartedServerComesBackEmptyAndIsRecruitedWhereCopiesAreMissing
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+TEST(KeysTest, AShardMapDigestNamesItsContent) {
+  std::vector<proto::NodeInfo> servers(3);
+  for (int i = 0; i < 3; ++i) servers[i].set_address(absl::StrCat("tcp://s", i));
+  const proto::ShardMap map = RoundRobinShardMap(3, 16, servers, 2);
+  EXPECT_EQ(ShardMapDigest(map), ShardMapDigest(RoundRobinShardMap(3, 16, servers, 2)));
+  EXPECT_EQ(ShardMapDigest(map).size(), 8u);
+  proto::ShardMap later = map;
+  later.set_epoch(4);
+  EXPECT_NE(ShardMapDigest(map), ShardMapDigest(later));
+  proto::ShardMap moved = map;
+  moved.set_vshard_server_rank(0, (moved.vshard_server_rank(0) + 1) % 3);
+  EXPECT_NE(ShardMapDigest(map), ShardMapDigest(moved));
+}
+
+}  // namespace
+}  // namespace tessera

@@ -93,7 +93,7 @@ void ServerNode::OnMapUpdate(const proto::ShardMapUpdate& update) {
     TLOG_WARN("this server was removed from the job at map epoch {} ({}); it serves nothing from now on", epoch,
               update.reason());
   } else if (!deposed) {
-    TLOG_INFO("shard map epoch {}: {}", epoch, update.reason());
+    TLOG_INFO("shard map epoch {} (map {}): {}", epoch, ShardMapDigest(update.shard_map()), update.reason());
   }
   if (update.restores_size() > 0) {
     // Shards that lost every copy: restore the ones this server now leads
@@ -275,9 +275,9 @@ absl::Status ServerNode::Run() {
   }
   for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
   std::thread ticker([this] { TickLoop(); });
-  TLOG_INFO("server {} (node {}) serving; shard map epoch {}, {} virtual shards over {} servers",
+  TLOG_INFO("server {} (node {}) serving; shard map epoch {} (map {}), {} virtual shards over {} servers",
             session_.self().rank(), session_.self().node_id(), ready->shard_map().epoch(),
-            ready->shard_map().num_vshards(), ready->shard_map().servers_size());
+            ShardMapDigest(ready->shard_map()), ready->shard_map().num_vshards(), ready->shard_map().servers_size());
   absl::Status end = session_.WaitForEnd();
   {
     std::lock_guard lock(mu_);

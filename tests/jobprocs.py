@@ -1,6 +1,14 @@
 """Finding the processes of a job started by tessera-launch, for tests that
-inject faults by signalling them (tests/consistency, tests/audit)."""
+inject faults by signalling them (tests/consistency, tests/audit); a real
+etcd on loopback; the shard maps the nodes of a job logged."""
+import base64
+import json
+import os
+import re
+import socket
+import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 
@@ -45,3 +53,98 @@ def wait_for_address(run_dir: Path, job, timeout: float = 30.0) -> str:
 def command_line(pid: int) -> list:
     """The arguments process `pid` was started with."""
     return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+
+
+class LocalEtcd:
+    """A real etcd on loopback, in `directory`, on free ports; stopped by
+    stop() (or `with`). `endpoint` is its client URL. Raises RuntimeError if
+    it does not answer within 20 s; missing() says why a test cannot have one."""
+
+    BINARY = "/usr/bin/etcd"
+
+    @staticmethod
+    def missing():
+        """Why there is no etcd to start, or None."""
+        return None if os.access(LocalEtcd.BINARY, os.X_OK) else (
+            f"no {LocalEtcd.BINARY} (install etcd-server: scripts/setup.sh)")
+
+    def __init__(self, directory: Path):
+        ports = []
+        for _ in range(2):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                ports.append(s.getsockname()[1])
+        self.endpoint = f"http://127.0.0.1:{ports[0]}"
+        peer = f"http://127.0.0.1:{ports[1]}"
+        directory.mkdir(parents=True, exist_ok=True)
+        self.log = directory / "etcd.log"
+        self._out = open(self.log, "w")
+        self.process = subprocess.Popen(
+            [self.BINARY, "--name", "test", "--data-dir", str(directory / "data"),
+             "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"test={peer}"],
+            stdout=self._out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            if self.get("/probe", quiet=True) is not False:
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"etcd did not come up within 20 s; see {self.log}")
+
+    def get(self, key: str, quiet: bool = False):
+        """The value (bytes) of `key`, None if absent, False if etcd did not answer (quiet)."""
+        body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
+        try:
+            with urllib.request.urlopen(urllib.request.Request(self.endpoint + "/v3/kv/range", data=body),
+                                        timeout=2) as r:
+                kvs = json.loads(r.read()).get("kvs", [])
+        except OSError:
+            if quiet:
+                return False
+            raise
+        return base64.b64decode(kvs[0].get("value", "")) if kvs else None
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._out.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+_MAP_LINE = re.compile(r"^\[(?P<node>[^\]]+)\] .*shard map epoch (?P<epoch>\d+) \(map (?P<digest>[0-9a-f]{8})\)")
+
+
+def shard_map_problems(lines) -> list:
+    """What is wrong with the shard maps the nodes of a job adopted, read
+    from their log lines ("[NAME] ... shard map epoch E (map D)"): a node
+    whose epochs did not strictly increase, or one epoch seen with two
+    different maps (two coordinators published different maps under one
+    epoch). Empty when every node's maps are consistent."""
+    last: dict = {}
+    digests: dict = {}
+    problems = []
+    for line in lines:
+        m = _MAP_LINE.match(line)
+        if not m:
+            continue
+        node, epoch, digest = m["node"], int(m["epoch"]), m["digest"]
+        if node in last and epoch <= last[node]:
+            problems.append(f"{node} adopted epoch {epoch} after epoch {last[node]}")
+        last[node] = epoch
+        seen = digests.setdefault(epoch, {})
+        if digest not in seen:
+            seen[digest] = node
+            if len(seen) > 1:
+                problems.append(f"epoch {epoch} has {len(seen)} maps: "
+                                + ", ".join(f"{d} (first at {n})" for d, n in seen.items()))
+    return problems

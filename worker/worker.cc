@@ -106,6 +106,8 @@ class WorkerImpl final : public Worker {
     if (!ready.ok()) return ready.status();
     auto map = ShardMapView::Create(ready->shard_map());
     if (!map.ok()) return map.status();
+    const std::string joined_map = absl::StrCat("shard map epoch ", ready->shard_map().epoch(), " (map ",
+                                                ShardMapDigest(ready->shard_map()), ")");
     std::vector<std::string> names;
     for (size_t r = 0; r < map->num_servers(); ++r) names.push_back(map->server(r).address());
     num_workers_ = 0;
@@ -126,11 +128,11 @@ class WorkerImpl final : public Worker {
     }
     if (incarnation() > 0) {
       if (absl::Status s = ResumeClock(); !s.ok()) return s;
-      TLOG_INFO("worker {} rejoined as incarnation {} at clock {}: {} servers, {} workers", rank(), incarnation(),
-                clock(), num_servers(), num_workers_);
+      TLOG_INFO("worker {} rejoined as incarnation {} at clock {}: {} servers, {} workers; {}", rank(),
+                incarnation(), clock(), num_servers(), num_workers_, joined_map);
       return absl::OkStatus();
     }
-    TLOG_INFO("worker {} joined: {} servers, {} workers", rank(), num_servers(), num_workers_);
+    TLOG_INFO("worker {} joined: {} servers, {} workers; {}", rank(), num_servers(), num_workers_, joined_map);
     return absl::OkStatus();
   }
 
@@ -675,7 +677,8 @@ class WorkerImpl final : public Worker {
       failover_seen_at_ = MonotonicNow();
     }
     session_->set_map_epoch(update.shard_map().epoch());
-    TLOG_INFO("shard map epoch {}: {}", update.shard_map().epoch(), update.reason());
+    TLOG_INFO("shard map epoch {} (map {}): {}", update.shard_map().epoch(), ShardMapDigest(update.shard_map()),
+              update.reason());
     SendAgain();
   }
 

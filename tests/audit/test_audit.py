@@ -5,8 +5,10 @@ replication 2, 3 workers, BSP; servers in audit mode), injects one fault by
 signalling a process of the job, and then proves with audit_check.py that
 acknowledged <= applied <= issued, that no push was applied twice, that every
 row's value matches the pushes it lists, and that all copies of a row agree."""
+import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jobprocs import command_line, wait_for_address, wait_for_process  # noqa: E402
+from jobprocs import LocalEtcd, command_line, shard_map_problems, wait_for_address, wait_for_process  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("TESSERA_BUILD_DIR", REPO / "build"))
@@ -207,7 +209,7 @@ def test_e8_the_coordinator_killed_and_restarted_takes_the_job_over_from_its_sta
     """The launcher SIGKILLs the coordinator at 2 s and starts it again 0.5 s
     later: it reads its state file (membership, shard map and epoch), listens
     at the address it had, and the job goes on to its end; nothing is lost or
-    applied twice. (Standby coordinators elected through etcd are not built.)"""
+    applied twice. (With etcd and a standby: the test below.)"""
     job = Job(tmp_path, "faults=[{target: coordinator, action: restart, at_seconds: 2, restart_delay_seconds: 0.5}]")
     out = job.finish()
     assert_job_ok(job, out)
@@ -216,3 +218,64 @@ def test_e8_the_coordinator_killed_and_restarted_takes_the_job_over_from_its_sta
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert summary["faults"][0]["target"] == "coordinator" and summary["faults"][0]["restarted_pid"], summary["faults"]
     assert_audit_passes(job)
+
+
+def node_log_lines(job):
+    """Every server's and worker's log lines, file by file (each in its own order)."""
+    lines = []
+    for path in sorted((job.run_dir / "logs").glob("*.log")):
+        if path.name.startswith(("server-", "worker-")):
+            lines += path.read_text().splitlines()
+    return lines
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    if LocalEtcd.missing():
+        pytest.skip(LocalEtcd.missing())
+    with LocalEtcd(tmp_path / "etcd") as server:
+        yield server
+
+
+def test_e8_the_coordinator_killed_during_a_server_failover_is_taken_over_by_a_standby_through_etcd(tmp_path, etcd):
+    """Server 1 is killed at 2 s; the coordinator (the leader in etcd) at
+    2.55 s, about when it declares the server lost. The standby takes the
+    leadership when the leader's 2 s etcd lease runs out, takes the job over
+    from the state in etcd, finishes the failover, and the nodes follow it
+    to its address. Every node's shard map epochs only increase, no epoch
+    ever has two different maps (so no shard ever has two primaries under
+    one epoch), and the audit finds nothing lost or applied twice."""
+    job = Job(tmp_path, f"coordinator.etcd={etcd.endpoint}", "coordinator.standbys=1",
+              "faults=[{target: server-1, action: kill, at_seconds: 2}, "
+              "{target: coordinator, action: kill, at_seconds: 2.55}]")
+    out = job.finish()
+    assert_job_ok(job, out)
+    standby = (job.run_dir / "logs" / "coordinator-1.log").read_text()
+    assert "standing by: job" in standby and "won the leadership of job" in standby, standby[-3000:]
+    assert "took the job over from etcd" in standby, standby[-3000:]
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    killed = [f for f in summary["faults"] if f["target"] == "coordinator"][0]
+    assert killed["recovered"] and "coordinator-1 took the leadership over" in killed["note"], killed
+    lines = node_log_lines(job)
+    assert any("moved from" in line and "a standby took over" in line for line in lines)
+    assert shard_map_problems(lines) == []
+    epochs = {int(m) for m in re.findall(r"shard map epoch (\d+) \(map", "\n".join(lines))}
+    assert max(epochs) >= 2, "the server was never failed over"
+    assert_audit_passes(job)
+
+
+def test_a_standby_finds_the_job_ended_and_exits_with_its_status(tmp_path, etcd):
+    """No fault: the leader finishes the job and gives its lease back; the
+    standby then wins the leadership, finds the job's state ended ok in
+    etcd, and exits 0 instead of running the job again."""
+    job = Job(tmp_path, "worker.args.clocks=40", f"coordinator.etcd={etcd.endpoint}", "coordinator.standbys=1")
+    out = job.finish()
+    assert_job_ok(job, out)
+    standby = (job.run_dir / "logs" / "coordinator-1.log").read_text()
+    assert "has ended under an earlier coordinator (ok)" in standby, standby[-2000:]
+    assert "coordinator-1 exited with status 0" in out, out[-3000:]
+    # The job's keys: its state stays; the leader key went with the last coordinator's lease.
+    key = f"{job.run_dir.name}-{hashlib.sha1(str(job.run_dir.resolve()).encode()).hexdigest()[:8]}"
+    assert etcd.get(f"/tessera/{key}/state"), "no coordinator state in etcd"
+    assert etcd.get(f"/tessera/{key}/leader") is None, "a coordinator still holds the leadership"
+    assert_audit_passes(job, min_acked=3 * 40 * 4)

@@ -1,5 +1,6 @@
 """The audit checker catches each kind of violation (synthetic logs and dumps)."""
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,19 @@ def test_a_deposed_servers_dump_is_not_a_copy(tmp_path):
 def test_unusable_input_is_reported(tmp_path):
     code, _ = run(tmp_path, {"server-0-node-1.audit": "garbage\n"})
     assert code == 2
+
+
+def test_shard_map_problems_finds_two_maps_under_one_epoch_and_epochs_going_back():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from jobprocs import shard_map_problems
+
+    def at(node, epoch, digest):
+        return f"[{node}] 2026-12-03 11:46:28.765 {node} info shard map epoch {epoch} (map {digest}): lost server 1"
+
+    fine = [at("server-0", 1, "aaaaaaaa"), at("server-0", 2, "bbbbbbbb"), at("worker-0", 1, "aaaaaaaa"),
+            at("worker-0", 2, "bbbbbbbb"), "[worker-0] unrelated line"]
+    assert shard_map_problems(fine) == []
+    split = fine + [at("worker-1", 2, "cccccccc")]
+    assert shard_map_problems(split) == ["epoch 2 has 2 maps: bbbbbbbb (first at server-0), cccccccc (first at worker-1)"]
+    back = fine + [at("server-0", 2, "bbbbbbbb")]
+    assert shard_map_problems(back) == ["server-0 adopted epoch 2 after epoch 2"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 
@@ -59,3 +60,34 @@ def test_killed_server_fails_over_and_paused_worker_survives(launcher, build_dir
     assert "lost worker 1" not in coordinator_log  # the pause stayed within the lease
     print(f"\nserver-1 killed: detection {kill['detection_seconds']} s, failover {kill['failover_seconds']} s "
           f"(last worker {kill['failover_seconds_last_worker']} s)")
+
+
+def test_killed_coordinator_is_taken_over_by_its_standby(launcher, build_dir, source_dir, tmp_path):
+    """configs/fault_kill_coordinator.yaml with an etcd of the test's own on
+    loopback: the leading coordinator dies during a server failover, the
+    standby takes over, and the BSP job ends ok with every worker's records."""
+    sys.path.insert(0, str(source_dir / "tests"))
+    from jobprocs import LocalEtcd
+    if LocalEtcd.missing():
+        pytest.skip(LocalEtcd.missing())
+    workload = build_dir / "tests" / "consistency" / "tessera-consistency-workload"
+    records = tmp_path / "records"
+    records.mkdir()
+    with LocalEtcd(tmp_path / "etcd") as etcd:
+        result = launcher.local("--config", str(source_dir / "configs" / "fault_kill_coordinator.yaml"), "--quiet",
+                                "--timeout", "150", "--set", f"worker.program={workload}",
+                                "--set", f"worker.args.records={records}",
+                                "--set", f"coordinator.etcd={etcd.endpoint}")
+    assert result.returncode == 0, result.describe()
+    summary = read_summary(result)
+    assert summary["status"] == "ok", summary["reason"]
+    assert sorted(p.name for p in records.iterdir()) == ["worker-0.txt", "worker-1.txt", "worker-2.txt"]
+    faults = {f["target"]: f for f in summary["faults"]}
+    server, coordinator = faults["server-1"], faults["coordinator"]
+    assert coordinator["recovered"] is True and coordinator["detection_seconds"] is not None, coordinator
+    assert server["recovered"] is True and server["detection_seconds"] is not None, server
+    standby = (result.run_dir / "logs" / "coordinator-1.log").read_text()
+    assert "took the job over from etcd" in standby and "lost server 1 (" in standby + (
+        result.run_dir / "logs" / "coordinator.log").read_text()
+    print(f"\ncoordinator killed: standby led {coordinator['detection_seconds']} s later; server-1 failover "
+          f"{server['failover_seconds']} s after its kill")
