@@ -452,7 +452,7 @@ void CoordinatorCore::LoseServer(Node& server, const std::string& what, std::vec
   PublishMap(absl::StrCat("lost ", what), out, restores);
 }
 
-proto::CoordinatorState CoordinatorCore::SaveState() const {
+proto::CoordinatorState CoordinatorCore::SaveState(bool with_counts) const {
   proto::CoordinatorState s;
   s.set_address(options_.address);
   s.set_phase(static_cast<uint32_t>(phase_));
@@ -489,6 +489,21 @@ proto::CoordinatorState CoordinatorCore::SaveState() const {
   for (const auto& [v, b] : syncing) {
     s.add_syncing_vshards(v);
     s.add_syncing_ranks(b);
+  }
+  std::vector<uint32_t> restoring;
+  for (const auto& [v, r] : pending_restores_) restoring.push_back(v);
+  std::sort(restoring.begin(), restoring.end());
+  for (uint32_t v : restoring) {
+    *s.add_pending_restores() = pending_restores_.at(v).first;
+    s.add_pending_restore_epochs(pending_restores_.at(v).second);
+  }
+  if (with_counts) {
+    std::vector<std::pair<uint32_t, uint64_t>> applied(last_applied_.begin(), last_applied_.end());
+    std::sort(applied.begin(), applied.end());
+    for (const auto& [v, n] : applied) {
+      s.add_applied_vshards(v);
+      s.add_applied_counts(n);
+    }
   }
   return s;
 }
@@ -534,8 +549,10 @@ absl::Status CoordinatorCore::RestoreState(const proto::CoordinatorState& s, Nan
     }
     by_address[n.info.address()] = n.info.node_id();
   }
-  if (s.syncing_vshards_size() != s.syncing_ranks_size()) {
-    return absl::InvalidArgumentError("state file: syncing copies do not pair up");
+  if (s.syncing_vshards_size() != s.syncing_ranks_size() ||
+      s.pending_restores_size() != s.pending_restore_epochs_size() ||
+      s.applied_vshards_size() != s.applied_counts_size()) {
+    return absl::InvalidArgumentError("state file: parallel lists do not pair up");
   }
   phase_ = static_cast<Phase>(s.phase());
   failure_reason_ = s.failure_reason();
@@ -548,6 +565,12 @@ absl::Status CoordinatorCore::RestoreState(const proto::CoordinatorState& s, Nan
     barriers_[b.name()].insert(b.node_ids().begin(), b.node_ids().end());
   syncing_.clear();
   for (int i = 0; i < s.syncing_vshards_size(); ++i) syncing_.insert({s.syncing_vshards(i), s.syncing_ranks(i)});
+  pending_restores_.clear();
+  for (int i = 0; i < s.pending_restores_size(); ++i) {
+    pending_restores_[s.pending_restores(i).vshard()] = {s.pending_restores(i), s.pending_restore_epochs(i)};
+  }
+  last_applied_.clear();
+  for (int i = 0; i < s.applied_vshards_size(); ++i) last_applied_[s.applied_vshards(i)] = s.applied_counts(i);
   events_.push_back(absl::StrCat("took the job over from ", std::string(source), ": ", nodes_.size(), " nodes, shard map epoch ",
                                  shard_map_.epoch()));
   return absl::OkStatus();

@@ -120,8 +120,10 @@ class CoordinatorCore {
   const proto::ShardMap& shard_map() const { return shard_map_; }
 
   // The state a restarted coordinator needs (its --state-file): everything
-  // but timings. Deterministic for equal states (sorted).
-  proto::CoordinatorState SaveState() const;
+  // but timings. Deterministic for equal states (sorted). `with_counts`
+  // adds the pushes applied per shard, which change with every server
+  // heartbeat: a shell saves them now and then, not on every change.
+  proto::CoordinatorState SaveState(bool with_counts = true) const;
   // Takes a saved state over at time `now`: every live node counts as just
   // heard from (a node that died meanwhile is lost one lease later). Only on
   // a fresh core; a bad state is an error and changes nothing.

@@ -473,6 +473,27 @@ TEST_F(CoordinatorCoreTest, WithRestoreALostShardGoesToALiveServerWithItsLastApp
   ASSERT_EQ(events.size(), 2u);
   EXPECT_NE(events[1].find("restored from the last checkpoint"), std::string::npos) << events[1];
   EXPECT_NE(events[1].find("last reported 56 applied pushes"), std::string::npos) << events[1];  // 11+13+15+17
+  // A coordinator that takes the job over now (a restart, a standby) still
+  // owes s0 those restores, with the counts; the counts are left out of the
+  // state saved on every change.
+  {
+    const proto::CoordinatorState saved = core.SaveState();
+    EXPECT_EQ(saved.pending_restores_size(), 4);
+    EXPECT_EQ(saved.applied_vshards_size(), 4);
+    EXPECT_EQ(core.SaveState(/*with_counts=*/false).applied_vshards_size(), 0);
+    CoordinatorCore successor(o, 0);
+    ASSERT_TRUE(successor.RestoreState(saved, 1600 * kMillis).ok());
+    Message m = From("s0");
+    m.header.set_epoch(1);
+    m.header.mutable_heartbeat();
+    auto caught_up = To(successor.Step(m, 1650 * kMillis), "s0");
+    ASSERT_EQ(caught_up.size(), 2u);  // the ack, and the map with the restores
+    uint64_t applied = 0;
+    for (const auto& r : caught_up[1].message.header.shard_map_update().restores()) applied += r.last_applied();
+    EXPECT_EQ(caught_up[1].message.header.shard_map_update().restores_size(), 4);
+    EXPECT_EQ(applied, 56u);
+    EXPECT_EQ(successor.SaveState().SerializeAsString(), saved.SerializeAsString());
+  }
   // s0 missed that update (its heartbeat says epoch 1): the catch-up map
   // carries the restores again; once it heartbeats at epoch 2 they are done.
   auto stale_heartbeat = [&](uint64_t epoch, Nanos now) {

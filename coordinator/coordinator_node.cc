@@ -10,6 +10,11 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace tessera {
+namespace {
+// How often the per-shard applied counts reach the saved state when nothing
+// else changed.
+constexpr Nanos kCountsEvery = 5 * kSeconds;
+}  // namespace
 
 std::string JsonString(const std::string& s) {
   std::string out = "\"";
@@ -75,20 +80,26 @@ absl::Status CoordinatorNode::Run() {
       return s;
     }
   }
-  std::string saved;
-  // Saves a changed state; false when this coordinator may no longer act.
+  std::string saved;             // the last state saved, without the applied counts
+  Nanos counts_saved_at = 0;
+  auto serialize = [](const proto::CoordinatorState& state) {
+    std::string bytes;
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    state.SerializeToCodedStream(&coded);
+    return bytes;
+  };
+  // Saves a changed state (and, every few seconds, the applied counts that
+  // change with each heartbeat); false when this coordinator may no longer act.
   auto save = [&] {
     if (!save_state_) return true;
-    std::string now;
-    {
-      google::protobuf::io::StringOutputStream out(&now);
-      google::protobuf::io::CodedOutputStream coded(&out);
-      coded.SetSerializationDeterministic(true);
-      core.SaveState().SerializeToCodedStream(&coded);
-    }
-    if (now == saved) return true;
-    if (!save_state_(now)) return false;
+    std::string now = serialize(core.SaveState(/*with_counts=*/false));
+    const bool counts_due = MonotonicNow() - counts_saved_at >= kCountsEvery;
+    if (now == saved && !counts_due) return true;
+    if (!save_state_(serialize(core.SaveState(/*with_counts=*/true)))) return false;
     saved = std::move(now);
+    counts_saved_at = MonotonicNow();
     return true;
   };
   auto leads = [&] { return !holds_ || holds_(); };
