@@ -15,6 +15,8 @@
 #                      workers resend after 300 ms; E5_CLOCKS clocks (it is slow)
 #   e7-restart-worker  restart worker-1 at 2 s (on_worker_loss: wait, lease 1 s, heartbeat 0.2 s)
 #   server-restart     restart server-1 at 2 s, kill server-2 at 5 s (copies re-made on the rejoined server)
+#   e8-coordinator-failover  kill server-1 at 2 s and the leading coordinator at 2.55 s; the coordinator's
+#                      state in etcd (started by this script on loopback, /usr/bin/etcd) and one standby
 #
 # Environment: OUT (default runs/fault_matrix-<date>): run
 # directories under OUT/runs, report.md, report.json, fault_<scenario>.png,
@@ -35,7 +37,7 @@ PYTHON=/usr/bin/python3
 CLOCKS=${CLOCKS:-2000}
 E5_CLOCKS=${E5_CLOCKS:-100}
 E5_FAULTS=${E5_FAULTS:-seed=11,drop=0.02,dup=0.02,reorder=0.05,side=send}
-SCENARIOS=${SCENARIOS:-baseline e1e2-kill-server e3-pause-server e5-message-faults e7-restart-worker server-restart}
+SCENARIOS=${SCENARIOS:-baseline e1e2-kill-server e3-pause-server e5-message-faults e7-restart-worker server-restart e8-coordinator-failover}
 REPEATS=${REPEATS:-1}
 TIMEOUT=${TIMEOUT:-180}
 OUT=$(realpath -m "${OUT:-$ROOT/runs/fault_matrix-$(date +%Y%m%d-%H%M%S)}")
@@ -53,6 +55,44 @@ for binary in "$WORKLOAD" "$BUILD/server/tessera-server" "$BUILD/coordinator/tes
     exit 1
   fi
 done
+
+# An etcd on loopback for the scenarios that keep the coordinator's state there,
+# started the first time one needs it (ETCD_URL), stopped when the script ends.
+ETCD_URL=""
+ETCD_PID=""
+stop_etcd() { if [ -n "$ETCD_PID" ]; then kill "$ETCD_PID" 2>/dev/null || true; wait "$ETCD_PID" 2>/dev/null || true; fi; }
+trap stop_etcd EXIT
+start_etcd() {
+  [ -n "$ETCD_URL" ] && return 0
+  if [ ! -x /usr/bin/etcd ]; then
+    echo "run_fault_matrix.sh: /usr/bin/etcd is missing (scripts/setup.sh installs etcd-server)" >&2
+    exit 1
+  fi
+  local ports client peer
+  ports=$("$PYTHON" -c 'import socket
+s=[socket.socket() for _ in range(2)]
+[x.bind(("127.0.0.1", 0)) for x in s]
+print(*[x.getsockname()[1] for x in s])')
+  read -r client peer <<<"$ports"
+  ETCD_URL="http://127.0.0.1:$client"
+  rm -rf "$OUT/etcd"
+  mkdir -p "$OUT/etcd"
+  /usr/bin/etcd --name fault-matrix --data-dir "$OUT/etcd/data" --listen-client-urls "$ETCD_URL" \
+    --advertise-client-urls "$ETCD_URL" --listen-peer-urls "http://127.0.0.1:$peer" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$peer" --initial-cluster "fault-matrix=http://127.0.0.1:$peer" \
+    >"$OUT/etcd/etcd.log" 2>&1 &
+  ETCD_PID=$!
+  for _ in $(seq 100); do
+    if "$PYTHON" -c 'import sys, urllib.request
+urllib.request.urlopen(urllib.request.Request(sys.argv[1] + "/v3/kv/range", data=b"{\"key\": \"AA==\"}"), timeout=1)' \
+        "$ETCD_URL" 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.2
+  done
+  echo "run_fault_matrix.sh: etcd did not come up (see $OUT/etcd/etcd.log)" >&2
+  exit 1
+}
 
 # scenario NAME: sets TITLE, ARGS (launcher overrides) and MSG_FAULTS.
 scenario() {
@@ -78,9 +118,14 @@ scenario() {
     server-restart)
       TITLE="server restart, then another server killed"
       ARGS+=(--set 'faults=[{target: server-1, action: restart, at_seconds: 2}, {target: server-2, action: kill, at_seconds: 5}]') ;;
+    e8-coordinator-failover)
+      TITLE="E8: kill server-1, then the leading coordinator (etcd, 1 standby)"
+      start_etcd
+      ARGS+=(--set "coordinator.etcd=$ETCD_URL" --set coordinator.standbys=1
+             --set 'faults=[{target: server-1, action: kill, at_seconds: 2}, {target: coordinator, action: kill, at_seconds: 2.55}]') ;;
     *)
       echo "run_fault_matrix.sh: unknown scenario $1 (known: baseline e1e2-kill-server e3-pause-server" \
-           "e5-message-faults e7-restart-worker server-restart)" >&2
+           "e5-message-faults e7-restart-worker server-restart e8-coordinator-failover)" >&2
       exit 2 ;;
   esac
 }
