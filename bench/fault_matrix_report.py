@@ -185,8 +185,8 @@ def run_rows(scenario: str, repeat: int, summary: dict, progress: list, verdict)
         entry = {"fault": fault_label(f), "target": f.get("target"), "action": f.get("action"),
                  "fired": bool(f.get("fired")), "elapsed": f.get("elapsed"),
                  "duration_seconds": f.get("duration_seconds")}
-        for key in ("detection_seconds", "failover_seconds", "failover_seconds_last_worker", "rejoin_seconds",
-                    "recovered", "note"):
+        for key in ("detection_seconds", "failover_seconds", "failover_seconds_last_worker", "rereplication_seconds",
+                    "rejoin_seconds", "recovered", "note"):
             entry[key] = f.get(key)
         if f.get("elapsed") is not None:
             d = dip(incs, f["elapsed"])
@@ -243,8 +243,9 @@ def table_rows(runs: list) -> list:
         for i in range(nfaults):
             fs = [r["faults"][i] for r in rs if len(r["faults"]) > i]
             row = dict(common, fault=fs[0]["fault"])
-            for key in ("detection_seconds", "failover_seconds", "failover_seconds_last_worker", "rejoin_seconds",
-                        "rate_before", "rate_after", "dip_percent", "lowest_rate", "recovery_seconds"):
+            for key in ("detection_seconds", "failover_seconds", "failover_seconds_last_worker",
+                        "rereplication_seconds", "rejoin_seconds", "rate_before", "rate_after", "dip_percent",
+                        "lowest_rate", "recovery_seconds"):
                 row[key] = _median(f[key] for f in fs)
             row["recovered"] = f"{sum(1 for f in fs if f['recovered'])}/{len(fs)}"
             row["never_recovered_throughput"] = sum(1 for f in fs if f["fired"] and f["recovery_seconds"] is None)
@@ -266,7 +267,8 @@ def markdown(rows: list, titles: dict) -> str:
             text += f" ({100 * r['job_rate'] / base:.0f}%)"
         return text
 
-    header = ["scenario", "fault", "detection (s)", "failover (s)", "rejoin (s)", "pushes/s before -> after",
+    header = ["scenario", "fault", "detection (s)", "failover (s)", "re-replicated (s)", "rejoin (s)",
+              "pushes/s before -> after",
               "dip", "lowest 0.5 s (pushes/s)", "throughput back to 80% (s)", "recovered",
               "job pushes/s (of baseline)", "issued / acknowledged / applied", "lost", "duplicates",
               "replica mismatches", "audit"]
@@ -279,7 +281,7 @@ def markdown(rows: list, titles: dict) -> str:
         status = "" if r["ok_runs"] == r["runs"] else f" (job ok {r['ok_runs']}/{r['runs']})"
         name = titles.get(r["scenario"], r["scenario"]) + status
         if r["fault"] is None:
-            out.append(f"| {name} | - | - | - | - | - | - | - | - | - | {job_rate(r)} | {audit_cells} |")
+            out.append(f"| {name} | - | - | - | - | - | - | - | - | - | - | {job_rate(r)} | {audit_cells} |")
             continue
         recovery = _s(r["recovery_seconds"], ".2f")
         if r["never_recovered_throughput"]:
@@ -288,7 +290,8 @@ def markdown(rows: list, titles: dict) -> str:
                 if r["rate_before"] is not None else "-")
         dip_cell = "-" if r["dip_percent"] is None else f"{r['dip_percent']:.0f}%"
         out.append(f"| {name} | {r['fault']} | {_s(r['detection_seconds'])} | {_s(r['failover_seconds'])} | "
-                   f"{_s(r['rejoin_seconds'])} | {flow} | {dip_cell} | {_s(r['lowest_rate'], '.0f')} | {recovery} | "
+                   f"{_s(r.get('rereplication_seconds'))} | {_s(r['rejoin_seconds'])} | {flow} | {dip_cell} | "
+                   f"{_s(r['lowest_rate'], '.0f')} | {recovery} | "
                    f"{r['recovered']} | {job_rate(r)} | {audit_cells} |")
     return "\n".join(out)
 

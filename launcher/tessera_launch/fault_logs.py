@@ -10,6 +10,11 @@ RUN/logs/NAME.log prefixed `[NAME] `. After a job with faults (faults.py),
               shard map epoch E`, E being the map epoch the coordinator's
               lost line announced (`... fail over to their backups (map
               epoch E)`), or a later one;
+  rereplication  (servers) the coordinator's last `server A is in sync with
+              server B on K shard copies (map epoch E')` line (E' >= E)
+              that brings the copies in sync to the N of the lost line's
+              `N lost copies re-made on other servers` (0 when it re-made
+              none: the figure is then the detection);
   rejoin      (restarts; also any worker under on_worker_loss: wait) the
               coordinator's `server R rejoined from ...` / `worker R
               rejoined from ...` line.
@@ -37,6 +42,9 @@ _LINE_RE = re.compile(r"^\[(?P<process>[^\]]+)\] (?P<stamp>\d{4}-\d{2}-\d{2} \d{
                       r"(?P<logger>\S+) (?P<level>\S+) (?P<message>.*)$")
 _LOST_RE = re.compile(r"\blost (?P<role>server|worker) (?P<rank>\d+) \(")
 _FAILOVER_RE = re.compile(r"fail over to their backups \(map epoch (?P<epoch>\d+)\)")
+_REMADE_RE = re.compile(r"; (?P<copies>\d+) lost copies re-made on other servers")
+_IN_SYNC_RE = re.compile(r"^server \d+ is in sync with server \d+ on (?P<copies>\d+) shard copies "
+                         r"\(map epoch (?P<epoch>\d+)\)")
 _TAKEOVER_RE = re.compile(r"^won the leadership of job ")
 _ACK_RE = re.compile(r"^first push acknowledged on shard map epoch (?P<epoch>\d+)\b")
 _REJOIN_RE = re.compile(r"^(?P<role>server|worker) (?P<rank>\d+) rejoined from ")
@@ -151,7 +159,8 @@ def analyze(fault: dict, lines: list, on_worker_loss: str = "stop", until: float
         return out
     rank = int(rank_text)
     if role == "server":
-        out.update(failover_seconds=None, failover_seconds_last_worker=None, failover_epoch=None)
+        out.update(failover_seconds=None, failover_seconds_last_worker=None, failover_epoch=None,
+                   rereplication_seconds=None)
     wants_rejoin = role == "worker" and (action == "restart" or on_worker_loss == "wait")
     if wants_rejoin or (role == "server" and action == "restart"):
         out["rejoin_seconds"] = None
@@ -210,6 +219,23 @@ def analyze(fault: dict, lines: list, on_worker_loss: str = "stop", until: float
                         per_worker[l.process] = l
                 last = max(per_worker.values(), key=lambda l: l.time)
                 out["failover_seconds_last_worker"] = _seconds(last, t0)
+            remade = _REMADE_RE.search(lost.message)
+            wanted = int(remade["copies"]) if remade else 0
+            if wanted == 0:
+                out["rereplication_seconds"] = out["detection_seconds"]
+            else:
+                synced = 0
+                for l in lines:
+                    if l.time < lost.time - TIMESTAMP_SLACK_SECONDS or not _is_coordinator(l.process):
+                        continue
+                    m = _IN_SYNC_RE.match(l.message)
+                    if m and int(m["epoch"]) >= epoch:
+                        synced += int(m["copies"])
+                        if synced >= wanted:
+                            out["rereplication_seconds"] = _seconds(l, t0)
+                            break
+                if out["rereplication_seconds"] is None:
+                    notes.append(f"only {synced} of the {wanted} re-made copies were reported in sync")
         if action == "restart":
             rejoin = _first(lines, lost.time - TIMESTAMP_SLACK_SECONDS, until, lambda l: (
                 _is_coordinator(l.process) and (m := _REJOIN_RE.match(l.message))

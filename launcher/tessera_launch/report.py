@@ -147,8 +147,9 @@ def fault_table(faults: list) -> list:
     if not faults:
         return []
     lines = ["", "## Faults", "",
-             "| # | fault | at (since start) | wall time | detection | failover | rejoin | recovered | note |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| # | fault | at (since start) | wall time | detection | failover | re-replicated | rejoin | recovered "
+             "| note |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for f in faults:
         what = f"{f.get('action')} {f.get('target')}"
         if f.get("action") == "pause" and f.get("duration_seconds") is not None:
@@ -157,9 +158,11 @@ def fault_table(faults: list) -> list:
         note = f.get("note") or (f.get("skipped") and f"skipped: {f['skipped']}") or ""
         lines.append(f"| {f.get('index')} | {what} | {_secs(f.get('seconds'))} | {f.get('time') or '-'} "
                      f"| {_secs(f.get('detection_seconds'))} | {_secs(f.get('failover_seconds'))} "
-                     f"| {_secs(f.get('rejoin_seconds'))} | {recovered} | {note.replace('|', '/')} |")
+                     f"| {_secs(f.get('rereplication_seconds'))} | {_secs(f.get('rejoin_seconds'))} | {recovered} "
+                     f"| {note.replace('|', '/')} |")
     lines += ["", "Times are seconds from the fault: detection to the coordinator's `lost` line, failover to "
-                  "the first worker's `first push acknowledged` on the new shard map, rejoin to the "
+                  "the first worker's `first push acknowledged` on the new shard map, re-replicated to the "
+                  "coordinator's last `in sync` line for the copies the failover re-made, rejoin to the "
                   "coordinator's `rejoined` line (docs/fault_injection.md)."]
     return lines
 

@@ -191,6 +191,8 @@ def describe_fault(fault: dict) -> str:
     parts = [f"{head} at {fault['seconds']:.3f} s", f"detected {_secs(fault.get('detection_seconds'))}"]
     if "failover_seconds" in fault:
         parts.append(f"failover {_secs(fault.get('failover_seconds'))}")
+    if "rereplication_seconds" in fault:
+        parts.append(f"re-replicated {_secs(fault.get('rereplication_seconds'))}")
     if "rejoin_seconds" in fault:
         parts.append(f"rejoin {_secs(fault.get('rejoin_seconds'))}")
     recovered = fault.get("recovered")

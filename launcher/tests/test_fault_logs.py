@@ -67,7 +67,23 @@ def test_server_kill_detection_and_failover():
     figures = analyze({"target": "server-1", "action": "kill", "unix_time": T0}, parse_lines(SERVER_KILL))
     assert figures == {
         "detection_seconds": 0.508, "failover_seconds": 0.522, "failover_seconds_last_worker": 0.531,
-        "failover_epoch": 2, "recovered": True, "note": None}
+        "failover_epoch": 2, "rereplication_seconds": 0.508, "recovered": True, "note": None}
+
+
+def test_rereplication_ends_when_every_remade_copy_is_in_sync():
+    lost = ("lost server 1 (a): no heartbeat for 0.5 s; its shards fail over to their backups (map epoch 2); "
+            "11 lost copies re-made on other servers")
+    lines = SERVER_KILL[:1] + [line("coordinator", 0.508, lost, "warning")] + SERVER_KILL[2:] + [
+        line("coordinator", 0.40, "server 0 is in sync with server 2 on 3 shard copies (map epoch 1)"),  # before
+        line("coordinator", 0.60, "server 0 is in sync with server 2 on 5 shard copies (map epoch 2)"),
+        line("coordinator", 0.75, "server 2 is in sync with server 0 on 6 shard copies (map epoch 2)"),
+        line("coordinator", 0.90, "server 2 is in sync with server 0 on 2 shard copies (map epoch 3)")]
+    figures = analyze({"target": "server-1", "action": "kill", "unix_time": T0}, parse_lines(lines))
+    assert figures["rereplication_seconds"] == 0.75 and figures["note"] is None, figures
+    short = [l for l in lines if "on 6 shard" not in l]
+    figures = analyze({"target": "server-1", "action": "kill", "unix_time": T0}, parse_lines(short))
+    assert figures["rereplication_seconds"] is None, figures
+    assert "only 7 of the 11 re-made copies were reported in sync" in figures["note"]
 
 
 def test_an_earlier_loss_of_the_same_server_does_not_count():
