@@ -1,6 +1,7 @@
 #pragma once
 // Logging: one line per event with time, role, node and level, through spdlog.
 // Binaries call InitLogging once in main; libraries log through TLOG_* macros.
+#include <cstdint>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -20,9 +21,14 @@ struct fmt::formatter<absl::string_view> : fmt::formatter<fmt::string_view> {
 
 namespace tessera {
 
-// Sets the process-wide line format "2026-12-02 12:00:00.123 server[1] INFO msg".
+// Sets the process-wide line format "2026-12-02 12:00:00.123 server-1 info msg".
 // `name` is the role and rank, e.g. "server-1". `debug` enables debug lines.
 void InitLogging(const std::string& name, bool debug);
+
+// Once the coordinator has given the process its node id: every later line
+// names it after the role and rank, "server-1/node-3" (one token, so that
+// log readers split lines the same way). Does nothing before InitLogging.
+void SetLogNodeId(uint32_t node_id);
 
 }  // namespace tessera
 

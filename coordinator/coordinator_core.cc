@@ -58,6 +58,8 @@ void CoordinatorCore::Broadcast(const proto::Envelope& header, std::vector<Outgo
 std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
   std::vector<Outgoing> out;
   const proto::Envelope& h = m.header;
+  ++stats_.messages;
+  if (h.has_heartbeat()) ++stats_.heartbeats;
   auto reply_to = [&](Message reply) {
     if (h.request_id() != 0 && !h.sender_address().empty())
       out.push_back(Outgoing{h.sender_address(), std::move(reply)});
@@ -264,6 +266,7 @@ bool CoordinatorCore::TakeOverAwayWorker(const Message& m, Nanos now, std::vecto
   place->info.set_incarnation(place->info.incarnation() + 1);
   place->away = false;
   place->last_seen = now;
+  ++stats_.rejoins;
   events_.push_back(absl::StrCat(NodeName(proto::WORKER, place->info.rank()), " rejoined from ", address,
                                  " (incarnation ", place->info.incarnation(), ") ", Seconds(now - place->away_since),
                                  " after it was lost"));
@@ -334,6 +337,7 @@ void CoordinatorCore::ReleaseBarriers(std::vector<Outgoing>& out) {
       out.push_back(Outgoing{nodes_.at(id).info.address(), std::move(release)});
     }
     barriers_.erase(name);
+    ++stats_.barriers_released;
   }
 }
 
@@ -412,6 +416,7 @@ void CoordinatorCore::Fail(const std::string& reason, std::vector<Outgoing>& out
 }
 
 void CoordinatorCore::LoseServer(Node& server, const std::string& what, std::vector<Outgoing>& out) {
+  ++stats_.servers_lost;
   std::vector<uint32_t> orphans;
   absl::StatusOr<proto::ShardMap> next =
       WithoutServer(shard_map_, server.info.rank(), options_.restore_lost_shards ? &orphans : nullptr,
@@ -588,7 +593,8 @@ void CoordinatorCore::NoteRecruits(const proto::ShardMap& previous, const proto:
 }
 
 void CoordinatorCore::PublishMap(const std::string& reason, std::vector<Outgoing>& out,
-                                 const std::vector<proto::ShardRestore>& restores) const {
+                                 const std::vector<proto::ShardRestore>& restores) {
+  ++stats_.maps_published;
   proto::Envelope update;
   update.set_epoch(shard_map_.epoch());
   *update.mutable_shard_map_update()->mutable_shard_map() = shard_map_;
@@ -633,6 +639,7 @@ bool CoordinatorCore::TakeOverDeadServer(const Message& m, Nanos now, std::vecto
   node_by_address_[node.info.address()] = node.info.node_id();
   const proto::NodeInfo info = node.info;
   nodes_.emplace(info.node_id(), std::move(node));
+  ++stats_.rejoins;
   events_.push_back(absl::StrCat(NodeName(proto::SERVER, info.rank()), " rejoined from ", info.address(),
                                  " (incarnation ", info.incarnation(), ") ", Seconds(now - lost_since),
                                  " after it was last heard; it holds ", recruited, " shard copies (map epoch ",
@@ -675,6 +682,7 @@ std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {
                             ? options_.server_lease
                             : options_.lease;
     if (n.done || n.lost || now - n.last_seen < lease) continue;
+    if (n.info.role() == proto::WORKER) ++stats_.workers_lost;
     std::string what = absl::StrCat(NodeName(n.info.role(), n.info.rank()), " (", n.info.address(),
                                     "): no heartbeat for ", Seconds(now - n.last_seen));
     if (n.info.role() == proto::WORKER && phase_ == Phase::kRunning &&

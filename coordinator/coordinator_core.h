@@ -134,6 +134,19 @@ class CoordinatorCore {
   // Membership lines since the last call ("worker 1 (...) was lost: ..."), for logs.
   std::vector<std::string> TakeEvents() { return std::exchange(events_, {}); }
 
+  // Counts since this core started (not saved with the state), for metrics.
+  struct Stats {
+    uint64_t messages = 0;           // messages stepped, of every kind
+    uint64_t heartbeats = 0;
+    uint64_t servers_lost = 0;       // declared lost (failed over, or the job failed)
+    uint64_t workers_lost = 0;       // declared lost, under any on_worker_loss
+    uint64_t rejoins = 0;            // processes that took a lost node's place
+    uint64_t maps_published = 0;     // shard map updates broadcast (each a new epoch)
+    uint64_t barriers_released = 0;
+  };
+  const Stats& stats() const { return stats_; }
+  size_t syncing_copies() const { return syncing_.size(); }
+
   // Human name of a node: "server 1", "worker 0".
   static std::string NodeName(proto::Role role, uint32_t rank);
 
@@ -152,7 +165,7 @@ class CoordinatorCore {
   // and everyone gets the new map. Returns false if no rank is dead.
   bool TakeOverDeadServer(const Message& m, Nanos now, std::vector<Outgoing>& out);
   void PublishMap(const std::string& reason, std::vector<Outgoing>& out,
-                  const std::vector<proto::ShardRestore>& restores = {}) const;
+                  const std::vector<proto::ShardRestore>& restores = {});
   void AnnounceWorkerLeft(const Node& worker, const std::string& reason, std::vector<Outgoing>& out) const;
   void MaybeFinish(std::vector<Outgoing>& out);
   // Releases every barrier that all live (not done, not lost) workers reached.
@@ -176,6 +189,7 @@ class CoordinatorCore {
   // Barrier name -> node ids of the workers that reached it.
   absl::flat_hash_map<std::string, absl::flat_hash_set<uint32_t>> barriers_;
   std::vector<std::string> events_;
+  Stats stats_;
   // vshard -> pushes applied to it, as its primary last reported (heartbeats).
   absl::flat_hash_map<uint32_t, uint64_t> last_applied_;
   // (vshard, backup rank) recruited but not yet in sync (its primary has not

@@ -553,6 +553,22 @@ TEST_F(CoordinatorCoreTest, ARestartedCoordinatorTakesTheJobOverFromItsSavedStat
   EXPECT_EQ(fourth.RestoreState(saved, 0).code(), absl::StatusCode::kInvalidArgument) << "another job's state";
 }
 
+TEST_F(CoordinatorCoreTest, StatsCountHeartbeatsLossesAndMaps) {
+  CoordinatorCore core(Replicated(3, 2), 0);
+  Assemble(core, 3, 2, 0);
+  const uint64_t assembled = core.stats().messages;
+  EXPECT_GE(assembled, 5u) << "five registrations";
+  for (const char* n : {"s0", "s2", "w0", "w1"}) Heartbeat(core, n, 900 * kMillis);
+  EXPECT_EQ(core.stats().heartbeats, 4u);
+  EXPECT_EQ(core.stats().messages, assembled + 4);
+  EXPECT_EQ(core.stats().servers_lost, 0u);
+  core.Tick(1100 * kMillis);  // s1 silent: lost, failed over, copies re-made
+  EXPECT_EQ(core.stats().servers_lost, 1u);
+  EXPECT_EQ(core.stats().maps_published, 1u);
+  EXPECT_GT(core.syncing_copies(), 0u);
+  EXPECT_EQ(core.stats().workers_lost, 0u);
+}
+
 TEST_F(CoordinatorCoreTest, RegisteringNodesAreToldTheJobsHeartbeatInterval) {
   CoordinatorOptions o = Options(1, 1);
   o.heartbeat_interval = 200 * kMillis;

@@ -13,6 +13,7 @@
 #include "CLI/CLI.hpp"
 #include "common/logging.h"
 #include "coordinator/coordinator_node.h"
+#include "common/metrics.h"
 #include "coordinator/etcd_leadership.h"
 #include "transport/transport_factory.h"
 
@@ -94,6 +95,13 @@ int main(int argc, char** argv) {
                  "With --etcd: seconds the leader's etcd lease lasts without a keep-alive; a standby takes over "
                  "this long after the leader dies (etcd's minimum is 2 s by default)")
       ->check(CLI::PositiveNumber);
+  int metrics_port = -1;
+  std::string metrics_host = "127.0.0.1";
+  app.add_option("--metrics-port", metrics_port,
+                 "Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port; -1: none); with "
+                 "--etcd, from when this coordinator leads")
+      ->check(CLI::Range(-1, 65535));
+  app.add_option("--metrics-host", metrics_host, "Address the metrics endpoint listens on");
   app.add_option("--name", name, "Name in log lines");
   app.add_flag("--debug", debug, "Log debug lines");
   CLI11_PARSE(app, argc, argv);
@@ -190,11 +198,23 @@ int main(int argc, char** argv) {
       return true;
     });
   }
+  std::unique_ptr<tessera::metrics::MetricsHttpServer> metrics;
+  if (metrics_port >= 0) {
+    auto m = tessera::metrics::MetricsHttpServer::Start(metrics_host, static_cast<uint16_t>(metrics_port),
+                                                        [&node] { return node.MetricsText(); });
+    if (!m.ok()) {
+      TLOG_ERROR("{}", m.status().message());
+      return 1;
+    }
+    metrics = std::move(*m);
+    TLOG_INFO("metrics at http://{}:{}/metrics", metrics_host, metrics->port());
+  }
   if (!address_file.empty() && !WriteFileAtomically(address_file, node.address() + "\n")) {
     TLOG_ERROR("cannot write the address file {}", address_file);
     return 1;
   }
   absl::Status result = node.Run();
+  if (metrics) metrics->Stop();
   if (absl::IsFailedPrecondition(result)) {
     TLOG_ERROR("stopping: lost the leadership of job {}: {}", job, leadership ? leadership->lost_reason() : "");
     return 3;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
@@ -82,6 +83,7 @@ absl::Status CoordinatorNode::Run() {
   }
   std::string saved;             // the last state saved, without the applied counts
   Nanos counts_saved_at = 0;
+  uint64_t state_saves = 0;
   auto serialize = [](const proto::CoordinatorState& state) {
     std::string bytes;
     google::protobuf::io::StringOutputStream out(&bytes);
@@ -98,6 +100,7 @@ absl::Status CoordinatorNode::Run() {
     const bool counts_due = MonotonicNow() - counts_saved_at >= kCountsEvery;
     if (now == saved && !counts_due) return true;
     if (!save_state_(serialize(core.SaveState(/*with_counts=*/true)))) return false;
+    ++state_saves;
     saved = std::move(now);
     counts_saved_at = MonotonicNow();
     return true;
@@ -114,6 +117,7 @@ absl::Status CoordinatorNode::Run() {
               options_.workers);
   }
   if (!save()) return deposed();
+  TakeFigures(core, state_saves);
   CoordinatorCore::Phase last_phase = core.phase();
   std::vector<Outgoing> outbox;
   while (!core.finished()) {
@@ -139,6 +143,7 @@ absl::Status CoordinatorNode::Run() {
                 options_.workers, options_.vshards, core.shard_map().epoch());
     }
     last_phase = core.phase();
+    TakeFigures(core, state_saves);
   }
   // Give the shutdown messages time to leave before anything closes.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -161,6 +166,53 @@ void CoordinatorNode::Linger(Nanos duration) {
       for (Outgoing& o : core.Step(m, MonotonicNow())) (void)transport_->Send(o.to, std::move(o.message));
   }
   transport_->Stop();
+}
+
+void CoordinatorNode::TakeFigures(const CoordinatorCore& core, uint64_t state_saves) {
+  Figures f;
+  f.stats = core.stats();
+  f.epoch = core.shard_map().epoch();
+  f.phase = static_cast<uint32_t>(core.phase());
+  f.syncing = core.syncing_copies();
+  f.state_saves = state_saves;
+  for (const auto& [id, n] : core.nodes()) {
+    const int role = n.info.role() == proto::WORKER ? 1 : 0;
+    const int state = n.done ? 3 : n.lost ? 1 : n.away ? 2 : 0;
+    ++f.nodes[role][state];
+  }
+  std::lock_guard lock(figures_mu_);
+  figures_ = f;
+}
+
+std::string CoordinatorNode::MetricsText() const {
+  Figures f;
+  {
+    std::lock_guard lock(figures_mu_);
+    f = figures_;
+  }
+  metrics::TextWriter w;
+  w.Gauge("tessera_coordinator_map_epoch", "Epoch of the shard map the coordinator publishes", f.epoch);
+  w.Gauge("tessera_coordinator_phase", "0 assembling, 1 running, 2 done, 3 failed", f.phase);
+  static const char* kRoles[] = {"server", "worker"};
+  static const char* kStates[] = {"alive", "lost", "away", "done"};
+  for (int r = 0; r < 2; ++r) {
+    for (int s = 0; s < 4; ++s) {
+      w.Gauge("tessera_coordinator_nodes", "Registered nodes by role and state", f.nodes[r][s],
+              {{"role", kRoles[r]}, {"state", kStates[s]}});
+    }
+  }
+  w.Gauge("tessera_coordinator_syncing_copies", "Shard copies recruited and not yet in sync (replication lag)",
+          static_cast<double>(f.syncing));
+  w.Counter("tessera_coordinator_messages_total", "Messages handled", f.stats.messages);
+  w.Counter("tessera_coordinator_heartbeats_total", "Heartbeats handled", f.stats.heartbeats);
+  w.Counter("tessera_coordinator_servers_lost_total", "Servers declared lost (failed over, or the job failed)",
+            f.stats.servers_lost);
+  w.Counter("tessera_coordinator_workers_lost_total", "Workers declared lost", f.stats.workers_lost);
+  w.Counter("tessera_coordinator_rejoins_total", "Processes that took a lost node's place", f.stats.rejoins);
+  w.Counter("tessera_coordinator_map_updates_total", "Shard map updates published", f.stats.maps_published);
+  w.Counter("tessera_coordinator_barriers_released_total", "Barriers released", f.stats.barriers_released);
+  w.Counter("tessera_coordinator_state_saves_total", "Coordinator state saves (file or etcd)", f.state_saves);
+  return w.text();
 }
 
 std::string CoordinatorNode::SummaryJson() const {

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "coordinator/coordinator_core.h"
@@ -59,6 +60,11 @@ class CoordinatorNode {
   // The job summary as JSON (see docs/launcher.md); valid after Run().
   std::string SummaryJson() const;
 
+  // The coordinator's figures in the Prometheus text format (membership,
+  // map epoch, failovers, message counts, state saves). Thread-safe: Run()
+  // takes a snapshot after every turn; before Run() the figures are zero.
+  std::string MetricsText() const;
+
  private:
   CoordinatorOptions options_;
   std::unique_ptr<Transport> transport_;
@@ -70,6 +76,19 @@ class CoordinatorNode {
   std::function<bool(const std::string&)> save_state_;
   std::function<bool()> holds_;
   std::string state_source_;
+
+  struct Figures {
+    CoordinatorCore::Stats stats;
+    uint64_t epoch = 0;
+    uint32_t phase = 0;
+    size_t syncing = 0;
+    uint64_t state_saves = 0;
+    // [role][state]: role 0 server, 1 worker; state 0 alive, 1 lost, 2 away, 3 done.
+    uint32_t nodes[2][4] = {};
+  };
+  void TakeFigures(const CoordinatorCore& core, uint64_t state_saves);
+  mutable std::mutex figures_mu_;
+  Figures figures_;  // guarded by figures_mu_
 };
 
 // JSON helpers shared with tests.

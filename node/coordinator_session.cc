@@ -174,6 +174,7 @@ absl::StatusOr<proto::JobReady> CoordinatorSession::Join() {
   if (register_error_) return *register_error_;
   if (ended_) return ended_->ok() ? absl::AbortedError("job ended before it started") : *ended_;
   self_ = registered_->self();
+  SetLogNodeId(self_.node_id());
   last_heard_ = MonotonicNow();
   heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
   // Wait for the whole job to assemble. The registration goes again now and

@@ -134,6 +134,11 @@ class MetricsSection:
             return 0
         return self.port + rank + (servers if role == "worker" else 0)
 
+    def coordinator_port(self, servers: int, workers: int) -> int:
+        """The leading coordinator's metrics port (port + servers +
+        workers); 0 when metrics are off."""
+        return self.port + servers + workers if self.port else 0
+
 
 @dataclass(frozen=True)
 class CheckpointsSection:
@@ -405,7 +410,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                     "dies (etcd's minimum is 2)"),
     },
     "metrics": {
-        "port": Field(_metrics_port, 0, "first Prometheus port: server-R port+R, worker-R port+servers+R; 0: off"),
+        "port": Field(_metrics_port, 0, "first Prometheus port: server-R port+R, worker-R port+servers+R, the coordinator "
+                                           "port+servers+workers; 0: off"),
         "host": Field(_nonempty_string, "127.0.0.1", "address the metrics endpoints listen on"),
     },
 }

@@ -263,6 +263,9 @@ def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, d
         "--on-shard-loss", config.cluster.on_shard_loss,
         "--summary-file", str(layout.coordinator_summary),
     ]
+    port = config.metrics.coordinator_port(config.cluster.servers, config.cluster.workers)
+    if port:
+        argv += ["--metrics-port", str(port), "--metrics-host", config.metrics.host]
     if config.coordinator.etcd:
         argv += ["--etcd", config.coordinator.etcd, "--job", etcd_job_key(layout),
                  "--etcd-lease", _seconds(config.coordinator.etcd_lease_seconds)]

@@ -1,5 +1,6 @@
-"""Metrics during a running job: scrape a server and a worker of a real job
-twice and check that the named series are there and their counters grow."""
+"""Metrics during a running job: scrape a server, a worker and the
+coordinator of a real job twice and check that the named series are there
+and their counters grow."""
 
 import re
 import socket
@@ -50,7 +51,7 @@ def value(text: str, series: str) -> float:
 
 
 def test_scrapes_show_growing_counters(source_dir, binaries, tmp_path):
-    base = free_port_base(2)
+    base = free_port_base(3)
     argv = [sys.executable, str(source_dir / "launcher" / "tessera-launch"), "local",
             "--config", str(source_dir / "configs" / "local.yaml"), "--run-dir", str(tmp_path / "run"),
             "--build-dir", str(binaries), "--quiet", "--timeout", "120",
@@ -61,8 +62,10 @@ def test_scrapes_show_growing_counters(source_dir, binaries, tmp_path):
     try:
         deadline = time.monotonic() + 60
         server1, worker1 = scrape(base, deadline), scrape(base + 1, deadline)
+        coordinator1 = scrape(base + 2, deadline)
         time.sleep(1.0)
         server2, worker2 = scrape(base, deadline), scrape(base + 1, deadline)
+        coordinator2 = scrape(base + 2, deadline)
     finally:
         out, _ = job.communicate(timeout=150)
     assert job.returncode == 0, out[-3000:]
@@ -75,3 +78,10 @@ def test_scrapes_show_growing_counters(source_dir, binaries, tmp_path):
     assert value(worker2, "tessera_worker_push_latency_seconds_count") > value(
         worker1, "tessera_worker_push_latency_seconds_count")
     assert value(server2, "tessera_server_rows") > 0
+    # The coordinator: both nodes alive in a running job, and heartbeats keep coming.
+    assert value(coordinator2, "tessera_coordinator_phase") == 1
+    assert value(coordinator2, 'tessera_coordinator_nodes{role="server",state="alive"}') == 1
+    assert value(coordinator2, 'tessera_coordinator_nodes{role="worker",state="alive"}') == 1
+    assert value(coordinator2, "tessera_coordinator_heartbeats_total") > value(
+        coordinator1, "tessera_coordinator_heartbeats_total")
+    assert value(coordinator2, "tessera_coordinator_map_epoch") >= 1
