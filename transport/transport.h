@@ -35,6 +35,7 @@ struct TransportStats {
   uint64_t bytes_sent = 0;      // header + frames
   uint64_t bytes_received = 0;  // header + frames
   uint64_t malformed_received = 0;
+  uint64_t auth_rejected = 0;   // connections refused: not the job's key (ZmqTransport with CURVE)
 };
 
 class Transport {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "transport/fault_transport.h"
+#include "transport/job_keys.h"
 
 namespace tessera {
 
@@ -27,6 +28,24 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(ZmqTransport::Options o
     return absl::InvalidArgumentError(absl::StrCat(
         "unsupported transport endpoint '", bind,
         "': accepted schemes are tcp:// (e.g. tcp://127.0.0.1:0) and ipc:// (e.g. ipc:///tmp/node.sock)"));
+  }
+  static std::atomic<bool> told{false};  // one line per process about authentication
+  if (options.curve_public_key.empty()) {
+    const char* key_file = std::getenv(kJobKeysEnvironmentVariable);
+    if (key_file != nullptr && *key_file != '\0') {
+      auto keys = ReadJobKeys(key_file);
+      if (!keys.ok()) {
+        return absl::Status(keys.status().code(),
+                            absl::StrCat(kJobKeysEnvironmentVariable, ": ", keys.status().message()));
+      }
+      options.curve_public_key = keys->public_key;
+      options.curve_secret_key = keys->secret_key;
+      if (!told.exchange(true)) TLOG_INFO("authentication on: only holders of the job key in {} get in", key_file);
+    } else if (tcp && !told.exchange(true)) {
+      TLOG_WARN("authentication off: any process that can reach this node's port can join the job and read or "
+                "write its parameters ({} not set; docs/security.md)",
+                kJobKeysEnvironmentVariable);
+    }
   }
   std::unique_ptr<Transport> transport(new ZmqTransport(std::move(options)));
   const char* faults = std::getenv(kFaultsEnvironmentVariable);

@@ -15,6 +15,13 @@
 // a job faults without new flags; it is the one place outside main and the
 // launcher that reads the environment. A spec that does not parse is an
 // InvalidArgument from MakeTransport that names TESSERA_FAULTS.
+//
+// Authentication: when options carry no CURVE keys and the environment
+// variable TESSERA_JOB_KEYS names a key file (transport/job_keys.h), the
+// transport gets the job's key pair from it (a bad file is an error from
+// MakeTransport naming the variable); one line per process says
+// "authentication on". A tcp transport without keys logs once per process
+// that authentication is off.
 // Thread safety: every function here may be called from any thread (as long
 // as nobody changes the environment meanwhile).
 #include <memory>

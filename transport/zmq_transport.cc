@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -168,6 +169,14 @@ class ZmqTransport::Impl {
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> malformed_received_{0};
+  std::atomic<uint64_t> auth_rejected_{0};
+
+  // CURVE: the ZAP handler's thread, started before the ROUTER binds and
+  // joined in Finish (context shutdown wakes it with ETERM).
+  bool curve() const { return !options_.curve_public_key.empty(); }
+  void ZapLoop(zmq::socket_t socket);
+  std::thread zap_thread_ ABSL_GUARDED_BY(lifecycle_mu_);
+  uint8_t curve_public_binary_[32] = {};
 };
 
 absl::Status ZmqTransport::Impl::Validate() const {
@@ -185,7 +194,61 @@ absl::Status ZmqTransport::Impl::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot bind '", options_.bind, "': ZmqTransport accepts tcp:// and ipc:// endpoints"));
   }
+  if (options_.curve_public_key.empty() != options_.curve_secret_key.empty()) {
+    return absl::InvalidArgumentError("CURVE needs both keys of the job's pair, or neither");
+  }
+  if (curve()) {
+    if (!zmq_has("curve")) return absl::FailedPreconditionError("this libzmq was built without CURVE");
+    uint8_t public_key[32];
+    uint8_t secret[32];
+    uint8_t derived[32];
+    char derived_z85[41];
+    if (options_.curve_public_key.size() != 40 || options_.curve_secret_key.size() != 40 ||
+        zmq_z85_decode(public_key, options_.curve_public_key.c_str()) == nullptr ||
+        zmq_z85_decode(secret, options_.curve_secret_key.c_str()) == nullptr) {
+      return absl::InvalidArgumentError("CURVE keys must be 40-character Z85 strings");
+    }
+    if (zmq_curve_public(derived_z85, options_.curve_secret_key.c_str()) != 0 ||
+        zmq_z85_decode(derived, derived_z85) == nullptr || std::memcmp(derived, public_key, 32) != 0) {
+      return absl::InvalidArgumentError("the CURVE public and secret keys are not one pair");
+    }
+  }
   return absl::OkStatus();
+}
+
+void ZmqTransport::Impl::ZapLoop(zmq::socket_t socket) {
+  for (;;) {
+    std::vector<zmq::message_t> request;
+    try {
+      if (!zmq::recv_multipart(socket, std::back_inserter(request))) continue;
+    } catch (const zmq::error_t& e) {
+      if (e.num() == ETERM) break;
+      continue;
+    }
+    // RFC 27: version, request id, domain, address, identity, mechanism, credentials.
+    const bool ok = request.size() >= 7 && request[5].to_string_view() == "CURVE" && request[6].size() == 32 &&
+                    std::memcmp(request[6].data(), curve_public_binary_, 32) == 0;
+    if (!ok) {
+      const uint64_t n = auth_rejected_.fetch_add(1, std::memory_order_relaxed) + 1;
+      if (std::bit_width(n) != std::bit_width(n - 1)) {  // the 1st, 2nd, 4th, 8th, ... refusal
+        TLOG_WARN("{}: refused a connection from {}: it does not hold the job's key ({} refused so far)", address_,
+                  request.size() > 3 ? request[3].to_string() : std::string("?"), n);
+      }
+    }
+    std::vector<zmq::message_t> reply;
+    reply.emplace_back(std::string_view("1.0"));
+    reply.emplace_back(request.size() > 1 ? request[1].data() : nullptr, request.size() > 1 ? request[1].size() : 0);
+    reply.emplace_back(std::string_view(ok ? "200" : "400"));
+    reply.emplace_back(std::string_view(ok ? "OK" : "not the job's key"));
+    reply.emplace_back(std::string_view(ok ? "job" : ""));
+    reply.emplace_back();
+    try {
+      zmq::send_multipart(socket, reply);
+    } catch (const zmq::error_t& e) {
+      if (e.num() == ETERM) break;
+    }
+  }
+  socket.close();
 }
 
 std::string ZmqTransport::Impl::AdvertisedAddress(const std::string& endpoint) const {
@@ -212,18 +275,32 @@ absl::Status ZmqTransport::Impl::Start(std::shared_ptr<Impl> self, Handler handl
   if (!handler) return absl::InvalidArgumentError("Start needs a handler");
 
   std::string endpoint;
+  zmq::socket_t zap;
+  if (curve()) zmq_z85_decode(curve_public_binary_, options_.curve_public_key.c_str());  // checked by Validate
   try {
     ctx_.emplace(options_.io_threads);
+    if (curve()) {
+      zap = zmq::socket_t(*ctx_, zmq::socket_type::rep);
+      zap.set(zmq::sockopt::linger, 0);
+      zap.bind("inproc://zeromq.zap.01");
+    }
     router_ = zmq::socket_t(*ctx_, zmq::socket_type::router);
     router_.set(zmq::sockopt::linger, options_.linger_ms);
     router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options_.max_message_bytes));
+    if (curve()) {
+      router_.set(zmq::sockopt::curve_server, 1);
+      router_.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
+      router_.set(zmq::sockopt::zap_domain, "tessera");
+    }
     router_.bind(options_.bind);
     endpoint = router_.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
     router_.close();
+    zap.close();
     ctx_.reset();
     return absl::UnavailableError(absl::StrCat("cannot bind ", options_.bind, ": ", ErrorText(e)));
   }
+  if (curve()) zap_thread_ = std::thread([this, zap = std::move(zap)]() mutable { ZapLoop(std::move(zap)); });
   address_ = AdvertisedAddress(endpoint);
   RememberIpcFile(endpoint);
   handler_ = std::move(handler);
@@ -245,6 +322,11 @@ absl::StatusOr<std::shared_ptr<ZmqTransport::Impl::Peer>> ZmqTransport::Impl::Pe
     socket.set(zmq::sockopt::sndhwm, 0);         // queue without bound: Send never waits
     socket.set(zmq::sockopt::immediate, false);  // queue for peers not connected yet
     socket.set(zmq::sockopt::linger, options_.linger_ms);
+    if (curve()) {
+      socket.set(zmq::sockopt::curve_serverkey, options_.curve_public_key);
+      socket.set(zmq::sockopt::curve_publickey, options_.curve_public_key);
+      socket.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
+    }
     socket.connect(to);
     std::lock_guard peer_lock(peer->mu);
     peer->socket = std::move(socket);
@@ -475,6 +557,7 @@ void ZmqTransport::Impl::Finish() {
       thread_.join();
     }
   }
+  if (zap_thread_.joinable()) zap_thread_.join();  // woken by the shutdown; closes its socket
   CloseDealers();
   router_.close();  // already closed by the loop, unless it never ran
   ctx_.reset();     // zmq_ctx_term: returns once every socket is closed
@@ -488,6 +571,7 @@ TransportStats ZmqTransport::Impl::stats() const {
   s.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
   s.bytes_received = bytes_received_.load(std::memory_order_relaxed);
   s.malformed_received = malformed_received_.load(std::memory_order_relaxed);
+  s.auth_rejected = auth_rejected_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -65,6 +65,14 @@
 //   again) and the rest finishes when the handler returns. The destructor
 //   calls Stop(); destroying the transport from inside its own handler is
 //   allowed too.
+// - Authentication (options.curve_public_key / curve_secret_key, the job's
+//   CURVE key pair, Z85): every connection is encrypted, and the ROUTER lets
+//   a peer in only if it presents the job's public key as its own (a ZAP
+//   handler in this transport's context checks it, so holding the server key
+//   alone is not enough). Every node holds the same pair: it is the job's
+//   shared secret. A refused peer's handshake fails; nothing it sends reaches
+//   the handler; stats().auth_rejected counts the refusals. Without keys the
+//   transport is open to anyone who can reach the port.
 // - Thread safety: every public method may be called from any thread once
 //   Start() has returned; stats() is a snapshot of counters.
 // - Exceptions: none escape; cppzmq's zmq::error_t becomes absl::Status.
@@ -102,6 +110,10 @@ class ZmqTransport final : public Transport {
     // Incoming frames smaller than this are copied out of the ZeroMQ message,
     // so that a kept Buffer does not pin libzmq's shared 8 KiB receive batch.
     size_t receive_copy_below_bytes = 8 * 1024;
+    // The job's CURVE key pair (Z85, 40 characters each; transport/job_keys.h);
+    // both empty = no authentication or encryption.
+    std::string curve_public_key;
+    std::string curve_secret_key;
   };
 
   ZmqTransport() : ZmqTransport(Options{}) {}
