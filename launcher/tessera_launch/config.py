@@ -149,6 +149,12 @@ class CheckpointsSection:
 
 
 @dataclass(frozen=True)
+class SecuritySection:
+    curve: bool = True
+    keys_file: str = ""
+
+
+@dataclass(frozen=True)
 class CoordinatorSection:
     etcd: str = ""
     standbys: int = 0
@@ -184,6 +190,7 @@ class JobConfig:
     metrics: MetricsSection = dataclasses.field(default_factory=MetricsSection)
     checkpoints: CheckpointsSection = dataclasses.field(default_factory=CheckpointsSection)
     coordinator: CoordinatorSection = dataclasses.field(default_factory=CoordinatorSection)
+    security: SecuritySection = dataclasses.field(default_factory=SecuritySection)
     faults: tuple = ()  # FaultSpec, in file order
 
     def to_dict(self) -> dict:
@@ -301,6 +308,10 @@ _port = _int_in(1, 65533, "a port number from 1 to 65533 (it and the next two ar
 _metrics_port = _int_in(0, 65535, "0 (metrics off) or the first of the ports, up to 65535")
 
 
+def _boolean(value: Any) -> Optional[str]:
+    return None if isinstance(value, bool) else "must be true or false"
+
+
 def _nonempty_string(value: Any) -> Optional[str]:
     if not isinstance(value, str) or not value.strip() or value != value.strip():
         return "must be a non-empty string without surrounding spaces"
@@ -409,6 +420,14 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                     "the leader's etcd lease: a standby takes over this long after the leader "
                                     "dies (etcd's minimum is 2)"),
     },
+    "security": {
+        "curve": Field(_boolean, True,
+                       "authenticate and encrypt every connection with the job's CURVE key pair; false leaves "
+                       "the job's ports open to anyone who can reach them (a warning says so)"),
+        "keys_file": Field(_string, "",
+                           "the job key file (tessera-keys; mode 0600) at the same path on every host; empty: "
+                           "the launcher makes RUN/job.keys"),
+    },
     "metrics": {
         "port": Field(_metrics_port, 0, "first Prometheus port: server-R port+R, worker-R port+servers+R, the coordinator "
                                            "port+servers+workers; 0: off"),
@@ -429,6 +448,7 @@ _SECTION_TYPES = {
     "metrics": MetricsSection,
     "checkpoints": CheckpointsSection,
     "coordinator": CoordinatorSection,
+    "security": SecuritySection,
     "ssh": SshSection,
     "kubernetes": KubernetesSection,
 }

@@ -29,6 +29,7 @@ import os
 import re
 import shlex
 import socket
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -106,6 +107,7 @@ class Binaries:
     coordinator: Path
     server: Path
     program: Path
+    keys: Path = Path("tessera-keys")
 
     @classmethod
     def locate(cls, build_dir: Path, program: str) -> "Binaries":
@@ -116,6 +118,7 @@ class Binaries:
             coordinator=build_dir / "coordinator" / "tessera-coordinator",
             server=build_dir / "server" / "tessera-server",
             program=program_path,
+            keys=build_dir / "transport" / "tessera-keys",
         )
 
     def problems(self) -> list:
@@ -273,6 +276,43 @@ def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, d
         argv += ["--state-file", str(layout.root / "coordinator.state")]
     argv += ["--name", name]
     return argv + (["--debug"] if debug else [])
+
+
+def job_keys_path(config: JobConfig, layout: RunLayout) -> Optional[Path]:
+    """The job key file every process is given (None: security.curve is
+    false): security.keys_file, else RUN/job.keys."""
+    if not config.security.curve:
+        return None
+    return Path(config.security.keys_file).resolve() if config.security.keys_file else layout.root / "job.keys"
+
+
+def process_env(config: JobConfig, layout: RunLayout) -> dict:
+    """Environment every job process gets: where its job key file is
+    (TESSERA_JOB_KEYS, read by the transport; docs/security.md)."""
+    path = job_keys_path(config, layout)
+    return {"TESSERA_JOB_KEYS": str(path)} if path is not None else {}
+
+
+def make_job_keys(job: "Job") -> None:
+    """Makes RUN/job.keys with tessera-keys when the job needs a key pair
+    of its own; checks security.keys_file otherwise. Raises SetupError."""
+    config = job.config
+    if not config.security.curve:
+        return
+    path = job_keys_path(config, job.layout)
+    if config.security.keys_file:
+        if not path.is_file():
+            raise SetupError(f"security.keys_file {path}: no such file (make one with "
+                             f"{job.binaries.keys} FILE)")
+        return
+    if path.exists():
+        return  # prepared earlier (slurm --submit)
+    if not os.access(job.binaries.keys, os.X_OK):
+        raise SetupError(f"tessera-keys not found: {job.binaries.keys} (build the project, or set "
+                         "security.curve: false)")
+    result = subprocess.run([str(job.binaries.keys), str(path)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SetupError(f"cannot make the job key file: {(result.stderr or result.stdout).strip()}")
 
 
 def node_coordinator_address(config: JobConfig, layout: RunLayout, address: str) -> str:
@@ -438,7 +478,7 @@ class LocalBackend(Backend):
             return
         for name in coordinator_names(job.config)[1:]:
             argv = coordinator_argv(job.config, job.binaries, job.layout, job.debug, name=name)
-            if not sup.start(ProcessSpec(name, argv, may_fail=True)):
+            if not sup.start(ProcessSpec(name, argv, env=process_env(job.config, job.layout), may_fail=True)):
                 return
         _start_cluster(sup, job, address)
 
@@ -448,7 +488,7 @@ def _start_coordinator(sup: Supervisor, job: Job) -> Optional[str]:
     ended instead (the supervisor's outcome says why)."""
     config, layout = job.config, job.layout
     if not sup.start(ProcessSpec("coordinator", coordinator_argv(config, job.binaries, layout, job.debug),
-                                 may_fail=may_fail(config, "coordinator"))):
+                                 env=process_env(config, layout), may_fail=may_fail(config, "coordinator"))):
         return None
     assemble = config.timeouts.assemble_seconds
     remaining = _remaining(job.deadline)
@@ -470,7 +510,7 @@ def _start_coordinator(sup: Supervisor, job: Job) -> Optional[str]:
 
 
 def _start_cluster(sup: Supervisor, job: Job, address: str) -> None:
-    env = {"PYTHONUNBUFFERED": "1"}
+    env = {"PYTHONUNBUFFERED": "1", **process_env(job.config, job.layout)}
     for name in process_names(job.config)[1:]:
         if name in job.skips:
             sup.console.say(f"not starting {name} (--skip)")
@@ -612,6 +652,7 @@ def start_run(job: Job, requested: Optional[str], existing: bool = False) -> dat
         job.layout.logs.mkdir(exist_ok=True)
     else:
         job.layout = _prepare_run_dir(requested, job.config, started_wall)
+    make_job_keys(job)
     return started_wall
 
 
@@ -643,6 +684,9 @@ def run_job(options: LocalOptions, backend: Backend) -> int:
     try:
         console.say(f"job {config.job.name}: {config.cluster.servers} servers, {config.cluster.workers} "
                     f"workers over {config.cluster.transport} ({backend.name}); run directory {layout.root}")
+        if not config.security.curve:
+            console.say("warning: security.curve is false: the job's ports are open to anyone who can reach "
+                        "them (docs/security.md)")
         outcome, tails, results, faults = _supervise(backend, job, options, console, tracker)
         coordinator, coordinator_error = read_coordinator_summary(layout.coordinator_summary)
         summary = build_summary(

@@ -43,8 +43,8 @@ from typing import Optional
 
 from . import REPO_ROOT
 from .config import load_config
-from .local import (Binaries, RunLayout, process_argv, process_names, read_address, resolve_build_dir,
-                    resolve_host)
+from .local import (Binaries, RunLayout, process_argv, process_env, process_names, read_address,
+                    resolve_build_dir, resolve_host)
 from .supervisor import ADDRESS_TAG, EXIT_TAG, SUMMARY_TAG, Console, ProcessSpec, Supervisor
 
 #: The tessera-launch program; carriers run `PYTHON LAUNCHER role ...`.
@@ -216,6 +216,7 @@ def _run_by_rank(args: argparse.Namespace, env: dict, watcher: _Abandonment) -> 
         return 0
     binaries = Binaries.locate(resolve_build_dir(args.build_dir), config.worker.program)
     host = resolve_host(config.cluster.host)
+    env = {**env, **process_env(config, layout)}
     if name == "coordinator":
         argv = process_argv(config, binaries, layout, name, "", args.debug, host)
         return run_child(name, argv, env, watcher, layout.address_file, None, args.grace)

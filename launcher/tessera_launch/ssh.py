@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Optional
 
 from .local import (Backend, Binaries, Job, RunLayout, SetupError, await_announced_address, launch_carried,
-                    process_argv, process_names)
+                    process_argv, process_env, process_names)
 from .role import LAUNCHER
 from .supervisor import Supervisor
 
@@ -177,6 +177,8 @@ class SshBackend(Backend):
                             bind_workers=True)
         role = [job.config.ssh.python, launcher, "role", "--name", name, "--watch-stdin", "--mkdir",
                 str(layout.root)]
+        for key, value in process_env(job.config, layout).items():
+            role += ["--env", f"{key}={value}"]
         if name == "coordinator":
             role += ["--announce-address", str(layout.address_file),
                      "--report-summary", str(layout.coordinator_summary)]

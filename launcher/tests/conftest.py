@@ -33,6 +33,11 @@ def fake_build(tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_CLUSTER} {role} "$@"\n')
         path.chmod(0o755)
+    # tessera-keys: a key file in the real one's format (the fakes do not use it).
+    keys = build / "transport" / "tessera-keys"
+    keys.parent.mkdir(parents=True, exist_ok=True)
+    keys.write_text('#!/bin/sh\n(umask 077 && printf "public %040d\\nsecret %040d\\n" 0 0 > "$1")\n')
+    keys.chmod(0o755)
     return build
 
 

@@ -43,7 +43,7 @@ def test_every_config_is_listed_in_the_readme():
 def test_kubernetes_manifests_hold_the_expected_objects(tmp_path, capsys):
     config = REPO / "configs" / "local.yaml"
     code = main(["kubernetes", "--config", str(config), "--run-dir", str(tmp_path / "run"),
-                 "--set", "kubernetes.namespace=ml", "--set", "kubernetes.port=9000"])
+                 "--set", "kubernetes.namespace=ml", "--set", "kubernetes.port=9000", "--set", "security.curve=false"])
     assert code == 0
     docs = list(yaml.safe_load_all((tmp_path / "run" / "kubernetes.yaml").read_text()))
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
@@ -100,15 +100,20 @@ def test_kubernetes_apply_hands_the_file_to_kubectl(tmp_path, monkeypatch):
         """)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     output = tmp_path / "out" / "k8s.yaml"
-    assert main(["kubernetes", "--config", str(REPO / "configs" / "local.yaml"), "--output", str(output),
+    assert main(["kubernetes", "--config", str(REPO / "configs" / "kubernetes.yaml"), "--output", str(output),
                  "--apply"]) == 0
     assert record.read_text() == f"apply -f {output}"
 
 
 def test_kubernetes_rejects_ipc(tmp_path, capsys):
-    assert main(["kubernetes", "--config", str(REPO / "configs" / "local.yaml"), "--dry-run",
+    assert main(["kubernetes", "--config", str(REPO / "configs" / "kubernetes.yaml"), "--dry-run",
                  "--set", "cluster.transport=ipc"]) == 2
     assert "needs cluster.transport tcp" in capsys.readouterr().err
+
+
+def test_kubernetes_wants_authentication_turned_off_explicitly(tmp_path, capsys):
+    assert main(["kubernetes", "--config", str(REPO / "configs" / "local.yaml"), "--dry-run"]) == 2
+    assert "set security.curve: false" in capsys.readouterr().err
 
 
 # -- ssh hostfiles ---------------------------------------------------------------

@@ -17,111 +17,11 @@
 #include "coordinator/coordinator_node.h"
 #include "node/coordinator_session.h"
 #include "server/server_node.h"
+#include "tests/cluster/raw_client.h"
 #include "transport/transport_factory.h"
 
 namespace tessera {
 namespace {
-
-constexpr uint32_t kTable = 1;
-constexpr uint32_t kWidth = 4;
-
-class RawClient {
- public:
-  explicit RawClient(const std::string& coordinator) {
-    auto t = MakeTransport("tcp://127.0.0.1:0");
-    EXPECT_TRUE(t.ok()) << t.status();
-    transport_ = std::move(*t);
-    CoordinatorSession::Options so;
-    so.coordinator = coordinator;
-    so.role = proto::WORKER;
-    so.rank = 0;
-    so.connect_timeout = 20 * kSeconds;
-    session_ = std::make_unique<CoordinatorSession>(so, transport_.get());
-    EXPECT_TRUE(transport_->Start([this](Message m) {
-      if (session_->Handle(m)) return;
-      std::lock_guard lock(mu_);
-      inbox_.push_back(std::move(m));
-      cv_.notify_all();
-    }).ok());
-  }
-  ~RawClient() {
-    session_.reset();
-    transport_->Stop();
-  }
-
-  absl::StatusOr<proto::JobReady> Join() {
-    auto ready = session_->Join();
-    if (ready.ok()) server_ = ready->shard_map().servers(0).address();
-    return ready;
-  }
-
-  // Sends `m` as a request and returns its reply (or a message with no body
-  // after 5 s: the test then fails on the missing reply).
-  Message Call(Message m) {
-    const uint64_t id = ++next_id_;
-    m.header.set_request_id(id);
-    m.header.set_sender_id(session_->self().node_id());
-    EXPECT_TRUE(transport_->Send(server_, std::move(m)).ok());
-    std::unique_lock lock(mu_);
-    Message reply;
-    cv_.wait_for(lock, std::chrono::seconds(5), [&] {
-      for (auto it = inbox_.begin(); it != inbox_.end(); ++it) {
-        if (it->header.request_id() == id) {
-          reply = std::move(*it);
-          inbox_.erase(it);
-          return true;
-        }
-      }
-      return false;
-    });
-    return reply;
-  }
-
-  CoordinatorSession& session() { return *session_; }
-
- private:
-  std::unique_ptr<Transport> transport_;
-  std::unique_ptr<CoordinatorSession> session_;
-  std::string server_;
-  uint64_t next_id_ = 0;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Message> inbox_;
-};
-
-Message Push(uint32_t table, uint64_t num_keys, std::vector<Buffer> frames, uint32_t value_parts = 0) {
-  Message m;
-  m.header.mutable_push()->set_table_id(table);
-  m.header.mutable_push()->set_num_keys(num_keys);
-  m.header.mutable_push()->set_value_parts(value_parts);
-  m.frames = std::move(frames);
-  return m;
-}
-
-Message Pull(uint32_t table, uint64_t num_keys, std::vector<Buffer> frames) {
-  Message m;
-  m.header.mutable_pull()->set_table_id(table);
-  m.header.mutable_pull()->set_num_keys(num_keys);
-  m.frames = std::move(frames);
-  return m;
-}
-
-Message Create(uint32_t width, const std::string& compression = "", const std::string& pull_compression = "") {
-  Message m;
-  auto* c = m.header.mutable_create_table()->mutable_config();
-  c->set_table_id(7);
-  c->set_width(width);
-  c->set_kind(proto::SPARSE);
-  c->set_optimizer(proto::ACCUMULATE);
-  c->set_compression(compression);
-  c->set_pull_compression(pull_compression);
-  return m;
-}
-
-template <typename T>
-Buffer Of(const std::vector<T>& v) {
-  return Buffer::CopyOf(v.data(), v.size() * sizeof(T));
-}
 
 TEST(BadRequestsTest, EveryBadRequestGetsItsErrorAndChangesNothing) {
   spdlog::default_logger()->set_level(spdlog::level::warn);

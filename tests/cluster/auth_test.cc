@@ -1,0 +1,162 @@
+// Authentication end to end (issue: security): a job of one coordinator and
+// one server over ZeroMQ tcp on loopback, every node given the job's key
+// through TESSERA_JOB_KEYS as the launcher does. The job's own client
+// writes known values; then strangers try to register, push and pull, as
+// the client (its node id) and on their own: a process with no CURVE, one of
+// another job, and a raw socket that knows the job's public key but holds a
+// pair of its own. None gets an answer, the values stay exactly as written,
+// and the job ends normally.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <future>
+#include <thread>
+#include <zmq.hpp>
+
+#include "common/logging.h"
+#include "coordinator/coordinator_node.h"
+#include "server/server_node.h"
+#include "tests/cluster/raw_client.h"
+#include "transport/job_keys.h"
+#include "transport/transport_factory.h"
+#include "transport/zmq_transport.h"
+
+namespace tessera {
+namespace {
+
+// A process outside the job: sends what it likes, records what comes back.
+class Stranger {
+ public:
+  explicit Stranger(ZmqTransport::Options options) : transport_(options) {
+    EXPECT_TRUE(transport_.Start([this](Message) { answers_.fetch_add(1); }).ok());
+  }
+  void Send(const std::string& to, Message m) { EXPECT_TRUE(transport_.Send(to, std::move(m)).ok()); }
+  int answers() const { return answers_.load(); }
+
+ private:
+  std::atomic<int> answers_{0};
+  ZmqTransport transport_;
+};
+
+Message Register() {
+  Message m;
+  m.header.set_request_id(1);
+  m.header.mutable_register_request()->set_role(proto::WORKER);
+  m.header.mutable_register_request()->set_rank(-1);
+  return m;
+}
+
+TEST(AuthTest, OnlyHoldersOfTheJobKeyGetAnAnswer) {
+  spdlog::default_logger()->set_level(spdlog::level::warn);
+  char dir[] = "/tmp/tessera-auth-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string key_file = std::string(dir) + "/job.keys";
+  auto job = WriteNewJobKeys(key_file);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ::setenv(kJobKeysEnvironmentVariable, key_file.c_str(), 1);
+
+  CoordinatorOptions co;
+  co.servers = 1;
+  co.workers = 1;
+  co.vshards = 8;
+  co.assemble_timeout = 20 * kSeconds;
+  auto ct = MakeTransport("tcp://127.0.0.1:0");
+  ASSERT_TRUE(ct.ok());
+  CoordinatorNode coordinator(co, std::move(*ct));
+  ASSERT_TRUE(coordinator.Start().ok());
+  auto coordinator_done = std::async(std::launch::async, [&] { return coordinator.Run(); });
+  auto st = MakeTransport("tcp://127.0.0.1:0");
+  ASSERT_TRUE(st.ok());
+  CoordinatorSession::Options so;
+  so.coordinator = coordinator.address();
+  so.role = proto::SERVER;
+  so.rank = 0;
+  ServerNode server(so, std::move(*st));
+  auto server_done = std::async(std::launch::async, [&] { return server.Run(); });
+
+  // The strangers knock first: nobody registers in the job's only worker place.
+  std::vector<std::unique_ptr<Stranger>> strangers;
+  strangers.push_back(std::make_unique<Stranger>(ZmqTransport::Options{}));  // no CURVE at all
+  char other_pub[41], other_sec[41];
+  ASSERT_EQ(zmq_curve_keypair(other_pub, other_sec), 0);
+  ZmqTransport::Options other_job;
+  other_job.curve_public_key = other_pub;
+  other_job.curve_secret_key = other_sec;
+  strangers.push_back(std::make_unique<Stranger>(other_job));  // another job's key
+  for (auto& s : strangers) s->Send(coordinator.address(), Register());
+
+  RawClient client(coordinator.address());
+  ASSERT_TRUE(client.Join().ok()) << "the job's own worker gets in";
+  Message create;
+  auto* c = create.header.mutable_create_table()->mutable_config();
+  c->set_table_id(kTable);
+  c->set_width(kWidth);
+  c->set_kind(proto::SPARSE);
+  c->set_optimizer(proto::ACCUMULATE);
+  ASSERT_TRUE(client.Call(std::move(create)).header.has_ack());
+  const std::vector<Key> keys = {11, 12, 13};
+  std::vector<float> values(keys.size() * kWidth);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.25f * static_cast<float>(i) + 1.0f;
+  ASSERT_TRUE(client.Call(Push(kTable, keys.size(), {Of(keys), Of(values)})).header.has_ack());
+
+  // Now at the server: pushes and pulls in the client's name and their own.
+  const std::string server_address = [&] {
+    Message m;  // the server's address, from a pull reply's sender
+    m.header.mutable_pull()->set_table_id(kTable);
+    m.header.mutable_pull()->set_num_keys(keys.size());
+    m.frames.push_back(Of(keys));
+    return client.Call(std::move(m)).header.sender_address();
+  }();
+  ASSERT_FALSE(server_address.empty());
+  std::vector<float> poison(values.size(), 1000.0f);
+  for (auto& s : strangers) {
+    for (uint32_t as : {client.session().self().node_id(), 99u}) {
+      Message push = Push(kTable, keys.size(), {Of(keys), Of(poison)});
+      push.header.set_request_id(2);
+      push.header.set_sender_id(as);
+      s->Send(server_address, std::move(push));
+      Message pull = Pull(kTable, keys.size(), {Of(keys)});
+      pull.header.set_request_id(3);
+      pull.header.set_sender_id(as);
+      s->Send(server_address, std::move(pull));
+    }
+  }
+  // A raw socket that knows the job's public key but holds its own pair.
+  zmq::context_t ctx;
+  zmq::socket_t impostor(ctx, zmq::socket_type::dealer);
+  impostor.set(zmq::sockopt::curve_serverkey, job->public_key);
+  impostor.set(zmq::sockopt::curve_publickey, std::string(other_pub));
+  impostor.set(zmq::sockopt::curve_secretkey, std::string(other_sec));
+  impostor.set(zmq::sockopt::linger, 0);
+  impostor.connect(server_address);
+  Message forged = Push(kTable, keys.size(), {Of(keys), Of(poison)});
+  forged.header.set_request_id(4);
+  forged.header.set_sender_id(client.session().self().node_id());
+  forged.header.set_sender_address("tcp://127.0.0.1:1");
+  const std::string header = forged.header.SerializeAsString();
+  std::vector<zmq::const_buffer> frames = {zmq::buffer(header), zmq::buffer(keys), zmq::buffer(poison)};
+  for (size_t i = 0; i < frames.size(); ++i) {
+    impostor.send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  }
+
+  // The job's client, after all that: its values are exactly as written.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  Message after = client.Call(Pull(kTable, keys.size(), {Of(keys)}));
+  ASSERT_TRUE(after.header.has_pull_reply()) << after.header.ShortDebugString();
+  const std::vector<float> now(after.frames[0].As<float>().begin(), after.frames[0].As<float>().end());
+  EXPECT_EQ(now, values) << "a stranger's push was applied";
+  for (auto& s : strangers) EXPECT_EQ(s->answers(), 0) << "a stranger got an answer";
+  EXPECT_EQ(server.stats().push_requests, 1u) << "only the client's push reached the server";
+
+  ASSERT_TRUE(client.session().ReportDone({}, 10 * kSeconds).ok());
+  EXPECT_TRUE(client.session().WaitForEnd().ok());
+  EXPECT_TRUE(coordinator_done.get().ok());
+  EXPECT_TRUE(server_done.get().ok());
+  impostor.close();
+  ::unsetenv(kJobKeysEnvironmentVariable);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessera
