@@ -55,6 +55,14 @@ def command_line(pid: int) -> list:
     return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
 
 
+def job_environment(pid: int) -> dict:
+    """The TESSERA_* variables process `pid` was started with (the job key
+    file, message faults, the audit directory): what a process started
+    again in its place needs, e.g. to hold the job's key."""
+    pairs = [e.decode().partition("=") for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if e]
+    return {k: v for k, _, v in pairs if k.startswith("TESSERA_")}
+
+
 class LocalEtcd:
     """A real etcd on loopback, in `directory`, on free ports; stopped by
     stop() (or `with`). `endpoint` is its client URL. Raises RuntimeError if

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jobprocs import LocalEtcd, command_line, shard_map_problems, wait_for_address, wait_for_process  # noqa: E402
+from jobprocs import (LocalEtcd, command_line, job_environment, shard_map_problems, wait_for_address,  # noqa: E402
+                      wait_for_process)
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("TESSERA_BUILD_DIR", REPO / "build"))
@@ -53,8 +54,9 @@ class Job:
     def running(self):
         return self.process.poll() is None
 
-    def start(self, argv, log: Path):
-        env = dict(os.environ, TESSERA_AUDIT_DIR=str(self.audit))
+    def start(self, argv, log: Path, job_env: dict):
+        """Starts `argv` with `job_env` (job_environment of the process it replaces: the job key)."""
+        env = {**os.environ, **job_env, "TESSERA_AUDIT_DIR": str(self.audit)}
         out = open(log, "w")
         p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         self.extra.append((p, out))
@@ -143,12 +145,12 @@ def test_e3_a_primary_paused_past_its_lease_is_deposed_and_refused(tmp_path):
 def test_e7_a_worker_killed_and_restarted_applies_nothing_twice(tmp_path):
     job = Job(tmp_path, "cluster.on_worker_loss=wait", "timeouts.lease_seconds=1", "timeouts.heartbeat_seconds=0.2")
     pid = job.pid("tessera-audit-workload", "worker-1")
-    argv = command_line(pid)
+    argv, env = command_line(pid), job_environment(pid)
     time.sleep(1.5)
     assert job.running(), "the job ended before the fault"
     os.kill(pid, signal.SIGKILL)
     time.sleep(1.5)  # lost after the 1 s lease; its place is kept
-    job.start(argv, tmp_path / "worker-1-again.log")
+    job.start(argv, tmp_path / "worker-1-again.log", env)
     out = job.finish()
     assert_job_ok(job, out)
     log = coordinator_log(job)

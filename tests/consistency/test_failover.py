@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jobprocs import command_line, find_process, wait_for_address, wait_for_process  # noqa: E402
+from jobprocs import command_line, find_process, job_environment, wait_for_address, wait_for_process  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("TESSERA_BUILD_DIR", REPO / "build"))
@@ -80,13 +80,13 @@ def test_a_restarted_server_rejoins_and_takes_over_after_a_second_loss(tmp_path)
     job = start_job(tmp_path, records, "worker.args.clocks=700")
     address = wait_for_address(tmp_path / "run", job)
     pid = wait_for_process("tessera-server", address, "server-1")
-    argv = command_line(pid)
+    argv, env = command_line(pid), dict(os.environ, **job_environment(pid))  # the job key, too
     time.sleep(1.5)
     assert job.poll() is None, "the job ended before the fault: make it longer\n" + job.stdout.read()
     os.kill(pid, signal.SIGKILL)
     time.sleep(1.0)  # lost, failed over
     with open(tmp_path / "server-1-again.log", "w") as log:
-        again = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        again = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         time.sleep(1.0)  # rejoined
         pid2 = find_server(address, "server-2")
