@@ -5,6 +5,7 @@
 #include "compress/scalar_ops.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define TESSERA_HAVE_X86 1
 #else
@@ -617,7 +618,10 @@ constexpr KernelTable kAvx2 = {
 
 bool CpuHasAvx2() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+  return __builtin_cpu_supports("avx2") && f16c;
 }
 #endif  // TESSERA_HAVE_X86
 
