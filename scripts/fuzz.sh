@@ -38,7 +38,7 @@ for t in "${TARGETS[@]}"; do
   echo "fuzz.sh: $t for ${SECONDS_PER_TARGET} s" >&2
   # halt_on_error: an UBSan report is a crash too.
   if ! UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
-      "$BUILD/tests/fuzz/${t}_fuzz" -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=2048 \
+      "$BUILD/tests/fuzz/${t}_fuzz" -seed=1 -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=2048 \
       -print_final_stats=1 -artifact_prefix="$BUILD/crashes/$t-" \
       "$BUILD/corpus/$t" "$ROOT/tests/fuzz/corpus/$t" 2>"$BUILD/$t.log"; then
     tail -40 "$BUILD/$t.log" >&2

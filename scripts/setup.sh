@@ -14,6 +14,7 @@ PACKAGES=(
   python3-yaml python3-numpy python3-pytest python3-matplotlib
   openmpi-bin slurm-wlm munge openssh-server openssh-client
   etcd-server etcd-client
+  clang libclang-rt-14-dev
 )
 
 missing=()

@@ -10,8 +10,10 @@ constexpr uint32_t kW0 = 100, kW1 = 101;  // worker node ids
 
 class ConsistencyCoreTest : public ::testing::Test {
  protected:
-  void Init(proto::ConsistencyKind kind, uint32_t staleness, bool early = false) {
-    core_ = std::make_unique<ServerCore>(ServerCoreOptions{.node_id = 1, .answer_early = early});
+  void Init(proto::ConsistencyKind kind, uint32_t staleness, bool early = false,
+            ServerCoreOptions options = {.node_id = 1}) {
+    options.answer_early = early;
+    core_ = std::make_unique<ServerCore>(options);
     proto::NodeInfo s;
     s.set_address("inproc://s0");
     std::vector<proto::NodeInfo> servers = {s};
@@ -37,14 +39,22 @@ class ConsistencyCoreTest : public ::testing::Test {
   }
 
   std::vector<Outgoing> Push(uint32_t w, uint64_t clock, float v, Nanos now = 0) {
+    return PushKeys(w, clock, {42}, v, now);
+  }
+
+  std::vector<Outgoing> PushKeys(uint32_t w, uint64_t clock, const std::vector<Key>& keys, float v, Nanos now = 0) {
     Message m = From(w, next_id_++);
     m.header.mutable_push()->set_table_id(1);
-    m.header.mutable_push()->set_num_keys(1);
+    m.header.mutable_push()->set_num_keys(keys.size());
     m.header.mutable_push()->set_clock(clock);
-    Key k = 42;
-    m.frames.push_back(Buffer::CopyOf(&k, sizeof k));
-    m.frames.push_back(Buffer::CopyOf(&v, sizeof v));
+    const std::vector<float> values(keys.size(), v);
+    m.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
+    m.frames.push_back(Buffer::CopyOf(values.data(), values.size() * sizeof(float)));
     return core_->Step(std::move(m), now);
+  }
+
+  static std::string ErrorOf(const std::vector<Outgoing>& out) {
+    return out.size() == 1 && out[0].message.header.has_error() ? out[0].message.header.error().message() : "";
   }
 
   std::vector<Outgoing> Pull(uint32_t w, uint64_t clock, uint64_t id, Nanos now = 0, uint64_t timeout_ms = 0) {
@@ -192,6 +202,36 @@ TEST_F(ConsistencyCoreTest, MalformedPullIsAnsweredAtOnceNotHeld) {
 TEST_F(ConsistencyCoreTest, TheEarlyAnswerSwitchBreaksFreshness) {
   Init(proto::BSP, 0, /*early=*/true);
   EXPECT_EQ(Pull(kW0, 5, 1).size(), 1u);  // answered although w1 is at clock 0
+}
+
+TEST_F(ConsistencyCoreTest, ARequestOverALimitIsRefusedNamingItAndChangesNothing) {
+  Init(proto::ASP, 0, false,
+       {.node_id = 1, .max_keys_per_request = 4, .max_table_bytes = 3 * sizeof(float), .max_held_per_peer = 1});
+  // Keys per request.
+  EXPECT_NE(ErrorOf(PushKeys(kW0, 0, {1, 2, 3, 4, 5}, 1)).find("--max-keys-per-request"), std::string::npos);
+  EXPECT_EQ(core_->rows(), 0u);
+  // Table memory: width 1, three rows fit; a fourth row does not, by push or by pull.
+  ASSERT_TRUE(PushKeys(kW0, 0, {1, 2, 3}, 1)[0].message.header.has_ack());
+  EXPECT_NE(ErrorOf(PushKeys(kW0, 0, {3, 4}, 1)).find("--max-table-mb"), std::string::npos);
+  ASSERT_TRUE(PushKeys(kW0, 0, {1, 2, 3, 3}, 1)[0].message.header.has_ack()) << "existing rows are fine";
+  Message pull = From(kW0, 9);
+  pull.header.mutable_pull()->set_table_id(1);
+  pull.header.mutable_pull()->set_num_keys(1);
+  Key fresh = 77;
+  pull.frames.push_back(Buffer::CopyOf(&fresh, sizeof fresh));
+  EXPECT_NE(ErrorOf(core_->Step(std::move(pull), 0)).find("past its limit"), std::string::npos);
+  EXPECT_EQ(core_->rows(), 3u);
+}
+
+TEST_F(ConsistencyCoreTest, RequestsHeldPerSenderAreCapped) {
+  Init(proto::BSP, 0, false, {.node_id = 1, .max_held_per_peer = 2});
+  ASSERT_EQ(Clock(kW0, 1, 1).size(), 0u);  // held: w1 is at 0
+  ASSERT_EQ(Pull(kW0, 1, 2).size(), 0u);   // held
+  auto refused = Pull(kW0, 1, 3);          // a third: refused at once
+  EXPECT_NE(ErrorOf(refused).find("--max-held-per-peer"), std::string::npos);
+  EXPECT_EQ(Pull(kW1, 0, 4).size(), 1u) << "other senders are not affected";
+  auto out = Clock(kW1, 1, 0);  // w1 catches up: both held requests of w0 go out
+  EXPECT_EQ(out.size(), 2u);
 }
 
 }  // namespace

@@ -186,6 +186,19 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
   if (well_formed_pull || (h.has_clock_advance() && wants_reply)) {
     auto required = RequiredMinClock(request);
     if (required.ok() && clocks_.min_clock() < *required) {
+      const std::string& from = request.header.sender_address();
+      const size_t held_here = static_cast<size_t>(std::count_if(
+          held_.begin(), held_.end(), [&](const Held& x) { return x.request.header.sender_address() == from; }));
+      if (held_here >= options_.max_held_per_peer) {
+        Message reply = Reply(request);
+        SetError(reply, absl::ResourceExhaustedError(absl::StrCat(
+                            held_here, " requests of ", from, " are held already, waiting for slower workers; ",
+                            "this server holds at most ", options_.max_held_per_peer,
+                            " per sender (tessera-server --max-held-per-peer)")));
+        stats_.bad_requests++;
+        send(std::move(reply));
+        return out;
+      }
       uint64_t timeout_ms = h.has_pull() ? h.pull().hold_timeout_ms() : h.clock_advance().hold_timeout_ms();
       Nanos timeout = timeout_ms ? static_cast<Nanos>(timeout_ms) * kMillis : options_.default_hold_timeout;
       stats_.held_requests++;
@@ -373,6 +386,11 @@ absl::StatusOr<Table*> ServerCore::FindTable(uint32_t id) {
 
 absl::StatusOr<std::span<const Key>> ServerCore::KeysFrame(const Message& m, uint64_t num_keys, uint32_t table_id,
                                                             bool primary_only) {
+  if (num_keys > options_.max_keys_per_request) {
+    return absl::ResourceExhaustedError(absl::StrCat("a request of ", num_keys, " keys; this server takes at most ",
+                                                     options_.max_keys_per_request,
+                                                     " in one (tessera-server --max-keys-per-request)"));
+  }
   const Buffer& f = m.frames[0];
   if (num_keys > f.size() || f.size() != num_keys * sizeof(Key)) {
     return absl::InvalidArgumentError(absl::StrCat("keys frame has ", f.size(), " bytes, expected ",
@@ -385,6 +403,16 @@ absl::StatusOr<std::span<const Key>> ServerCore::KeysFrame(const Message& m, uin
     if (owner != my_rank_) return NotPrimary(table_id, k, owner);
   }
   return keys;
+}
+
+absl::Status ServerCore::CheckGrowth(const Table& table, std::span<const Key> keys) const {
+  if (options_.max_table_bytes == 0) return absl::OkStatus();
+  const uint64_t row_bytes = uint64_t{table.width()} * sizeof(float);
+  const uint64_t rows = table.num_rows() + table.CountAbsent(keys);
+  if (rows * row_bytes <= options_.max_table_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "table ", table.config().table_id(), " would grow to ", rows, " rows (", rows * row_bytes,
+      " bytes), past its limit of ", options_.max_table_bytes, " bytes (tessera-server --max-table-mb)"));
 }
 
 absl::Status ServerCore::NotPrimary(uint32_t table_id, Key key, uint32_t owner) const {
@@ -824,6 +852,7 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
                                                    keys.size() * row_bytes, " for ", req.num_keys(),
                                                    " keys of width ", table->width()));
   }
+  if (auto s = CheckGrowth(*table, keys); !s.ok()) return s;
   // Each key's shard; which keys are this server's to take.
   std::vector<uint32_t> vshard(keys.size());
   bool all_mine = true;
@@ -1173,6 +1202,7 @@ absl::StatusOr<Buffer> ServerCore::HandlePull(const proto::Pull& req, const Mess
   if (!table.ok()) return table.status();
   auto keys = KeysFrame(m, req.num_keys(), req.table_id(), true);
   if (!keys.ok()) return keys.status();
+  if (auto s = CheckGrowth(**table, *keys); !s.ok()) return s;
   // Large rows go out as views of table memory (copy-on-write protects them
   // from later pushes while the reply is in flight); the rest is copied.
   return (*table)->ReadRowsShared(*keys, options_.pool);

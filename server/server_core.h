@@ -110,6 +110,11 @@ struct ServerCoreOptions {
   // applied to it, (worker node, incarnation, seq), replicated and
   // transferred with the row; AuditDump() writes them out.
   bool audit = false;
+  // Limits (tessera-server --max-*; docs/security.md). A request over one is
+  // refused with ResourceExhausted naming the limit, and changes nothing.
+  uint64_t max_keys_per_request = uint64_t{1} << 26;  // keys in one push or pull (64 Mi)
+  uint64_t max_table_bytes = 0;                       // rows x width x 4 per table; 0 = no limit
+  size_t max_held_per_peer = 1024;                    // requests held for slower workers, per sender
 };
 
 // Pull replies in pieces. A reply whose values frame is larger than
@@ -265,6 +270,8 @@ class ServerCore {
   absl::StatusOr<std::span<const Key>> KeysFrame(const Message& m, uint64_t num_keys, uint32_t table_id,
                                                  bool primary_only);
   absl::Status NotPrimary(uint32_t table_id, Key key, uint32_t owner) const;
+  // ResourceExhausted when the keys' new rows would take `table` past options.max_table_bytes.
+  absl::Status CheckGrowth(const Table& table, std::span<const Key> keys) const;
   Message Reply(const Message& request) const;
   // Appends `reply` to `out`, split into pieces when it is a large pull reply.
   void Emit(std::vector<Outgoing>& out, std::string to, Message reply) const;

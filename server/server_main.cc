@@ -63,8 +63,23 @@ int main(int argc, char** argv) {
   app.add_option("--keep-checkpoints", checkpoints.keep, "Checkpoints kept per server rank")->check(CLI::PositiveNumber);
   app.add_option("--restore-from", checkpoints.restore_from,
                  "Start from checkpoints: each shard this server holds is loaded from its newest checkpoint in DIR");
+  uint64_t max_table_mb = 0, max_message_mb = 2048;
+  app.add_option("--max-keys-per-request", core.max_keys_per_request,
+                 "Refuse a push or pull of more keys than this (ResourceExhausted)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-table-mb", max_table_mb,
+                 "Refuse a push or pull that would grow a table past this many MiB of rows on this server "
+                 "(rows x width x 4 bytes; 0 = no limit)")
+      ->capture_default_str();
+  app.add_option("--max-held-per-peer", core.max_held_per_peer,
+                 "Requests of one sender held at once, waiting for slower workers; more are refused")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-message-mb", max_message_mb,
+                 "Largest message accepted (header and frames); a larger one is dropped by the transport")
+      ->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
   app.add_flag("--debug", debug, "Log debug lines");
   CLI11_PARSE(app, argc, argv);
+  core.max_table_bytes = max_table_mb << 20;
   checkpoints.every = static_cast<tessera::Nanos>(checkpoint_every * 1e9);
   core.audit = !audit_dir.empty();
   if (name.empty()) name = so.rank >= 0 ? "server-" + std::to_string(so.rank) : "server";
@@ -75,7 +90,10 @@ int main(int argc, char** argv) {
   so.heartbeat_interval = static_cast<tessera::Nanos>(heartbeat_interval * 1e9);
   so.lease = static_cast<tessera::Nanos>(lease * 1e9);
 
-  auto transport = tessera::MakeTransport(bind);
+  tessera::ZmqTransport::Options transport_options;
+  transport_options.bind = bind;
+  transport_options.max_message_bytes = max_message_mb << 20;
+  auto transport = tessera::MakeTransport(std::move(transport_options));
   if (!transport.ok()) {
     TLOG_ERROR("cannot create transport: {}", transport.status().message());
     return 1;

@@ -1,5 +1,7 @@
 #include "server/table.h"
 
+#include "absl/container/flat_hash_set.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -62,6 +64,13 @@ float InitialValue(const proto::TableConfig& c, Key key, uint32_t index) {
   float u1 = 1.0f - UnitFloat(h1);
   float u2 = UnitFloat(h2);
   return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2) * c.init_scale();
+}
+
+size_t Table::CountAbsent(std::span<const Key> keys) const {
+  absl::flat_hash_set<Key> absent;
+  for (Key k : keys)
+    if (!index_.contains(k)) absent.insert(k);
+  return absent.size();
 }
 
 absl::Status Table::CheckKeys(std::span<const Key> keys) const {

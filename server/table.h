@@ -60,6 +60,9 @@ class Table {
   const proto::TableConfig& config() const { return config_; }
   uint32_t width() const { return config_.width(); }
   size_t num_rows() const { return index_.size(); }
+  // How many distinct keys of `keys` have no row yet (the rows a push or a
+  // pull of them would create in a SPARSE table).
+  size_t CountAbsent(std::span<const Key> keys) const;
 
   // Applies the optimizer for each (key, gradient row). values.size() must be
   // keys.size() * width. All keys are checked before anything is applied.

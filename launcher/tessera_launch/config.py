@@ -149,6 +149,14 @@ class CheckpointsSection:
 
 
 @dataclass(frozen=True)
+class LimitsSection:
+    max_keys_per_request: int = 1 << 26
+    max_table_mb: int = 0
+    max_held_per_peer: int = 1024
+    max_message_mb: int = 2048
+
+
+@dataclass(frozen=True)
 class SecuritySection:
     curve: bool = True
     keys_file: str = ""
@@ -191,6 +199,7 @@ class JobConfig:
     checkpoints: CheckpointsSection = dataclasses.field(default_factory=CheckpointsSection)
     coordinator: CoordinatorSection = dataclasses.field(default_factory=CoordinatorSection)
     security: SecuritySection = dataclasses.field(default_factory=SecuritySection)
+    limits: LimitsSection = dataclasses.field(default_factory=LimitsSection)
     faults: tuple = ()  # FaultSpec, in file order
 
     def to_dict(self) -> dict:
@@ -428,6 +437,15 @@ SCHEMA: dict[str, dict[str, Field]] = {
                            "the job key file (tessera-keys; mode 0600) at the same path on every host; empty: "
                            "the launcher makes RUN/job.keys"),
     },
+    "limits": {
+        "max_keys_per_request": Field(_positive_int, 1 << 26, "servers refuse a push or pull of more keys"),
+        "max_table_mb": Field(_count_or_zero, 0,
+                              "servers refuse what would grow a table past this many MiB of rows each; 0: no limit"),
+        "max_held_per_peer": Field(_positive_int, 1024,
+                                   "requests of one worker a server holds at once for slower workers"),
+        "max_message_mb": Field(_int_in(1, 1 << 20, "an integer from 1 to 1048576"), 2048,
+                                "largest message a server accepts"),
+    },
     "metrics": {
         "port": Field(_metrics_port, 0, "first Prometheus port: server-R port+R, worker-R port+servers+R, the coordinator "
                                            "port+servers+workers; 0: off"),
@@ -449,6 +467,7 @@ _SECTION_TYPES = {
     "checkpoints": CheckpointsSection,
     "coordinator": CoordinatorSection,
     "security": SecuritySection,
+    "limits": LimitsSection,
     "ssh": SshSection,
     "kubernetes": KubernetesSection,
 }

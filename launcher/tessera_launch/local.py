@@ -335,6 +335,9 @@ def server_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
     port = config.metrics.port_of("server", rank, config.cluster.servers)
     if port:
         argv += ["--metrics-port", str(port), "--metrics-host", config.metrics.host]
+    limits = config.limits
+    argv += ["--max-keys-per-request", str(limits.max_keys_per_request), "--max-table-mb", str(limits.max_table_mb),
+             "--max-held-per-peer", str(limits.max_held_per_peer), "--max-message-mb", str(limits.max_message_mb)]
     c = config.checkpoints
     if c.dir:
         argv += ["--checkpoint-dir", str(layout.root / c.dir), "--checkpoint-every", _seconds(c.every_seconds),

@@ -169,6 +169,8 @@ def server_main(argv):
         p.add_argument(flag, required=True)
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--connect-timeout", type=float, required=True)
+    for flag in ("--max-keys-per-request", "--max-table-mb", "--max-held-per-peer", "--max-message-mb"):
+        p.add_argument(flag, type=int, required=True)  # the real server's limits (ignored here)
     p.add_argument("--debug", action="store_true")
     a = p.parse_args(argv)
     sock = connect(a.coordinator, a.connect_timeout)

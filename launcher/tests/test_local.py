@@ -223,7 +223,9 @@ def test_command_lines_follow_the_contract(tmp_path, job_file):
         "--name", "coordinator", "--debug"]
     assert server_argv(config, binaries, layout, 1, "tcp://h:1", debug=False) == [
         str(tmp_path / "build/server/tessera-server"), "--coordinator", "tcp://h:1", "--rank", "1",
-        "--bind", "tcp://127.0.0.1:0", "--name", "server-1", "--connect-timeout", "10"]
+        "--bind", "tcp://127.0.0.1:0", "--name", "server-1", "--connect-timeout", "10",
+        "--max-keys-per-request", "67108864", "--max-table-mb", "0", "--max-held-per-peer", "1024",
+        "--max-message-mb", "2048"]
     assert worker_argv(config, binaries, layout, 0, "tcp://h:1") == [
         str(tmp_path / "build/examples/fake-worker"), "--coordinator", "tcp://h:1", "--rank", "0",
         "--name", "worker-0", "--epochs", "1", "--learning_rate", "0.5", "--verbose", "true"]
