@@ -1,6 +1,11 @@
 """The `kubernetes` back-end: manifests for a job, applied with kubectl.
 
 Objects (NAME is job.name made a DNS label):
+  Secret      NAME-job-keys (security.curve): the job key file, made with
+              tessera-keys (or security.keys_file), mounted read-only with
+              mode 0400 at /etc/tessera-keys in every pod ($TESSERA_JOB_KEYS);
+              the written manifest file is therefore mode 0600, and
+              --dry-run shows a placeholder instead of the key
   ConfigMap   NAME-config: job.yaml, the resolved job config, mounted in
               every pod at /etc/tessera/job.yaml ($TESSERA_JOB_CONFIG)
   Deployment  NAME-coordinator (1 replica) and Service NAME-coordinator
@@ -24,9 +29,11 @@ its pod's /var/run/tessera.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -36,6 +43,10 @@ from .local import (EXIT_FAILED, EXIT_OK, Binaries, LocalOptions, RunLayout, Set
 
 CONFIG_MOUNT = "/etc/tessera"
 RUN_DIR = "/var/run/tessera"
+#: Where the job key Secret is mounted (security.curve).
+KEYS_MOUNT = "/etc/tessera-keys"
+#: What --dry-run shows instead of a key file.
+REDACTED_KEYS = "(the job key file, made when the manifests are written)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,8 +69,10 @@ def _set_flag(argv: list, flag: str, value: str) -> list:
     return result
 
 
-def manifests(config, debug: bool = False) -> list:
-    """The job's Kubernetes objects, as dicts, in apply order."""
+def manifests(config, debug: bool = False, job_keys: str = REDACTED_KEYS) -> list:
+    """The job's Kubernetes objects, as dicts, in apply order. With
+    security.curve, `job_keys` (the key file's text) goes into a Secret that
+    every pod mounts read-only, mode 0400, and names in TESSERA_JOB_KEYS."""
     k8s = config.kubernetes
     if config.cluster.transport != "tcp":
         raise SetupError("the kubernetes back-end needs cluster.transport tcp")
@@ -86,6 +99,14 @@ def manifests(config, debug: bool = False) -> list:
                {"name": "PYTHONUNBUFFERED", "value": "1"}]
         if rank_field:
             env.insert(1, {"name": "TESSERA_RANK", "valueFrom": {"fieldRef": {"fieldPath": rank_field}}})
+        mounts = [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+                  {"name": "run", "mountPath": RUN_DIR}]
+        volumes = [{"name": "config", "configMap": {"name": f"{base}-config"}},
+                   {"name": "run", "emptyDir": {}}]
+        if config.security.curve:
+            env.append({"name": "TESSERA_JOB_KEYS", "value": f"{KEYS_MOUNT}/job.keys"})
+            mounts.append({"name": "job-keys", "mountPath": KEYS_MOUNT, "readOnly": True})
+            volumes.append({"name": "job-keys", "secret": {"secretName": f"{base}-job-keys", "defaultMode": 0o400}})
         return {
             "metadata": {"labels": labels(role)},
             "spec": {
@@ -94,11 +115,9 @@ def manifests(config, debug: bool = False) -> list:
                     "name": role, "image": k8s.image, "imagePullPolicy": k8s.image_pull_policy,
                     "command": command[:1], "args": command[1:], "env": env,
                     "ports": [{"name": role, "containerPort": container_port, "protocol": "TCP"}],
-                    "volumeMounts": [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
-                                     {"name": "run", "mountPath": RUN_DIR}],
+                    "volumeMounts": mounts,
                 }],
-                "volumes": [{"name": "config", "configMap": {"name": f"{base}-config"}},
-                            {"name": "run", "emptyDir": {}}],
+                "volumes": volumes,
             },
         }
 
@@ -112,7 +131,9 @@ def manifests(config, debug: bool = False) -> list:
             spec["clusterIP"] = "None"
         return {"apiVersion": "v1", "kind": "Service", "metadata": meta(name, role), "spec": spec}
 
-    return [
+    secret = [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": meta(f"{base}-job-keys", "keys"),
+               "stringData": {"job.keys": job_keys}}] if config.security.curve else []
+    return secret + [
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(f"{base}-config", "config"),
          "data": {"job.yaml": config.to_yaml()}},
         service(f"{base}-coordinator", "coordinator", port, headless=False),
@@ -134,6 +155,28 @@ def manifests(config, debug: bool = False) -> list:
     ]
 
 
+def _job_keys_text(job) -> str:
+    """The key file the pods get (security.curve): security.keys_file, or a
+    new pair made with this build's tessera-keys. "" without curve."""
+    security = job.config.security
+    if not security.curve:
+        return ""
+    if security.keys_file:
+        path = Path(security.keys_file)
+        if not path.is_file():
+            raise SetupError(f"security.keys_file {path}: no such file (make one with tessera-keys FILE)")
+        return path.read_text(encoding="utf-8")
+    if not os.access(job.binaries.keys, os.X_OK):
+        raise SetupError(f"tessera-keys not found: {job.binaries.keys}; build it (--build-dir), give "
+                         "security.keys_file, or set security.curve: false")
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "job.keys"
+        made = subprocess.run([str(job.binaries.keys), str(path)], capture_output=True, text=True)
+        if made.returncode != 0:
+            raise SetupError(f"cannot make the job key: {(made.stderr or made.stdout).strip()}")
+        return path.read_text(encoding="utf-8")
+
+
 def render(objects: list) -> str:
     return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)
 
@@ -142,14 +185,10 @@ def run(options: LocalOptions, args: argparse.Namespace) -> int:
     """`tessera-launch kubernetes`: write the manifests, and apply them."""
     job = load_job(options)
     check_fault_support("kubernetes", False, job.config)
-    if job.config.security.curve:
-        raise SetupError("security.curve is true, but the kubernetes back-end does not hand the job key to its "
-                         "pods yet (a Secret is planned): set security.curve: false, which leaves the job's "
-                         "ports open to whatever can reach the pods (restrict them with a NetworkPolicy)")
-    text = render(manifests(job.config, options.debug))
     if args.dry_run:
-        print(text, end="")
+        print(render(manifests(job.config, options.debug)), end="")
         return EXIT_OK
+    text = render(manifests(job.config, options.debug, _job_keys_text(job)))
     if args.apply and shutil.which("kubectl") is None:
         raise SetupError("kubectl not found on PATH (needed by --apply)")
     if args.output:
@@ -158,7 +197,11 @@ def run(options: LocalOptions, args: argparse.Namespace) -> int:
     else:
         start_run(job, options.run_dir)
         output = job.layout.root / "kubernetes.yaml"
-    output.write_text(text, encoding="utf-8")
+    # The file may hold the job key (a Secret): readable by its owner only.
+    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(output, 0o600)
     print(f"[launch] wrote {output}", flush=True)
     if not args.apply:
         return EXIT_OK

@@ -111,9 +111,31 @@ def test_kubernetes_rejects_ipc(tmp_path, capsys):
     assert "needs cluster.transport tcp" in capsys.readouterr().err
 
 
-def test_kubernetes_wants_authentication_turned_off_explicitly(tmp_path, capsys):
-    assert main(["kubernetes", "--config", str(REPO / "configs" / "local.yaml"), "--dry-run"]) == 2
-    assert "set security.curve: false" in capsys.readouterr().err
+def test_kubernetes_pods_get_the_job_key_from_a_secret(tmp_path, fake_build):
+    output = tmp_path / "k8s.yaml"
+    assert main(["kubernetes", "--config", str(REPO / "configs" / "kubernetes.yaml"), "--output", str(output),
+                 "--build-dir", str(fake_build)]) == 0
+    assert output.stat().st_mode & 0o777 == 0o600, "the file holds the job key"
+    docs = list(yaml.safe_load_all(output.read_text()))
+    secret = [d for d in docs if d["kind"] == "Secret"][0]
+    assert secret["metadata"]["name"] == "logreg-k8s-job-keys"
+    assert secret["stringData"]["job.keys"].startswith("public ")
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet", "Job"):
+            spec = d["spec"]["template"]["spec"]
+            container = spec["containers"][0]
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert env["TESSERA_JOB_KEYS"] == "/etc/tessera-keys/job.keys"
+            assert {"name": "job-keys", "mountPath": "/etc/tessera-keys", "readOnly": True} in container["volumeMounts"]
+            assert {"name": "job-keys", "secret": {"secretName": "logreg-k8s-job-keys", "defaultMode": 0o400}} in spec[
+                "volumes"]
+    # Without authentication, asked for explicitly: no Secret, no key in any pod.
+    open_output = tmp_path / "open.yaml"
+    assert main(["kubernetes", "--config", str(REPO / "configs" / "kubernetes.yaml"), "--output", str(open_output),
+                 "--set", "security.curve=false"]) == 0
+    docs = list(yaml.safe_load_all(open_output.read_text()))
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    assert "TESSERA_JOB_KEYS" not in open_output.read_text()
 
 
 # -- ssh hostfiles ---------------------------------------------------------------
