@@ -300,9 +300,11 @@ absl::Status ZmqTransport::Impl::Start(std::shared_ptr<Impl> self, Handler handl
     ctx_.reset();
     return absl::UnavailableError(absl::StrCat("cannot bind ", options_.bind, ": ", ErrorText(e)));
   }
-  if (curve()) zap_thread_ = std::thread([this, zap = std::move(zap)]() mutable { ZapLoop(std::move(zap)); });
   address_ = AdvertisedAddress(endpoint);
   RememberIpcFile(endpoint);
+  // The ZAP handler answers handshakes from now on (libzmq waits for it;
+  // started after address_ is set, which its log lines read).
+  if (curve()) zap_thread_ = std::thread([this, zap = std::move(zap)]() mutable { ZapLoop(std::move(zap)); });
   handler_ = std::move(handler);
   state_.store(kRunning);
   thread_ = std::thread([self = std::move(self)]() mutable {
