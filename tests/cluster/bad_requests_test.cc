@@ -90,9 +90,12 @@ TEST(BadRequestsTest, EveryBadRequestGetsItsErrorAndChangesNothing) {
   cases.push_back({"push announcing two parts, sending one", Push(kTable, 3, {Of(keys), Of(garbage)}, 2), "frames"});
   cases.push_back({"push whose parts do not cover the values",
                    Push(kTable, 3, {Of(keys), short_part->parts[0]}, 1), "cover"});
-  // Would ask for 16 GiB of decoded values if the keys frame went unchecked.
+  // Would ask for 512 MiB of decoded values if the keys frame went unchecked.
+  cases.push_back({"compressed push claiming 2^25 keys",
+                   Push(kTable, uint64_t{1} << 25, {Of(keys), short_part->parts[0]}, 1), "keys frame"});
+  // Over the server's limit of keys per request (64 Mi by default): refused before anything else.
   cases.push_back({"compressed push claiming 2^30 keys",
-                   Push(kTable, uint64_t{1} << 30, {Of(keys), short_part->parts[0]}, 1), "keys frame"});
+                   Push(kTable, uint64_t{1} << 30, {Of(keys), short_part->parts[0]}, 1), "--max-keys-per-request"});
   cases.push_back({"pull without keys", Pull(kTable, 3, {}), "frame"});
   cases.push_back({"pull whose key count disagrees", Pull(kTable, 2, {Of(keys)}), "key"});
   cases.push_back({"pull of an unknown table", Pull(99, 3, {Of(keys)}), "table 99"});
