@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/logging.h"
 
 namespace tessera::metrics {
 namespace {
@@ -280,6 +281,20 @@ void MetricsHttpServer::Loop() {
     }
     close(c);
   }
+}
+
+bool ServeIfAsked(const std::string& host, int port, std::function<std::string()> render,
+                  std::unique_ptr<MetricsHttpServer>* server) {
+  server->reset();
+  if (port < 0) return true;
+  auto started = MetricsHttpServer::Start(host, static_cast<uint16_t>(port), std::move(render));
+  if (!started.ok()) {
+    TLOG_ERROR("{}", started.status().message());
+    return false;
+  }
+  *server = std::move(*started);
+  TLOG_INFO("metrics at http://{}:{}/metrics", host, (*server)->port());
+  return true;
 }
 
 }  // namespace tessera::metrics

@@ -143,4 +143,11 @@ class MetricsHttpServer {
   std::thread thread_;
 };
 
+// For a binary's --metrics-port flag: with port < 0 (off) leaves *server
+// null and returns true; else starts the endpoint into *server and logs its
+// URL ("metrics at http://HOST:PORT/metrics"), or logs why it could not and
+// returns false.
+bool ServeIfAsked(const std::string& host, int port, std::function<std::string()> render,
+                  std::unique_ptr<MetricsHttpServer>* server);
+
 }  // namespace tessera::metrics

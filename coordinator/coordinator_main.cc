@@ -199,15 +199,8 @@ int main(int argc, char** argv) {
     });
   }
   std::unique_ptr<tessera::metrics::MetricsHttpServer> metrics;
-  if (metrics_port >= 0) {
-    auto m = tessera::metrics::MetricsHttpServer::Start(metrics_host, static_cast<uint16_t>(metrics_port),
-                                                        [&node] { return node.MetricsText(); });
-    if (!m.ok()) {
-      TLOG_ERROR("{}", m.status().message());
-      return 1;
-    }
-    metrics = std::move(*m);
-    TLOG_INFO("metrics at http://{}:{}/metrics", metrics_host, metrics->port());
+  if (!tessera::metrics::ServeIfAsked(metrics_host, metrics_port, [&node] { return node.MetricsText(); }, &metrics)) {
+    return 1;
   }
   if (!address_file.empty() && !WriteFileAtomically(address_file, node.address() + "\n")) {
     TLOG_ERROR("cannot write the address file {}", address_file);

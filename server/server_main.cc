@@ -103,15 +103,8 @@ int main(int argc, char** argv) {
   static std::atomic<bool> checkpoint_signal{false};
   std::signal(SIGUSR1, [](int) { checkpoint_signal.store(true); });
   std::unique_ptr<tessera::metrics::MetricsHttpServer> metrics;
-  if (metrics_port >= 0) {
-    auto m = tessera::metrics::MetricsHttpServer::Start(metrics_host, static_cast<uint16_t>(metrics_port),
-                                                        [&node] { return node.MetricsText(); });
-    if (!m.ok()) {
-      TLOG_ERROR("{}", m.status().message());
-      return 1;
-    }
-    metrics = std::move(*m);
-    TLOG_INFO("metrics at http://{}:{}/metrics", metrics_host, metrics->port());
+  if (!tessera::metrics::ServeIfAsked(metrics_host, metrics_port, [&node] { return node.MetricsText(); }, &metrics)) {
+    return 1;
   }
   std::atomic<bool> serving{true};
   std::thread signal_watch([&node, &serving] {

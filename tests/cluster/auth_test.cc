@@ -56,24 +56,8 @@ TEST(AuthTest, OnlyHoldersOfTheJobKeyGetAnAnswer) {
   ASSERT_TRUE(job.ok()) << job.status();
   ::setenv(kJobKeysEnvironmentVariable, key_file.c_str(), 1);
 
-  CoordinatorOptions co;
-  co.servers = 1;
-  co.workers = 1;
-  co.vshards = 8;
-  co.assemble_timeout = 20 * kSeconds;
-  auto ct = MakeTransport("tcp://127.0.0.1:0");
-  ASSERT_TRUE(ct.ok());
-  CoordinatorNode coordinator(co, std::move(*ct));
-  ASSERT_TRUE(coordinator.Start().ok());
-  auto coordinator_done = std::async(std::launch::async, [&] { return coordinator.Run(); });
-  auto st = MakeTransport("tcp://127.0.0.1:0");
-  ASSERT_TRUE(st.ok());
-  CoordinatorSession::Options so;
-  so.coordinator = coordinator.address();
-  so.role = proto::SERVER;
-  so.rank = 0;
-  ServerNode server(so, std::move(*st));
-  auto server_done = std::async(std::launch::async, [&] { return server.Run(); });
+  OneServerJob job_processes;
+  const std::string coordinator_address = job_processes.coordinator_address();
 
   // The strangers knock first: nobody registers in the job's only worker place.
   std::vector<std::unique_ptr<Stranger>> strangers;
@@ -84,9 +68,9 @@ TEST(AuthTest, OnlyHoldersOfTheJobKeyGetAnAnswer) {
   other_job.curve_public_key = other_pub;
   other_job.curve_secret_key = other_sec;
   strangers.push_back(std::make_unique<Stranger>(other_job));  // another job's key
-  for (auto& s : strangers) s->Send(coordinator.address(), Register());
+  for (auto& s : strangers) s->Send(coordinator_address, Register());
 
-  RawClient client(coordinator.address());
+  RawClient client(coordinator_address);
   ASSERT_TRUE(client.Join().ok()) << "the job's own worker gets in";
   Message create;
   auto* c = create.header.mutable_create_table()->mutable_config();
@@ -147,12 +131,11 @@ TEST(AuthTest, OnlyHoldersOfTheJobKeyGetAnAnswer) {
   const std::vector<float> now(after.frames[0].As<float>().begin(), after.frames[0].As<float>().end());
   EXPECT_EQ(now, values) << "a stranger's push was applied";
   for (auto& s : strangers) EXPECT_EQ(s->answers(), 0) << "a stranger got an answer";
-  EXPECT_EQ(server.stats().push_requests, 1u) << "only the client's push reached the server";
+  EXPECT_EQ(job_processes.server().stats().push_requests, 1u) << "only the client's push reached the server";
 
   ASSERT_TRUE(client.session().ReportDone({}, 10 * kSeconds).ok());
   EXPECT_TRUE(client.session().WaitForEnd().ok());
-  EXPECT_TRUE(coordinator_done.get().ok());
-  EXPECT_TRUE(server_done.get().ok());
+  job_processes.ExpectOrderlyEnd();
   impostor.close();
   ::unsetenv(kJobKeysEnvironmentVariable);
   std::filesystem::remove_all(dir);

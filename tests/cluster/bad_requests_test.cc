@@ -25,26 +25,8 @@ namespace {
 
 TEST(BadRequestsTest, EveryBadRequestGetsItsErrorAndChangesNothing) {
   spdlog::default_logger()->set_level(spdlog::level::warn);
-  CoordinatorOptions co;
-  co.servers = 1;
-  co.workers = 1;
-  co.vshards = 8;
-  co.assemble_timeout = 20 * kSeconds;
-  auto ct = MakeTransport("tcp://127.0.0.1:0");
-  ASSERT_TRUE(ct.ok());
-  CoordinatorNode coordinator(co, std::move(*ct));
-  ASSERT_TRUE(coordinator.Start().ok());
-  auto coordinator_done = std::async(std::launch::async, [&] { return coordinator.Run(); });
-  auto st = MakeTransport("tcp://127.0.0.1:0");
-  ASSERT_TRUE(st.ok());
-  CoordinatorSession::Options so;
-  so.coordinator = coordinator.address();
-  so.role = proto::SERVER;
-  so.rank = 0;
-  ServerNode server(so, std::move(*st));
-  auto server_done = std::async(std::launch::async, [&] { return server.Run(); });
-
-  RawClient client(coordinator.address());
+  OneServerJob job;
+  RawClient client(job.coordinator_address());
   ASSERT_TRUE(client.Join().ok());
 
   Message create;
@@ -117,9 +99,8 @@ TEST(BadRequestsTest, EveryBadRequestGetsItsErrorAndChangesNothing) {
 
   ASSERT_TRUE(client.session().ReportDone({}, 10 * kSeconds).ok());
   EXPECT_TRUE(client.session().WaitForEnd().ok());
-  EXPECT_TRUE(coordinator_done.get().ok());
-  EXPECT_TRUE(server_done.get().ok());
-  EXPECT_EQ(server.stats().bad_requests, cases.size()) << "every bad request is counted";
+  job.ExpectOrderlyEnd();
+  EXPECT_EQ(job.server().stats().bad_requests, cases.size()) << "every bad request is counted";
 }
 
 }  // namespace

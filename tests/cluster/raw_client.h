@@ -9,7 +9,11 @@
 #include <deque>
 #include <mutex>
 
+#include <future>
+
+#include "coordinator/coordinator_node.h"
 #include "node/coordinator_session.h"
+#include "server/server_node.h"
 #include "transport/transport_factory.h"
 
 namespace tessera {
@@ -119,5 +123,49 @@ template <typename T>
 Buffer Of(const std::vector<T>& v) {
   return Buffer::CopyOf(v.data(), v.size() * sizeof(T));
 }
+
+// A job of one coordinator, one server and one worker place, over ZeroMQ
+// tcp on loopback (MakeTransport: with the job key of TESSERA_JOB_KEYS, if
+// set), the coordinator and the server running on threads of their own.
+class OneServerJob {
+ public:
+  OneServerJob() : coordinator_(Options(), NewTransport()) {
+    EXPECT_TRUE(coordinator_.Start().ok());
+    coordinator_done_ = std::async(std::launch::async, [this] { return coordinator_.Run(); });
+    CoordinatorSession::Options so;
+    so.coordinator = coordinator_.address();
+    so.role = proto::SERVER;
+    so.rank = 0;
+    server_ = std::make_unique<ServerNode>(so, NewTransport());
+    server_done_ = std::async(std::launch::async, [this] { return server_->Run(); });
+  }
+  const std::string& coordinator_address() const { return coordinator_.address(); }
+  ServerNode& server() { return *server_; }
+  // After the worker reported done: both end in order.
+  void ExpectOrderlyEnd() {
+    EXPECT_TRUE(coordinator_done_.get().ok());
+    EXPECT_TRUE(server_done_.get().ok());
+  }
+
+ private:
+  static CoordinatorOptions Options() {
+    CoordinatorOptions co;
+    co.servers = 1;
+    co.workers = 1;
+    co.vshards = 8;
+    co.assemble_timeout = 20 * kSeconds;
+    return co;
+  }
+  static std::unique_ptr<Transport> NewTransport() {
+    auto t = MakeTransport("tcp://127.0.0.1:0");
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? std::move(*t) : nullptr;
+  }
+
+  CoordinatorNode coordinator_;
+  std::future<absl::Status> coordinator_done_;
+  std::unique_ptr<ServerNode> server_;
+  std::future<absl::Status> server_done_;
+};
 
 }  // namespace tessera
