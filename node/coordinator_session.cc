@@ -15,12 +15,13 @@ std::string Secs(Nanos n) { return absl::StrCat(static_cast<double>(n / kMillis)
 CoordinatorSession::CoordinatorSession(Options options, Transport* transport)
     : options_(std::move(options)), transport_(transport) {
   if (IsEtcdAddress(options_.coordinator)) {
-    // Bad addresses are refused by the flag parsers (ParseEtcdCoordinatorAddress); here a bad one
-    // just finds no leader, and Join() says so.
+    // A bad address leaves etcd_ unset: Join() then fails with the parse error (Resolve).
     if (auto a = ParseEtcdCoordinatorAddress(options_.coordinator); a.ok()) {
-      etcd_ = std::move(*EtcdClient::Create(a->endpoints, 1 * kSeconds));
-      etcd_job_ = a->job;
-      leader_key_ = EtcdLeaderKey(a->job);
+      if (auto client = EtcdClient::Create(a->endpoints, 1 * kSeconds); client.ok()) {
+        etcd_ = std::move(*client);
+        etcd_job_ = a->job;
+        leader_key_ = EtcdLeaderKey(a->job);
+      }
     }
   } else {
     coordinator_ = options_.coordinator;

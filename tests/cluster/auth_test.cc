@@ -72,26 +72,14 @@ TEST(AuthTest, OnlyHoldersOfTheJobKeyGetAnAnswer) {
 
   RawClient client(coordinator_address);
   ASSERT_TRUE(client.Join().ok()) << "the job's own worker gets in";
-  Message create;
-  auto* c = create.header.mutable_create_table()->mutable_config();
-  c->set_table_id(kTable);
-  c->set_width(kWidth);
-  c->set_kind(proto::SPARSE);
-  c->set_optimizer(proto::ACCUMULATE);
-  ASSERT_TRUE(client.Call(std::move(create)).header.has_ack());
+  ASSERT_TRUE(client.Call(Create(kWidth, "", "", kTable)).header.has_ack());
   const std::vector<Key> keys = {11, 12, 13};
   std::vector<float> values(keys.size() * kWidth);
   for (size_t i = 0; i < values.size(); ++i) values[i] = 0.25f * static_cast<float>(i) + 1.0f;
   ASSERT_TRUE(client.Call(Push(kTable, keys.size(), {Of(keys), Of(values)})).header.has_ack());
 
   // Now at the server: pushes and pulls in the client's name and their own.
-  const std::string server_address = [&] {
-    Message m;  // the server's address, from a pull reply's sender
-    m.header.mutable_pull()->set_table_id(kTable);
-    m.header.mutable_pull()->set_num_keys(keys.size());
-    m.frames.push_back(Of(keys));
-    return client.Call(std::move(m)).header.sender_address();
-  }();
+  const std::string server_address = client.server();
   ASSERT_FALSE(server_address.empty());
   std::vector<float> poison(values.size(), 1000.0f);
   for (auto& s : strangers) {

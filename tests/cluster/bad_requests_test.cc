@@ -29,13 +29,7 @@ TEST(BadRequestsTest, EveryBadRequestGetsItsErrorAndChangesNothing) {
   RawClient client(job.coordinator_address());
   ASSERT_TRUE(client.Join().ok());
 
-  Message create;
-  auto* c = create.header.mutable_create_table()->mutable_config();
-  c->set_table_id(kTable);
-  c->set_width(kWidth);
-  c->set_kind(proto::SPARSE);
-  c->set_optimizer(proto::ACCUMULATE);
-  ASSERT_TRUE(client.Call(std::move(create)).header.has_ack());
+  ASSERT_TRUE(client.Call(Create(kWidth, "", "", kTable)).header.has_ack());
 
   const std::vector<Key> keys = {11, 12, 13};
   std::vector<float> values(keys.size() * kWidth);

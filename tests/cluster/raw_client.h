@@ -79,6 +79,8 @@ class RawClient {
   }
 
   CoordinatorSession& session() { return *session_; }
+  // The job's server, from the JobReady (after Join()).
+  const std::string& server() const { return server_; }
 
  private:
   std::unique_ptr<Transport> transport_;
@@ -107,10 +109,13 @@ inline Message Pull(uint32_t table, uint64_t num_keys, std::vector<Buffer> frame
   return m;
 }
 
-inline Message Create(uint32_t width, const std::string& compression = "", const std::string& pull_compression = "") {
+// A sparse ACCUMULATE table `table_id` (7 unless given: the tests' table
+// for bad table configs, apart from their data table kTable).
+inline Message Create(uint32_t width, const std::string& compression = "", const std::string& pull_compression = "",
+                      uint32_t table_id = 7) {
   Message m;
   auto* c = m.header.mutable_create_table()->mutable_config();
-  c->set_table_id(7);
+  c->set_table_id(table_id);
   c->set_width(width);
   c->set_kind(proto::SPARSE);
   c->set_optimizer(proto::ACCUMULATE);
