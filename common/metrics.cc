@@ -164,6 +164,26 @@ TextWriter& TextWriter::Gauge(const std::string& name, const std::string& help, 
   return *this;
 }
 
+namespace {
+void AppendSeries(std::string& text, const std::string& name, const std::string& help, const char* type,
+                  const TextWriter::Series& series) {
+  if (series.empty()) return;
+  absl::StrAppend(&text, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+  for (const auto& [labels, value] : series)
+    absl::StrAppend(&text, name, LabelText(labels), " ", FormatValue(value), "\n");
+}
+}  // namespace
+
+TextWriter& TextWriter::Counters(const std::string& name, const std::string& help, const Series& series) {
+  AppendSeries(text_, name, help, "counter", series);
+  return *this;
+}
+
+TextWriter& TextWriter::Gauges(const std::string& name, const std::string& help, const Series& series) {
+  AppendSeries(text_, name, help, "gauge", series);
+  return *this;
+}
+
 TextWriter& TextWriter::Histogram(const std::string& name, const std::string& help, const std::vector<double>& bounds,
                                   const std::vector<uint64_t>& counts, double sum, const Labels& labels) {
   absl::StrAppend(&text_, "# HELP ", name, " ", help, "\n# TYPE ", name, " histogram\n");

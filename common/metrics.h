@@ -114,6 +114,11 @@ class TextWriter {
  public:
   TextWriter& Counter(const std::string& name, const std::string& help, double value, const Labels& labels = {});
   TextWriter& Gauge(const std::string& name, const std::string& help, double value, const Labels& labels = {});
+  // Several series of one name (one # HELP/# TYPE for all); nothing when
+  // `series` is empty.
+  using Series = std::vector<std::pair<Labels, double>>;
+  TextWriter& Counters(const std::string& name, const std::string& help, const Series& series);
+  TextWriter& Gauges(const std::string& name, const std::string& help, const Series& series);
   // counts: per bucket (not cumulative), one more than bounds (the last is +Inf).
   TextWriter& Histogram(const std::string& name, const std::string& help, const std::vector<double>& bounds,
                         const std::vector<uint64_t>& counts, double sum, const Labels& labels = {});

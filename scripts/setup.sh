@@ -12,6 +12,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libabsl-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
   python3-yaml python3-numpy python3-pytest python3-matplotlib
+  python3-pybind11 pybind11-dev python3-torch
   openmpi-bin slurm-wlm munge openssh-server openssh-client
   etcd-server etcd-client
   clang libclang-rt-14-dev

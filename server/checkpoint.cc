@@ -104,7 +104,7 @@ namespace {
 absl::Status ValidateTableSnapshot(const TableSnapshot& t) {
   if (auto s = ValidateTableConfig(t.config); !s.ok()) return s;
   const uint32_t id = t.config.table_id();
-  const size_t w = t.config.width();
+  const size_t w = StoredRowFloats(t.config);
   if (t.values.size() != t.keys.size() * w) {
     return absl::InvalidArgumentError(absl::StrCat("table ", id, ": ", t.keys.size(), " keys of width ", w,
                                                    " need ", t.keys.size() * w, " values, got ", t.values.size()));
@@ -315,7 +315,7 @@ absl::Status WriteSnapshot(FileSink& sink, const ShardSnapshot& snap, uint64_t s
   // Tables.
   for (const TableSnapshot& t : snap.tables) {
     const uint32_t id = t.config.table_id();
-    const uint64_t w = t.config.width();
+    const uint64_t w = StoredRowFloats(t.config);
     const uint64_t row_bytes = 8 + 4 * w;
     const uint64_t rows = t.keys.size();
     const uint64_t room = options.max_section_bytes > kMinRowsPayloadBytes
@@ -643,7 +643,7 @@ class CheckpointParser {
     // The rows must fit in what is left of the file: this bounds the
     // allocations below by the file's size.
     const uint64_t file_left = file_.size() - (base + r.position());
-    const uint64_t row_bytes = 8 + 4 * uint64_t{t.config.width()};
+    const uint64_t row_bytes = 8 + 4 * uint64_t{StoredRowFloats(t.config)};
     if (rows > file_left / row_bytes) {
       return Corrupt(where, rows_at, absl::StrCat(rows, " rows of ", row_bytes, " bytes cannot fit in the ",
                                                   file_left, " bytes left in the file"));
@@ -653,7 +653,7 @@ class CheckpointParser {
       return Corrupt(where, rows_at + 8, absl::StrCat(rows, " rows cannot be in ", sections, " row sections"));
     }
     t.keys.reserve(rows);
-    t.values.reserve(rows * t.config.width());
+    t.values.reserve(rows * StoredRowFloats(t.config));
     out_.snapshot.tables.push_back(std::move(t));
     rows_left_ = rows;
     row_sections_left_ = sections;
@@ -666,7 +666,7 @@ class CheckpointParser {
       return Corrupt(where, base - kSectionHeaderBytes,
                      absl::StrCat("rows of table ", t.config.table_id(), " expected here"));
     }
-    const uint64_t w = t.config.width();
+    const uint64_t w = StoredRowFloats(t.config);
     uint64_t n = 0;
     if (!r.U64(n)) return Corrupt(where, base, "the row count is missing");
     const uint64_t row_bytes = 8 + 4 * w;

@@ -89,7 +89,7 @@ TableSnapshot SnapshotTable(const Table& table, KeyFilter&& include) {
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   TableSnapshot out;
   out.config = table.config();
-  const size_t w = table.width();
+  const size_t w = table.stored_row_floats();
   out.keys.reserve(rows.size());
   out.values.resize(rows.size() * w);
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -113,22 +113,23 @@ inline auto KeysOfVShards(uint32_t table_id, uint32_t num_vshards, std::span<con
 
 // Sets the rows of `table` named in `snapshot` (those whose key satisfies
 // include(key)) to the snapshot's values; other rows are left alone. The
-// snapshot must describe the same table: table_id, width, kind and
-// dense_rows equal (else InvalidArgument; the optimizer, learning rate and
-// the rest may differ). Errors as Table::RestoreRows; an error changes
+// snapshot must describe the same table: table_id, width, kind,
+// dense_rows and the optimizer state's size equal (else InvalidArgument; the
+// learning rate and the rest may differ). Errors as Table::RestoreRows; an error changes
 // nothing.
 template <typename KeyFilter>
 absl::Status RestoreTableSnapshot(const TableSnapshot& snapshot, Table& table, KeyFilter&& include) {
   const proto::TableConfig& a = snapshot.config;
   const proto::TableConfig& b = table.config();
   if (a.table_id() != b.table_id() || a.width() != b.width() || a.kind() != b.kind() ||
-      a.dense_rows() != b.dense_rows()) {
+      a.dense_rows() != b.dense_rows() || StoredRowFloats(a) != StoredRowFloats(b)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "snapshot of table ", a.table_id(), " (", proto::TableKind_Name(a.kind()), ", width ", a.width(),
-        ", dense_rows ", a.dense_rows(), ") does not fit table ", b.table_id(), " (",
-        proto::TableKind_Name(b.kind()), ", width ", b.width(), ", dense_rows ", b.dense_rows(), ")"));
+        ", dense_rows ", a.dense_rows(), ", optimizer ", proto::OptimizerKind_Name(a.optimizer()),
+        ") does not fit table ", b.table_id(), " (", proto::TableKind_Name(b.kind()), ", width ", b.width(),
+        ", dense_rows ", b.dense_rows(), ", optimizer ", proto::OptimizerKind_Name(b.optimizer()), ")"));
   }
-  const size_t w = a.width();
+  const size_t w = StoredRowFloats(a);
   if (snapshot.values.size() != snapshot.keys.size() * w) {
     return absl::InvalidArgumentError(absl::StrCat("snapshot of table ", a.table_id(), ": ", snapshot.keys.size(),
                                                    " keys need ", snapshot.keys.size() * w, " values, got ",

@@ -52,12 +52,15 @@ int Inspect(const std::string& path, int64_t max_rows, int64_t max_values) {
     const std::string name = t.config.name().empty() ? "" : " \"" + t.config.name() + "\"";
     std::printf("    table %u%s: %zu rows; %s\n", t.config.table_id(), name.c_str(), t.keys.size(),
                 DescribeConfig(t.config).c_str());
+    // The weights of each row (the optimizer state stored after them is not shown).
     const size_t w = t.config.width();
+    const size_t stride = StoredRowFloats(t.config);
     const size_t rows = max_rows < 0 ? t.keys.size() : std::min<size_t>(t.keys.size(), static_cast<size_t>(max_rows));
     const size_t values = max_values < 0 ? w : std::min<size_t>(w, static_cast<size_t>(max_values));
     for (size_t i = 0; i < rows; ++i) {
       std::string line = absl::StrFormat("      key %d: [", t.keys[i]);
-      for (size_t j = 0; j < values; ++j) absl::StrAppendFormat(&line, "%s%g", j ? ", " : "", t.values[i * w + j]);
+      for (size_t j = 0; j < values; ++j)
+        absl::StrAppendFormat(&line, "%s%g", j ? ", " : "", t.values[i * stride + j]);
       if (values < w) absl::StrAppendFormat(&line, ", ... %d more", w - values);
       std::printf("%s]\n", line.c_str());
     }

@@ -206,7 +206,7 @@ TEST_F(ConsistencyCoreTest, TheEarlyAnswerSwitchBreaksFreshness) {
 
 TEST_F(ConsistencyCoreTest, ARequestOverALimitIsRefusedNamingItAndChangesNothing) {
   Init(proto::ASP, 0, false,
-       {.node_id = 1, .max_keys_per_request = 4, .max_table_bytes = 3 * sizeof(float), .max_held_per_peer = 1});
+       {.node_id = 1, .max_keys_per_request = 4, .max_table_bytes = 3 * (sizeof(float) + Table::kIndexBytesPerRow), .max_held_per_peer = 1});
   // Keys per request.
   EXPECT_NE(ErrorOf(PushKeys(kW0, 0, {1, 2, 3, 4, 5}, 1)).find("--max-keys-per-request"), std::string::npos);
   EXPECT_EQ(core_->rows(), 0u);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "server/server_core.h"
+#include "server/table.h"
 
 namespace tessera {
 namespace {
@@ -536,6 +537,88 @@ TEST_F(ReplicationTest, PushesWaitingOnAReplacedBackupProcessWaitForItsTransfer)
   Fail(0);
   DeliverAll();
   EXPECT_EQ(PullFrom(1, keys), std::vector<float>(4, 1.0f));
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// A stateful optimizer with eviction by age: the backup applies the
+// forwarded pushes at the same clocks, so after a failover it holds what
+// the primary held, optimizer state and evictions included.
+TEST_F(ReplicationTest, BackupsKeepOptimizerStateAndEvictAtTheSameClocks) {
+  constexpr uint32_t kAdam = 2;
+  proto::TableConfig config;
+  config.set_table_id(kAdam);
+  config.set_width(2);
+  config.set_kind(proto::SPARSE);
+  config.set_optimizer(proto::ADAM);
+  config.set_learning_rate(0.1f);
+  config.set_init(proto::UNIFORM);
+  config.set_init_scale(0.1f);
+  auto* p = config.mutable_optimizer_params();
+  p->set_beta1(0.9f);
+  p->set_beta2(0.999f);
+  p->set_epsilon(1e-8f);
+  config.set_evict_after_clocks(2);
+  for (uint32_t r = 0; r < kServers; ++r) {
+    Message create = Request(2000 + r);
+    *create.header.mutable_create_table()->mutable_config() = config;
+    Send(ServerAddress(r), std::move(create));
+  }
+  DeliverAll();
+  inbox_.clear();
+
+  ShardMapView view = *ShardMapView::Create(map_);
+  std::vector<Key> keys;  // keys of table kAdam whose primary is server 0
+  for (Key k = 0; keys.size() < 6; ++k)
+    if (view.ServerRankOfKey(kAdam, k) == 0) keys.push_back(k);
+  Table reference(config, [](Key) { return true; });
+  uint64_t seq = 0;
+  for (uint64_t clock = 0; clock < 8; ++clock) {
+    // Key i is pushed at clocks where clock % (i + 1) == 0: the rarer ones
+    // grow old and are evicted in between.
+    std::vector<Key> pushed;
+    std::vector<float> values;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (clock % (i + 1) != 0) continue;
+      pushed.push_back(keys[i]);
+      values.push_back(0.5f - static_cast<float>(i) * 0.1f);
+      values.push_back(static_cast<float>(clock) * 0.2f - 0.4f);
+    }
+    Message m = Request(3000 + ++seq);
+    auto* push = m.header.mutable_push();
+    push->set_table_id(kAdam);
+    push->set_num_keys(pushed.size());
+    push->set_clock(clock);
+    push->set_seq(seq);
+    m.frames.push_back(Buffer::CopyOf(pushed.data(), pushed.size() * sizeof(Key)));
+    m.frames.push_back(Buffer::CopyOf(values.data(), values.size() * sizeof(float)));
+    Send(ServerAddress(0), std::move(m));
+    DeliverAll();
+    ASSERT_EQ(inbox_.size(), 1u);
+    ASSERT_TRUE(inbox_[0].header.has_ack()) << inbox_[0].header.ShortDebugString();
+    inbox_.clear();
+    ASSERT_TRUE(reference.ApplyPush(pushed, values, clock).ok());
+  }
+  ASSERT_GT(reference.counters().evicted_by_age, 0u);
+  Fail(0);
+  DeliverAll();
+  const uint32_t successor = ShardMapView::Create(map_)->ServerRankOfKey(kAdam, keys[0]);
+  ASSERT_NE(successor, 0u);
+  Message pull = Request(9000);
+  pull.header.mutable_pull()->set_table_id(kAdam);
+  pull.header.mutable_pull()->set_num_keys(keys.size());
+  pull.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
+  auto out = cores_[successor]->Step(std::move(pull), now_);
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_TRUE(out[0].message.header.has_pull_reply()) << out[0].message.header.ShortDebugString();
+  auto got = out[0].message.frames[0].As<float>();
+  std::vector<float> want(keys.size() * 2);
+  ASSERT_TRUE(reference.ReadRows(keys, want).ok());
+  EXPECT_EQ(std::vector<float>(got.begin(), got.end()), want);
 }
 
 }  // namespace

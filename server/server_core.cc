@@ -119,7 +119,7 @@ absl::StatusOr<uint64_t> ServerCore::RequiredMinClock(const Message& m) {
 void ServerCore::ApplyPending() {
   for (PendingPush& p : pending_) {
     // Validated in AcceptPush, and nothing since can make it fail.
-    absl::Status s = p.table->ApplyPush(p.keys.As<Key>(), p.values.As<float>());
+    absl::Status s = p.table->ApplyPush(p.keys.As<Key>(), p.values.As<float>(), p.clock);
     assert(s.ok());
     (void)s;
   }
@@ -372,6 +372,16 @@ absl::Status ServerCore::DecodePushValues(const proto::Push& req, Message& m) {
   return absl::OkStatus();
 }
 
+std::vector<ServerCore::TableSummary> ServerCore::table_summaries() const {
+  std::vector<TableSummary> out;
+  for (const auto& [id, t] : tables_) {
+    out.push_back(TableSummary{.id = id, .name = t->config().name(), .rows = t->num_rows(),
+                               .bytes = t->num_rows() * Table::RowBytes(t->config()), .counters = t->counters()});
+  }
+  std::sort(out.begin(), out.end(), [](const TableSummary& a, const TableSummary& b) { return a.id < b.id; });
+  return out;
+}
+
 uint64_t ServerCore::rows() const {
   uint64_t rows = 0;
   for (const auto& [id, t] : tables_) rows += t->num_rows();
@@ -407,7 +417,7 @@ absl::StatusOr<std::span<const Key>> ServerCore::KeysFrame(const Message& m, uin
 
 absl::Status ServerCore::CheckGrowth(const Table& table, std::span<const Key> keys) const {
   if (options_.max_table_bytes == 0) return absl::OkStatus();
-  const uint64_t row_bytes = uint64_t{table.width()} * sizeof(float);
+  const uint64_t row_bytes = Table::RowBytes(table.config());
   const uint64_t rows = table.num_rows() + table.CountAbsent(keys);
   if (rows * row_bytes <= options_.max_table_bytes) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
@@ -573,7 +583,7 @@ absl::Status ServerCore::ApplyTransfer(const Message& m, uint32_t from) {
     const Buffer& keys = m.frames[2 * i];
     const Buffer& values = m.frames[2 * i + 1];
     if (keys.size() % sizeof(Key) != 0 ||
-        values.size() != keys.size() / sizeof(Key) * size_t{c.width()} * sizeof(float)) {
+        values.size() != keys.size() / sizeof(Key) * size_t{StoredRowFloats(c)} * sizeof(float)) {
       return absl::InvalidArgumentError(absl::StrCat("transfer: table ", c.table_id(), " has ", keys.size(),
                                                      " key bytes and ", values.size(), " value bytes"));
     }
@@ -678,11 +688,12 @@ absl::StatusOr<uint64_t> ServerCore::RestoreShards(const ShardSnapshot& snapshot
     if (auto s = ValidateTableConfig(t.config); !s.ok()) return s;
     auto it = tables_.find(t.config.table_id());
     if (it != tables_.end() && (it->second->width() != t.config.width() || it->second->config().kind() != t.config.kind() ||
-                                it->second->config().dense_rows() != t.config.dense_rows())) {
+                                it->second->config().dense_rows() != t.config.dense_rows() ||
+                                it->second->stored_row_floats() != StoredRowFloats(t.config))) {
       return absl::FailedPreconditionError(absl::StrCat("checkpoint table ", t.config.table_id(),
                                                         " does not fit the table of that id here"));
     }
-    if (t.values.size() != t.keys.size() * size_t{t.config.width()}) {
+    if (t.values.size() != t.keys.size() * size_t{StoredRowFloats(t.config)}) {
       return absl::DataLossError(absl::StrCat("checkpoint table ", t.config.table_id(), " has ", t.values.size(),
                                               " values for ", t.keys.size(), " rows"));
     }
@@ -697,7 +708,7 @@ absl::StatusOr<uint64_t> ServerCore::RestoreShards(const ShardSnapshot& snapshot
     }
     std::vector<Key> keys;
     std::vector<float> values;
-    const size_t w = t.config.width();
+    const size_t w = StoredRowFloats(t.config);
     for (size_t i = 0; i < t.keys.size(); ++i) {
       if (!std::binary_search(wanted.begin(), wanted.end(), map_->VShardOfKey(id, t.keys[i]))) continue;
       keys.push_back(t.keys[i]);
@@ -893,9 +904,9 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
   const bool defer = options_.apply_after_ack && apply_keys.owner() != nullptr && apply_values.owner() != nullptr;
   if (!apply_keys.empty()) {
     if (defer) {
-      pending_.push_back(PendingPush{table, apply_keys, apply_values});
+      pending_.push_back(PendingPush{table, apply_keys, apply_values, req.clock()});
     } else {
-      absl::Status s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>());
+      absl::Status s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>(), req.clock());
       assert(s.ok());  // checked above
       (void)s;
     }
@@ -934,6 +945,7 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
     r->set_seq(origin.seq);
     r->set_acked_below(origin.acked_below);
     r->set_table_id(req.table_id());
+    r->set_clock(req.clock());
     r->set_num_keys(idx.size());
     if (idx.size() == keys.size()) {
       f.frames = {m.frames[0], m.frames[1]};
@@ -1104,7 +1116,7 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
       GatherRows(m.frames[0], m.frames[1], idx, row_bytes, &apply_keys, &apply_values);
       stats_.duplicate_pushes++;
     }
-    if (auto s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>()); !s.ok()) return s;
+    if (auto s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>(), r.clock()); !s.ok()) return s;
     for (uint32_t v : shards) {
       if (duplicate.contains(v)) continue;
       RecordApplied(v, origin);

@@ -113,7 +113,7 @@ struct ServerCoreOptions {
   // Limits (tessera-server --max-*; docs/security.md). A request over one is
   // refused with ResourceExhausted naming the limit, and changes nothing.
   uint64_t max_keys_per_request = uint64_t{1} << 26;  // keys in one push or pull (64 Mi)
-  uint64_t max_table_bytes = 0;                       // rows x width x 4 per table; 0 = no limit
+  uint64_t max_table_bytes = 0;                       // rows x Table::RowBytes per table; 0 = no limit
   size_t max_held_per_peer = 1024;                    // requests held for slower workers, per sender
 };
 
@@ -216,6 +216,16 @@ class ServerCore {
   const ServerStats& stats() const { return stats_; }
   size_t held_now() const { return held_.size(); }  // requests waiting for slower workers
   uint64_t rows() const;                             // rows over every table
+  // Per table, for metrics: its rows, their bytes (Table::RowBytes) and
+  // what admission and eviction did. Sorted by table id.
+  struct TableSummary {
+    uint32_t id = 0;
+    std::string name;
+    uint64_t rows = 0;
+    uint64_t bytes = 0;
+    TableCounters counters;
+  };
+  std::vector<TableSummary> table_summaries() const;
   uint64_t min_clock() const { return clocks_.min_clock(); }
   size_t num_tables() const { return tables_.size(); }
   const Table* table(uint32_t id) const;
@@ -281,6 +291,7 @@ class ServerCore {
     Table* table;  // tables are never removed
     Buffer keys;   // keep the frames alive
     Buffer values;
+    uint64_t clock = 0;  // the push's clock stamp
   };
 
   // Replication state (see the contract).

@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--max-table-mb", max_table_mb,
                  "Refuse a push or pull that would grow a table past this many MiB of rows on this server "
-                 "(rows x width x 4 bytes; 0 = no limit)")
+                 "(rows x bytes per row as docs/embeddings.md counts them: weights, optimizer state, index; 0 = no limit)")
       ->capture_default_str();
   app.add_option("--max-held-per-peer", core.max_held_per_peer,
                  "Requests of one sender held at once, waiting for slower workers; more are refused")

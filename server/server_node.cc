@@ -320,6 +320,26 @@ std::string ServerNode::MetricsText() const {
   if (core_ && core_->min_clock() != ClockTable::kNoWorkers) {
     w.Gauge("tessera_server_min_clock", "Clock of the slowest live worker", core_->min_clock());
   }
+  if (core_) {
+    metrics::TextWriter::Series rows, bytes, admitted, dropped, evicted;
+    for (const ServerCore::TableSummary& t : core_->table_summaries()) {
+      const metrics::Labels table = {{"table", std::to_string(t.id)}};
+      rows.emplace_back(table, t.rows);
+      bytes.emplace_back(table, t.bytes);
+      admitted.emplace_back(table, t.counters.admitted);
+      dropped.emplace_back(table, t.counters.admission_dropped);
+      evicted.emplace_back(metrics::Labels{{"reason", "age"}, {"table", std::to_string(t.id)}},
+                           t.counters.evicted_by_age);
+      evicted.emplace_back(metrics::Labels{{"reason", "budget"}, {"table", std::to_string(t.id)}},
+                           t.counters.evicted_by_budget);
+    }
+    w.Gauges("tessera_server_table_rows", "Rows held, per table", rows)
+        .Gauges("tessera_server_table_bytes", "Bytes the rows take as the memory budget counts them, per table", bytes)
+        .Counters("tessera_server_admitted_rows_total", "Rows created by feature admission, per table", admitted)
+        .Counters("tessera_server_admission_dropped_total",
+                  "Pushed rows dropped because their id was not admitted yet, per table", dropped)
+        .Counters("tessera_server_evicted_rows_total", "Rows evicted, per table and reason (age, budget)", evicted);
+  }
   return w.text();
 }
 

@@ -14,6 +14,7 @@ namespace {
 
 constexpr uint32_t kMaxWidth = 1u << 26;  // 256 MiB per row
 constexpr uint64_t kMaxDenseRows = 1ull << 32;
+constexpr uint64_t kMaxSketchWidth = 1ull << 26;  // 512 MiB of counters
 
 // Uniform in [0, 1) from 24 high bits of a hash.
 float UnitFloat(uint64_t h) { return static_cast<float>(h >> 40) * (1.0f / 16777216.0f); }
@@ -41,6 +42,21 @@ absl::Status ValidateTableConfig(const proto::TableConfig& c) {
   if (!std::isfinite(c.init_scale()) || c.init_scale() < 0)
     return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(),
                                                    ": init_scale must be finite and >= 0, got ", c.init_scale()));
+  if (auto s = ValidateOptimizer(c); !s.ok()) return s;
+  if (c.kind() == proto::DENSE &&
+      (c.admit_after() > 1 || c.evict_after_clocks() > 0 || c.memory_budget_bytes() > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(),
+                                                   ": admission and eviction are for sparse tables only"));
+  }
+  if (c.admission_sketch_width() > kMaxSketchWidth) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": admission_sketch_width must be <= ",
+                                                   kMaxSketchWidth, ", got ", c.admission_sketch_width()));
+  }
+  if (c.memory_budget_bytes() > 0 && c.memory_budget_bytes() < Table::RowBytes(c)) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": memory_budget_bytes ",
+                                                   c.memory_budget_bytes(), " is less than one row (",
+                                                   Table::RowBytes(c), " bytes)"));
+  }
   if (!c.compression().empty()) {
     if (auto spec = compress::ParseCodecSpec(c.compression()); !spec.ok())
       return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": compression \"", c.compression(),
@@ -86,17 +102,79 @@ absl::Status Table::CheckKeys(std::span<const Key> keys) const {
   return absl::OkStatus();
 }
 
+uint64_t Table::RowBytes(const proto::TableConfig& c) {
+  const bool evicts = c.kind() == proto::SPARSE && (c.evict_after_clocks() > 0 || c.memory_budget_bytes() > 0);
+  return uint64_t{StoredRowFloats(c)} * sizeof(float) + kIndexBytesPerRow + (evicts ? kRecencyBytesPerRow : 0);
+}
+
 size_t Table::AddRow(Key key) {
-  const size_t row = index_.size();
-  if (row / rows_per_chunk_ >= chunks_.size()) chunks_.push_back(std::make_shared<Chunk>(chunk_floats()));
-  index_.emplace(key, static_cast<uint32_t>(row));
+  if (evicts_ && index_.size() >= max_rows_ && tail_ != kNoRow) {
+    DropRow(tail_);
+    ++counters_.evicted_by_budget;
+  }
+  uint32_t row;
+  if (!free_rows_.empty()) {
+    row = free_rows_.back();
+    free_rows_.pop_back();
+  } else {
+    row = static_cast<uint32_t>(slots_++);
+    if ((row >> chunk_shift_) >= chunks_.size()) chunks_.push_back(std::make_shared<Chunk>(chunk_floats()));
+  }
+  index_.emplace(key, row);
+  if (evicts_) {
+    if (recency_.size() <= row) recency_.resize(size_t{row} + 1);
+    recency_[row] = Recency{.key = key, .clock = clock_};
+    // Link at the head (most recently used).
+    recency_[row].next = head_;
+    if (head_ != kNoRow) recency_[head_].prev = row;
+    head_ = row;
+    if (tail_ == kNoRow) tail_ = row;
+  }
   return row;
+}
+
+void Table::Unlink(uint32_t row) {
+  Recency& r = recency_[row];
+  if (r.prev != kNoRow) recency_[r.prev].next = r.next; else head_ = r.next;
+  if (r.next != kNoRow) recency_[r.next].prev = r.prev; else tail_ = r.prev;
+  r.prev = r.next = kNoRow;
+}
+
+void Table::Touch(uint32_t row) {
+  if (!evicts_) return;
+  recency_[row].clock = clock_;
+  if (row == head_) return;
+  Unlink(row);
+  recency_[row].next = head_;
+  if (head_ != kNoRow) recency_[head_].prev = row;
+  head_ = row;
+  if (tail_ == kNoRow) tail_ = row;
+}
+
+void Table::DropRow(uint32_t row) {
+  index_.erase(recency_[row].key);
+  Unlink(row);
+  free_rows_.push_back(row);
+}
+
+void Table::AdvanceClock(uint64_t clock) {
+  if (clock <= clock_) return;
+  clock_ = clock;
+  const uint64_t ttl = config_.evict_after_clocks();
+  if (!evicts_ || ttl == 0) return;
+  // The list is ordered by stamp (a touch stamps the current clock, which
+  // never decreases), so the rows too old are a suffix at the tail.
+  while (tail_ != kNoRow && clock_ - recency_[tail_].clock > ttl) {
+    DropRow(tail_);
+    ++counters_.evicted_by_age;
+  }
 }
 
 size_t Table::CreateRow(Key key) {
   const size_t row = AddRow(key);
   float* p = WritableRow(row);
   for (uint32_t i = 0; i < config_.width(); ++i) p[i] = InitialValue(config_, key, i);
+  InitOptimizerState(config_, std::span<float>(p + config_.width(), stride_ - config_.width()));
   return row;
 }
 
@@ -105,12 +183,25 @@ size_t Table::RowNumber(Key key) {
   return it == index_.end() ? CreateRow(key) : it->second;
 }
 
+uint32_t Table::RowForPush(Key key) {
+  auto it = index_.find(key);
+  if (it != index_.end()) return it->second;
+  if (admission_) {
+    if (admission_->Add(key) < config_.admit_after()) {
+      ++counters_.admission_dropped;
+      return kNoRow;
+    }
+    ++counters_.admitted;
+  }
+  return static_cast<uint32_t>(CreateRow(key));
+}
+
 const float* Table::ReadRow(size_t row) const {
-  return chunks_[row / rows_per_chunk_]->data.get() + (row % rows_per_chunk_) * config_.width();
+  return RowAddress(row);
 }
 
 float* Table::WritableRow(size_t row) {
-  std::shared_ptr<Chunk>& chunk = chunks_[row / rows_per_chunk_];
+  std::shared_ptr<Chunk>& chunk = chunks_[row >> chunk_shift_];
   if (chunk->lent.load(std::memory_order_acquire) != 0) {
     // Readers still hold views of this chunk: leave it to them, write to a copy.
     auto copy = std::make_shared<Chunk>(chunk_floats());
@@ -118,7 +209,7 @@ float* Table::WritableRow(size_t row) {
     chunk = std::move(copy);
     ++copies_on_write_;
   }
-  return chunk->data.get() + (row % rows_per_chunk_) * config_.width();
+  return chunk->data.get() + (row & (rows_per_chunk_ - 1)) * stride_;
 }
 
 absl::Status Table::CheckPush(std::span<const Key> keys, std::span<const float> values) const {
@@ -130,21 +221,49 @@ absl::Status Table::CheckPush(std::span<const Key> keys, std::span<const float> 
   return CheckKeys(keys);
 }
 
-absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> values) {
+void Table::ApplyRow(uint32_t row, const float* gradient) {
+  Touch(row);
+  ApplyOptimizer(config_, WritableRow(row), gradient);
+}
+
+absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> values, uint64_t clock) {
   const size_t w = config_.width();
   if (auto s = CheckPush(keys, values); !s.ok()) return s;
-  const float lr = config_.learning_rate();
-  for (size_t i = 0; i < keys.size(); ++i) {
-    float* __restrict row = WritableRow(RowNumber(keys[i]));
-    const float* __restrict g = values.data() + i * w;
-    switch (config_.optimizer()) {
-      case proto::ACCUMULATE:
-        for (size_t j = 0; j < w; ++j) row[j] += g[j];
-        break;
-      default:  // SGD
-        for (size_t j = 0; j < w; ++j) row[j] -= lr * g[j];
-        break;
+  AdvanceClock(clock);
+  if (IsStateful(config_.optimizer()) && keys.size() > 1) {
+    // One optimizer step per key and push: sum the rows of a key listed twice.
+    absl::flat_hash_map<Key, uint32_t> first;
+    first.reserve(keys.size());
+    size_t i = 0;
+    while (i < keys.size() && first.try_emplace(keys[i], static_cast<uint32_t>(i)).second) ++i;
+    if (i < keys.size()) {
+      std::vector<Key> unique;
+      std::vector<float> sums;
+      unique.reserve(keys.size());
+      sums.reserve(keys.size() * w);
+      absl::flat_hash_map<Key, uint32_t> slot;
+      slot.reserve(keys.size());
+      for (size_t k = 0; k < keys.size(); ++k) {
+        auto [it, fresh] = slot.try_emplace(keys[k], static_cast<uint32_t>(unique.size()));
+        const float* g = values.data() + k * w;
+        if (fresh) {
+          unique.push_back(keys[k]);
+          sums.insert(sums.end(), g, g + w);
+        } else {
+          float* acc = sums.data() + size_t{it->second} * w;
+          for (size_t j = 0; j < w; ++j) acc[j] += g[j];
+        }
+      }
+      for (size_t u = 0; u < unique.size(); ++u) {
+        const uint32_t row = RowForPush(unique[u]);
+        if (row != kNoRow) ApplyRow(row, sums.data() + u * w);
+      }
+      return absl::OkStatus();
     }
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t row = RowForPush(keys[i]);
+    if (row != kNoRow) ApplyRow(row, values.data() + i * w);
   }
   return absl::OkStatus();
 }
@@ -156,19 +275,62 @@ absl::Status Table::ReadRows(std::span<const Key> keys, std::span<float> out) {
                                                    " keys needs room for ", keys.size() * w, " values"));
   }
   if (auto s = CheckKeys(keys); !s.ok()) return s;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    std::memcpy(out.data() + i * w, ReadRow(RowNumber(keys[i])), w * sizeof(float));
+  const bool create = pull_creates_rows();
+  // A software pipeline over groups of keys: while group g's slots are
+  // looked up (their cache lines asked for one step earlier), the next
+  // group's slots are asked for, and the rows of group g - 1 (asked for one
+  // step earlier) are copied. With ids drawn from a large table most
+  // lookups miss the cache twice (hash slot, then row); this way the misses
+  // of a group overlap instead of each waiting for the one before.
+  constexpr size_t kGroup = 16;
+  const size_t row_bytes = w * sizeof(float);
+  const size_t lines = std::min<size_t>((row_bytes + 63) / 64, 4);
+  const size_t n = keys.size();
+  const float* found[2][kGroup];
+  auto copy_group = [&](size_t g) {
+    const size_t begin = g * kGroup, end = std::min(n, begin + kGroup);
+    const float* const* rows = found[g & 1];
+    for (size_t i = begin; i < end; ++i) {
+      float* dst = out.data() + i * w;
+      if (const float* src = rows[i - begin]; src != nullptr) {
+        std::memcpy(dst, src, row_bytes);
+      } else if (create) {
+        std::memcpy(dst, ReadRow(RowNumber(keys[i])), row_bytes);  // (an earlier copy of the key may have made it)
+      } else {
+        for (uint32_t j = 0; j < w; ++j) dst[j] = InitialValue(config_, keys[i], j);
+      }
+    }
+  };
+  const size_t groups = (n + kGroup - 1) / kGroup;
+  for (size_t i = 0; i < std::min(n, kGroup); ++i) index_.prefetch(keys[i]);
+  for (size_t g = 0; g < groups; ++g) {
+    const size_t begin = g * kGroup, end = std::min(n, begin + kGroup);
+    for (size_t i = end; i < std::min(n, end + kGroup); ++i) index_.prefetch(keys[i]);
+    const float** rows = found[g & 1];
+    for (size_t i = begin; i < end; ++i) {
+      auto it = index_.find(keys[i]);
+      const float* row = it == index_.end() ? nullptr : RowAddress(it->second);
+      rows[i - begin] = row;
+      if (row != nullptr)
+        for (size_t l = 0; l < lines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(row) + 64 * l);
+    }
+    if (g > 0) copy_group(g - 1);
   }
+  if (groups > 0) copy_group(groups - 1);
   return absl::OkStatus();
 }
 
 void Table::ForEachRow(absl::FunctionRef<void(Key, std::span<const float>)> fn) const {
-  const size_t w = config_.width();
-  for (const auto& [key, row] : index_) fn(key, std::span<const float>(ReadRow(row), w));
+  if (evicts_) {
+    for (uint32_t row = tail_; row != kNoRow; row = recency_[row].prev)
+      fn(recency_[row].key, std::span<const float>(ReadRow(row), stride_));
+    return;
+  }
+  for (const auto& [key, row] : index_) fn(key, std::span<const float>(ReadRow(row), stride_));
 }
 
 absl::Status Table::RestoreRows(std::span<const Key> keys, std::span<const float> values, bool adopt_dense) {
-  const size_t w = config_.width();
+  const size_t w = stride_;
   if (values.size() != keys.size() * w) {
     return absl::InvalidArgumentError(absl::StrCat("table ", config_.table_id(), ": restore of ", keys.size(),
                                                    " keys needs ", keys.size() * w, " values, got ", values.size()));
@@ -185,7 +347,8 @@ absl::Status Table::RestoreRows(std::span<const Key> keys, std::span<const float
   }
   for (size_t i = 0; i < keys.size(); ++i) {
     auto it = index_.find(keys[i]);
-    const size_t row = it == index_.end() ? AddRow(keys[i]) : it->second;
+    const uint32_t row = it == index_.end() ? static_cast<uint32_t>(AddRow(keys[i])) : it->second;
+    Touch(row);
     std::memcpy(WritableRow(row), values.data() + i * w, w * sizeof(float));
   }
   return absl::OkStatus();
@@ -210,7 +373,7 @@ struct ChunkLoan {
 absl::StatusOr<Buffer> Table::ReadRowsShared(std::span<const Key> keys, BufferPool* pool) {
   if (auto s = CheckKeys(keys); !s.ok()) return s;
   const size_t row_bytes = size_t{config_.width()} * sizeof(float);
-  if (keys.size() == 1 && rows_per_chunk_ == 1) {
+  if (keys.size() == 1 && rows_per_chunk_ == 1 && (pull_creates_rows() || index_.contains(keys[0]))) {
     const size_t row = RowNumber(keys[0]);
     const std::shared_ptr<Chunk>& chunk = chunks_[row];
     auto loan = std::make_shared<ChunkLoan>(chunk, &chunk->lent);

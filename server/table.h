@@ -3,19 +3,46 @@
 // updates them. Pure: no I/O, no threads, no clock.
 //
 // Invariants:
-// - Every row has exactly config.width floats.
+// - Every row has exactly config.width floats of weights, followed by its
+//   optimizer's state (server/optimizer.h): StoredRowFloats(config) floats.
+//   Pulls read the weights; state transfer and checkpoints carry the whole
+//   stored row, so a copy of a table continues exactly where it was.
 // - DENSE tables: the rows that exist are exactly the keys < dense_rows that
 //   the owner asked for at creation; a push or pull of any other key is an
 //   error (and changes nothing).
-// - SPARSE tables: a row exists once a push or pull touched its key; it is
-//   created from the seeded initializer, so its first value depends only on
-//   (init_seed, table id, key), never on the order of touches.
+// - SPARSE tables: a row exists once a push (or, in a table without
+//   admission and eviction, a pull) touched its key; it is created from the
+//   seeded initializer, so its first value depends only on (init_seed,
+//   table id, key), never on the order of touches.
+// - Admission (SPARSE, admit_after > 1): a push of a key without a row
+//   counts one sighting in the table's AdmissionSketch; the row is created
+//   (and that push applied to it) once the sketch counts admit_after
+//   sightings; until then the push's row for it is dropped. Pulls of such a
+//   key return the initializer's values and count nothing.
+// - Eviction (SPARSE, evict_after_clocks or memory_budget_bytes): the
+//   table's clock is the largest clock stamp of the pushes applied to it. A
+//   push stamps the rows it touches with that clock and makes them the most
+//   recently used. A row whose stamp is more than evict_after_clocks behind
+//   the table's clock is dropped when the clock advances; before a row is
+//   created that would make num_rows() * RowBytes(config) exceed
+//   memory_budget_bytes, the least recently used row is dropped. So the
+//   budget is never exceeded, and a dropped key that comes back starts
+//   again from its initializer (and, with admission, must be admitted
+//   again: the sketch keeps counting it). Pulls change no recency.
+// - Determinism: what the table holds after a sequence of ApplyPush calls
+//   depends only on that sequence (keys, values, clocks): replicas that
+//   apply the same pushes in the same order agree exactly, admission and
+//   eviction included. (A replica built by state transfer or from a
+//   checkpoint starts its sketch from zero and its recency order from the
+//   order it was given the rows in: it may admit or evict differently from
+//   the copy it was made from.)
 // - A request that fails validation changes nothing.
 // - Storage: rows live in chunks; a row of at least kLendMinBytes has a chunk
 //   of its own. A chunk may be lent to readers (ReadRowsShared) while it is
 //   also the table's current storage; a lent chunk is never written: the
 //   first write after a lend copies it (copy-on-write) and the table moves
 //   on to the copy, while the readers keep the old bytes until they let go.
+//   The slot of a dropped row is reused by the next new row.
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -29,6 +56,8 @@
 #include "common/buffer.h"
 #include "common/keys.h"
 #include "proto/tessera.pb.h"
+#include "server/admission_sketch.h"
+#include "server/optimizer.h"
 
 namespace tessera {
 
@@ -37,6 +66,14 @@ absl::Status ValidateTableConfig(const proto::TableConfig& config);
 
 // The initial value of element `index` of row `key`: a pure function.
 float InitialValue(const proto::TableConfig& config, Key key, uint32_t index);
+
+// What admission and eviction did, since the table was made.
+struct TableCounters {
+  uint64_t admitted = 0;           // rows created by admission (admit_after > 1)
+  uint64_t admission_dropped = 0;  // pushed rows dropped: their key not admitted yet
+  uint64_t evicted_by_age = 0;     // rows dropped by evict_after_clocks
+  uint64_t evicted_by_budget = 0;  // rows dropped by memory_budget_bytes
+};
 
 class Table {
  public:
@@ -49,6 +86,11 @@ class Table {
   // those keys only). Requires ValidateTableConfig(config).ok().
   template <typename OwnsKey>
   Table(const proto::TableConfig& config, OwnsKey&& owns_key) : config_(config) {
+    if (config.kind() == proto::SPARSE && config.admit_after() > 1) {
+      admission_ = std::make_unique<AdmissionSketch>(
+          config.admission_sketch_width() > 0 ? config.admission_sketch_width() : uint64_t{1} << 20,
+          config.init_seed() ^ (uint64_t{config.table_id()} << 32));
+    }
     if (config.kind() == proto::DENSE) {
       for (Key k = 0; k < config.dense_rows(); ++k)
         if (owns_key(k)) CreateRow(k);
@@ -57,23 +99,44 @@ class Table {
   Table(const Table&) = delete;
   Table& operator=(const Table&) = delete;
 
+  // Bytes one row costs on a server, as the memory budget counts it: the
+  // stored floats, the index entry (kIndexBytesPerRow) and, in a table with
+  // eviction, the recency record (kRecencyBytesPerRow). Measured against
+  // the process's real growth in bench/sparse_bench.cc (docs/embeddings.md).
+  static constexpr uint64_t kIndexBytesPerRow = 32;
+  static constexpr uint64_t kRecencyBytesPerRow = 24;
+  static uint64_t RowBytes(const proto::TableConfig& config);
+
   const proto::TableConfig& config() const { return config_; }
   uint32_t width() const { return config_.width(); }
+  // Floats stored per row: the weights, then the optimizer's state.
+  uint32_t stored_row_floats() const { return stride_; }
   size_t num_rows() const { return index_.size(); }
+  // The largest clock stamp of the pushes applied so far.
+  uint64_t clock() const { return clock_; }
+  const TableCounters& counters() const { return counters_; }
+  // Whether a pull of a key without a row creates it (SPARSE tables without
+  // admission or eviction); otherwise it reads the initializer's values.
+  bool pull_creates_rows() const { return !admission_ && !evicts_; }
   // How many distinct keys of `keys` have no row yet (the rows a push or a
   // pull of them would create in a SPARSE table).
   size_t CountAbsent(std::span<const Key> keys) const;
 
   // Applies the optimizer for each (key, gradient row). values.size() must be
   // keys.size() * width. All keys are checked before anything is applied.
-  absl::Status ApplyPush(std::span<const Key> keys, std::span<const float> values);
+  // `clock` is the push's clock stamp (eviction by age; see the invariants).
+  // SGD and ACCUMULATE apply every occurrence of a key listed twice; the
+  // stateful optimizers sum the rows of a key listed twice and make one
+  // update from the sum (one optimizer step per push).
+  absl::Status ApplyPush(std::span<const Key> keys, std::span<const float> values, uint64_t clock = 0);
   // The checks ApplyPush makes before it changes anything: OK means that
   // ApplyPush(keys, values) will succeed (as long as the table does not
   // change in between; pushes only add rows, so other pushes do not matter).
   absl::Status CheckPush(std::span<const Key> keys, std::span<const float> values) const;
 
   // Copies the row of each key into out (keys.size() * width floats).
-  // SPARSE rows are created on first touch.
+  // SPARSE rows are created on first touch when pull_creates_rows(); else a
+  // key without a row reads its initializer's values and nothing changes.
   absl::Status ReadRows(std::span<const Key> keys, std::span<float> out);
 
   // The rows of `keys` (keys.size() * width floats) as one Buffer, without a
@@ -87,12 +150,16 @@ class Table {
   absl::StatusOr<Buffer> ReadRowsShared(std::span<const Key> keys, BufferPool* pool);
 
   // Calls fn(key, row) once for every row the table holds, in no particular
-  // order. The row span (width floats) is valid only during the call; fn must
-  // not change the table. Creates nothing.
+  // order (least recently used first in a table with eviction). The row span
+  // (stored_row_floats(): weights and optimizer state) is valid only during
+  // the call; fn must not change the table. Creates nothing.
   void ForEachRow(absl::FunctionRef<void(Key, std::span<const float>)> fn) const;
 
-  // Sets the row of each key to exactly its values (keys.size() * width
-  // floats, row i at values[i * width]): no optimizer, no initializer. SPARSE
+  // Sets the stored row of each key (weights and optimizer state) to exactly
+  // its values (keys.size() * stored_row_floats() floats, row i at values[i *
+  // stored_row_floats()]): no optimizer, no initializer. With eviction, the
+  // rows become the most recently used, in the order given, at the table's
+  // clock, and the memory budget holds (older rows are dropped). SPARSE
   // rows that do not exist are created; a DENSE key must be one this table
   // holds, or, with adopt_dense, any key below dense_rows (a server taking
   // over the copy of a shard it did not hold). All checks come before any
@@ -116,23 +183,61 @@ class Table {
     std::atomic<uint64_t> lent{0};
   };
 
+  static constexpr uint32_t kNoRow = ~uint32_t{0};
+  // Recency of one row (tables with eviction): a doubly linked list through
+  // row numbers, most recently used at head_.
+  struct Recency {
+    Key key = 0;
+    uint32_t prev = kNoRow;
+    uint32_t next = kNoRow;
+    uint64_t clock = 0;
+  };
+
   absl::Status CheckKeys(std::span<const Key> keys) const;
   size_t RowNumber(Key key);                   // existing row, or a new one (SPARSE)
+  uint32_t RowForPush(Key key);                // existing, new, or kNoRow (not admitted)
   const float* ReadRow(size_t row) const;      // for reading only
   float* WritableRow(size_t row);              // copies a lent chunk first
   size_t CreateRow(Key key);                   // a new row with its initial values
-  size_t AddRow(Key key);                      // a new row, values unset
-  size_t chunk_floats() const { return rows_per_chunk_ * config_.width(); }
+  size_t AddRow(Key key);                      // a new row, values unset (drops the LRU row at the budget)
+  void ApplyRow(uint32_t row, const float* gradient);
+  void AdvanceClock(uint64_t clock);           // and drops rows too old
+  void Touch(uint32_t row);                    // most recently used, at clock_
+  void Unlink(uint32_t row);
+  void DropRow(uint32_t row);
+  size_t chunk_floats() const { return rows_per_chunk_ * stride_; }
+  const float* RowAddress(size_t row) const {
+    return chunks_[row >> chunk_shift_]->data.get() + (row & (rows_per_chunk_ - 1)) * stride_;
+  }
 
   const proto::TableConfig config_;
+  const uint32_t stride_ = StoredRowFloats(config_);  // floats per stored row
   // Rows live in fixed-size chunks, so growing never moves a row; a write to
   // a lent chunk replaces the chunk (see the class comment).
-  size_t rows_per_chunk_ =
-      size_t{config_.width()} * sizeof(float) >= kLendMinBytes
-          ? 1
-          : std::max<size_t>(1, (size_t{1} << 20) / std::max<uint32_t>(1, config_.width()));
+  // A power of two (so a row's chunk and place are a shift and a mask away).
+  const uint32_t chunk_shift_ = ChunkShift(stride_);
+  const size_t rows_per_chunk_ = size_t{1} << chunk_shift_;
+  static uint32_t ChunkShift(uint32_t stride) {
+    if (size_t{stride} * sizeof(float) >= kLendMinBytes) return 0;
+    uint32_t shift = 0;  // the largest power of two of rows within 4 MiB
+    while ((size_t{2} << shift) * std::max<uint32_t>(1, stride) <= (size_t{1} << 20)) ++shift;
+    return shift;
+  }
   std::vector<std::shared_ptr<Chunk>> chunks_;
   absl::flat_hash_map<Key, uint32_t> index_;  // key -> row number
+  size_t slots_ = 0;                          // row numbers handed out (live or free)
+  std::vector<uint32_t> free_rows_;           // row numbers of dropped rows
+  // Admission and eviction (SPARSE tables that ask for them).
+  std::unique_ptr<AdmissionSketch> admission_;
+  const bool evicts_ = config_.kind() == proto::SPARSE &&
+                       (config_.evict_after_clocks() > 0 || config_.memory_budget_bytes() > 0);
+  const uint64_t max_rows_ = config_.memory_budget_bytes() > 0 ? config_.memory_budget_bytes() / RowBytes(config_)
+                                                                : ~uint64_t{0};
+  std::vector<Recency> recency_;  // by row number (evicts_ only)
+  uint32_t head_ = kNoRow;        // most recently used
+  uint32_t tail_ = kNoRow;        // least recently used
+  uint64_t clock_ = 0;
+  TableCounters counters_;
   uint64_t rows_lent_ = 0;
   uint64_t copies_on_write_ = 0;
 };

@@ -93,8 +93,21 @@ struct TableOptions {
   uint32_t width = 1;                                  // floats per key, >= 1
   proto::TableKind kind = proto::SPARSE;               // DENSE: keys 0..dense_rows-1
   uint64_t dense_rows = 0;                             // DENSE only, >= 1
-  proto::OptimizerKind optimizer = proto::SGD;         // applied on the server
-  float learning_rate = 0.01f;                         // SGD step size
+  proto::OptimizerKind optimizer = proto::SGD;         // applied on the server (rules: server/optimizer.h)
+  float learning_rate = 0.01f;                         // step size (FTRL: alpha)
+  float momentum = 0.9f;                               // MOMENTUM, in [0, 1)
+  float beta1 = 0.9f;                                  // ADAM, in [0, 1)
+  float beta2 = 0.999f;                                // ADAM, in [0, 1)
+  float epsilon = 1e-8f;                               // ADAGRAD and ADAM, > 0
+  float initial_accumulator = 0.1f;                    // ADAGRAD: a new row's accumulator, >= 0
+  float ftrl_beta = 1.0f;                              // FTRL beta, > 0
+  float l1 = 0.0f;                                     // FTRL L1 strength, >= 0
+  float l2 = 0.0f;                                     // FTRL L2 strength, >= 0
+  // SPARSE tables only (docs/embeddings.md):
+  uint32_t admit_after = 0;              // an id gets a row on its N-th push (0, 1: at once)
+  uint64_t admission_sketch_width = 0;   // counters per row of the admission sketch (0: 1 << 20)
+  uint64_t evict_after_clocks = 0;       // drop rows no push touched for this many clocks (0: never)
+  uint64_t memory_budget_bytes = 0;      // per server: drop least recently pushed rows past it (0: none)
   proto::InitKind init = proto::ZEROS;                 // initial rows
   float init_scale = 0.0f;                             // UNIFORM half-width / NORMAL stddev
   uint64_t init_seed = 0;                              // initializer seed

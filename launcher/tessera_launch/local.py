@@ -108,6 +108,7 @@ class Binaries:
     server: Path
     program: Path
     keys: Path = Path("tessera-keys")
+    python: Path = Path("python")  # the build tree's tessera Python package (PYTHONPATH of worker programs)
 
     @classmethod
     def locate(cls, build_dir: Path, program: str) -> "Binaries":
@@ -119,6 +120,7 @@ class Binaries:
             server=build_dir / "server" / "tessera-server",
             program=program_path,
             keys=build_dir / "transport" / "tessera-keys",
+            python=build_dir / "python",
         )
 
     def problems(self) -> list:
@@ -286,11 +288,19 @@ def job_keys_path(config: JobConfig, layout: RunLayout) -> Optional[Path]:
     return Path(config.security.keys_file).resolve() if config.security.keys_file else layout.root / "job.keys"
 
 
-def process_env(config: JobConfig, layout: RunLayout) -> dict:
+def process_env(config: JobConfig, layout: RunLayout, binaries: "Binaries") -> dict:
     """Environment every job process gets: where its job key file is
-    (TESSERA_JOB_KEYS, read by the transport; docs/security.md)."""
+    (TESSERA_JOB_KEYS, read by the transport; docs/security.md), and
+    PYTHONPATH starting with the build tree's python/ directory, so that
+    Python worker programs (examples/dlrm.py) import the tessera module that
+    was built with the binaries."""
+    env = {}
     path = job_keys_path(config, layout)
-    return {"TESSERA_JOB_KEYS": str(path)} if path is not None else {}
+    if path is not None:
+        env["TESSERA_JOB_KEYS"] = str(path)
+    inherited = os.environ.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(binaries.python) + (os.pathsep + inherited if inherited else "")
+    return env
 
 
 def make_job_keys(job: "Job") -> None:
@@ -481,7 +491,7 @@ class LocalBackend(Backend):
             return
         for name in coordinator_names(job.config)[1:]:
             argv = coordinator_argv(job.config, job.binaries, job.layout, job.debug, name=name)
-            if not sup.start(ProcessSpec(name, argv, env=process_env(job.config, job.layout), may_fail=True)):
+            if not sup.start(ProcessSpec(name, argv, env=process_env(job.config, job.layout, job.binaries), may_fail=True)):
                 return
         _start_cluster(sup, job, address)
 
@@ -491,7 +501,7 @@ def _start_coordinator(sup: Supervisor, job: Job) -> Optional[str]:
     ended instead (the supervisor's outcome says why)."""
     config, layout = job.config, job.layout
     if not sup.start(ProcessSpec("coordinator", coordinator_argv(config, job.binaries, layout, job.debug),
-                                 env=process_env(config, layout), may_fail=may_fail(config, "coordinator"))):
+                                 env=process_env(config, layout, job.binaries), may_fail=may_fail(config, "coordinator"))):
         return None
     assemble = config.timeouts.assemble_seconds
     remaining = _remaining(job.deadline)
@@ -513,7 +523,7 @@ def _start_coordinator(sup: Supervisor, job: Job) -> Optional[str]:
 
 
 def _start_cluster(sup: Supervisor, job: Job, address: str) -> None:
-    env = {"PYTHONUNBUFFERED": "1", **process_env(job.config, job.layout)}
+    env = {"PYTHONUNBUFFERED": "1", **process_env(job.config, job.layout, job.binaries)}
     for name in process_names(job.config)[1:]:
         if name in job.skips:
             sup.console.say(f"not starting {name} (--skip)")

@@ -216,7 +216,7 @@ def _run_by_rank(args: argparse.Namespace, env: dict, watcher: _Abandonment) -> 
         return 0
     binaries = Binaries.locate(resolve_build_dir(args.build_dir), config.worker.program)
     host = resolve_host(config.cluster.host)
-    env = {**env, **process_env(config, layout)}
+    env = {**env, **process_env(config, layout, binaries)}
     if name == "coordinator":
         argv = process_argv(config, binaries, layout, name, "", args.debug, host)
         return run_child(name, argv, env, watcher, layout.address_file, None, args.grace)

@@ -177,7 +177,7 @@ class SshBackend(Backend):
                             bind_workers=True)
         role = [job.config.ssh.python, launcher, "role", "--name", name, "--watch-stdin", "--mkdir",
                 str(layout.root)]
-        for key, value in process_env(job.config, layout).items():
+        for key, value in process_env(job.config, layout, binaries).items():
             role += ["--env", f"{key}={value}"]
         if name == "coordinator":
             role += ["--announce-address", str(layout.address_file),
