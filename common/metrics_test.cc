@@ -51,6 +51,16 @@ TEST(MetricsTest, TextWriterWritesSeriesFromPlainValues) {
   EXPECT_NE(t.find("tessera_c_count 3\n"), std::string::npos) << t;
 }
 
+TEST(MetricsTest, TextWriterWritesSeveralSeriesOfOneNameUnderOneHeader) {
+  TextWriter w;
+  w.Counters("tessera_rows_total", "Rows", {{{{"table", "1"}}, 4}, {{{"table", "2"}}, 5}})
+      .Gauges("tessera_empty", "Nothing", {});
+  const std::string& t = w.text();
+  EXPECT_EQ(t,
+            "# HELP tessera_rows_total Rows\n# TYPE tessera_rows_total counter\n"
+            "tessera_rows_total{table=\"1\"} 4\ntessera_rows_total{table=\"2\"} 5\n");
+}
+
 TEST(MetricsTest, RejectsBadNamesAndTypeClashes) {
   Registry r;
   EXPECT_FALSE(r.GetCounter("9lives", "x").ok());

@@ -619,6 +619,15 @@ TEST_F(ReplicationTest, BackupsKeepOptimizerStateAndEvictAtTheSameClocks) {
   std::vector<float> want(keys.size() * 2);
   ASSERT_TRUE(reference.ReadRows(keys, want).ok());
   EXPECT_EQ(std::vector<float>(got.begin(), got.end()), want);
+  // The metrics' view: the backup counted the same evictions as the reference.
+  bool seen = false;
+  for (const ServerCore::TableSummary& t : cores_[successor]->table_summaries()) {
+    if (t.id != kAdam) continue;
+    seen = true;
+    EXPECT_EQ(t.counters.evicted_by_age, reference.counters().evicted_by_age);
+    EXPECT_EQ(t.bytes, t.rows * Table::RowBytes(config));
+  }
+  EXPECT_TRUE(seen);
 }
 
 }  // namespace

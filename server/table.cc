@@ -276,47 +276,38 @@ absl::Status Table::ReadRows(std::span<const Key> keys, std::span<float> out) {
   }
   if (auto s = CheckKeys(keys); !s.ok()) return s;
   const bool create = pull_creates_rows();
-  // A software pipeline over groups of keys: while group g's slots are
-  // looked up (their cache lines asked for one step earlier), the next
-  // group's slots are asked for, and the rows of group g - 1 (asked for one
-  // step earlier) are copied. With ids drawn from a large table most
-  // lookups miss the cache twice (hash slot, then row); this way the misses
-  // of a group overlap instead of each waiting for the one before.
-  constexpr size_t kGroup = 16;
+  // A software pipeline: while key i is looked up (its hash slot asked for
+  // kSlotAhead keys earlier), the slot of key i + kSlotAhead is asked for,
+  // and the row of key i - kRowAhead (asked for when it was looked up) is
+  // copied. With ids drawn from a large table most lookups miss the cache
+  // twice (hash slot, then row); this way the misses of neighbouring keys
+  // overlap instead of each waiting for the one before.
+  constexpr size_t kSlotAhead = 16, kRowAhead = 8, kRing = 16;
   const size_t row_bytes = w * sizeof(float);
   const size_t lines = std::min<size_t>((row_bytes + 63) / 64, 4);
   const size_t n = keys.size();
-  const float* found[2][kGroup];
-  auto copy_group = [&](size_t g) {
-    const size_t begin = g * kGroup, end = std::min(n, begin + kGroup);
-    const float* const* rows = found[g & 1];
-    for (size_t i = begin; i < end; ++i) {
-      float* dst = out.data() + i * w;
-      if (const float* src = rows[i - begin]; src != nullptr) {
-        std::memcpy(dst, src, row_bytes);
-      } else if (create) {
-        std::memcpy(dst, ReadRow(RowNumber(keys[i])), row_bytes);  // (an earlier copy of the key may have made it)
-      } else {
-        for (uint32_t j = 0; j < w; ++j) dst[j] = InitialValue(config_, keys[i], j);
-      }
+  const float* ring[kRing];
+  auto copy = [&](size_t i) {
+    float* dst = out.data() + i * w;
+    if (const float* src = ring[i % kRing]; src != nullptr) {
+      std::memcpy(dst, src, row_bytes);
+    } else if (create) {
+      std::memcpy(dst, ReadRow(RowNumber(keys[i])), row_bytes);  // (an earlier copy of the key may have made it)
+    } else {
+      for (uint32_t j = 0; j < w; ++j) dst[j] = InitialValue(config_, keys[i], j);
     }
   };
-  const size_t groups = (n + kGroup - 1) / kGroup;
-  for (size_t i = 0; i < std::min(n, kGroup); ++i) index_.prefetch(keys[i]);
-  for (size_t g = 0; g < groups; ++g) {
-    const size_t begin = g * kGroup, end = std::min(n, begin + kGroup);
-    for (size_t i = end; i < std::min(n, end + kGroup); ++i) index_.prefetch(keys[i]);
-    const float** rows = found[g & 1];
-    for (size_t i = begin; i < end; ++i) {
-      auto it = index_.find(keys[i]);
-      const float* row = it == index_.end() ? nullptr : RowAddress(it->second);
-      rows[i - begin] = row;
-      if (row != nullptr)
-        for (size_t l = 0; l < lines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(row) + 64 * l);
-    }
-    if (g > 0) copy_group(g - 1);
+  for (size_t i = 0; i < std::min(n, kSlotAhead); ++i) index_.prefetch(keys[i]);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kSlotAhead < n) index_.prefetch(keys[i + kSlotAhead]);
+    auto it = index_.find(keys[i]);
+    const float* row = it == index_.end() ? nullptr : RowAddress(it->second);
+    ring[i % kRing] = row;
+    if (row != nullptr)
+      for (size_t l = 0; l < lines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(row) + 64 * l);
+    if (i >= kRowAhead) copy(i - kRowAhead);
   }
-  if (groups > 0) copy_group(groups - 1);
+  for (size_t i = n > kRowAhead ? n - kRowAhead : 0; i < n; ++i) copy(i);
   return absl::OkStatus();
 }
 

@@ -57,6 +57,7 @@
 #include "common/keys.h"
 #include "proto/tessera.pb.h"
 #include "server/admission_sketch.h"
+#include "server/huge_pages.h"
 #include "server/optimizer.h"
 
 namespace tessera {
@@ -178,8 +179,11 @@ class Table {
   // non-zero the chunk is read-only. It drops (release) on whatever thread
   // lets go of the last view; the writer reads it (acquire) before writing.
   struct Chunk {
-    explicit Chunk(size_t floats) : data(std::make_unique_for_overwrite<float[]>(floats)) {}
-    std::unique_ptr<float[]> data;
+    struct Free {
+      void operator()(float* p) const { std::free(p); }
+    };
+    explicit Chunk(size_t floats) : data(static_cast<float*>(AllocateHugePageBacked(floats * sizeof(float)))) {}
+    std::unique_ptr<float[], Free> data;  // huge-page backed (server/huge_pages.h)
     std::atomic<uint64_t> lent{0};
   };
 
@@ -224,7 +228,12 @@ class Table {
     return shift;
   }
   std::vector<std::shared_ptr<Chunk>> chunks_;
-  absl::flat_hash_map<Key, uint32_t> index_;  // key -> row number
+  // key -> row number, in huge pages: lookups into millions of rows would
+  // otherwise miss the TLB on nearly every probe.
+  absl::flat_hash_map<Key, uint32_t, absl::container_internal::hash_default_hash<Key>,
+                      absl::container_internal::hash_default_eq<Key>,
+                      HugePageAllocator<std::pair<const Key, uint32_t>>>
+      index_;
   size_t slots_ = 0;                          // row numbers handed out (live or free)
   std::vector<uint32_t> free_rows_;           // row numbers of dropped rows
   // Admission and eviction (SPARSE tables that ask for them).
