@@ -17,8 +17,8 @@ def test_dlrm_reaches_the_truth_auc(launcher, binaries, source_dir):
     pytest.importorskip("torch", reason="no torch for /usr/bin/python3 (apt install python3-torch)")
     if not (launcher.build_dir / "python" / "tessera" / "__init__.py").is_file():
         pytest.skip(f"the tessera Python module is not built in {launcher.build_dir} (needs pybind11-dev)")
-    result = launcher.local("--config", str(source_dir / "configs" / "dlrm.yaml"), "--quiet", "--timeout", "280",
-                            timeout=300)
+    result = launcher.local("--config", str(source_dir / "configs" / "dlrm.yaml"), "--quiet", "--timeout", "200",
+                            timeout=220)
     assert result.returncode == 0, result.describe()
     summary = json.loads((result.run_dir / "summary.json").read_text())
     assert summary["status"] == "ok", summary["reason"]
