@@ -221,9 +221,15 @@ absl::Status Table::CheckPush(std::span<const Key> keys, std::span<const float> 
   return CheckKeys(keys);
 }
 
-void Table::ApplyRow(uint32_t row, const float* gradient) {
+void Table::ApplyRow(uint32_t row, const float* __restrict gradient) {
   Touch(row);
-  ApplyOptimizer(config_, WritableRow(row), gradient);
+  float* __restrict w = WritableRow(row);
+  if (config_.optimizer() == proto::SGD) {  // the common case, inline
+    const float lr = config_.learning_rate();
+    for (uint32_t j = 0, n = config_.width(); j < n; ++j) w[j] -= lr * gradient[j];
+    return;
+  }
+  ApplyOptimizer(config_, w, gradient);
 }
 
 absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> values, uint64_t clock) {
