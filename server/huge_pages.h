@@ -23,10 +23,12 @@ inline void* AllocateHugePageBacked(size_t bytes) {
     if (p == nullptr) throw std::bad_alloc();
     return p;
   }
-  const size_t rounded = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
-  void* p = std::aligned_alloc(kHugePageBytes, rounded);
-  if (p == nullptr) throw std::bad_alloc();
-  (void)madvise(p, rounded, MADV_HUGEPAGE);  // advice only: failure leaves ordinary pages
+  // Aligned to a huge page, but not rounded up to one: the whole 2 MiB
+  // pieces get huge pages, the tail ordinary ones (no memory is wasted on
+  // sizes that are not a multiple of 2 MiB).
+  void* p = nullptr;
+  if (posix_memalign(&p, kHugePageBytes, bytes) != 0) throw std::bad_alloc();
+  (void)madvise(p, bytes / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);  // advice only
   return p;
 }
 
