@@ -57,15 +57,28 @@ line with test_auc and truth_auc (the hidden model's AUC on the same set).
 import argparse
 import json
 import math
+import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-import tessera
-import tessera.torch as ttorch
+try:
+    import tessera
+except ImportError:
+    # Run by hand rather than by tessera-launch (which puts BUILD/python on
+    # PYTHONPATH): try the build tree beside this file, or $TESSERA_BUILD_DIR.
+    build = Path(os.environ.get("TESSERA_BUILD_DIR", Path(__file__).resolve().parents[1] / "build"))
+    sys.path.insert(0, str(build / "python"))
+    try:
+        import tessera
+    except ImportError:
+        sys.exit(f"dlrm.py: the tessera Python module is not in {build / 'python'}; build the project "
+                 "(cmake --build build), or set PYTHONPATH=BUILD/python or TESSERA_BUILD_DIR=BUILD")
+import tessera.torch as ttorch  # noqa: E402
 
 EMBEDDING_TABLE = 1
 WIDE_TABLE = 2
