@@ -301,10 +301,8 @@ CriteoBatch CriteoSynth::TrainPartition(uint32_t part, uint32_t num_parts, uint6
   batch.dense_fields = options_.dense_fields;
   batch.categorical_fields = options_.categorical_fields;
   if (part >= num_parts) return batch;
-  const auto bound = [&](uint64_t p) {
-    return static_cast<uint64_t>(static_cast<unsigned __int128>(total) * p / num_parts);
-  };
-  Generate(Stream::kTrain, bound(part), bound(part + 1), batch);
+  const auto [begin, end] = PartitionRange(part, num_parts, total);
+  Generate(Stream::kTrain, begin, end, batch);
   return batch;
 }
 

@@ -139,10 +139,8 @@ ClickLogBatch SyntheticClickLog::TrainPartition(uint32_t part, uint32_t num_part
   ClickLogBatch batch;
   batch.fields = options_.fields;
   if (part >= num_parts) return batch;
-  const auto bound = [&](uint64_t p) {
-    return static_cast<uint64_t>(static_cast<unsigned __int128>(total) * p / num_parts);
-  };
-  Generate(Stream::kTrain, bound(part), bound(part + 1), batch);
+  const auto [begin, end] = PartitionRange(part, num_parts, total);
+  Generate(Stream::kTrain, begin, end, batch);
   return batch;
 }
 

@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -131,6 +132,17 @@ class SyntheticClickLog {
   uint64_t key_salt_;
   std::vector<float> truth_weights_;  // by rank - 1
 };
+
+// The global example indices [first, second) of train partition `part` of
+// `num_parts` of a set of `total` examples: [part*total/num_parts,
+// (part+1)*total/num_parts), computed without overflow. Requires part <
+// num_parts.
+inline std::pair<uint64_t, uint64_t> PartitionRange(uint32_t part, uint32_t num_parts, uint64_t total) {
+  const auto bound = [&](uint64_t p) {
+    return static_cast<uint64_t>(static_cast<unsigned __int128>(total) * p / num_parts);
+  };
+  return {bound(part), bound(part + 1)};
+}
 
 // Exact area under the ROC curve of `scores` against binary `labels` (0 or 1):
 // the probability that a random positive scores above a random negative, ties
