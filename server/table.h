@@ -15,7 +15,9 @@
 //   seeded initializer, so its first value depends only on (init_seed,
 //   table id, key), never on the order of touches.
 // - Admission (SPARSE, admit_after > 1): a push of a key without a row
-//   counts one sighting in the table's AdmissionSketch; the row is created
+//   counts one sighting in the table's AdmissionSketch (each time the key
+//   is listed, for SGD and ACCUMULATE; once per push for the stateful
+//   optimizers, which sum a key's rows first); the row is created
 //   (and that push applied to it) once the sketch counts admit_after
 //   sightings; until then the push's row for it is dropped. Pulls of such a
 //   key return the initializer's values and count nothing.
