@@ -4,7 +4,7 @@
 // For each row width D in --dims it creates one SPARSE table (SGD), draws
 // --batches batches of --batch ids Zipf(--zipf) over --ids ranks (scrambled
 // into 64-bit keys, a different stream per worker), deduplicates each batch
-// on the worker (worker/sparse_batch.h) as a trainer does, and then, for
+// on the worker (common/sparse_batch.h) as a trainer does, and then, for
 // each op (push, pull), keeps --inflight requests of one batch's unique
 // rows in flight for --seconds. All workers start each measurement at a
 // barrier, so with several workers the server is measured under their
@@ -28,7 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "examples/synthetic_clicklog.h"
-#include "worker/sparse_batch.h"
+#include "common/sparse_batch.h"
 #include "worker/worker.h"
 #include "worker/worker_flags.h"
 

@@ -40,7 +40,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
-#include "worker/sparse_batch.h"
+#include "common/sparse_batch.h"
 #include "worker/worker.h"
 #include "worker/worker_flags.h"
 
@@ -834,7 +834,7 @@ PYBIND11_MODULE(_tessera, m) {
 
   py::class_<SparseBatch>(m, "SparseBatch",
                           "The distinct keys of a batch (first-occurrence order) and, per position, the index of "
-                          "its key among them (worker/sparse_batch.h). Dedups a lookup on the worker.")
+                          "its key among them (common/sparse_batch.h). Dedups a lookup on the worker.")
       .def(py::init([](py::handle keys) {
              py::array holder;
              std::span<const Key> k = KeysOf(keys, holder);

@@ -213,6 +213,18 @@ TEST(EmbeddingConfigTest, BadAdmissionAndEvictionOptionsAreErrors) {
   small.set_memory_budget_bytes(10);
   EXPECT_THAT(ValidateTableConfig(small).message(), HasSubstr("less than one row"));
 
+  proto::TableConfig never = Sparse();
+  never.set_admit_after(70000);
+  EXPECT_THAT(ValidateTableConfig(never).message(), HasSubstr("admit_after"));
+
+  proto::TableConfig wide = Sparse();
+  wide.set_width(1u << 26);
+  wide.set_optimizer(proto::ADAM);
+  wide.mutable_optimizer_params()->set_beta1(0.9f);
+  wide.mutable_optimizer_params()->set_beta2(0.99f);
+  wide.mutable_optimizer_params()->set_epsilon(1e-8f);
+  EXPECT_THAT(ValidateTableConfig(wide).message(), HasSubstr("floats a row"));
+
   proto::TableConfig huge = Sparse();
   huge.set_admit_after(2);
   huge.set_admission_sketch_width(uint64_t{1} << 40);

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/sparse_batch.h"
 #include "compress/row_compressor.h"
 
 namespace tessera {
@@ -15,6 +16,7 @@ namespace {
 constexpr uint32_t kMaxWidth = 1u << 26;  // 256 MiB per row
 constexpr uint64_t kMaxDenseRows = 1ull << 32;
 constexpr uint64_t kMaxSketchWidth = 1ull << 26;  // 512 MiB of counters
+constexpr uint32_t kMaxAdmitAfter = 65535;          // AdmissionSketch counters saturate there
 
 // Uniform in [0, 1) from 24 high bits of a hash.
 float UnitFloat(uint64_t h) { return static_cast<float>(h >> 40) * (1.0f / 16777216.0f); }
@@ -47,6 +49,15 @@ absl::Status ValidateTableConfig(const proto::TableConfig& c) {
       (c.admit_after() > 1 || c.evict_after_clocks() > 0 || c.memory_budget_bytes() > 0)) {
     return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(),
                                                    ": admission and eviction are for sparse tables only"));
+  }
+  if (StoredRowFloats(c) > kMaxWidth) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": width ", c.width(), " with optimizer ",
+                                                   proto::OptimizerKind_Name(c.optimizer()), " stores ",
+                                                   StoredRowFloats(c), " floats a row, more than ", kMaxWidth));
+  }
+  if (c.admit_after() > kMaxAdmitAfter) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": admit_after must be <= ", kMaxAdmitAfter,
+                                                   " (the sketch's counters are 16-bit), got ", c.admit_after()));
   }
   if (c.admission_sketch_width() > kMaxSketchWidth) {
     return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": admission_sketch_width must be <= ",
@@ -238,30 +249,13 @@ absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> 
   AdvanceClock(clock);
   if (IsStateful(config_.optimizer()) && keys.size() > 1) {
     // One optimizer step per key and push: sum the rows of a key listed twice.
-    absl::flat_hash_map<Key, uint32_t> first;
-    first.reserve(keys.size());
-    size_t i = 0;
-    while (i < keys.size() && first.try_emplace(keys[i], static_cast<uint32_t>(i)).second) ++i;
-    if (i < keys.size()) {
-      std::vector<Key> unique;
-      std::vector<float> sums;
-      unique.reserve(keys.size());
-      sums.reserve(keys.size() * w);
-      absl::flat_hash_map<Key, uint32_t> slot;
-      slot.reserve(keys.size());
-      for (size_t k = 0; k < keys.size(); ++k) {
-        auto [it, fresh] = slot.try_emplace(keys[k], static_cast<uint32_t>(unique.size()));
-        const float* g = values.data() + k * w;
-        if (fresh) {
-          unique.push_back(keys[k]);
-          sums.insert(sums.end(), g, g + w);
-        } else {
-          float* acc = sums.data() + size_t{it->second} * w;
-          for (size_t j = 0; j < w; ++j) acc[j] += g[j];
-        }
-      }
-      for (size_t u = 0; u < unique.size(); ++u) {
-        const uint32_t row = RowForPush(unique[u]);
+    absl::StatusOr<SparseBatch> batch = SparseBatch::Build(keys);
+    if (!batch.ok()) return batch.status();
+    if (batch->unique().size() < keys.size()) {
+      std::vector<float> sums(batch->unique().size() * w);
+      if (auto s = batch->ScatterAdd(values, config_.width(), sums); !s.ok()) return s;
+      for (size_t u = 0; u < batch->unique().size(); ++u) {
+        const uint32_t row = RowForPush(batch->unique()[u]);
         if (row != kNoRow) ApplyRow(row, sums.data() + u * w);
       }
       return absl::OkStatus();

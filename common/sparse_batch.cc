@@ -1,4 +1,4 @@
-#include "worker/sparse_batch.h"
+#include "common/sparse_batch.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,6 +1,8 @@
 #pragma once
-// SparseBatch: deduplicates the keys of one batched sparse lookup on the
-// worker, so that each distinct key is pulled (and pushed) once.
+// SparseBatch: deduplicates the keys of one batched sparse lookup, so that
+// each distinct key is pulled (and pushed) once. Workers use it before
+// sending; a server's table uses it to sum the rows of a key listed twice
+// in one push.
 //
 // A minibatch of embedding ids usually repeats hot ids many times. Build()
 // maps the batch's keys (one per position) to its distinct keys, in order of
