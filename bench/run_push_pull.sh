@@ -10,10 +10,14 @@
 # receiver adding each payload into a row of floats (the work a Tessera server
 # does for a push). Then it runs the Tessera driver (tessera-push-pull-bench:
 # 1 server, 1 worker, through launcher/tessera-launch with
-# configs/bench_push_pull.yaml), and prints one Markdown table of medians.
-# Like is matched with like: sequential with sequential, 8 in flight with 8 in
-# flight, and the raw one-way PUSH/PULL stream with Tessera pushes 64 in
-# flight.
+# configs/bench_push_pull.yaml) twice: with the same-host shared-memory path
+# off (every frame over TCP loopback) and on (shm.enabled, the default:
+# frames of 64 KiB and more go through rings); and bench/memcpy_bench
+# (single-thread memcpy bandwidth, the baseline of the same-host goal).
+# It prints two Markdown tables of medians. The first compares Tessera over
+# TCP with raw ZeroMQ, like with like: sequential with sequential, 8 in flight
+# with 8 in flight, and the raw one-way PUSH/PULL stream with Tessera pushes
+# 64 in flight. The second compares both Tessera runs with memcpy.
 #
 # Environment: REPEATS (default 5), MIN_SECONDS (0.5), MIN_MESSAGES (20),
 # SIZES (4096,1048576,16777216), KEEP=1 to keep the raw results and the run
@@ -36,8 +40,8 @@ if [ "${KEEP:-0}" != 1 ]; then trap 'rm -rf "$WORK"' EXIT; fi
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   # shellcheck source=bench/lib.sh
   source "$ROOT/bench/lib.sh"
-  bench_build run_push_pull.sh "$BUILD" "$WORK/build.log" raw_zmq_bench tessera-push-pull-bench \
-    tessera-coordinator tessera-server
+  bench_build run_push_pull.sh "$BUILD" "$WORK/build.log" raw_zmq_bench memcpy_bench \
+    tessera-push-pull-bench tessera-coordinator tessera-server
 fi
 
 # name: receiver work, extra flags
@@ -49,25 +53,38 @@ for variant in "default:none:" "mapped:none:--keep_allocations_mapped" "mapped-a
     --min_messages "$MIN_MESSAGES" --receiver_work "$work" $extra --json "$WORK/raw-$name.json"
 done
 
-echo "Tessera push/pull (1 server, 1 worker) ..." >&2
-if ! "$PYTHON" "$ROOT/launcher/tessera-launch" local --config "$ROOT/configs/bench_push_pull.yaml" \
-    --build-dir "$BUILD" --run-dir "$WORK/run" --quiet --timeout 1200 \
-    --set "worker.program=$BUILD/bench/tessera-push-pull-bench" \
-    --set "worker.args.sizes=\"$SIZES\"" --set "worker.args.repeats=$REPEATS" \
-    --set "worker.args.min_seconds=$MIN_SECONDS" --set "worker.args.min_messages=$MIN_MESSAGES" >&2; then
-  echo "run_push_pull.sh: the Tessera run failed; logs in $WORK/run/logs" >&2
-  trap - EXIT
-  exit 1
-fi
+echo "memcpy baseline ..." >&2
+"$BUILD/bench/memcpy_bench" --sizes "$SIZES" --repeats "$REPEATS" --min_seconds "$MIN_SECONDS" \
+  --json "$WORK/memcpy.json"
+
+# run: run directory name, shared memory on or off
+for variant in "run:false" "run-shm:true"; do
+  IFS=: read -r run shm <<<"$variant"
+  echo "Tessera push/pull (1 server, 1 worker, shm.enabled=$shm) ..." >&2
+  if ! "$PYTHON" "$ROOT/launcher/tessera-launch" local --config "$ROOT/configs/bench_push_pull.yaml" \
+      --build-dir "$BUILD" --run-dir "$WORK/$run" --quiet --timeout 1200 \
+      --set "worker.program=$BUILD/bench/tessera-push-pull-bench" --set "shm.enabled=$shm" \
+      --set "worker.args.sizes=\"$SIZES\"" --set "worker.args.repeats=$REPEATS" \
+      --set "worker.args.min_seconds=$MIN_SECONDS" --set "worker.args.min_messages=$MIN_MESSAGES" >&2; then
+    echo "run_push_pull.sh: the Tessera run failed; logs in $WORK/$run/logs" >&2
+    trap - EXIT
+    exit 1
+  fi
+done
 
 "$PYTHON" - "$WORK" <<'PY'
 import json
 import sys
 
 work = sys.argv[1]
-summary = json.load(open(f"{work}/run/summary.json"))
-tessera = {(r["size"], r["op"], r["mode"]): r["median_mbps"]
-           for r in summary["worker_reports"][0]["report"]["results"]}
+def tessera_results(run):
+    summary = json.load(open(f"{work}/{run}/summary.json"))
+    return {(r["size"], r["op"], r["mode"]): r["median_mbps"]
+            for r in summary["worker_reports"][0]["report"]["results"]}
+
+tessera = tessera_results("run")
+tessera_shm = tessera_results("run-shm")
+memcpy = {r["size"]: r["median_mbps"] for r in json.load(open(f"{work}/memcpy.json"))["results"]}
 raw = {}
 for name in ("default", "mapped", "mapped-acc"):
     data = json.load(open(f"{work}/raw-{name}.json"))
@@ -99,5 +116,19 @@ for size in sizes:
 print()
 print("MB/s of payload (1 MB = 10^6 bytes), medians. 'raw ZMQ' and 'raw ZMQ + accumulate' run with the allocator")
 print("settings of Tessera's binaries (--keep_allocations_mapped); the ratios compare with those.")
+print()
+print("| size | mode | memcpy (1 thread) | push, TCP | push, shm | pull, TCP | pull, shm | push shm/memcpy "
+      "| pull shm/memcpy |")
+print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+for size in sizes:
+    for label, mode in (("sequential", "sequential"), ("8 in flight", "inflight8")):
+        base = memcpy.get(size)
+        push, pull = (tessera.get((size, op, mode)) for op in ("push", "pull"))
+        push_shm, pull_shm = (tessera_shm.get((size, op, mode)) for op in ("push", "pull"))
+        print(f"| {size_name(size)} | {label} | {fmt(base)} | {fmt(push)} | {fmt(push_shm)} | {fmt(pull)} | "
+              f"{fmt(pull_shm)} | {ratio(push_shm, base)} | {ratio(pull_shm, base)} |")
+print()
+print("Same host: the Tessera driver with the shared-memory path off (TCP loopback) and on, against")
+print("single-thread memcpy bandwidth (bench/memcpy_bench) measured in the same run.")
 PY
 if [ "${KEEP:-0}" = 1 ]; then echo "results kept in $WORK" >&2; fi

@@ -9,6 +9,7 @@
 #include "common/metrics.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "transport/transport_metrics.h"
 
 namespace tessera {
 namespace {
@@ -212,6 +213,7 @@ std::string CoordinatorNode::MetricsText() const {
   w.Counter("tessera_coordinator_map_updates_total", "Shard map updates published", f.stats.maps_published);
   w.Counter("tessera_coordinator_barriers_released_total", "Barriers released", f.stats.barriers_released);
   w.Counter("tessera_coordinator_state_saves_total", "Coordinator state saves (file or etcd)", f.state_saves);
+  WriteTransportMetrics(w, transport_->stats());
   return w.text();
 }
 

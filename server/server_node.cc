@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "transport/transport_metrics.h"
 
 namespace tessera {
 
@@ -340,6 +341,7 @@ std::string ServerNode::MetricsText() const {
                   "Pushed rows dropped because their id was not admitted yet, per table", dropped)
         .Counters("tessera_server_evicted_rows_total", "Rows evicted, per table and reason (age, budget)", evicted);
   }
+  WriteTransportMetrics(w, transport_->stats());
   return w.text();
 }
 

@@ -36,6 +36,13 @@ struct TransportStats {
   uint64_t bytes_received = 0;  // header + frames
   uint64_t malformed_received = 0;
   uint64_t auth_rejected = 0;   // connections refused: not the job's key (ZmqTransport with CURVE)
+  // The same-host shared-memory path (ShmTransport); zero elsewhere.
+  uint64_t shm_frames_sent = 0;      // data frames sent through a ring
+  uint64_t shm_bytes_sent = 0;
+  uint64_t shm_frames_received = 0;  // data frames received through a ring
+  uint64_t shm_bytes_received = 0;
+  uint64_t shm_fallback_frames = 0;  // frames for a same-host peer sent over the wire: ring full
+  uint64_t shm_peers = 0;            // destinations with a ring now
 };
 
 class Transport {

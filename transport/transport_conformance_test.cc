@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -24,8 +25,10 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rdma/rdma_transport.h"
 #include "transport/inproc_transport.h"
 #include "transport/transport.h"
+#include "transport/shm_transport.h"
 #include "transport/transport_factory.h"
 #include "transport/zmq_transport.h"
 
@@ -167,7 +170,10 @@ std::string VacantTcpAddress() {
   return address;
 }
 
-enum class Kind { kInProc, kZmqTcp, kZmqIpc };
+// kShm*: ZeroMQ wrapped in a ShmTransport that sends every frame of at least
+// one byte through shared-memory rings (peers assumed on this host). kRdma:
+// the verbs transport, skipped with the reason where no device is usable.
+enum class Kind { kInProc, kZmqTcp, kZmqIpc, kShmTcp, kShmIpc, kRdma };
 
 std::string KindName(const ::testing::TestParamInfo<Kind>& info) {
   switch (info.param) {
@@ -177,25 +183,38 @@ std::string KindName(const ::testing::TestParamInfo<Kind>& info) {
       return "ZmqTcp";
     case Kind::kZmqIpc:
       return "ZmqIpc";
+    case Kind::kShmTcp:
+      return "ShmTcp";
+    case Kind::kShmIpc:
+      return "ShmIpc";
+    case Kind::kRdma:
+      return "Rdma";
   }
   return "Unknown";
 }
 
 class TransportConformanceTest : public ::testing::TestWithParam<Kind> {
  protected:
+  void SetUp() override {
+    if (GetParam() == Kind::kRdma) {
+      if (absl::Status usable = rdma::Usable(); !usable.ok()) {
+        GTEST_SKIP() << "RDMA transport not tested: " << usable.message();
+      }
+    }
+  }
+
   bool IsZmq() const { return GetParam() != Kind::kInProc; }
+  bool IsShm() const { return GetParam() == Kind::kShmTcp || GetParam() == Kind::kShmIpc; }
+  bool IsIpc() const { return GetParam() == Kind::kZmqIpc || GetParam() == Kind::kShmIpc; }
 
   // A transport on a fresh endpoint (not started).
   std::unique_ptr<Transport> NewTransport() {
     switch (GetParam()) {
       case Kind::kInProc:
         return network_.Create(absl::StrCat("node-", next_name_++));
-      case Kind::kZmqTcp:
-        return MakeOrNull(DefaultBind("tcp", "127.0.0.1"));
-      case Kind::kZmqIpc:
-        return MakeOrNull(DefaultBind("ipc", ""));
+      default:
+        return MakeOrNull(IsIpc() ? DefaultBind("ipc", "") : DefaultBind("tcp", "127.0.0.1"));
     }
-    return nullptr;
   }
 
   // A transport that listens at exactly `address` once started.
@@ -212,12 +231,9 @@ class TransportConformanceTest : public ::testing::TestWithParam<Kind> {
     switch (GetParam()) {
       case Kind::kInProc:
         return absl::StrCat("inproc://vacant-", next_name_++);
-      case Kind::kZmqTcp:
-        return VacantTcpAddress();
-      case Kind::kZmqIpc:
-        return DefaultBind("ipc", "");
+      default:
+        return IsIpc() ? DefaultBind("ipc", "") : VacantTcpAddress();
     }
-    return "";
   }
 
   // Starts `t`, retrying briefly: a tcp port just released may be busy for a
@@ -232,8 +248,17 @@ class TransportConformanceTest : public ::testing::TestWithParam<Kind> {
     return status;
   }
 
-  static std::unique_ptr<Transport> MakeOrNull(const std::string& bind) {
-    absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport(bind);
+  std::unique_ptr<Transport> MakeOrNull(const std::string& bind) const {
+    TransportChoice choice;
+    choice.shm = IsShm();
+    choice.shm_options.min_frame_bytes = 1;
+    choice.shm_options.ring_bytes = 32u << 20;
+    choice.shm_options.assume_local_peers = true;
+    if (GetParam() == Kind::kRdma) {
+      choice.kind = TransportChoice::Kind::kRdma;
+      choice.rdma_required = true;
+    }
+    absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport(ZmqTransport::Options{.bind = bind}, choice);
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? std::move(*t) : nullptr;
   }
@@ -590,6 +615,17 @@ TEST_P(TransportConformanceTest, StatsCountMessagesAndBytes) {
   ASSERT_TRUE(inbox.WaitForCount(2)) << "received " << inbox.size();
 
   const TransportStats sent = sender->stats();
+  if (IsShm()) {
+    // Headers carry the host identity and two ring descriptors; the frames'
+    // bytes went through a ring and are counted all the same.
+    EXPECT_EQ(sent.shm_frames_sent, 2u);
+    EXPECT_EQ(sent.shm_bytes_sent, 5100u);
+    EXPECT_EQ(receiver->stats().shm_bytes_received, 5100u);
+    EXPECT_EQ(receiver->stats().bytes_received, sent.bytes_sent);
+    EXPECT_GT(sent.bytes_sent, expected_total);
+    EXPECT_LT(sent.bytes_sent, expected_total + 256);
+    return;
+  }
   EXPECT_EQ(sent.messages_sent, 2u);
   EXPECT_EQ(sent.bytes_sent, expected_total);
   EXPECT_EQ(sent.messages_received, 0u);
@@ -602,7 +638,9 @@ TEST_P(TransportConformanceTest, StatsCountMessagesAndBytes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, TransportConformanceTest,
-                         ::testing::Values(Kind::kInProc, Kind::kZmqTcp, Kind::kZmqIpc), KindName);
+                         ::testing::Values(Kind::kInProc, Kind::kZmqTcp, Kind::kZmqIpc, Kind::kShmTcp,
+                                           Kind::kShmIpc, Kind::kRdma),
+                         KindName);
 
 // ---- ZmqTransport specifics (transport/zmq_transport.h) ----
 
@@ -850,10 +888,96 @@ TEST(ZmqTransportConformanceTest, HandlerExceptionsAreContained) {
 
 TEST(TransportFactoryConformanceTest, MakesZmqTransportsForTcpAndIpc) {
   for (const std::string& bind : {DefaultBind("tcp", ""), DefaultBind("ipc", "")}) {
+    // By default the same-host path wraps ZeroMQ.
     absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport(bind);
+    ASSERT_TRUE(t.ok()) << bind << ": " << t.status();
+    EXPECT_NE(dynamic_cast<ShmTransport*>(t->get()), nullptr);
+    ASSERT_OK((*t)->Start(IgnoreMessage));
+    // Without it, plain ZeroMQ.
+    TransportChoice plain;
+    plain.shm = false;
+    t = MakeTransport(ZmqTransport::Options{.bind = bind}, plain);
     ASSERT_TRUE(t.ok()) << bind << ": " << t.status();
     EXPECT_NE(dynamic_cast<ZmqTransport*>(t->get()), nullptr);
     ASSERT_OK((*t)->Start(IgnoreMessage));
+  }
+}
+
+// Sets environment variables for one scope, restoring them afterwards.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const auto& [name, value] : vars) {
+      const char* old = std::getenv(name);
+      saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+      setenv(name, value, 1);
+    }
+  }
+  ~ScopedEnv() {
+    for (const auto& [name, old] : saved_) {
+      if (old) {
+        setenv(name.c_str(), old->c_str(), 1);
+      } else {
+        unsetenv(name.c_str());
+      }
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+TEST(TransportFactoryConformanceTest, ReadsTheSelectionFromTheEnvironment) {
+  {
+    ScopedEnv env({{"TESSERA_TRANSPORT", "auto"},
+                   {"TESSERA_RDMA_REQUIRED", "1"},
+                   {"TESSERA_RDMA_POOL_BYTES", "1048576"},
+                   {"TESSERA_SHM", "0"},
+                   {"TESSERA_SHM_MIN_FRAME_BYTES", "4096"},
+                   {"TESSERA_SHM_RING_BYTES", "2097152"}});
+    absl::StatusOr<TransportChoice> c = TransportChoiceFromEnvironment();
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->kind, TransportChoice::Kind::kAuto);
+    EXPECT_TRUE(c->rdma_required);
+    EXPECT_EQ(c->rdma_pool_bytes, 1u << 20);
+    EXPECT_FALSE(c->shm);
+    EXPECT_EQ(c->shm_options.min_frame_bytes, 4096u);
+    EXPECT_EQ(c->shm_options.ring_bytes, 2u << 20);
+  }
+  for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
+           {"TESSERA_TRANSPORT", "verbs"},
+           {"TESSERA_RDMA_REQUIRED", "yes"},
+           {"TESSERA_SHM_RING_BYTES", "12x"},
+           {"TESSERA_SHM_RING_BYTES", "3000000"},  // not a power of two
+           {"TESSERA_RDMA_POOL_BYTES", "0"}}) {
+    ScopedEnv env({{name, value}});
+    absl::StatusOr<TransportChoice> c = TransportChoiceFromEnvironment();
+    ASSERT_FALSE(c.ok()) << name << "=" << value;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(c.status().message()), ::testing::HasSubstr(name));
+    // MakeTransport refuses it too, naming the variable.
+    auto t = MakeTransport(DefaultBind("tcp", ""));
+    ASSERT_FALSE(t.ok());
+    EXPECT_THAT(std::string(t.status().message()), ::testing::HasSubstr(name));
+  }
+}
+
+TEST(TransportFactoryConformanceTest, RdmaFallsBackToZeroMqUnlessRequired) {
+  if (rdma::Usable().ok()) GTEST_SKIP() << "this machine has a usable RDMA device; the fallback is not reachable";
+  TransportChoice choice;
+  choice.shm = false;
+  for (auto kind : {TransportChoice::Kind::kAuto, TransportChoice::Kind::kRdma}) {
+    choice.kind = kind;
+    choice.rdma_required = false;
+    auto t = MakeTransport(ZmqTransport::Options{.bind = DefaultBind("tcp", "")}, choice);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_NE(dynamic_cast<ZmqTransport*>(t->get()), nullptr) << "the fallback is ZeroMQ";
+    choice.rdma_required = true;
+    t = MakeTransport(ZmqTransport::Options{.bind = DefaultBind("tcp", "")}, choice);
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(t.status().message()), ::testing::HasSubstr("RDMA is required"));
+    EXPECT_THAT(std::string(t.status().message()), ::testing::HasSubstr(std::string(rdma::Usable().message())));
   }
 }
 

@@ -7,10 +7,14 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "transport/fault_transport.h"
 #include "transport/job_keys.h"
+#include "transport/shm_ring.h"
+#include "transport/shm_transport.h"
+#include "rdma/rdma_transport.h"
 
 namespace tessera {
 
@@ -20,7 +24,83 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& bind
   return MakeTransport(std::move(options));
 }
 
+namespace {
+
+// The value of environment variable `name`, or nullptr when unset or empty.
+const char* Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+absl::Status EnvFlag(const char* name, bool* out) {
+  const char* v = Env(name);
+  if (v == nullptr) return absl::OkStatus();
+  const std::string s = v;
+  if (s == "1" || s == "true") {
+    *out = true;
+  } else if (s == "0" || s == "false") {
+    *out = false;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(name, "=", s, ": expected 1 or 0"));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status EnvCount(const char* name, T* out) {
+  const char* v = Env(name);
+  if (v == nullptr) return absl::OkStatus();
+  uint64_t n = 0;
+  if (!absl::SimpleAtoi(v, &n) || n == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(name, "=", v, ": expected a positive integer"));
+  }
+  *out = static_cast<T>(n);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TransportChoice> TransportChoiceFromEnvironment() {
+  TransportChoice c;
+  if (const char* kind = Env(kTransportEnvironmentVariable)) {
+    const std::string k = kind;
+    if (k == "zmq") {
+      c.kind = TransportChoice::Kind::kZmq;
+    } else if (k == "rdma") {
+      c.kind = TransportChoice::Kind::kRdma;
+    } else if (k == "auto") {
+      c.kind = TransportChoice::Kind::kAuto;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kTransportEnvironmentVariable, "=", k, ": expected zmq, rdma or auto"));
+    }
+  }
+  for (absl::Status s : {EnvFlag("TESSERA_RDMA_REQUIRED", &c.rdma_required),
+                         EnvCount("TESSERA_RDMA_POOL_BYTES", &c.rdma_pool_bytes),
+                         EnvCount("TESSERA_RDMA_MAX_PINNED_BYTES", &c.rdma_max_pinned_bytes),
+                         EnvFlag("TESSERA_SHM", &c.shm),
+                         EnvCount("TESSERA_SHM_MIN_FRAME_BYTES", &c.shm_options.min_frame_bytes),
+                         EnvCount("TESSERA_SHM_RING_BYTES", &c.shm_options.ring_bytes)}) {
+    if (!s.ok()) return s;
+  }
+  if (c.shm) {
+    if (absl::Status s = ShmTransport::Validate(c.shm_options); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TESSERA_SHM_MIN_FRAME_BYTES=", c.shm_options.min_frame_bytes,
+                       ", TESSERA_SHM_RING_BYTES=", c.shm_options.ring_bytes, ": ", s.message()));
+    }
+  }
+  return c;
+}
+
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(ZmqTransport::Options options) {
+  auto choice = TransportChoiceFromEnvironment();
+  if (!choice.ok()) return choice.status();
+  return MakeTransport(std::move(options), *choice);
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(ZmqTransport::Options options,
+                                                         const TransportChoice& choice) {
   const std::string& bind = options.bind;
   const bool tcp = absl::StartsWith(bind, "tcp://") && bind.size() > 6;
   const bool ipc = absl::StartsWith(bind, "ipc://") && bind.size() > 6;
@@ -47,7 +127,37 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(ZmqTransport::Options o
                 kJobKeysEnvironmentVariable);
     }
   }
-  std::unique_ptr<Transport> transport(new ZmqTransport(std::move(options)));
+  std::unique_ptr<Transport> transport;
+  static std::atomic<bool> told_rdma{false};  // one line per process about the fallback
+  if (choice.kind != TransportChoice::Kind::kZmq) {
+    const absl::Status usable = rdma::Usable();
+    if (usable.ok() && tcp) {
+      rdma::Options ro;
+      ro.bind = bind;
+      ro.pool_bytes = choice.rdma_pool_bytes;
+      ro.max_pinned_bytes = choice.rdma_max_pinned_bytes;
+      auto made = rdma::MakeRdmaTransport(std::move(ro));
+      if (!made.ok()) return made.status();
+      transport = std::move(*made);
+      if (!told_rdma.exchange(true)) TLOG_INFO("transport: RDMA verbs");
+    } else {
+      const std::string reason = usable.ok() ? std::string("RDMA needs a tcp:// host and port to listen on")
+                                             : std::string(usable.message());
+      if (choice.rdma_required) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "RDMA is required (TESSERA_RDMA_REQUIRED=1; rdma.required in the job config) but unusable: ", reason));
+      }
+      if (!told_rdma.exchange(true)) {
+        TLOG_WARN("RDMA unavailable ({}); falling back to ZeroMQ over {}", reason, tcp ? "tcp" : "ipc");
+      }
+    }
+  }
+  if (transport == nullptr) transport.reset(new ZmqTransport(std::move(options)));
+  if (choice.shm) {
+    ShmTransport::Options so = choice.shm_options;
+    if (so.host_identity == 0) so.host_identity = shm::HostIdentity();
+    if (so.host_identity != 0) transport.reset(new ShmTransport(std::move(transport), so));
+  }
   const char* faults = std::getenv(kFaultsEnvironmentVariable);
   if (faults == nullptr) return transport;
   auto wrapped = WrapWithFaults(std::move(transport), faults);

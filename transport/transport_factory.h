@@ -22,16 +22,47 @@
 // MakeTransport naming the variable); one line per process says
 // "authentication on". A tcp transport without keys logs once per process
 // that authentication is off.
+// Transport selection and the same-host path, also from the environment
+// (the launcher sets these for every process; docs/launcher.md):
+//   TESSERA_TRANSPORT=zmq|rdma|auto  (default zmq). With rdma or auto the
+//     RDMA verbs transport (rdma/rdma_transport.h) is made when this process
+//     can use a device (and the bind is tcp://HOST:PORT, which it listens on
+//     instead); otherwise one line per process says "RDMA unavailable
+//     (REASON); falling back to ZeroMQ over tcp" and ZeroMQ is used, unless
+//   TESSERA_RDMA_REQUIRED=1: then MakeTransport fails with
+//     FailedPrecondition "RDMA is required ... but unusable: REASON".
+//   TESSERA_RDMA_POOL_BYTES, TESSERA_RDMA_MAX_PINNED_BYTES: its pool sizes.
+//   TESSERA_SHM=1|0 (default 1): wrap the transport in a ShmTransport
+//     (transport/shm_transport.h), so that large frames between processes
+//     of one host go through shared memory; TESSERA_SHM_MIN_FRAME_BYTES and
+//     TESSERA_SHM_RING_BYTES set its options. Where the host identity cannot
+//     be read, no wrapping.
+// A value that does not parse is an InvalidArgument naming the variable.
 // Thread safety: every function here may be called from any thread (as long
 // as nobody changes the environment meanwhile).
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "transport/shm_transport.h"
 #include "transport/transport.h"
 #include "transport/zmq_transport.h"
 
 namespace tessera {
+
+// What the environment asks for (see above); defaults when nothing is set.
+struct TransportChoice {
+  enum class Kind { kZmq, kRdma, kAuto };
+  Kind kind = Kind::kZmq;
+  bool rdma_required = false;
+  size_t rdma_pool_bytes = 64ull << 20;
+  size_t rdma_max_pinned_bytes = 1ull << 30;
+  bool shm = true;
+  ShmTransport::Options shm_options;
+};
+absl::StatusOr<TransportChoice> TransportChoiceFromEnvironment();
+
+inline constexpr char kTransportEnvironmentVariable[] = "TESSERA_TRANSPORT";
 
 // A ZmqTransport with default options bound at `bind` once started (wrapped
 // in a FaultTransport when TESSERA_FAULTS is set).
@@ -39,6 +70,11 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& bind
 
 // The same with every ZeroMQ option given; options.bind selects the scheme.
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(ZmqTransport::Options options);
+
+// The same with the selection given instead of read from the environment
+// (TESSERA_FAULTS and TESSERA_JOB_KEYS are still read).
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(ZmqTransport::Options options,
+                                                         const TransportChoice& choice);
 
 // `inner` wrapped in a FaultTransport applying `spec` (FaultSpec::Parse), or
 // `inner` itself when `spec` is empty or only whitespace. `inner` must not be

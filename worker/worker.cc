@@ -18,6 +18,7 @@
 #include "node/coordinator_session.h"
 #include "transport/transport_factory.h"
 #include "worker/request_tracker.h"
+#include "transport/transport_metrics.h"
 
 namespace tessera {
 
@@ -222,6 +223,7 @@ class WorkerImpl final : public Worker {
         .Counter("tessera_worker_resends_total", "Push and pull parts sent again after a failover", s.resends)
         .Gauge("tessera_worker_clock", "This worker's clock", static_cast<double>(clock()))
         .Gauge("tessera_worker_incarnation", "Replacements of this rank before this process", incarnation());
+    WriteTransportMetrics(w, transport_->stats());
     return w.text();
   }
 

@@ -1,0 +1,335 @@
+#pragma once
+// EndpointCore: the whole RDMA protocol of one process (all of its
+// connections) as a deterministic state machine. It makes every decision of
+// the RDMA transport; the verbs shell (rdma_transport.cc) only executes the
+// Actions it returns and feeds it completions and connection events.
+//
+// What travels (bytes in rdma_wire.h):
+// - A Tessera message = parts [serialized Envelope, frame 1, ..., frame n].
+//   Parts smaller than rendezvous_threshold that fit go inline in one SEND
+//   from a pool slot into one receive slot of the peer (eager). Every other
+//   part goes by rendezvous: the SEND that carries the message names it
+//   {tag, length} (the RTS); the receiver picks a registered destination
+//   and answers clear-to-send {tag, address, rkey, length}; the sender writes
+//   the bytes with RDMA WRITE, the last write WITH_IMM(imm = tag), and the
+//   receiver completes the part on the immediate. The destination is, in this
+//   order: one pre-posted with PostDestination for (request id, frame index)
+//   of exactly that length (how pulls land in a worker's buffer), or a block
+//   of the DestinationPool. The sender's source is the user's buffer itself
+//   (registered through the RegistrationCache, zero copy) for parts of at
+//   least rendezvous_threshold bytes, or else (smaller parts, or a
+//   registration the cache refused) the bytes staged through pool slots in
+//   chunks of slot_bytes, at most max_staged_chunks_in_flight at a time.
+// - Credits (credit_window.h): a SEND or WRITE_WITH_IMM is posted only with a
+//   credit; returned credits ride in every header; an explicit credit update
+//   goes out when half the window is returnable and nothing else is sent.
+//   Anything without a credit or a free pool slot waits in order; nothing is
+//   dropped and nothing blocks.
+//
+// Promises:
+// - Per connection, messages are delivered (DeliverAction) in the order the
+//   peer sent them; a message waiting for a rendezvous part holds back later
+//   ones from the same connection. Messages from one sender to one address
+//   always use one connection (the first made or accepted for that address),
+//   so per-sender order holds end to end.
+// - No receive queue runs dry: each connection keeps credits + 2 receives
+//   posted (see credit_window.h for why that suffices).
+// - Memory: a source buffer is referenced (and its registration leased)
+//   until its last write completed; a destination's lease is held from
+//   clear-to-send until the data arrived, the sender cancelled, or the
+//   connection was lost (never released while the peer may still write).
+// - Errors never crash and are reported as ProblemActions (log them) whose
+//   status names the peer: malformed input (counted, not delivered), unknown
+//   tags, duplicate clear-to-send, length mismatches, refusals, timeouts by
+//   ticks (a sender waits rendezvous_timeout_ticks for clear-to-send, then
+//   cancels; a receiver waits that long for room to register, then refuses;
+//   after clear-to-send it waits twice that for the data, then disconnects,
+//   because only a torn-down queue pair guarantees the peer no longer
+//   writes), and peer death: OnConnectionLost fails every pending rendezvous
+//   of the connection, each with an error naming the peer, and drops the
+//   messages still queued for it.
+//
+// Shell obligations:
+// - Execute the actions of each call in order (PostReceive actions of a
+//   connection before its connect/accept; posts on the connection's queue
+//   pair in the order given).
+// - Call OnConnectionLost only after the connection's queue pair is
+//   destroyed (no DMA can touch its slots or leases any more). Completions of
+//   work requests the core no longer knows (after a loss) are ignored.
+// - Tick with a monotonic count (the shell uses milliseconds).
+//
+// Thread safety: none. The shell serializes every call (one mutex); the only
+// thing that may happen on other threads is user code dropping delivered
+// Buffers (see destination_pool.h).
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/buffer.h"
+#include "common/message.h"
+#include "rdma/credit_window.h"
+#include "rdma/destination_pool.h"
+#include "rdma/rdma_wire.h"
+#include "rdma/registration_cache.h"
+#include "rdma/slot_pool.h"
+
+namespace tessera::rdma {
+
+using ConnectionId = uint64_t;
+
+struct ProtocolConfig {
+  // This endpoint's transport address ("rdma://HOST:PORT"): stamped as
+  // sender_address on every outgoing message and sent in the handshake.
+  std::string local_address;
+  // Size of one pool slot: the largest eager SEND and the staging chunk.
+  size_t slot_bytes = 8192;
+  // Receive window granted to each peer (receive slots = credits + 2).
+  uint32_t credits = 64;
+  // Frames at least this large never go inline; they go zero-copy by rendezvous.
+  size_t rendezvous_threshold = 64 << 10;
+  // See the timeouts under "Promises" above. In the caller's ticks.
+  uint64_t rendezvous_timeout_ticks = 10'000;
+  // A connection not established this long after it was started is dropped.
+  uint64_t connect_timeout_ticks = 10'000;
+  // Largest number of data frames in one message, both ways.
+  size_t max_data_frames = 64;
+  // Largest message (envelope + frames), both ways; also bounds one write.
+  size_t max_message_bytes = size_t{1} << 31;
+  // Pool slots one staged rendezvous may have in flight.
+  uint32_t max_staged_chunks_in_flight = 8;
+  // Send work requests (SEND and WRITE) one connection may have posted and
+  // not yet completed: the depth of its queue pair's send queue.
+  uint32_t send_queue_depth = 256;
+  // Private data bytes the connection manager carries in a connect request.
+  size_t handshake_capacity = 56;
+  // Pool slots never given to receive queues (so sends always make progress).
+  uint32_t min_send_slots = 16;
+  // Registration cache bound.
+  size_t max_pinned_bytes = size_t{1} << 30;
+  size_t page_bytes = 4096;
+  // Idle destination blocks kept for reuse.
+  size_t max_idle_destination_bytes = 256u << 20;
+};
+
+// --- Actions: what the shell must do, in order. ---
+struct ConnectAction {  // start connecting to `address` (resolve, create the queue pair)
+  ConnectionId connection;
+  std::string address;
+};
+struct PostReceiveAction {  // post a receive of [address, address + length) with lkey
+  ConnectionId connection;
+  uint64_t wr_id;
+  uint64_t address;
+  uint32_t length;
+  uint32_t lkey;
+};
+struct PostSendAction {  // post a signaled IBV_WR_SEND of [address, address + length)
+  ConnectionId connection;
+  uint64_t wr_id;
+  uint64_t address;
+  uint32_t length;
+  uint32_t lkey;
+};
+struct PostWriteAction {  // post a signaled IBV_WR_RDMA_WRITE[_WITH_IMM]
+  ConnectionId connection;
+  uint64_t wr_id;
+  uint64_t local_address;
+  uint32_t length;
+  uint32_t lkey;
+  uint64_t remote_address;
+  uint32_t rkey;
+  bool with_immediate;
+  uint32_t immediate;  // the rendezvous tag (host order; the shell converts)
+};
+struct DeliverAction {  // hand to the Transport handler
+  ConnectionId connection;
+  Message message;
+};
+struct DisconnectAction {  // tear the connection down; then OnConnectionLost
+  ConnectionId connection;
+  absl::Status reason;
+};
+struct ProblemAction {  // something went wrong that the user should see in the log
+  ConnectionId connection;
+  absl::Status status;
+};
+using Action = std::variant<ConnectAction, PostReceiveAction, PostSendAction, PostWriteAction, DeliverAction,
+                            DisconnectAction, ProblemAction>;
+using Actions = std::vector<Action>;
+
+struct EndpointStats {
+  uint64_t messages_sent = 0;  // accepted by Send
+  uint64_t messages_received = 0;  // delivered
+  uint64_t bytes_sent = 0;         // envelope + frames
+  uint64_t bytes_received = 0;
+  uint64_t malformed_received = 0;
+  uint64_t messages_dropped = 0;  // queued for a connection that was lost, or failed in rendezvous
+  uint64_t eager_sends = 0;       // SENDs carrying a message
+  uint64_t control_sends = 0;     // clear-to-send, cancel, refuse, hello
+  uint64_t credit_updates_sent = 0;
+  uint64_t rendezvous_started = 0;  // parts sent by rendezvous
+  uint64_t rendezvous_zero_copy = 0;
+  uint64_t rendezvous_staged = 0;
+  uint64_t rendezvous_received = 0;  // parts that arrived by rendezvous
+  uint64_t rendezvous_failed = 0;    // both directions
+  uint64_t writes_posted = 0;
+  uint64_t preposted_hits = 0;
+  uint64_t preposted_mismatches = 0;
+  uint64_t registration_waits = 0;  // receiver waited for room in the registration cache
+  uint64_t unknown_tags = 0;
+  uint64_t duplicate_clear_to_send = 0;
+  uint64_t length_mismatches = 0;
+  uint64_t protocol_violations = 0;  // credit overruns and the like
+  uint64_t connections_lost = 0;
+};
+
+class EndpointCore {
+ public:
+  // `pool_region` (registered by the caller under `pool_lkey`) is borrowed
+  // for the core's lifetime; `registrar` too.
+  EndpointCore(ProtocolConfig config, std::span<std::byte> pool_region, uint32_t pool_lkey, Registrar& registrar);
+  ~EndpointCore();
+  EndpointCore(const EndpointCore&) = delete;
+  EndpointCore& operator=(const EndpointCore&) = delete;
+
+  // Validates the config (InvalidArgument naming the field).
+  static absl::Status Validate(const ProtocolConfig& config, size_t pool_bytes);
+
+  // Queues `message` for `to` ("rdma://HOST:PORT"), connecting first when no
+  // connection to it exists (ConnectAction). Stamps sender_address. Errors
+  // (nothing queued): InvalidArgument for a bad address, too many frames, or
+  // a message over max_message_bytes.
+  absl::Status Send(const std::string& to, Message message, Actions& out);
+
+  // Both sides: the connection's queue pair exists; posts its receives.
+  // ResourceExhausted when the pool cannot spare the slots (tear down).
+  absl::Status OnQueuePairReady(ConnectionId id, Actions& out);
+  // The private data to send with a connect request or an accept reply.
+  std::vector<std::byte> LocalHandshake() const;
+  // Passive side: a connect request arrived with this private data. Returns
+  // the new connection (then create its queue pair, OnQueuePairReady, accept),
+  // or InvalidArgument for a bad handshake (reject it).
+  absl::StatusOr<ConnectionId> OnConnectRequest(std::span<const std::byte> private_data);
+  // The connection is established. Active side: `private_data` is the accept
+  // reply's (the peer's handshake); passive side: ignored.
+  absl::Status OnEstablished(ConnectionId id, std::span<const std::byte> private_data, Actions& out);
+  // The connection is gone (rejected, unreachable, disconnected, errored) and
+  // its queue pair destroyed. `reason` says why; unknown ids are ignored.
+  void OnConnectionLost(ConnectionId id, const absl::Status& reason, Actions& out);
+
+  // Work completions. `immediate` is set for a receive that completed a
+  // WRITE_WITH_IMM. Unknown wr_ids are ignored.
+  void OnReceiveCompleted(uint64_t wr_id, uint32_t byte_len, std::optional<uint32_t> immediate, Actions& out);
+  void OnSendCompleted(uint64_t wr_id, Actions& out);
+  // A work request completed with an error: the connection is broken.
+  void OnWorkFailed(uint64_t wr_id, const absl::Status& status, Actions& out);
+
+  // Advances time (monotonic, caller's units) and fires expired timers.
+  void Tick(uint64_t now, Actions& out);
+
+  // Receiver-named destination: the data frame `frame_index` (0-based) of the
+  // next message carrying request id `request_id` that arrives by rendezvous
+  // with exactly destination.size() bytes is written straight into
+  // `destination` (and delivered as that Buffer). The destination is kept
+  // until used or cancelled. AlreadyExists if one is posted for that key;
+  // InvalidArgument for an empty destination.
+  absl::Status PostDestination(uint64_t request_id, uint32_t frame_index, Buffer destination);
+  bool CancelDestination(uint64_t request_id, uint32_t frame_index);
+
+  // --- Introspection (tests, metrics) ---
+  const EndpointStats& stats() const { return stats_; }
+  const SlotPool& pool() const { return pool_; }
+  const RegistrationCache& cache() const { return cache_; }
+  const DestinationPool& destinations() const { return destinations_; }
+  const ProtocolConfig& config() const { return config_; }
+  std::optional<ConnectionId> ConnectionTo(const std::string& address) const;
+  std::vector<ConnectionId> connections() const;
+  // Per connection (nullopt / 0 for an unknown id):
+  std::optional<uint32_t> credits_available(ConnectionId id) const;
+  uint32_t posted_receives(ConnectionId id) const;
+  size_t queued_messages(ConnectionId id) const;
+  size_t pending_rendezvous(ConnectionId id) const;  // both directions
+  uint32_t sends_in_flight(ConnectionId id) const;
+  std::string peer_address(ConnectionId id) const;
+
+ private:
+  struct Connection;
+  struct OutgoingMessage;
+  struct ControlMessage;
+  struct OutboundRendezvous;
+  struct InboundRendezvous;
+  struct InboundMessage;
+  enum class WorkKind { kReceive, kSend, kWrite };
+  struct Work {
+    ConnectionId connection = 0;
+    WorkKind kind = WorkKind::kSend;
+    std::optional<uint32_t> slot;
+    uint32_t tag = 0;      // kWrite
+    bool final = false;    // kWrite: the WITH_IMM one
+  };
+
+  Connection* Find(ConnectionId id);
+  const Connection* Find(ConnectionId id) const;
+  Connection& NewConnection(bool active, std::string peer_address);
+  uint64_t NewWork(Work work);
+  void ReleaseWork(const Work& work);
+  uint16_t TakeCredits(Connection& c);
+
+  void Pump(Connection& c, Actions& out);
+  bool SendControl(Connection& c, Actions& out);
+  bool SendWrites(Connection& c, Actions& out);
+  bool SendMessage(Connection& c, Actions& out);
+  bool SendCreditUpdate(Connection& c, Actions& out);
+  void WaitForSlot(Connection& c);
+  void ServeWaiters(Actions& out);
+
+  void HandleSend(Connection& c, std::span<const std::byte> bytes, Actions& out);
+  void HandleMessage(Connection& c, const WireFrame& frame, Actions& out);
+  void HandleClearToSend(Connection& c, const ClearToSend& cts, Actions& out);
+  void HandleCancel(Connection& c, uint32_t tag, uint32_t reason, Actions& out);
+  void HandleRefuse(Connection& c, uint32_t tag, uint32_t reason, Actions& out);
+  void HandleImmediate(Connection& c, uint32_t tag, uint32_t byte_len, Actions& out);
+  void ArrangeDestination(Connection& c, InboundRendezvous& rz, uint64_t request_id, Actions& out);
+  // Returns false when it must wait for room in the registration cache.
+  bool TryRegisterDestination(Connection& c, InboundRendezvous& rz, Actions& out);
+  void FailInbound(Connection& c, uint64_t seq, const absl::Status& status, Actions& out);
+  void FailOutbound(Connection& c, uint64_t seq, Actions& out);
+  void Deliver(Connection& c, Actions& out);
+  void Problem(const Connection& c, absl::Status status, Actions& out);
+  void Disconnect(Connection& c, absl::Status reason, Actions& out);
+  absl::Status PeerError(const Connection& c, absl::StatusCode code, const std::string& what) const;
+
+  const ProtocolConfig config_;
+  SlotPool pool_;
+  RegistrationCache cache_;
+  DestinationPool destinations_;
+  uint64_t now_ = 0;
+  ConnectionId next_connection_ = 1;
+  uint64_t next_wr_id_ = 1;
+  // Invariants: every Work in work_ refers to a live connection and holds
+  // the slot it names; by_address_ maps to live connections only;
+  // slot_waiters_ holds each connection at most once (Connection::waiting_for_slot).
+  std::map<ConnectionId, std::unique_ptr<Connection>> connections_;
+  absl::flat_hash_map<std::string, ConnectionId> by_address_;
+  absl::flat_hash_map<uint64_t, Work> work_;
+  std::deque<ConnectionId> slot_waiters_;
+  std::deque<std::pair<ConnectionId, uint32_t>> registration_waiters_;  // (connection, inbound tag)
+  std::map<std::pair<uint64_t, uint32_t>, Buffer> posted_destinations_;
+  EndpointStats stats_;
+};
+
+// Bytes of the last chunk of a staged write of `length` bytes in chunks of
+// `chunk` bytes (what the receiver sees as byte_len of the WRITE_WITH_IMM).
+uint64_t LastChunkBytes(uint64_t length, uint64_t chunk);
+
+}  // namespace tessera::rdma

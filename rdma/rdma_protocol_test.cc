@@ -1,0 +1,1106 @@
+// EndpointCore driven through a simulated reliable-connected fabric: two or
+// more cores, their queue pairs wired together in memory. The fabric checks
+// what an adapter would: a SEND or WRITE_WITH_IMM needs a posted receive
+// (else the receive queue "ran dry" and the test fails), local buffers must
+// lie in the pool or a live registration, remote writes must land inside a
+// live registration of the receiver under the rkey given.
+#include "rdma/rdma_protocol.h"
+
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "rdma/testing/fake_registrar.h"
+
+namespace tessera::rdma {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint32_t kPoolLkey = 7;
+
+ProtocolConfig Config(const std::string& address) {
+  ProtocolConfig c;
+  c.local_address = address;
+  c.slot_bytes = 4096;
+  c.credits = 8;
+  c.rendezvous_threshold = 16 * 1024;
+  c.rendezvous_timeout_ticks = 100;
+  c.connect_timeout_ticks = 100;
+  c.min_send_slots = 4;
+  c.max_pinned_bytes = 8 << 20;
+  return c;
+}
+
+// A message whose frames hold a pattern that depends on (seed, frame, byte).
+Message MakeMessage(uint64_t request_id, const std::vector<size_t>& frame_sizes, uint8_t seed = 1) {
+  Message m;
+  m.header.set_request_id(request_id);
+  m.header.set_epoch(seed);
+  for (size_t f = 0; f < frame_sizes.size(); ++f) {
+    Buffer b = Buffer::Allocate(frame_sizes[f]);
+    for (size_t i = 0; i < frame_sizes[f]; ++i) b.mutable_data()[i] = static_cast<std::byte>(seed * 31 + f * 7 + i % 251);
+    m.frames.push_back(std::move(b));
+  }
+  return m;
+}
+
+::testing::AssertionResult HasPattern(const Message& m, const std::vector<size_t>& frame_sizes, uint8_t seed) {
+  if (m.frames.size() != frame_sizes.size()) {
+    return ::testing::AssertionFailure() << m.frames.size() << " frames, expected " << frame_sizes.size();
+  }
+  for (size_t f = 0; f < frame_sizes.size(); ++f) {
+    if (m.frames[f].size() != frame_sizes[f]) {
+      return ::testing::AssertionFailure() << "frame " << f << " has " << m.frames[f].size() << " bytes";
+    }
+    for (size_t i = 0; i < frame_sizes[f]; ++i) {
+      if (m.frames[f].data()[i] != static_cast<std::byte>(seed * 31 + f * 7 + i % 251)) {
+        return ::testing::AssertionFailure() << "frame " << f << " byte " << i << " differs";
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+bool AnyMentions(const std::vector<absl::Status>& statuses, const std::string& text) {
+  for (const absl::Status& s : statuses) {
+    if (absl::StrContains(s.message(), text)) return true;
+  }
+  return false;
+}
+
+class Fabric {
+ public:
+  struct Node {
+    std::string address;
+    std::vector<std::byte> region;
+    testing::FakeRegistrar registrar;
+    std::unique_ptr<EndpointCore> core;
+    std::vector<Message> delivered;
+    std::vector<absl::Status> problems;
+    std::vector<std::pair<ConnectionId, absl::Status>> disconnects;
+    bool hold_send_completions = false;
+    std::vector<uint64_t> held_completions;
+    bool frozen = false;  // its posted work does not execute
+    // Completions the adapter reported and the node has not processed yet.
+    struct Completion {
+      bool receive = false;
+      uint64_t wr_id = 0;
+      uint32_t byte_len = 0;
+      std::optional<uint32_t> immediate;
+    };
+    std::deque<Completion> completion_queue;
+  };
+  struct Op {
+    bool is_write = false;
+    PostSendAction send{};
+    PostWriteAction write{};
+  };
+  struct QueuePair {
+    int node = 0;
+    ConnectionId connection = 0;
+    int peer = -1;
+    std::deque<PostReceiveAction> receives;
+    std::deque<Op> outgoing;
+    size_t min_receives_seen = SIZE_MAX;
+  };
+
+  int AddNode(ProtocolConfig config, size_t pool_bytes = 1 << 20) {
+    auto n = std::make_unique<Node>();
+    n->address = config.local_address;
+    n->region.resize(pool_bytes);
+    n->core = std::make_unique<EndpointCore>(config, n->region, kPoolLkey, n->registrar);
+    nodes_.push_back(std::move(n));
+    return static_cast<int>(nodes_.size() - 1);
+  }
+  Node& node(int i) { return *nodes_[i]; }
+  EndpointCore& core(int i) { return *nodes_[i]->core; }
+
+  absl::Status Send(int from, int to, Message m) { return SendTo(from, nodes_[to]->address, std::move(m)); }
+  absl::Status SendTo(int from, const std::string& address, Message m) {
+    Actions out;
+    absl::Status s = core(from).Send(address, std::move(m), out);
+    Apply(from, out);
+    return s;
+  }
+
+  void Apply(int n, Actions& actions) {
+    Actions local = std::move(actions);
+    actions.clear();
+    for (Action& a : local) {
+      if (auto* c = std::get_if<ConnectAction>(&a)) {
+        if (auto_connect) {
+          Connect(n, c->connection, c->address);
+        } else {
+          pending_connects.emplace_back(n, *c);
+        }
+      } else if (auto* r = std::get_if<PostReceiveAction>(&a)) {
+        qp(n, r->connection).receives.push_back(*r);
+      } else if (auto* s = std::get_if<PostSendAction>(&a)) {
+        qp(n, s->connection).outgoing.push_back(Op{false, *s, {}});
+      } else if (auto* w = std::get_if<PostWriteAction>(&a)) {
+        qp(n, w->connection).outgoing.push_back(Op{true, {}, *w});
+      } else if (auto* d = std::get_if<DeliverAction>(&a)) {
+        node(n).delivered.push_back(std::move(d->message));
+      } else if (auto* x = std::get_if<DisconnectAction>(&a)) {
+        node(n).disconnects.emplace_back(x->connection, x->reason);
+      } else if (auto* p = std::get_if<ProblemAction>(&a)) {
+        node(n).problems.push_back(p->status);
+      }
+    }
+  }
+
+  // The connection manager: the passive side accepts, both post receives, both are established.
+  void Connect(int a, ConnectionId ca, const std::string& address) {
+    int b = -1;
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      if (nodes_[i]->address == address) b = static_cast<int>(i);
+    }
+    Actions out;
+    if (b < 0) {
+      core(a).OnConnectionLost(ca, absl::UnavailableError("no route to host"), out);
+      Apply(a, out);
+      return;
+    }
+    absl::StatusOr<ConnectionId> cb = core(b).OnConnectRequest(core(a).LocalHandshake());
+    ASSERT_TRUE(cb.ok()) << cb.status();
+    const int qa = static_cast<int>(qps_.size());
+    qps_.push_back(QueuePair{a, ca, qa + 1});
+    qps_.push_back(QueuePair{b, *cb, qa});
+    index_[{a, ca}] = qa;
+    index_[{b, *cb}] = qa + 1;
+    ASSERT_TRUE(core(a).OnQueuePairReady(ca, out).ok());
+    Apply(a, out);
+    ASSERT_TRUE(core(b).OnQueuePairReady(*cb, out).ok());
+    Apply(b, out);
+    ASSERT_TRUE(core(a).OnEstablished(ca, core(b).LocalHandshake(), out).ok());
+    Apply(a, out);
+    ASSERT_TRUE(core(b).OnEstablished(*cb, {}, out).ok());
+    Apply(b, out);
+  }
+
+  QueuePair& qp(int n, ConnectionId c) {
+    auto it = index_.find({n, c});
+    if (it == index_.end()) {
+      ADD_FAILURE() << "node " << n << " posted on unknown connection " << c;
+      static QueuePair dummy;
+      return dummy;
+    }
+    return qps_[it->second];
+  }
+  // The peer's end of node n's connection c.
+  std::pair<int, ConnectionId> PeerOf(int n, ConnectionId c) {
+    const QueuePair& q = qp(n, c);
+    return {qps_[q.peer].node, qps_[q.peer].connection};
+  }
+
+  bool LocalOk(int n, uint64_t address, uint32_t length, uint32_t lkey) {
+    const uint64_t lo = reinterpret_cast<uint64_t>(node(n).region.data());
+    if (lkey == kPoolLkey) return address >= lo && address + length <= lo + node(n).region.size();
+    return node(n).registrar.Covers(lkey, false, address, length);
+  }
+
+  // Takes a posted receive of the queue pair; fails the test when none is posted.
+  std::optional<PostReceiveAction> TakeReceive(QueuePair& q) {
+    q.min_receives_seen = std::min(q.min_receives_seen, q.receives.size());
+    if (q.receives.empty()) {
+      ++receive_queue_ran_dry;
+      ADD_FAILURE() << "receive queue of node " << q.node << " connection " << q.connection << " ran dry";
+      return std::nullopt;
+    }
+    PostReceiveAction r = q.receives.front();
+    q.receives.pop_front();
+    return r;
+  }
+
+  void Complete(int n, uint64_t wr_id) { node(n).completion_queue.push_back({false, wr_id, 0, std::nullopt}); }
+  void ProcessCompletion(int n) {
+    Node::Completion c = node(n).completion_queue.front();
+    node(n).completion_queue.pop_front();
+    Actions out;
+    if (c.receive) {
+      core(n).OnReceiveCompleted(c.wr_id, c.byte_len, c.immediate, out);
+    } else if (node(n).hold_send_completions) {
+      node(n).held_completions.push_back(c.wr_id);
+      return;
+    } else {
+      core(n).OnSendCompleted(c.wr_id, out);
+    }
+    Apply(n, out);
+  }
+  void ReleaseHeldCompletions(int n) {
+    std::vector<uint64_t> held = std::move(node(n).held_completions);
+    node(n).held_completions.clear();
+    for (uint64_t wr : held) {
+      Actions out;
+      core(n).OnSendCompleted(wr, out);
+      Apply(n, out);
+    }
+  }
+
+  // Executes the oldest posted operation of node n, frozen or not.
+  bool StepNode(int n) {
+    for (size_t i = 0; i < qps_.size(); ++i) {
+      if (qps_[i].node != n || qps_[i].outgoing.empty() || qps_[i].peer < 0) continue;
+      Op op = qps_[i].outgoing.front();
+      qps_[i].outgoing.pop_front();
+      Execute(static_cast<int>(i), op);
+      return true;
+    }
+    return false;
+  }
+
+  // Processes one completion or executes one posted operation; false when
+  // nothing is runnable. Without an interleaving seed, completions are
+  // processed as soon as they exist; with one, the choice among everything
+  // runnable is random (so completions pile up, as on a busy node).
+  bool Step() {
+    if (interleave) {
+      std::vector<int> runnable;  // >= 0: queue pair index; < 0: -(node + 1)
+      for (size_t i = 0; i < qps_.size(); ++i) {
+        if (!qps_[i].outgoing.empty() && !node(qps_[i].node).frozen && qps_[i].peer >= 0) {
+          runnable.push_back(static_cast<int>(i));
+        }
+      }
+      for (size_t n = 0; n < nodes_.size(); ++n) {
+        if (!nodes_[n]->completion_queue.empty()) runnable.push_back(-static_cast<int>(n) - 1);
+      }
+      if (runnable.empty()) return false;
+      const int pick = runnable[(*interleave)() % runnable.size()];
+      if (pick < 0) {
+        ProcessCompletion(-pick - 1);
+      } else {
+        Op op = qps_[pick].outgoing.front();
+        qps_[pick].outgoing.pop_front();
+        Execute(pick, op);
+      }
+      return true;
+    }
+    for (size_t n = 0; n < nodes_.size(); ++n) {
+      if (!nodes_[n]->completion_queue.empty()) {
+        ProcessCompletion(static_cast<int>(n));
+        return true;
+      }
+    }
+    for (size_t k = 0; k < qps_.size(); ++k) {
+      const size_t i = (next_ + k) % qps_.size();
+      QueuePair& q = qps_[i];
+      if (q.outgoing.empty() || node(q.node).frozen || q.peer < 0) continue;
+      next_ = i + 1;
+      Op op = q.outgoing.front();
+      q.outgoing.pop_front();
+      Execute(static_cast<int>(i), op);
+      return true;
+    }
+    return false;
+  }
+  void Execute(int qi, const Op& op) {
+    const int n = qps_[qi].node;
+    const int peer_index = qps_[qi].peer;
+    QueuePair& peer = qps_[peer_index];
+    const int pn = peer.node;
+    if (!op.is_write) {
+      const PostSendAction& s = op.send;
+      EXPECT_TRUE(LocalOk(n, s.address, s.length, s.lkey)) << "send from outside registered memory";
+      std::optional<PostReceiveAction> r = TakeReceive(peer);
+      if (!r) return;
+      EXPECT_LE(s.length, r->length);
+      EXPECT_TRUE(LocalOk(pn, r->address, r->length, r->lkey));
+      std::memcpy(reinterpret_cast<void*>(r->address), reinterpret_cast<const void*>(s.address), s.length);
+      ++sends_executed;
+      node(pn).completion_queue.push_back({true, r->wr_id, s.length, std::nullopt});
+      Complete(n, s.wr_id);
+      return;
+    }
+    const PostWriteAction& w = op.write;
+    EXPECT_TRUE(LocalOk(n, w.local_address, w.length, w.lkey)) << "write from outside registered memory";
+    const bool remote_ok = node(pn).registrar.Covers(w.rkey, true, w.remote_address, w.length);
+    EXPECT_TRUE(remote_ok) << "write to memory the receiver did not register (rkey " << w.rkey << ")";
+    if (remote_ok) {
+      std::memcpy(reinterpret_cast<void*>(w.remote_address), reinterpret_cast<const void*>(w.local_address), w.length);
+    }
+    ++writes_executed;
+    if (w.with_immediate) {
+      std::optional<PostReceiveAction> r = TakeReceive(peer);
+      if (!r) return;
+      node(pn).completion_queue.push_back({true, r->wr_id, w.length, w.immediate});
+    }
+    Complete(n, w.wr_id);
+  }
+  void Run(size_t max_steps = 10'000'000) {
+    for (size_t i = 0; i < max_steps && Step(); ++i) {
+    }
+  }
+
+  // Delivers raw bytes into node n's connection c as if the peer had sent them.
+  void Inject(int n, ConnectionId c, std::span<const std::byte> bytes) {
+    QueuePair& q = qp(n, c);
+    std::optional<PostReceiveAction> r = TakeReceive(q);
+    ASSERT_TRUE(r.has_value());
+    ASSERT_LE(bytes.size(), r->length);
+    std::memcpy(reinterpret_cast<void*>(r->address), bytes.data(), bytes.size());
+    Actions out;
+    core(n).OnReceiveCompleted(r->wr_id, static_cast<uint32_t>(bytes.size()), std::nullopt, out);
+    Apply(n, out);
+  }
+  void InjectImmediate(int n, ConnectionId c, uint32_t tag, uint32_t byte_len) {
+    QueuePair& q = qp(n, c);
+    std::optional<PostReceiveAction> r = TakeReceive(q);
+    ASSERT_TRUE(r.has_value());
+    Actions out;
+    core(n).OnReceiveCompleted(r->wr_id, byte_len, tag, out);
+    Apply(n, out);
+  }
+
+  // Tears the connection down on both sides (queue pairs destroyed, then the cores told).
+  void Kill(int n, ConnectionId c, const absl::Status& why) {
+    auto [pn, pc] = PeerOf(n, c);
+    for (auto [x, xc] : {std::pair<int, ConnectionId>{n, c}, std::pair<int, ConnectionId>{pn, pc}}) {
+      QueuePair& q = qp(x, xc);
+      q.outgoing.clear();
+      q.receives.clear();
+      q.peer = -1;
+      node(x).held_completions.clear();
+      Actions out;
+      core(x).OnConnectionLost(xc, why, out);
+      Apply(x, out);
+    }
+  }
+
+  void TickAll(uint64_t now) {
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      Actions out;
+      core(static_cast<int>(i)).Tick(now, out);
+      Apply(static_cast<int>(i), out);
+    }
+  }
+
+  bool auto_connect = true;
+  std::optional<std::mt19937_64> interleave;  // set: random interleaving (see Step)
+  std::vector<std::pair<int, ConnectAction>> pending_connects;
+  uint64_t receive_queue_ran_dry = 0;
+  uint64_t sends_executed = 0;
+  uint64_t writes_executed = 0;
+  std::vector<QueuePair> qps_;
+
+ private:
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::map<std::pair<int, ConnectionId>, int> index_;
+  size_t next_ = 0;
+};
+
+class rdmaEndpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    a_ = fabric_.AddNode(Config("rdma://10.0.0.1:4000"));
+    b_ = fabric_.AddNode(Config("rdma://10.0.0.2:4000"));
+  }
+  ConnectionId AtoB() { return *fabric_.core(a_).ConnectionTo(fabric_.node(b_).address); }
+  // B's end of A's connection to B.
+  ConnectionId BfromA() { return fabric_.PeerOf(a_, AtoB()).second; }
+  void ExpectIdleAndClean(int n) {
+    EndpointCore& c = fabric_.core(n);
+    EXPECT_EQ(c.cache().in_use_bytes(), 0u) << "node " << n << " still leases registrations";
+    for (ConnectionId id : c.connections()) {
+      EXPECT_EQ(c.pending_rendezvous(id), 0u) << "node " << n;
+      EXPECT_EQ(c.queued_messages(id), 0u) << "node " << n;
+      EXPECT_EQ(c.posted_receives(id), c.config().credits + CreditWindow::kReservedSlots);
+    }
+  }
+
+  Fabric fabric_;
+  int a_ = 0;
+  int b_ = 0;
+};
+
+TEST_F(rdmaEndpointTest, SmallMessageTravelsEagerAndIntact) {
+  Message m = MakeMessage(42, {0, 13, 1000}, 3);
+  ASSERT_TRUE(fabric_.Send(a_, b_, m).ok());
+  fabric_.Run();
+  ASSERT_EQ(fabric_.node(b_).delivered.size(), 1u);
+  const Message& got = fabric_.node(b_).delivered[0];
+  EXPECT_EQ(got.header.request_id(), 42u);
+  EXPECT_EQ(got.header.sender_address(), "rdma://10.0.0.1:4000");
+  EXPECT_TRUE(HasPattern(got, {0, 13, 1000}, 3));
+  EXPECT_EQ(fabric_.core(a_).stats().eager_sends, 1u);
+  EXPECT_EQ(fabric_.core(a_).stats().rendezvous_started, 0u);
+  EXPECT_EQ(fabric_.core(b_).stats().messages_received, 1u);
+  EXPECT_EQ(fabric_.writes_executed, 0u);
+  EXPECT_TRUE(fabric_.node(a_).problems.empty());
+  ExpectIdleAndClean(a_);
+  ExpectIdleAndClean(b_);
+}
+
+TEST_F(rdmaEndpointTest, RepliesReuseTheAcceptedConnection) {
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(1, {10})).ok());
+  fabric_.Run();
+  fabric_.auto_connect = false;
+  ASSERT_TRUE(fabric_.Send(b_, a_, MakeMessage(2, {10})).ok());
+  EXPECT_TRUE(fabric_.pending_connects.empty()) << "the reply opened a second connection";
+  fabric_.Run();
+  ASSERT_EQ(fabric_.node(a_).delivered.size(), 1u);
+  EXPECT_EQ(fabric_.node(a_).delivered[0].header.sender_address(), "rdma://10.0.0.2:4000");
+  EXPECT_EQ(fabric_.core(b_).connections().size(), 1u);
+}
+
+TEST_F(rdmaEndpointTest, SendsBeforeTheConnectionIsUpAreQueuedInOrder) {
+  fabric_.auto_connect = false;
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(i, {100}, 1)).ok());
+  ASSERT_EQ(fabric_.pending_connects.size(), 1u) << "one connection for all sends";
+  EXPECT_EQ(fabric_.core(a_).queued_messages(AtoB()), 20u);
+  auto [n, c] = fabric_.pending_connects[0];
+  fabric_.Connect(n, c.connection, c.address);
+  fabric_.Run();
+  ASSERT_EQ(fabric_.node(b_).delivered.size(), 20u);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(fabric_.node(b_).delivered[i].header.request_id(), static_cast<uint64_t>(i));
+}
+
+TEST_F(rdmaEndpointTest, FloodOneDirectionNeverRunsTheReceiveQueueDry) {
+  constexpr int kMessages = 5000;
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(i, {static_cast<size_t>(i % 300)}, 2)).ok());
+  }
+  // Nothing ran yet: all but one window's worth is queued, none dropped, nothing blocked.
+  EXPECT_EQ(fabric_.core(a_).queued_messages(AtoB()), kMessages - 8u);
+  EXPECT_EQ(*fabric_.core(a_).credits_available(AtoB()), 0u);
+  fabric_.Run();
+  EXPECT_EQ(fabric_.receive_queue_ran_dry, 0u);
+  ASSERT_EQ(fabric_.node(b_).delivered.size(), static_cast<size_t>(kMessages));
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_EQ(fabric_.node(b_).delivered[i].header.request_id(), static_cast<uint64_t>(i)) << "out of order";
+  }
+  // B never had anything to say, so every credit went back in explicit updates.
+  EXPECT_GT(fabric_.core(b_).stats().credit_updates_sent, 0u);
+  EXPECT_LE(fabric_.core(b_).stats().credit_updates_sent, static_cast<uint64_t>(kMessages) / 4 + 1);
+  EXPECT_EQ(fabric_.core(b_).stats().protocol_violations, 0u);
+  EXPECT_EQ(fabric_.core(a_).stats().protocol_violations, 0u);
+  // At the end every credit is back or returnable (less than half a window outstanding).
+  EXPECT_GT(*fabric_.core(a_).credits_available(AtoB()), 8u / 2 - 1);
+  for (const Fabric::QueuePair& q : fabric_.qps_) EXPECT_GE(q.min_receives_seen, 1u);
+  ExpectIdleAndClean(a_);
+  ExpectIdleAndClean(b_);
+}
+
+TEST_F(rdmaEndpointTest, FloodBothWaysPiggybacksCredits) {
+  constexpr int kMessages = 2000;
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(i, {64}, 4)).ok());
+    if (i == 0) fabric_.Run();  // let the connection exist so that B replies on it
+    ASSERT_TRUE(fabric_.Send(b_, a_, MakeMessage(i, {64}, 5)).ok());
+  }
+  fabric_.Run();
+  EXPECT_EQ(fabric_.receive_queue_ran_dry, 0u);
+  ASSERT_EQ(fabric_.node(b_).delivered.size(), static_cast<size_t>(kMessages));
+  ASSERT_EQ(fabric_.node(a_).delivered.size(), static_cast<size_t>(kMessages));
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_EQ(fabric_.node(a_).delivered[i].header.request_id(), static_cast<uint64_t>(i));
+    ASSERT_TRUE(HasPattern(fabric_.node(a_).delivered[i], {64}, 5));
+  }
+  // With traffic both ways, credits ride on messages: few explicit updates.
+  const uint64_t updates = fabric_.core(a_).stats().credit_updates_sent + fabric_.core(b_).stats().credit_updates_sent;
+  EXPECT_LT(updates, static_cast<uint64_t>(kMessages) / 8);
+}
+
+// Completions pile up and are processed in random order relative to the
+// traffic (a busy receiver): the reserved slots are what keep the receive
+// queues from running dry, in one direction and in both.
+TEST_F(rdmaEndpointTest, RandomInterleavingsNeverRunDryAndKeepOrder) {
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    Fabric fabric;
+    fabric.interleave.emplace(seed);
+    ProtocolConfig c1 = Config("rdma://10.0.0.1:4000");
+    ProtocolConfig c2 = Config("rdma://10.0.0.2:4000");
+    c1.credits = 3 + seed % 3;
+    c2.credits = 2 + seed % 4;
+    const int a = fabric.AddNode(c1);
+    const int b = fabric.AddNode(c2);
+    const bool both_ways = seed % 2 == 0;
+    constexpr int kMessages = 400;
+    auto shape = [](int i) {
+      return std::vector<size_t>{static_cast<size_t>(i % 17 == 0 ? 40 * 1024 : (i % 5 == 0 ? 6000 : i % 200))};
+    };
+    ASSERT_TRUE(fabric.Send(a, b, MakeMessage(0, shape(0), 0)).ok());
+    for (int i = 1; i < kMessages; ++i) {
+      ASSERT_TRUE(fabric.Send(a, b, MakeMessage(i, shape(i), static_cast<uint8_t>(i))).ok());
+      if (both_ways && i > 1) {
+        ASSERT_TRUE(fabric.Send(b, a, MakeMessage(i, shape(i + 1), 9)).ok());
+      }
+      for (int k = 0; k < 3; ++k) fabric.Step();
+      if (i == 1) fabric.Run();  // the connection exists before B replies on it
+    }
+    fabric.Run();
+    ASSERT_EQ(fabric.receive_queue_ran_dry, 0u);
+    ASSERT_EQ(fabric.node(b).delivered.size(), static_cast<size_t>(kMessages));
+    for (int i = 0; i < kMessages; ++i) {
+      ASSERT_EQ(fabric.node(b).delivered[i].header.request_id(), static_cast<uint64_t>(i));
+      ASSERT_TRUE(HasPattern(fabric.node(b).delivered[i], shape(i), static_cast<uint8_t>(i)));
+    }
+    if (both_ways) {
+      ASSERT_EQ(fabric.node(a).delivered.size(), kMessages - 2u);
+    }
+    for (int n : {a, b}) {
+      ASSERT_TRUE(fabric.node(n).problems.empty()) << fabric.node(n).problems[0];
+      ASSERT_EQ(fabric.core(n).stats().protocol_violations, 0u);
+      ASSERT_EQ(fabric.core(n).cache().in_use_bytes(), 0u);
+    }
+    uint64_t min_receives = SIZE_MAX;
+    for (const Fabric::QueuePair& q : fabric.qps_) min_receives = std::min<uint64_t>(min_receives, q.min_receives_seen);
+    // Non-vacuous: some receive queue got down to (about) its reserved slots.
+    EXPECT_LE(min_receives, CreditWindow::kReservedSlots + 1) << "the interleaving never stressed the receive queues";
+  }
+}
+
+TEST_F(rdmaEndpointTest, PoolExhaustionQueuesAndRecovers) {
+  Fabric fabric;
+  ProtocolConfig ca = Config("rdma://10.0.0.1:4000");
+  // 20 slots: 10 receive slots for the one connection, 10 for sending.
+  const int a = fabric.AddNode(ca, 20 * 4096);
+  const int b = fabric.AddNode(Config("rdma://10.0.0.2:4000"));
+  fabric.node(a).hold_send_completions = true;  // the adapter does not report completions yet
+  for (int i = 0; i < 30; ++i) ASSERT_TRUE(fabric.Send(a, b, MakeMessage(i, {500}, 6)).ok());
+  fabric.Run();
+  // 8 credits, so 8 went; later ones wait for credits or for slots held by unfinished sends.
+  EXPECT_EQ(fabric.core(a).pool().in_use(), 20u);
+  EXPECT_GT(fabric.core(a).pool().waits(), 0u);
+  EXPECT_EQ(fabric.core(a).pool().high_water(), 20u);
+  EXPECT_LT(fabric.node(b).delivered.size(), 30u);
+  EXPECT_GT(fabric.core(a).queued_messages(*fabric.core(a).ConnectionTo("rdma://10.0.0.2:4000")), 0u);
+  for (int round = 0; round < 100 && fabric.node(b).delivered.size() < 30; ++round) {
+    fabric.ReleaseHeldCompletions(a);
+    fabric.Run();
+  }
+  ASSERT_EQ(fabric.node(b).delivered.size(), 30u);
+  for (int i = 0; i < 30; ++i) EXPECT_EQ(fabric.node(b).delivered[i].header.request_id(), static_cast<uint64_t>(i));
+  fabric.ReleaseHeldCompletions(a);
+  EXPECT_EQ(fabric.core(a).pool().in_use(), 10u);  // only the posted receives
+  EXPECT_EQ(fabric.receive_queue_ran_dry, 0u);
+}
+
+TEST_F(rdmaEndpointTest, SendQueueDepthIsNeverExceeded) {
+  Fabric fabric;
+  ProtocolConfig c = Config("rdma://10.0.0.1:4000");
+  c.send_queue_depth = 3;
+  const int a = fabric.AddNode(c);
+  const int b = fabric.AddNode(Config("rdma://10.0.0.2:4000"));
+  fabric.node(a).hold_send_completions = true;
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(fabric.Send(a, b, MakeMessage(i, {10, 20 * 1024}, 1)).ok());
+  const ConnectionId ab = *fabric.core(a).ConnectionTo("rdma://10.0.0.2:4000");
+  // Posted on the queue pair and not yet completed: never more than the depth.
+  auto outstanding = [&] { return fabric.qp(a, ab).outgoing.size() + fabric.node(a).held_completions.size(); };
+  EXPECT_EQ(outstanding(), 3u);
+  for (int round = 0; round < 200 && fabric.node(b).delivered.size() < 10; ++round) {
+    for (int k = 0; k < 50; ++k) {
+      fabric.Step();
+      ASSERT_LE(outstanding(), 3u);
+    }
+    EXPECT_EQ(fabric.core(a).sends_in_flight(ab), outstanding());
+    fabric.ReleaseHeldCompletions(a);
+  }
+  ASSERT_EQ(fabric.node(b).delivered.size(), 10u);
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(HasPattern(fabric.node(b).delivered[i], {10, 20 * 1024}, 1));
+}
+
+TEST_F(rdmaEndpointTest, PoolTooSmallForAnotherConnectionIsRefused) {
+  Fabric fabric;
+  // 23 slots: 10 receive slots for the connection to b, and 13 left, fewer
+  // than another 10 plus the 4 kept for sending.
+  const int a = fabric.AddNode(Config("rdma://10.0.0.1:4000"), 23 * 4096);
+  const int b = fabric.AddNode(Config("rdma://10.0.0.2:4000"));
+  const int c = fabric.AddNode(Config("rdma://10.0.0.3:4000"));
+  ASSERT_TRUE(fabric.Send(a, b, MakeMessage(1, {1})).ok());
+  fabric.Run();
+  Actions out;
+  absl::StatusOr<ConnectionId> id = fabric.core(a).OnConnectRequest(fabric.core(c).LocalHandshake());
+  ASSERT_TRUE(id.ok());
+  absl::Status s = fabric.core(a).OnQueuePairReady(*id, out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("pool_bytes"));
+  fabric.core(a).OnConnectionLost(*id, s, out);
+  EXPECT_EQ(fabric.core(a).connections().size(), 1u);
+}
+
+TEST_F(rdmaEndpointTest, LargeFrameGoesZeroCopyByRendezvous) {
+  const std::vector<size_t> sizes = {100, 200 * 1024, 50};
+  Message m = MakeMessage(9, sizes, 7);
+  const std::byte* source = m.frames[1].data();
+  ASSERT_TRUE(fabric_.Send(a_, b_, m).ok());
+  fabric_.Run();
+  ASSERT_EQ(fabric_.node(b_).delivered.size(), 1u);
+  EXPECT_TRUE(HasPattern(fabric_.node(b_).delivered[0], sizes, 7));
+  EXPECT_EQ(fabric_.core(a_).stats().rendezvous_zero_copy, 1u);
+  EXPECT_EQ(fabric_.core(a_).stats().rendezvous_staged, 0u);
+  EXPECT_EQ(fabric_.writes_executed, 1u);  // one WRITE_WITH_IMM straight from the user's buffer
+  EXPECT_EQ(fabric_.core(b_).stats().rendezvous_received, 1u);
+  EXPECT_NE(fabric_.node(b_).delivered[0].frames[1].data(), source);
+  // Sending the same buffer again reuses its registration.
+  const uint64_t registrations = fabric_.node(a_).registrar.registers();
+  ASSERT_TRUE(fabric_.Send(a_, b_, m).ok());
+  fabric_.Run();
+  EXPECT_EQ(fabric_.node(a_).registrar.registers(), registrations);
+  EXPECT_GE(fabric_.core(a_).cache().hits(), 1u);
+  // And the receiver's destination block came back and was reused, registration included.
+  fabric_.node(b_).delivered.clear();
+  const uint64_t b_registrations = fabric_.node(b_).registrar.registers();
+  ASSERT_TRUE(fabric_.Send(a_, b_, m).ok());
+  fabric_.Run();
+  EXPECT_EQ(fabric_.node(b_).registrar.registers(), b_registrations);
+  EXPECT_GE(fabric_.core(b_).destinations().reuses(), 1u);
+  ExpectIdleAndClean(a_);
+  ExpectIdleAndClean(b_);
+}
+
+TEST_F(rdmaEndpointTest, MediumFrameIsStagedThroughThePool) {
+  const std::vector<size_t> sizes = {10 * 1024 + 17};  // above a slot, below the threshold
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(3, sizes, 8)).ok());
+  fabric_.Run();
+  ASSERT_EQ(fabric_.node(b_).delivered.size(), 1u);
+  EXPECT_TRUE(HasPattern(fabric_.node(b_).delivered[0], sizes, 8));
+  EXPECT_EQ(fabric_.core(a_).stats().rendezvous_staged, 1u);
+  EXPECT_EQ(fabric_.writes_executed, 3u);  // 4096 + 4096 + 2065
+  EXPECT_EQ(fabric_.node(a_).registrar.registers(), 0u) << "staging needs no registration";
+  ExpectIdleAndClean(a_);
+  ExpectIdleAndClean(b_);
+}
+
+TEST_F(rdmaEndpointTest, RefusedSourceRegistrationFallsBackToStaging) {
+  Fabric fabric;
+  ProtocolConfig small = Config("rdma://10.0.0.1:4000");
+  small.max_pinned_bytes = 64 * 1024;  // the sender cannot pin a 256 KiB frame
+  const int a = fabric.AddNode(small);
+  const int b = fabric.AddNode(Config("rdma://10.0.0.2:4000"));
+  const std::vector<size_t> sizes = {256 * 1024};
+  ASSERT_TRUE(fabric.Send(a, b, MakeMessage(5, sizes, 9)).ok());
+  fabric.Run();
+  ASSERT_EQ(fabric.node(b).delivered.size(), 1u);
+  EXPECT_TRUE(HasPattern(fabric.node(b).delivered[0], sizes, 9));
+  EXPECT_EQ(fabric.core(a).stats().rendezvous_staged, 1u);
+  EXPECT_EQ(fabric.core(a).cache().refusals(), 1u);
+  EXPECT_EQ(fabric.writes_executed, 64u);
+  EXPECT_LE(fabric.core(a).pool().high_water(), 10u + small.max_staged_chunks_in_flight + 1);
+}
+
+TEST_F(rdmaEndpointTest, OversizedEnvelopeTravelsByRendezvous) {
+  Message m = MakeMessage(11, {10}, 1);
+  m.header.mutable_error()->set_message(std::string(20000, 'x'));
+  ASSERT_TRUE(fabric_.Send(a_, b_, m).ok());
+  fabric_.Run();
+  ASSERT_EQ(fabric_.node(b_).delivered.size(), 1u);
+  EXPECT_EQ(fabric_.node(b_).delivered[0].header.error().message(), std::string(20000, 'x'));
+  EXPECT_EQ(fabric_.core(a_).stats().rendezvous_started, 1u);
+}
+
+TEST_F(rdmaEndpointTest, RendezvousHoldsBackLaterMessagesOfTheSameSender) {
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(1, {300 * 1024}, 1)).ok());
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(2, {10}, 1)).ok());
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(3, {20 * 1024}, 1)).ok());
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(4, {}, 1)).ok());
+  fabric_.Run();
+  ASSERT_EQ(fabric_.node(b_).delivered.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(fabric_.node(b_).delivered[i].header.request_id(), i + 1u);
+  EXPECT_TRUE(HasPattern(fabric_.node(b_).delivered[0], {300 * 1024}, 1));
+  EXPECT_TRUE(HasPattern(fabric_.node(b_).delivered[2], {20 * 1024}, 1));
+}
+
+TEST_F(rdmaEndpointTest, ManyLargeMessagesWithTinyCreditsAndPool) {
+  Fabric fabric;
+  ProtocolConfig c1 = Config("rdma://10.0.0.1:4000");
+  c1.credits = 2;
+  c1.min_send_slots = 2;
+  ProtocolConfig c2 = Config("rdma://10.0.0.2:4000");
+  c2.credits = 4;
+  c2.min_send_slots = 2;
+  c2.max_pinned_bytes = 300 * 1024;  // the receiver can take one 200 KiB value (a 256 KiB block) at a time
+  const int a = fabric.AddNode(c1, 8 * 4096);
+  const int b = fabric.AddNode(c2, 10 * 4096);
+  std::vector<std::vector<size_t>> shapes;
+  for (int i = 0; i < 60; ++i) {
+    shapes.push_back({static_cast<size_t>(i % 3 == 0 ? 200 * 1024 : (i % 3 == 1 ? 9000 : 10)), 33});
+    ASSERT_TRUE(fabric.Send(a, b, MakeMessage(i, shapes.back(), static_cast<uint8_t>(i))).ok());
+    ASSERT_TRUE(fabric.Send(b, a, MakeMessage(i, {static_cast<size_t>(i * 100)}, 3)).ok());
+  }
+  fabric.Run();
+  EXPECT_EQ(fabric.receive_queue_ran_dry, 0u);
+  ASSERT_EQ(fabric.node(b).delivered.size(), 60u);
+  ASSERT_EQ(fabric.node(a).delivered.size(), 60u);
+  for (int i = 0; i < 60; ++i) {
+    EXPECT_TRUE(HasPattern(fabric.node(b).delivered[i], shapes[i], static_cast<uint8_t>(i))) << i;
+  }
+  EXPECT_GT(fabric.core(b).stats().registration_waits, 0u);
+  EXPECT_LE(fabric.node(b).registrar.high_water(), 300u * 1024);
+  EXPECT_EQ(fabric.node(b).registrar.violations(), 0u);
+  for (int n : {a, b}) EXPECT_TRUE(fabric.node(n).problems.empty()) << fabric.node(n).problems[0];
+}
+
+TEST_F(rdmaEndpointTest, ReceiverNamedDestinationIsWrittenDirectly) {
+  Buffer mine = Buffer::Allocate(100 * 1024);
+  ASSERT_TRUE(fabric_.core(b_).PostDestination(77, 1, mine).ok());
+  EXPECT_EQ(fabric_.core(b_).PostDestination(77, 1, mine).code(), absl::StatusCode::kAlreadyExists);
+  const std::vector<size_t> sizes = {8, 100 * 1024};
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(77, sizes, 12)).ok());
+  fabric_.Run();
+  ASSERT_EQ(fabric_.node(b_).delivered.size(), 1u);
+  const Message& got = fabric_.node(b_).delivered[0];
+  EXPECT_TRUE(HasPattern(got, sizes, 12));
+  EXPECT_EQ(got.frames[1].data(), mine.data()) << "not written into the posted buffer";
+  EXPECT_EQ(fabric_.core(b_).stats().preposted_hits, 1u);
+  EXPECT_EQ(fabric_.core(b_).destinations().allocations(), 0u);
+  EXPECT_FALSE(fabric_.core(b_).CancelDestination(77, 1)) << "a used destination is consumed";
+}
+
+TEST_F(rdmaEndpointTest, ReceiverNamedDestinationOfTheWrongLengthIsNotUsed) {
+  Buffer mine = Buffer::Allocate(64 * 1024);
+  ASSERT_TRUE(fabric_.core(b_).PostDestination(78, 0, mine).ok());
+  const std::vector<size_t> sizes = {100 * 1024};
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(78, sizes, 13)).ok());
+  fabric_.Run();
+  ASSERT_EQ(fabric_.node(b_).delivered.size(), 1u);
+  EXPECT_TRUE(HasPattern(fabric_.node(b_).delivered[0], sizes, 13));
+  EXPECT_NE(fabric_.node(b_).delivered[0].frames[0].data(), mine.data());
+  EXPECT_EQ(fabric_.core(b_).stats().preposted_mismatches, 1u);
+  EXPECT_TRUE(AnyMentions(fabric_.node(b_).problems, "holds 65536 bytes but the value has 102400"));
+}
+
+TEST_F(rdmaEndpointTest, ClearToSendTimeoutCancelsAndBothSidesClean) {
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(1, {10})).ok());
+  fabric_.Run();
+  fabric_.TickAll(1000);
+  // B stalls after receiving the RTS: its clear-to-send never leaves.
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(2, {100 * 1024, 200 * 1024}, 2)).ok());
+  fabric_.node(b_).frozen = true;
+  fabric_.Run();
+  EXPECT_EQ(fabric_.core(a_).pending_rendezvous(AtoB()), 2u);
+  fabric_.TickAll(1099);
+  EXPECT_TRUE(fabric_.node(a_).problems.empty());
+  fabric_.TickAll(1100);
+  ASSERT_FALSE(fabric_.node(a_).problems.empty());
+  EXPECT_EQ(fabric_.node(a_).problems[0].code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(fabric_.node(a_).problems[0].message()), HasSubstr("rdma://10.0.0.2:4000"));
+  EXPECT_EQ(fabric_.core(a_).pending_rendezvous(AtoB()), 0u);
+  // The cancels reach B, which drops the message and releases its destinations.
+  fabric_.Run();
+  EXPECT_EQ(fabric_.core(b_).pending_rendezvous(BfromA()), 0u);
+  EXPECT_EQ(fabric_.core(b_).cache().in_use_bytes(), 0u);
+  EXPECT_TRUE(AnyMentions(fabric_.node(b_).problems, "sender cancelled"));
+  // B wakes up: its stale clear-to-sends reach A, which ignores them as unknown.
+  fabric_.node(b_).frozen = false;
+  fabric_.Run();
+  EXPECT_EQ(fabric_.core(a_).stats().unknown_tags, 2u);
+  EXPECT_EQ(fabric_.node(b_).delivered.size(), 1u);
+  EXPECT_EQ(fabric_.writes_executed, 0u);
+  // The connection still works.
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(3, {100 * 1024}, 3)).ok());
+  fabric_.Run();
+  ASSERT_EQ(fabric_.node(b_).delivered.size(), 2u);
+  EXPECT_TRUE(HasPattern(fabric_.node(b_).delivered[1], {100 * 1024}, 3));
+}
+
+TEST_F(rdmaEndpointTest, DataOverdueAfterClearToSendDisconnects) {
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(1, {100 * 1024})).ok());
+  // Deliver A's RTS and B's CTS, but A's write never executes (A stalls).
+  fabric_.StepNode(a_);  // RTS to B
+  fabric_.node(a_).frozen = true;
+  fabric_.Run();   // B's CTS reaches A; A's write is posted but does not run
+  EXPECT_EQ(fabric_.core(b_).cache().in_use_bytes(), 128u * 1024);
+  fabric_.TickAll(199);
+  EXPECT_TRUE(fabric_.node(b_).disconnects.empty());
+  fabric_.TickAll(200);
+  ASSERT_EQ(fabric_.node(b_).disconnects.size(), 1u);
+  EXPECT_EQ(fabric_.node(b_).disconnects[0].second.code(), absl::StatusCode::kDeadlineExceeded);
+  // The destination stays leased until the connection is really gone.
+  EXPECT_GT(fabric_.core(b_).cache().in_use_bytes(), 0u);
+  fabric_.Kill(b_, BfromA(), absl::UnavailableError("disconnected"));
+  EXPECT_EQ(fabric_.core(b_).cache().in_use_bytes(), 0u);
+  EXPECT_EQ(fabric_.core(a_).cache().in_use_bytes(), 0u);
+}
+
+TEST_F(rdmaEndpointTest, PeerDeathFailsEveryPendingRendezvousNamingThePeer) {
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(1, {10})).ok());
+  fabric_.Run();
+  const ConnectionId ab = AtoB();
+  const ConnectionId ba = BfromA();
+  fabric_.node(b_).frozen = true;  // B takes the RTSs but answers nothing
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(10 + i, {80 * 1024}, 1)).ok());
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(20, {10})).ok());
+  fabric_.Run();
+  EXPECT_EQ(fabric_.core(a_).pending_rendezvous(ab), 3u);
+  EXPECT_EQ(fabric_.core(b_).pending_rendezvous(ba), 3u);
+  const size_t a_problems = fabric_.node(a_).problems.size();
+  const size_t b_problems = fabric_.node(b_).problems.size();
+  fabric_.Kill(a_, ab, absl::UnavailableError("peer disconnected"));
+  // A: three failed rendezvous sends, each naming B.
+  int named = 0;
+  for (size_t i = a_problems; i < fabric_.node(a_).problems.size(); ++i) {
+    const absl::Status& s = fabric_.node(a_).problems[i];
+    if (absl::StrContains(s.message(), "rendezvous send")) {
+      ++named;
+      EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+      EXPECT_THAT(std::string(s.message()), HasSubstr("rdma://10.0.0.2:4000"));
+      EXPECT_THAT(std::string(s.message()), HasSubstr("peer disconnected"));
+    }
+  }
+  EXPECT_EQ(named, 3);
+  // B: three failed rendezvous receives naming A, and the held-back messages dropped.
+  int b_named = 0;
+  for (size_t i = b_problems; i < fabric_.node(b_).problems.size(); ++i) {
+    if (absl::StrContains(fabric_.node(b_).problems[i].message(), "rendezvous receive")) {
+      ++b_named;
+      EXPECT_THAT(std::string(fabric_.node(b_).problems[i].message()), HasSubstr("rdma://10.0.0.1:4000"));
+    }
+  }
+  EXPECT_EQ(b_named, 3);
+  EXPECT_TRUE(AnyMentions(fabric_.node(b_).problems, "4 message(s)"));
+  for (int n : {a_, b_}) {
+    EXPECT_TRUE(fabric_.core(n).connections().empty());
+    EXPECT_EQ(fabric_.core(n).cache().in_use_bytes(), 0u);
+    EXPECT_EQ(fabric_.core(n).pool().in_use(), 0u);
+  }
+  EXPECT_EQ(fabric_.core(a_).stats().connections_lost, 1u);
+  // A later send reconnects.
+  fabric_.node(b_).frozen = false;
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(30, {10})).ok());
+  fabric_.Run();
+  EXPECT_EQ(fabric_.node(b_).delivered.back().header.request_id(), 30u);
+}
+
+TEST_F(rdmaEndpointTest, UnreachablePeerDropsQueuedMessagesWithAnError) {
+  ASSERT_TRUE(fabric_.SendTo(a_, "rdma://10.9.9.9:1", MakeMessage(1, {10})).ok());
+  ASSERT_FALSE(fabric_.node(a_).problems.empty());
+  EXPECT_THAT(std::string(fabric_.node(a_).problems.back().message()), HasSubstr("rdma://10.9.9.9:1"));
+  EXPECT_THAT(std::string(fabric_.node(a_).problems.back().message()), HasSubstr("no route to host"));
+  EXPECT_EQ(fabric_.core(a_).stats().messages_dropped, 1u);
+  EXPECT_FALSE(fabric_.core(a_).ConnectionTo("rdma://10.9.9.9:1").has_value());
+}
+
+TEST_F(rdmaEndpointTest, ConnectTimeoutDisconnects) {
+  fabric_.auto_connect = false;
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(1, {10})).ok());
+  fabric_.TickAll(99);
+  EXPECT_TRUE(fabric_.node(a_).disconnects.empty());
+  fabric_.TickAll(100);
+  ASSERT_EQ(fabric_.node(a_).disconnects.size(), 1u);
+  EXPECT_THAT(std::string(fabric_.node(a_).disconnects[0].second.message()), HasSubstr("not connected within"));
+}
+
+TEST_F(rdmaEndpointTest, UnknownTagDuplicateAndMismatchedClearToSend) {
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(1, {10})).ok());
+  fabric_.Run();
+  const ConnectionId ab = AtoB();
+  std::vector<std::byte> buf(128);
+  // Unknown tag.
+  size_t n = EncodeClearToSend(buf, 0, ClearToSend{999, 0x1000, 4096, 1});
+  fabric_.Inject(a_, ab, std::span<const std::byte>(buf.data(), n));
+  EXPECT_EQ(fabric_.core(a_).stats().unknown_tags, 1u);
+  EXPECT_TRUE(AnyMentions(fabric_.node(a_).problems, "unknown rendezvous tag 999"));
+
+  // A pending rendezvous whose clear-to-send arrives; A's write is held (A frozen), then a duplicate.
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(2, {100 * 1024}, 2)).ok());
+  fabric_.StepNode(a_);                  // RTS to B
+  fabric_.node(a_).frozen = true;  // A posts its write but it does not run yet
+  fabric_.Run();                   // B's CTS to A
+  ASSERT_EQ(fabric_.core(a_).pending_rendezvous(ab), 1u);
+  const Fabric::QueuePair& qa = fabric_.qp(a_, ab);
+  ASSERT_EQ(qa.outgoing.size(), 1u);
+  const PostWriteAction w = qa.outgoing.front().write;
+  n = EncodeClearToSend(buf, 0, ClearToSend{w.immediate, w.remote_address, 100 * 1024, w.rkey});
+  fabric_.Inject(a_, ab, std::span<const std::byte>(buf.data(), n));
+  EXPECT_EQ(fabric_.core(a_).stats().duplicate_clear_to_send, 1u);
+  EXPECT_EQ(fabric_.qp(a_, ab).outgoing.size(), 1u) << "a duplicate must not write twice";
+  fabric_.node(a_).frozen = false;
+  fabric_.Run();
+  ASSERT_EQ(fabric_.node(b_).delivered.size(), 2u);
+  EXPECT_TRUE(HasPattern(fabric_.node(b_).delivered[1], {100 * 1024}, 2));
+
+  // A clear-to-send that offers the wrong length: A cancels, B drops the message.
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(3, {100 * 1024}, 3)).ok());
+  fabric_.node(b_).frozen = true;  // keep B's real CTS from leaving
+  fabric_.Run();
+  std::optional<uint32_t> tag;
+  for (const auto& op : fabric_.qp(b_, BfromA()).outgoing) {
+    absl::StatusOr<WireFrame> f =
+        ParseWire(std::span<const std::byte>(reinterpret_cast<const std::byte*>(op.send.address), op.send.length));
+    if (f.ok() && f->type == WireType::kClearToSend) tag = f->tag;
+  }
+  ASSERT_TRUE(tag.has_value());
+  n = EncodeClearToSend(buf, 0, ClearToSend{*tag, 0x1000, 4096, 1});
+  fabric_.Inject(a_, ab, std::span<const std::byte>(buf.data(), n));
+  EXPECT_EQ(fabric_.core(a_).stats().length_mismatches, 1u);
+  EXPECT_TRUE(AnyMentions(fabric_.node(a_).problems, "offers 4096 bytes, the part has 102400"));
+  fabric_.node(b_).frozen = false;
+  fabric_.Run();
+  EXPECT_EQ(fabric_.node(b_).delivered.size(), 2u) << "the message must be dropped";
+  EXPECT_TRUE(AnyMentions(fabric_.node(b_).problems, "length mismatch"));
+  EXPECT_EQ(fabric_.core(a_).stats().unknown_tags, 2u);  // B's real CTS came late
+  ExpectIdleAndClean(a_);
+  ExpectIdleAndClean(b_);
+}
+
+TEST_F(rdmaEndpointTest, UnknownImmediateAndWrongWriteLength) {
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(1, {10})).ok());
+  fabric_.Run();
+  const ConnectionId ba = BfromA();
+  fabric_.InjectImmediate(b_, ba, 12345, 100);
+  EXPECT_EQ(fabric_.core(b_).stats().unknown_tags, 1u);
+  EXPECT_TRUE(AnyMentions(fabric_.node(b_).problems, "unknown rendezvous tag 12345"));
+
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(2, {100 * 1024}, 2)).ok());
+  fabric_.StepNode(a_);                  // RTS to B
+  fabric_.node(a_).frozen = true;  // A's real write will not run
+  fabric_.Run();                   // CTS to A
+  const PostWriteAction w = fabric_.qp(a_, AtoB()).outgoing.front().write;
+  fabric_.InjectImmediate(b_, ba, w.immediate, 1000);  // neither the whole part nor a last chunk
+  EXPECT_EQ(fabric_.core(b_).stats().length_mismatches, 1u);
+  EXPECT_TRUE(AnyMentions(fabric_.node(b_).problems, "wrote 1000 bytes; expected 102400"));
+  EXPECT_EQ(fabric_.node(b_).delivered.size(), 1u);
+  EXPECT_EQ(fabric_.core(b_).cache().in_use_bytes(), 0u);
+}
+
+TEST_F(rdmaEndpointTest, MalformedInputIsCountedNotDeliveredNotFatal) {
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(1, {10})).ok());
+  fabric_.Run();
+  const ConnectionId ba = BfromA();
+  std::vector<std::byte> garbage(200, std::byte{0x5a});
+  fabric_.Inject(b_, ba, garbage);
+  EXPECT_EQ(fabric_.core(b_).stats().malformed_received, 1u);
+  EXPECT_EQ(fabric_.core(b_).posted_receives(ba), 10u) << "the slot must be reposted";
+
+  // A well-formed wire message whose envelope does not parse.
+  std::vector<std::byte> bad_envelope(7, std::byte{0xff});
+  std::vector<PartDescriptor> parts = {{bad_envelope.size(), 0}};
+  std::vector<std::span<const std::byte>> data = {bad_envelope};
+  std::vector<std::byte> wire(MessageWireBytes(parts));
+  EncodeMessage(wire, 0, 0, parts, data);
+  fabric_.Inject(b_, ba, wire);
+  EXPECT_EQ(fabric_.core(b_).stats().malformed_received, 2u);
+
+  // An envelope without a sender address.
+  proto::Envelope e;
+  e.set_request_id(5);
+  std::string s = e.SerializeAsString();
+  std::vector<std::byte> env(s.size());
+  std::memcpy(env.data(), s.data(), s.size());
+  parts = {{env.size(), 0}};
+  data = {env};
+  wire.assign(MessageWireBytes(parts), std::byte{0});
+  EncodeMessage(wire, 0, 0, parts, data);
+  fabric_.Inject(b_, ba, wire);
+  EXPECT_EQ(fabric_.core(b_).stats().malformed_received, 3u);
+  EXPECT_TRUE(AnyMentions(fabric_.node(b_).problems, "no sender_address"));
+
+  EXPECT_EQ(fabric_.node(b_).delivered.size(), 1u);
+  // Real traffic still flows.
+  ASSERT_TRUE(fabric_.Send(a_, b_, MakeMessage(2, {10})).ok());
+  fabric_.Run();
+  EXPECT_EQ(fabric_.node(b_).delivered.size(), 2u);
+}
+
+TEST_F(rdmaEndpointTest, ValueTooLargeForTheReceiverIsRefused) {
+  Fabric fabric;
+  const int a = fabric.AddNode(Config("rdma://10.0.0.1:4000"));
+  ProtocolConfig small = Config("rdma://10.0.0.2:4000");
+  small.max_pinned_bytes = 64 * 1024;
+  const int b = fabric.AddNode(small);
+  ASSERT_TRUE(fabric.Send(a, b, MakeMessage(1, {10, 256 * 1024, 300 * 1024}, 1)).ok());
+  ASSERT_TRUE(fabric.Send(a, b, MakeMessage(2, {10}, 1)).ok());
+  fabric.Run();
+  ASSERT_EQ(fabric.node(b).delivered.size(), 1u);
+  EXPECT_EQ(fabric.node(b).delivered[0].header.request_id(), 2u);
+  EXPECT_TRUE(AnyMentions(fabric.node(b).problems, "exceeds max_pinned_bytes"));
+  EXPECT_TRUE(AnyMentions(fabric.node(a).problems, "too large to register"));
+  EXPECT_EQ(fabric.writes_executed, 0u);
+  EXPECT_EQ(fabric.core(a).pending_rendezvous(*fabric.core(a).ConnectionTo("rdma://10.0.0.2:4000")), 0u);
+  EXPECT_EQ(fabric.core(b).cache().in_use_bytes(), 0u);
+}
+
+TEST_F(rdmaEndpointTest, ReceiverWaitsForRegistrationRoomThenTimesOut) {
+  Fabric fabric;
+  ProtocolConfig patient = Config("rdma://10.0.0.1:4000");
+  patient.rendezvous_timeout_ticks = 1000;  // the sender outwaits the receiver here
+  const int a = fabric.AddNode(patient);
+  ProtocolConfig small = Config("rdma://10.0.0.2:4000");
+  small.max_pinned_bytes = 256 * 1024;
+  const int b = fabric.AddNode(small);
+  ASSERT_TRUE(fabric.Send(a, b, MakeMessage(1, {10})).ok());
+  fabric.Run();
+  fabric.node(a).frozen = true;  // A's writes never run: B's first destination stays leased
+  ASSERT_TRUE(fabric.Send(a, b, MakeMessage(2, {200 * 1024}, 1)).ok());
+  ASSERT_TRUE(fabric.Send(a, b, MakeMessage(3, {200 * 1024}, 1)).ok());
+  // Let A's two RTSs out, but not its writes.
+  ASSERT_TRUE(fabric.StepNode(a));
+  ASSERT_TRUE(fabric.StepNode(a));
+  fabric.Run();
+  EXPECT_EQ(fabric.core(b).stats().registration_waits, 1u);
+  fabric.TickAll(99);
+  EXPECT_FALSE(AnyMentions(fabric.node(b).problems, "no room to register"));
+  fabric.TickAll(100);
+  EXPECT_TRUE(AnyMentions(fabric.node(b).problems, "no room to register"));
+  fabric.node(a).frozen = false;
+  fabric.Run();
+  ASSERT_EQ(fabric.node(b).delivered.size(), 2u);  // 1 and 2; 3 refused after the wait
+  EXPECT_EQ(fabric.node(b).delivered[1].header.request_id(), 2u);
+  EXPECT_TRUE(AnyMentions(fabric.node(a).problems, "refused rendezvous"));
+}
+
+TEST_F(rdmaEndpointTest, LongAddressTravelsInHello) {
+  Fabric fabric;
+  const int a = fabric.AddNode(Config("rdma://a-very-long-host-name.rack-07.cluster.example.org:4000"));
+  const int b = fabric.AddNode(Config("rdma://10.0.0.2:4000"));
+  ASSERT_TRUE(fabric.Send(a, b, MakeMessage(1, {10})).ok());
+  fabric.Run();
+  ASSERT_EQ(fabric.node(b).delivered.size(), 1u);
+  const ConnectionId ba = fabric.core(b).connections()[0];
+  EXPECT_EQ(fabric.core(b).peer_address(ba), "rdma://a-very-long-host-name.rack-07.cluster.example.org:4000");
+  fabric.auto_connect = false;
+  ASSERT_TRUE(fabric.Send(b, a, MakeMessage(2, {10})).ok());
+  EXPECT_TRUE(fabric.pending_connects.empty());
+  fabric.Run();
+  EXPECT_EQ(fabric.node(a).delivered.size(), 1u);
+}
+
+TEST_F(rdmaEndpointTest, SendValidatesItsInput) {
+  Actions out;
+  EXPECT_EQ(fabric_.core(a_).Send("tcp://10.0.0.2:4000", MakeMessage(1, {}), out).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<size_t> many(65, 1);
+  EXPECT_EQ(fabric_.core(a_).Send("rdma://10.0.0.2:4000", MakeMessage(1, many), out).code(),
+            absl::StatusCode::kInvalidArgument);
+  Fabric fabric;
+  ProtocolConfig c = Config("rdma://10.0.0.1:4000");
+  c.max_message_bytes = 1000;
+  const int a = fabric.AddNode(c);
+  EXPECT_THAT(std::string(fabric.core(a).Send("rdma://10.0.0.2:4000", MakeMessage(1, {2000}), out).message()),
+              HasSubstr("max_message_bytes"));
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(fabric.core(a).connections().size(), 0u);
+}
+
+TEST_F(rdmaEndpointTest, ConfigValidation) {
+  ProtocolConfig c = Config("rdma://h:1");
+  EXPECT_TRUE(EndpointCore::Validate(c, 1 << 20).ok());
+  EXPECT_THAT(std::string(EndpointCore::Validate(c, 10 * 4096).message()), HasSubstr("one connection needs"));
+  c.credits = 0;
+  EXPECT_FALSE(EndpointCore::Validate(c, 1 << 20).ok());
+  c = Config("rdma://h:1");
+  c.slot_bytes = 512;
+  EXPECT_FALSE(EndpointCore::Validate(c, 1 << 20).ok());
+  c = Config("");
+  EXPECT_FALSE(EndpointCore::Validate(c, 1 << 20).ok());
+}
+
+TEST(rdmaLastChunkTest, Arithmetic) {
+  EXPECT_EQ(LastChunkBytes(10000, 4096), 10000u - 8192);
+  EXPECT_EQ(LastChunkBytes(8192, 4096), 4096u);
+  EXPECT_EQ(LastChunkBytes(100, 4096), 100u);
+}
+
+}  // namespace
+}  // namespace tessera::rdma

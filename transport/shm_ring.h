@@ -1,0 +1,191 @@
+#pragma once
+// Shared-memory rings for large frames between two processes on one host.
+//
+// One ring carries bytes one way, from one sending transport to one
+// receiving address. The sender copies a frame into the ring and sends, over
+// ZeroMQ as before, a small descriptor in the message header instead of the
+// frame; the receiver hands the handler a Buffer that views the ring (no
+// copy) and gives the space back when the last reference to that Buffer is
+// dropped. Space is reused in order, so a Buffer kept for long holds back the
+// space after it; the sender then sends further frames over ZeroMQ (it never
+// waits) until the space comes back.
+//
+// This header holds the pure part, positions and space accounting, which the
+// unit tests drive directly, and the small OS part (ShmSegment) that creates,
+// opens and maps the files.
+//
+// Positions. Both sides count bytes since the ring was made (uint64, never
+// wrapping in practice); position p lives at offset p % capacity. A region is
+// [begin, end): `begin` is where the writer's head was (any padding that
+// skipped the tail of the ring belongs to the region), the frame's bytes are
+// [data, end) with data >= begin, data % 64 == 0, and a frame never wraps
+// (data % capacity + length <= capacity). Consecutive regions of one ring
+// are contiguous: each begins where the previous one ended.
+//
+// The shared header holds the consumer's `released` position: everything
+// before it is free. Only the receiver writes it (release order), only the
+// sender reads it (acquire order).
+//
+// Lost descriptors. A message can be lost between the two transports (the
+// receiver restarted, ZeroMQ dropped a queue). The receiver then sees a
+// region that begins after the end of the last one it knows; the gap is
+// space nobody will release, so ShmRingReleaser treats it as released. A new
+// receiver incarnation (after a restart) starts from the shared `released`
+// position the same way. Space lost at the very end (the last messages
+// before the sender stops sending large frames) is recovered by the sender:
+// ShmRingWriter::Stuck() reports a ring whose released position has not moved
+// for a while although it is full, and the transport replaces that ring.
+//
+// Thread safety: ShmRingWriter is used under its owner's lock;
+// ShmRingReleaser is thread-safe (Buffers are released from any thread).
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+
+namespace tessera::shm {
+
+inline constexpr uint64_t kAlignment = 64;
+
+struct Region {
+  uint64_t begin = 0;   // the writer's head before this region (padding included)
+  uint64_t data = 0;    // position of the frame's first byte (begin <= data, 64-aligned)
+  uint64_t length = 0;  // frame bytes
+  uint64_t end() const { return data + length; }
+};
+
+// The writer's accounting. capacity: a power of two, at least 4096.
+class ShmRingWriter {
+ public:
+  explicit ShmRingWriter(uint64_t capacity, uint64_t start = 0);
+
+  // Space for `length` bytes (length > 0) given everything before `released`
+  // is free, or nullopt when it does not fit now (or ever: length >
+  // capacity). `released` must be what the reader last published (monotone,
+  // never past the head). On success the head moves past the region.
+  std::optional<Region> Allocate(uint64_t length, uint64_t released);
+
+  uint64_t head() const { return head_; }
+  uint64_t capacity() const { return capacity_; }
+
+  // Called with the released position and a time (any monotone unit) every
+  // time an allocation fails: true once the released position has stayed
+  // the same for at least `patience` units while allocations kept failing.
+  // A successful allocation resets it.
+  bool Stuck(uint64_t released, int64_t now, int64_t patience);
+
+ private:
+  uint64_t capacity_;
+  uint64_t head_;
+  std::optional<uint64_t> stuck_released_;  // released position when failures began
+  int64_t stuck_since_ = 0;
+};
+
+// Checks a region named by a peer against a ring of `capacity` bytes: the
+// frame lies inside the ring without wrapping, begins 64-aligned, and the
+// whole region is no larger than the ring. InvalidArgument naming the
+// problem otherwise.
+absl::Status ValidateRegion(const Region& region, uint64_t capacity);
+
+// The reader's accounting: regions in the order they arrived; Release() in
+// any order; Published() is the position to store in the shared header.
+class ShmRingReleaser {
+ public:
+  // `released`: the shared released position when the reader attached.
+  explicit ShmRingReleaser(uint64_t released);
+
+  // Records a region that arrived. A region that begins before the end of
+  // the last one is refused (FailedPrecondition: out of order or a replay);
+  // a gap before it is treated as released (see the header comment).
+  absl::Status Arrived(const Region& region);
+
+  // The region that began at `begin` is no longer used. Returns the new
+  // released position (what to publish), which moves past every region
+  // released so far that has no unreleased region before it.
+  uint64_t Release(uint64_t begin);
+
+  uint64_t published() const;
+  size_t outstanding() const;  // regions arrived and not released
+
+ private:
+  struct Entry {
+    uint64_t begin;
+    uint64_t end;
+    bool released;
+  };
+  mutable std::mutex mu_;
+  uint64_t published_ ABSL_GUARDED_BY(mu_);
+  uint64_t known_end_ ABSL_GUARDED_BY(mu_);  // end of the last region that arrived
+  std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+// ---- the OS part ----
+
+// The fixed header at the start of every ring file; the data follows at
+// kHeaderBytes. Layout is part of the protocol between processes of one
+// build (a version check refuses others).
+inline constexpr uint64_t kMagic = 0x676e6972'61726574ull;  // "teraring"
+inline constexpr uint32_t kVersion = 1;
+inline constexpr uint64_t kHeaderBytes = 4096;
+
+// A mapped ring file under /dev/shm. Files are named
+// "tessera-shm-<pid>-<counter>-<random hex>" so that names never repeat and a
+// dead creator's files can be found (RemoveDeadRings).
+class ShmSegment {
+ public:
+  // Creates and maps a new ring of `capacity` data bytes (a power of two),
+  // with its memory reserved up front (so that a full /dev/shm is an error
+  // here, never a SIGBUS later). ResourceExhausted when /dev/shm has no
+  // room, Internal for other system errors; messages name the file.
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(uint64_t capacity);
+  // Maps an existing ring by name. Refuses names that are not ring names,
+  // links, files of another user, and headers with a wrong magic, version or
+  // size (InvalidArgument / NotFound / PermissionDenied).
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> Open(const std::string& name);
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  const std::string& name() const { return name_; }
+  uint64_t capacity() const { return capacity_; }
+  std::byte* data() { return base_ + kHeaderBytes; }
+  std::byte* at(uint64_t position) { return data() + position % capacity_; }
+
+  // The shared released position. StoreReleased never moves it backwards
+  // (concurrent releases may store out of order).
+  uint64_t LoadReleased() const;
+  void StoreReleased(uint64_t position);
+
+  // Removes the file (the mappings stay valid). Idempotent.
+  void Unlink();
+
+ private:
+  ShmSegment(std::string name, std::byte* base, uint64_t capacity, bool owner)
+      : name_(std::move(name)), base_(base), capacity_(capacity), owner_(owner) {}
+  std::string name_;
+  std::byte* base_;
+  uint64_t capacity_;
+  bool owner_;
+  bool unlinked_ = false;
+};
+
+// True when `name` has the form of a ring file name (no path).
+bool IsRingName(const std::string& name);
+
+// Removes ring files in /dev/shm whose creating process no longer exists
+// (left by a crash). Returns how many were removed.
+int RemoveDeadRings();
+
+// Identity of "the same host" for the shared-memory path: processes with the
+// same value can map each other's ring files. Derived from the kernel's boot
+// id, the device and inode of /dev/shm (containers with their own /dev/shm
+// differ) and the user id. 0 when it cannot be determined (no shm then).
+uint64_t HostIdentity();
+
+}  // namespace tessera::shm

@@ -1,0 +1,186 @@
+#include "transport/shm_ring.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace tessera::shm {
+namespace {
+
+constexpr uint64_t kCap = 4096;
+
+TEST(ShmRingWriterTest, AllocatesAlignedContiguousRegions) {
+  ShmRingWriter w(kCap);
+  auto a = w.Allocate(100, 0);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->begin, 0u);
+  EXPECT_EQ(a->data, 0u);
+  EXPECT_EQ(a->end(), 100u);
+  auto b = w.Allocate(10, 0);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->begin, 100u) << "a region begins where the last ended";
+  EXPECT_EQ(b->data, 128u) << "frames start 64-byte aligned";
+  EXPECT_EQ(w.head(), 138u);
+}
+
+TEST(ShmRingWriterTest, RefusesWhatDoesNotFitUntilReleased) {
+  ShmRingWriter w(kCap);
+  ASSERT_TRUE(w.Allocate(3000, 0));
+  EXPECT_FALSE(w.Allocate(2000, 0)) << "only 1096 bytes are free";
+  EXPECT_FALSE(w.Allocate(kCap + 1, 0)) << "larger than the ring";
+  EXPECT_FALSE(w.Allocate(0, 0)) << "empty frames never take the ring";
+  // Releasing the first region frees its space; the frame cannot straddle
+  // the end, so it skips to the start: the padding belongs to its region.
+  auto r = w.Allocate(2000, 3000);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->begin, 3000u);
+  EXPECT_EQ(r->data, kCap) << "moved to the ring's start";
+  EXPECT_EQ(r->data % kCap, 0u);
+  EXPECT_EQ(w.head(), kCap + 2000);
+}
+
+TEST(ShmRingWriterTest, NeverHandsOutSpaceThatIsInUse) {
+  // Random sizes, random release lag: no live region may overlap another,
+  // and no frame may wrap.
+  std::mt19937_64 rng(5);
+  ShmRingWriter w(kCap);
+  std::deque<Region> live;
+  uint64_t released = 0;
+  for (int i = 0; i < 20000; ++i) {
+    if (!live.empty() && (rng() % 3 == 0)) {
+      released = live.front().end();
+      live.pop_front();
+    }
+    const uint64_t len = 1 + rng() % 1500;
+    auto r = w.Allocate(len, released);
+    if (!r) continue;
+    ASSERT_EQ(ValidateRegion(*r, kCap), absl::OkStatus());
+    ASSERT_LE(r->end() - released, kCap) << "overlaps space not yet released";
+    if (!live.empty()) {
+      ASSERT_EQ(r->begin, live.back().end());
+    }
+    live.push_back(*r);
+  }
+}
+
+TEST(ShmRingWriterTest, StuckOnlyAfterPatienceWithoutProgress) {
+  ShmRingWriter w(kCap);
+  ASSERT_TRUE(w.Allocate(kCap, 0));
+  EXPECT_FALSE(w.Stuck(0, 1000, 500));
+  EXPECT_FALSE(w.Stuck(0, 1400, 500));
+  EXPECT_TRUE(w.Stuck(0, 1500, 500));
+  EXPECT_FALSE(w.Stuck(64, 1600, 500)) << "progress restarts the wait";
+  EXPECT_FALSE(w.Stuck(64, 2000, 500));
+  EXPECT_TRUE(w.Stuck(64, 2100, 500));
+  ASSERT_TRUE(w.Allocate(64, 128));
+  EXPECT_FALSE(w.Stuck(128, 5000, 500)) << "a successful allocation restarts the wait";
+}
+
+TEST(ShmRingValidateTest, RefusesRegionsOutsideTheRing) {
+  EXPECT_TRUE(ValidateRegion({0, 0, 4096}, kCap).ok());
+  EXPECT_TRUE(ValidateRegion({4000, 4096, 100}, kCap).ok());
+  EXPECT_FALSE(ValidateRegion({0, 0, 0}, kCap).ok());
+  EXPECT_FALSE(ValidateRegion({0, 0, 4097}, kCap).ok());
+  EXPECT_FALSE(ValidateRegion({0, 4032, 128}, kCap).ok()) << "wraps";
+  EXPECT_FALSE(ValidateRegion({0, 8, 10}, kCap).ok()) << "unaligned";
+  EXPECT_FALSE(ValidateRegion({100, 64, 10}, kCap).ok()) << "data before begin";
+  EXPECT_FALSE(ValidateRegion({0, 4096, 100}, kCap).ok()) << "region larger than the ring";
+  EXPECT_FALSE(ValidateRegion({0, ~0ull - 63, 64}, kCap).ok());
+}
+
+TEST(ShmRingReleaserTest, PublishesOnlyContiguousReleases) {
+  ShmRingReleaser r(0);
+  ASSERT_TRUE(r.Arrived({0, 0, 100}).ok());
+  ASSERT_TRUE(r.Arrived({100, 128, 100}).ok());
+  ASSERT_TRUE(r.Arrived({228, 256, 100}).ok());
+  EXPECT_EQ(r.outstanding(), 3u);
+  EXPECT_EQ(r.Release(100), 0u) << "the first region is still held";
+  EXPECT_EQ(r.Release(228), 0u);
+  EXPECT_EQ(r.Release(0), 356u) << "all three are free now";
+  EXPECT_EQ(r.outstanding(), 0u);
+  EXPECT_EQ(r.published(), 356u);
+}
+
+TEST(ShmRingReleaserTest, GapsOfLostMessagesCountAsReleased) {
+  ShmRingReleaser r(64);  // attached to a ring whose reader had released up to 64
+  ASSERT_TRUE(r.Arrived({512, 512, 64}).ok()) << "[64, 512) was lost on the way";
+  EXPECT_EQ(r.Release(512), 576u);
+}
+
+TEST(ShmRingReleaserTest, RefusesRegionsOutOfOrder) {
+  ShmRingReleaser r(0);
+  ASSERT_TRUE(r.Arrived({0, 0, 100}).ok());
+  EXPECT_EQ(r.Arrived({0, 0, 100}).code(), absl::StatusCode::kFailedPrecondition) << "replayed";
+  EXPECT_EQ(r.Arrived({50, 64, 10}).code(), absl::StatusCode::kFailedPrecondition) << "overlaps";
+  EXPECT_EQ(r.outstanding(), 1u);
+}
+
+TEST(ShmSegmentTest, TwoMappingsShareBytesAndTheReleasedPosition) {
+  auto made = ShmSegment::Create(1 << 16);
+  ASSERT_TRUE(made.ok()) << made.status();
+  auto opened = ShmSegment::Open((*made)->name());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ((*opened)->capacity(), 1u << 16);
+  std::memcpy((*made)->at(70000), "hello", 5);  // position wraps to offset 70000 % 65536
+  EXPECT_EQ(std::memcmp((*opened)->data() + (70000 % 65536), "hello", 5), 0);
+  (*opened)->StoreReleased(4242);
+  EXPECT_EQ((*made)->LoadReleased(), 4242u);
+  (*opened)->StoreReleased(100);
+  EXPECT_EQ((*made)->LoadReleased(), 4242u) << "the released position moved backwards";
+  const std::string path = absl::StrCat("/dev/shm/", (*made)->name());
+  EXPECT_EQ(::access(path.c_str(), F_OK), 0);
+  made->reset();  // the creator removes the file; the other mapping stays
+  EXPECT_NE(::access(path.c_str(), F_OK), 0);
+  EXPECT_EQ(std::memcmp((*opened)->data() + (70000 % 65536), "hello", 5), 0);
+}
+
+TEST(ShmSegmentTest, OpenRefusesWhatIsNotARing) {
+  EXPECT_EQ(ShmSegment::Open("../etc/passwd").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShmSegment::Open("tessera-shm-1/../../x").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShmSegment::Open("tessera-shm-999999999-0-0").status().code(), absl::StatusCode::kNotFound);
+  // A file with a ring's name but not a ring's header.
+  const std::string name = absl::StrCat("tessera-shm-", getpid(), "-999-abc");
+  const std::string path = "/dev/shm/" + name;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, 4096 + 65536), 0);
+  ::close(fd);
+  EXPECT_EQ(ShmSegment::Open(name).status().code(), absl::StatusCode::kInvalidArgument);
+  ::unlink(path.c_str());
+  EXPECT_FALSE(ShmSegment::Create(1000).ok()) << "not a power of two";
+}
+
+TEST(ShmSegmentTest, RemoveDeadRingsRemovesOnlyFilesOfDeadProcesses) {
+  // A child that exits gives a pid that is (almost surely) not reused at once.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  const std::string dead = absl::StrCat("/dev/shm/tessera-shm-", child, "-0-dead");
+  const std::string alive = absl::StrCat("/dev/shm/tessera-shm-", getpid(), "-77-a11e");
+  for (const std::string& p : {dead, alive}) {
+    const int fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+    ASSERT_GE(fd, 0) << p;
+    ::close(fd);
+  }
+  EXPECT_GE(RemoveDeadRings(), 1);
+  EXPECT_NE(::access(dead.c_str(), F_OK), 0) << "the dead process's file stays";
+  EXPECT_EQ(::access(alive.c_str(), F_OK), 0) << "a live process's file was removed";
+  ::unlink(alive.c_str());
+}
+
+TEST(ShmHostIdentityTest, StableAndNonZero) {
+  const uint64_t a = HostIdentity();
+  EXPECT_NE(a, 0u);
+  EXPECT_EQ(a, HostIdentity());
+}
+
+}  // namespace
+}  // namespace tessera::shm

@@ -1,0 +1,84 @@
+#pragma once
+// ShmTransport: a Transport that sends large frames to peers on the same host
+// through shared-memory rings (transport/shm_ring.h) and everything else
+// through the transport it wraps (ZeroMQ tcp:// or ipc://).
+//
+// How it works:
+// - Every message it sends carries, in its header, this process's host
+//   identity (shm::HostIdentity: boot id, /dev/shm, user). Every message it
+//   receives tells it the sender's identity, remembered per sender address.
+//   So a peer is known to share the host once any message from it arrived;
+//   until then everything goes through the inner transport.
+// - To a peer that shares the host, a data frame of at least
+//   options.min_frame_bytes is copied into a ring this transport made for
+//   that peer (one ring per destination, made on first use), and the message
+//   goes through the inner transport with an empty frame in its place and a
+//   descriptor (ring name and position) in its header. The receiver hands its
+//   handler a Buffer that views the ring: no copy on that side, 64-byte
+//   aligned. The space returns to the sender when the last copy of that
+//   Buffer is dropped.
+// - A frame that does not fit the ring now (the receiver still holds earlier
+//   frames) goes through the inner transport: Send never waits. A ring that
+//   stays full with no space coming back for options.stuck_ms (its receiver
+//   died or restarted, and messages were lost) is replaced by a new one.
+// - The per-destination order of the inner transport is kept: the copy into
+//   the ring and the inner Send happen under one lock per destination.
+// - Selection is logged: one line per peer when its first ring is made, and
+//   one if a ring cannot be made (that peer then gets everything through the
+//   inner transport). stats() counts frames and bytes both ways and the
+//   frames that fell back.
+// - Received descriptors are checked (ring name form, owner, bounds, order);
+//   a message with a bad one is logged (rate-limited), counted in
+//   malformed_received and dropped. The shm fields are removed from every
+//   header before the handler sees it.
+// - Lifetime: Stop() stops the inner transport, then removes the ring files
+//   this transport made (peers' mappings stay valid, so Buffers they hold
+//   stay readable). Files left by a crashed process are removed by the next
+//   ShmTransport that makes a ring on the host (shm::RemoveDeadRings).
+// - Security: rings are files of mode 0600 owned by this user, and peers of
+//   another user never share a host identity; the bytes are not encrypted
+//   (they never leave the host).
+// Thread safety: as the Transport contract. Destroying the transport from
+// inside its handler is allowed when the inner transport allows it.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "transport/transport.h"
+
+namespace tessera {
+
+class ShmTransport final : public Transport {
+ public:
+  struct Options {
+    size_t min_frame_bytes = 64 * 1024;  // smaller frames always go through the inner transport
+    uint64_t ring_bytes = 64ull << 20;   // per destination; a power of two >= 1 MiB
+    int64_t stuck_ms = 2000;             // a full ring with no progress this long is replaced
+    uint64_t host_identity = 0;          // 0 = shm::HostIdentity(); tests set others
+    // Treat every destination as sharing the host without waiting to hear
+    // from it (for tests, and for jobs known to run on one host; a peer that
+    // cannot map the rings then drops those messages).
+    bool assume_local_peers = false;
+  };
+
+  // Takes ownership of `inner`, which must not be started.
+  ShmTransport(std::unique_ptr<Transport> inner, Options options);
+  ~ShmTransport() override;
+  ShmTransport(const ShmTransport&) = delete;
+  ShmTransport& operator=(const ShmTransport&) = delete;
+
+  absl::Status Start(Handler handler) override;
+  const std::string& address() const override;
+  absl::Status Send(const std::string& to, Message message) override;
+  void Stop() override;
+  TransportStats stats() const override;
+
+  // Checks options: InvalidArgument naming the bad one.
+  static absl::Status Validate(const Options& options);
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,37 @@
+#pragma once
+// Prometheus series of a transport's counters, for a node's /metrics page:
+//   tessera_transport_messages_total{direction="sent"|"received"}
+//   tessera_transport_bytes_total{direction}            header + frames, ring bytes included
+//   tessera_transport_malformed_total                   incoming messages dropped as malformed
+//   tessera_transport_auth_rejected_total               connections refused (not the job's key)
+//   tessera_transport_shm_frames_total{direction}       frames through same-host shared memory
+//   tessera_transport_shm_bytes_total{direction}
+//   tessera_transport_shm_fallback_frames_total         same-host frames sent over the wire: ring full
+//   tessera_transport_shm_peers                         destinations with a shared-memory ring now
+#include "common/metrics.h"
+#include "transport/transport.h"
+
+namespace tessera {
+
+inline metrics::TextWriter& WriteTransportMetrics(metrics::TextWriter& w, const TransportStats& s) {
+  using Series = metrics::TextWriter::Series;
+  auto both = [](uint64_t sent, uint64_t received) {
+    return Series{{{{"direction", "sent"}}, static_cast<double>(sent)},
+                  {{{"direction", "received"}}, static_cast<double>(received)}};
+  };
+  return w.Counters("tessera_transport_messages_total", "Messages sent and received by this node's transport",
+                    both(s.messages_sent, s.messages_received))
+      .Counters("tessera_transport_bytes_total", "Header and frame bytes sent and received (shared memory included)",
+                both(s.bytes_sent, s.bytes_received))
+      .Counter("tessera_transport_malformed_total", "Incoming messages dropped as malformed", s.malformed_received)
+      .Counter("tessera_transport_auth_rejected_total", "Connections refused: not the job's key", s.auth_rejected)
+      .Counters("tessera_transport_shm_frames_total", "Data frames through same-host shared memory",
+                both(s.shm_frames_sent, s.shm_frames_received))
+      .Counters("tessera_transport_shm_bytes_total", "Data frame bytes through same-host shared memory",
+                both(s.shm_bytes_sent, s.shm_bytes_received))
+      .Counter("tessera_transport_shm_fallback_frames_total",
+               "Frames for a same-host peer sent over the wire because its ring was full", s.shm_fallback_frames)
+      .Gauge("tessera_transport_shm_peers", "Destinations with a shared-memory ring now", s.shm_peers);
+}
+
+}  // namespace tessera
