@@ -29,10 +29,14 @@ struct RingReader {
 };
 
 // Owner of one received frame's bytes: gives the space back when dropped.
+// Made in place only: a copy's destructor would give the space back early.
 struct RegionHold {
+  RegionHold(std::shared_ptr<RingReader> r, uint64_t b) : reader(std::move(r)), begin(b) {}
+  RegionHold(const RegionHold&) = delete;
+  RegionHold& operator=(const RegionHold&) = delete;
+  ~RegionHold() { reader->segment->StoreReleased(reader->releaser.Release(begin)); }
   std::shared_ptr<RingReader> reader;
   uint64_t begin;
-  ~RegionHold() { reader->segment->StoreReleased(reader->releaser.Release(begin)); }
 };
 
 }  // namespace
@@ -215,7 +219,7 @@ class ShmTransport::Impl {
       const shm::Region region{d.begin(), d.data(), d.length()};
       if (auto s = shm::ValidateRegion(region, (*reader)->segment->capacity()); !s.ok()) return s;
       if (auto s = (*reader)->releaser.Arrived(region); !s.ok()) return s;
-      auto hold = std::make_shared<RegionHold>(RegionHold{*reader, region.begin});
+      auto hold = std::make_shared<RegionHold>(*reader, region.begin);
       std::byte* bytes = (*reader)->segment->at(region.data);
       m.frames[d.index()] = Buffer::Adopt(std::move(hold), bytes, region.length);
     }
