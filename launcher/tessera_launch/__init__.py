@@ -12,6 +12,7 @@ Modules:
   ssh         the `ssh` back-end: a hostfile, a process per ssh connection
   kubernetes  the `kubernetes` back-end: manifests, applied with kubectl
   role        `tessera-launch role`: one job process under a carrier
+  doctor      `tessera-launch doctor`: a preflight check of the job's hosts
   cli         the `tessera-launch` command line
 """
 

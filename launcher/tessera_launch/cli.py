@@ -8,7 +8,7 @@ import sys
 
 from . import __version__
 from .config import ConfigError
-from . import kubernetes, report, role, slurm, ssh
+from . import doctor, kubernetes, report, role, slurm, ssh
 from .local import EXIT_USAGE, LocalBackend, LocalOptions, SetupError, run_job
 from .mpirun import MpirunBackend
 
@@ -152,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                           _KUBERNETES_DESCRIPTION)
     _add_common(kube_parser, skip=False)
     kubernetes.add_arguments(kube_parser)
+    doctor.add_arguments(command("doctor", "check the hosts a job would use before running it (RDMA, memlock, "
+                                 "reachability, CUDA)", doctor.DESCRIPTION, doctor.EPILOG))
     report.add_arguments(command("report", "turn a run directory into plots and a Markdown page",
                                  report.__doc__.split("\n\n", 1)[1], ""))
     role.add_arguments(commands.add_parser(
@@ -172,6 +174,8 @@ def main(argv=None) -> int:
     try:
         if args.command == "report":
             return report.run(args)
+        if args.command == "doctor":
+            return doctor.run(args)
         if args.command == "role":
             return role.main_role(args)
         if args.command == "kubernetes":

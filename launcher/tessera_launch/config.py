@@ -1,9 +1,11 @@
 """Loading, overriding and validating Tessera job configs.
 
 A job config is a YAML file with four sections: `job`, `cluster`, `timeouts`
-and `worker`, one optional section per back-end that needs settings of
-its own: `mpirun`, `slurm`, `ssh`, `kubernetes`, and an optional list of
-process faults, `faults` (faults.py; configs/README.md documents every key). `load_config` reads one,
+and `worker`, optional sections of their own for the transports (`rdma`,
+`shm`) and the rest (`metrics`, `checkpoints`, ...), one optional section per
+back-end that needs settings of its own: `mpirun`, `slurm`, `ssh`,
+`kubernetes`, and an optional list of process faults, `faults` (faults.py;
+configs/README.md documents every key). `load_config` reads one,
 applies `--set key.path=value` overrides, fills in defaults and validates
 strictly. Every problem raises ConfigError; its message names where the bad
 value came from (`FILE:LINE`, `FILE`, or `--set ...`) and the key path, e.g.
@@ -30,7 +32,17 @@ import yaml
 
 from .faults import FAULT_KEYS, render_value as _render, validate_faults
 
-TRANSPORTS = ("tcp", "ipc")
+#: cluster.transport: tcp and ipc are ZeroMQ's schemes, zmq means tcp, rdma
+#: and auto bind the same tcp endpoints as tcp (ZeroMQ over tcp is the
+#: fallback; the RDMA transport listens on the same host:port).
+TRANSPORTS = ("tcp", "ipc", "zmq", "rdma", "auto")
+#: The transports that do not use RDMA at all.
+ZMQ_TRANSPORTS = ("tcp", "ipc", "zmq")
+
+#: Smallest shm.ring_bytes.
+MIN_RING_BYTES = 1 << 20
+#: Largest byte count a key may hold (a signed 64-bit integer in the programs).
+MAX_BYTES = (1 << 63) - 1
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ARG_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
@@ -69,6 +81,37 @@ class ClusterSection:
     on_worker_loss: str = "stop"
     replication: int = 2
     on_shard_loss: str = "stop"
+
+    @property
+    def bind_scheme(self) -> str:
+        """The ZeroMQ scheme processes bind: ipc for `ipc`, else tcp (rdma
+        and auto listen on the same tcp endpoints as tcp)."""
+        return "ipc" if self.transport == "ipc" else "tcp"
+
+    @property
+    def wire(self) -> str:
+        """TESSERA_TRANSPORT: zmq (tcp, ipc, zmq), rdma or auto."""
+        return "zmq" if self.transport in ZMQ_TRANSPORTS else self.transport
+
+
+@dataclass(frozen=True)
+class RdmaSection:
+    required: bool = False
+    pool_bytes: int = 64 << 20
+    max_pinned_bytes: int = 1 << 30
+
+    @property
+    def pinned_bytes(self) -> int:
+        """What one process may pin at most: its eager pool and its
+        registration cache (the memlock limit it needs)."""
+        return self.pool_bytes + self.max_pinned_bytes
+
+
+@dataclass(frozen=True)
+class ShmSection:
+    enabled: bool = True
+    min_frame_bytes: int = 64 << 10
+    ring_bytes: int = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -200,6 +243,8 @@ class JobConfig:
     coordinator: CoordinatorSection = dataclasses.field(default_factory=CoordinatorSection)
     security: SecuritySection = dataclasses.field(default_factory=SecuritySection)
     limits: LimitsSection = dataclasses.field(default_factory=LimitsSection)
+    rdma: RdmaSection = dataclasses.field(default_factory=RdmaSection)
+    shm: ShmSection = dataclasses.field(default_factory=ShmSection)
     faults: tuple = ()  # FaultSpec, in file order
 
     def to_dict(self) -> dict:
@@ -247,6 +292,19 @@ class Field:
 def _positive_int(value: Any) -> Optional[str]:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         return "must be a positive integer"
+    return None
+
+
+def _byte_count(value: Any) -> Optional[str]:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_BYTES:
+        return "must be a positive integer (bytes)"
+    return None
+
+
+def _ring_bytes(value: Any) -> Optional[str]:
+    if (isinstance(value, bool) or not isinstance(value, int) or not MIN_RING_BYTES <= value <= MAX_BYTES
+            or value & (value - 1)):
+        return f"must be a power of two of at least {MIN_RING_BYTES} (1 MiB), in bytes"
     return None
 
 
@@ -359,8 +417,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "servers": Field(_positive_int, 1, "number of tessera-server processes"),
         "workers": Field(_positive_int, 1, "number of worker processes"),
         "vshards": Field(_positive_int, 64, "virtual shards the key space is hashed onto"),
-        "transport": Field(_transport, "tcp", "tcp | ipc"),
-        "host": Field(_nonempty_string, "127.0.0.1", "address processes bind and advertise (tcp)"),
+        "transport": Field(_transport, "tcp",
+                           "tcp | ipc (ZeroMQ) | zmq (= tcp) | rdma | auto (RDMA where usable, else ZeroMQ over "
+                           "tcp)"),
+        "host": Field(_nonempty_string, "127.0.0.1", "address processes bind and advertise (all transports but ipc)"),
         "replication": Field(_positive_int, 2,
                              "copies of each virtual shard (capped at servers); with 2 or more a lost server "
                              "fails over to its backups"),
@@ -446,6 +506,21 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "max_message_mb": Field(_int_in(1, 1 << 20, "an integer from 1 to 1048576"), 2048,
                                 "largest message a server accepts"),
     },
+    "rdma": {
+        "required": Field(_boolean, False,
+                          "true: a process that cannot use RDMA fails instead of falling back to ZeroMQ (needs "
+                          "cluster.transport rdma or auto)"),
+        "pool_bytes": Field(_byte_count, 64 << 20, "registered eager buffers per process"),
+        "max_pinned_bytes": Field(_byte_count, 1 << 30,
+                                  "bound of each process's registration cache; at least rdma.pool_bytes"),
+    },
+    "shm": {
+        "enabled": Field(_boolean, True, "same-host large frames go through shared-memory rings"),
+        "min_frame_bytes": Field(_byte_count, 64 << 10, "frames at least this big take the ring"),
+        "ring_bytes": Field(_ring_bytes, 64 << 20,
+                            "ring size per sender->receiver pair: a power of two, at least 1 MiB and "
+                            "2 * shm.min_frame_bytes"),
+    },
     "metrics": {
         "port": Field(_metrics_port, 0, "first Prometheus port: server-R port+R, worker-R port+servers+R, the coordinator "
                                            "port+servers+workers; 0: off"),
@@ -468,6 +543,8 @@ _SECTION_TYPES = {
     "coordinator": CoordinatorSection,
     "security": SecuritySection,
     "limits": LimitsSection,
+    "rdma": RdmaSection,
+    "shm": ShmSection,
     "ssh": SshSection,
     "kubernetes": KubernetesSection,
 }
@@ -764,6 +841,23 @@ class _Validator:
             options.append(f"{name}={str(v).lower() if isinstance(v, bool) else v}")
         return codec + (":" + ",".join(options) if options else "")
 
+    def transport_checks(self, cluster: dict, rdma: dict, shm: dict) -> None:
+        """rdma.required against cluster.transport; the byte counts against
+        each other."""
+        transport = cluster.get("transport")
+        if rdma.get("required") and transport in ZMQ_TRANSPORTS:
+            self.error(("rdma", "required"),
+                       f"rdma.required is true, but cluster.transport is {transport}, which never uses RDMA: "
+                       "set cluster.transport to rdma or auto, or rdma.required to false")
+        if "pool_bytes" in rdma and "max_pinned_bytes" in rdma and rdma["max_pinned_bytes"] < rdma["pool_bytes"]:
+            self.error(("rdma", "max_pinned_bytes"),
+                       f"rdma.max_pinned_bytes ({rdma['max_pinned_bytes']}) must be at least rdma.pool_bytes "
+                       f"({rdma['pool_bytes']})")
+        if "min_frame_bytes" in shm and "ring_bytes" in shm and shm["ring_bytes"] < 2 * shm["min_frame_bytes"]:
+            self.error(("shm", "ring_bytes"),
+                       f"shm.ring_bytes ({shm['ring_bytes']}) must be at least 2 * shm.min_frame_bytes "
+                       f"({2 * shm['min_frame_bytes']})")
+
     def cross_checks(self, cluster: dict, timeouts: dict) -> None:
         if "vshards" in cluster and "servers" in cluster and cluster["vshards"] < cluster["servers"]:
             self.error(
@@ -802,6 +896,7 @@ def validate(data: Any, source: str, overrides: list = ()) -> JobConfig:
     if "args" in sections["worker"]:
         sections["worker"]["args"] = checker.worker_args(sections["worker"]["args"])
     checker.cross_checks(sections["cluster"], sections["timeouts"])
+    checker.transport_checks(sections["cluster"], sections["rdma"], sections["shm"])
     if sections["coordinator"].get("standbys") and not sections["coordinator"].get("etcd"):
         checker.error(("coordinator", "standbys"),
                       "coordinator.standbys needs coordinator.etcd (standbys are elected through etcd)")

@@ -18,12 +18,13 @@ Objects (NAME is job.name made a DNS label):
               worker fails the Job)
 
 Every container runs the same command line as under the other back-ends
-(local.process_argv), with these differences: processes bind their pod's IP
-($(POD_IP)) on a fixed port (P, P+1, P+2 for coordinator, servers,
-workers), the rank comes from $(TESSERA_RANK), and the run directory is an
-emptyDir at /var/run/tessera. The image must hold the build tree at
-kubernetes.build_dir. Logs: `kubectl logs`; the coordinator's summary is in
-its pod's /var/run/tessera.
+(local.process_argv) and gets the same transport variables
+(local.transport_env: TESSERA_TRANSPORT, TESSERA_RDMA_*, TESSERA_SHM*), with
+these differences: processes bind their pod's IP ($(POD_IP)) on a fixed
+port (P, P+1, P+2 for coordinator, servers, workers), the rank comes from
+$(TESSERA_RANK), and the run directory is an emptyDir at /var/run/tessera.
+The image must hold the build tree at kubernetes.build_dir. Logs: `kubectl
+logs`; the coordinator's summary is in its pod's /var/run/tessera.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pathlib import Path
 import yaml
 
 from .local import (EXIT_FAILED, EXIT_OK, Binaries, LocalOptions, RunLayout, SetupError, check_fault_support,
-                    load_job, process_argv, start_run)
+                    load_job, process_argv, start_run, transport_env)
 
 CONFIG_MOUNT = "/etc/tessera"
 RUN_DIR = "/var/run/tessera"
@@ -74,8 +75,9 @@ def manifests(config, debug: bool = False, job_keys: str = REDACTED_KEYS) -> lis
     security.curve, `job_keys` (the key file's text) goes into a Secret that
     every pod mounts read-only, mode 0400, and names in TESSERA_JOB_KEYS."""
     k8s = config.kubernetes
-    if config.cluster.transport != "tcp":
-        raise SetupError("the kubernetes back-end needs cluster.transport tcp")
+    if config.cluster.bind_scheme != "tcp":
+        raise SetupError("the kubernetes back-end needs cluster.transport tcp (or zmq, rdma, auto): ipc works on "
+                         "one host only")
     base, namespace, port = object_name(config.job.name), k8s.namespace, k8s.port
     binaries = Binaries.locate(Path(k8s.build_dir), config.worker.program)
     layout = RunLayout(Path(RUN_DIR))
@@ -97,6 +99,7 @@ def manifests(config, debug: bool = False, job_keys: str = REDACTED_KEYS) -> lis
         env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                {"name": "TESSERA_JOB_CONFIG", "value": f"{CONFIG_MOUNT}/job.yaml"},
                {"name": "PYTHONUNBUFFERED", "value": "1"}]
+        env += [{"name": name, "value": value} for name, value in transport_env(config).items()]
         if rank_field:
             env.insert(1, {"name": "TESSERA_RANK", "valueFrom": {"fieldRef": {"fieldPath": rank_field}}})
         mounts = [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},

@@ -102,13 +102,14 @@ def resolve_build_dir(flag: Optional[str], environ=os.environ) -> Path:
 
 @dataclass(frozen=True)
 class Binaries:
-    """The three executables a job runs."""
+    """The three executables a job runs, and the tools the launcher uses."""
 
     coordinator: Path
     server: Path
     program: Path
     keys: Path = Path("tessera-keys")
     python: Path = Path("python")  # the build tree's tessera Python package (PYTHONPATH of worker programs)
+    doctor_probe: Path = Path("tessera-doctor-probe")  # what `tessera-launch doctor` runs on every host
 
     @classmethod
     def locate(cls, build_dir: Path, program: str) -> "Binaries":
@@ -121,6 +122,7 @@ class Binaries:
             program=program_path,
             keys=build_dir / "transport" / "tessera-keys",
             python=build_dir / "python",
+            doctor_probe=build_dir / "rdma" / "tessera-doctor-probe",
         )
 
     def problems(self) -> list:
@@ -225,9 +227,12 @@ def resolve_host(host: str) -> str:
 
 
 def bind_address(config: JobConfig, layout: RunLayout, name: str, host: Optional[str] = None) -> str:
-    """tcp://HOST:0 (the OS picks the port), or ipc://RUNDIR/sock/NAME.sock.
-    HOST is `host` if given, else cluster.host (`auto` resolved here)."""
-    if config.cluster.transport == "tcp":
+    """tcp://HOST:0 (the OS picks the port), or ipc://RUNDIR/sock/NAME.sock
+    (cluster.transport ipc). HOST is `host` if given, else cluster.host
+    (`auto` resolved here). The rdma and auto transports bind the same tcp
+    endpoint: ZeroMQ over tcp is their fallback, and RDMA listens on the
+    same host:port."""
+    if config.cluster.bind_scheme == "tcp":
         return f"tcp://{host or resolve_host(config.cluster.host)}:0"
     path = layout.socket(name)
     if len(str(path)) > MAX_IPC_PATH:
@@ -288,13 +293,43 @@ def job_keys_path(config: JobConfig, layout: RunLayout) -> Optional[Path]:
     return Path(config.security.keys_file).resolve() if config.security.keys_file else layout.root / "job.keys"
 
 
+def transport_env(config: JobConfig) -> dict:
+    """The transport choice as every job process gets it (read by the
+    transport factory; docs/launcher.md, "The process contract"):
+    TESSERA_TRANSPORT zmq | rdma | auto (zmq for tcp, ipc and zmq: the bind
+    address says which), the rdma and shm sections as 1/0 and decimal byte
+    counts."""
+    rdma, shm = config.rdma, config.shm
+    return {
+        "TESSERA_TRANSPORT": config.cluster.wire,
+        "TESSERA_RDMA_REQUIRED": "1" if rdma.required else "0",
+        "TESSERA_RDMA_POOL_BYTES": str(rdma.pool_bytes),
+        "TESSERA_RDMA_MAX_PINNED_BYTES": str(rdma.max_pinned_bytes),
+        "TESSERA_SHM": "1" if shm.enabled else "0",
+        "TESSERA_SHM_MIN_FRAME_BYTES": str(shm.min_frame_bytes),
+        "TESSERA_SHM_RING_BYTES": str(shm.ring_bytes),
+    }
+
+
+def describe_transport(config: JobConfig) -> str:
+    """cluster.transport for the launcher's first line: "tcp", "ipc", or
+    what rdma and auto do without a usable device."""
+    transport = config.cluster.transport
+    if transport in ("rdma", "auto"):
+        if config.rdma.required:
+            return f"{transport} (RDMA required: a process without it fails)"
+        return f"{transport} (RDMA where usable, else ZeroMQ over tcp)"
+    return transport
+
+
 def process_env(config: JobConfig, layout: RunLayout, binaries: "Binaries") -> dict:
-    """Environment every job process gets: where its job key file is
+    """Environment every job process gets, whichever back-end starts it:
+    the transport choice (transport_env), where its job key file is
     (TESSERA_JOB_KEYS, read by the transport; docs/security.md), and
     PYTHONPATH starting with the build tree's python/ directory, so that
     Python worker programs (examples/dlrm.py) import the tessera module that
     was built with the binaries."""
-    env = {}
+    env = transport_env(config)
     path = job_keys_path(config, layout)
     if path is not None:
         env["TESSERA_JOB_KEYS"] = str(path)
@@ -599,6 +634,8 @@ def _print_plan(backend: Backend, job: Job, console: Console) -> None:
     console.say(f"dry run of job {job.config.job.name} ({backend.name}): nothing is started")
     for problem in job.binaries.problems():
         console.say(f"warning: {problem}")
+    console.block(["environment of every process: " + " ".join(
+        f"{key}={value}" for key, value in transport_env(job.config).items())])
     for name, argv in backend.plan(job):
         note = "  # skipped" if name in job.skips else ""
         console.block([f"{name}: {shlex.join(argv)}{note}"])
@@ -696,7 +733,7 @@ def run_job(options: LocalOptions, backend: Backend) -> int:
     tracker = ProgressTracker(layout.progress)
     try:
         console.say(f"job {config.job.name}: {config.cluster.servers} servers, {config.cluster.workers} "
-                    f"workers over {config.cluster.transport} ({backend.name}); run directory {layout.root}")
+                    f"workers over {describe_transport(config)} ({backend.name}); run directory {layout.root}")
         if not config.security.curve:
             console.say("warning: security.curve is false: the job's ports are open to anyone who can reach "
                         "them (docs/security.md)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from pathlib import Path
 
 from .local import Backend, Job, SetupError, await_announced_address, launch_carried, process_names
@@ -24,12 +25,7 @@ class MpirunBackend(Backend):
 
     def check(self, job: Job) -> None:
         super().check(job)
-        settings = job.config.mpirun
-        if shutil.which(settings.command) is None:
-            raise SetupError(f"{settings.command} not found on PATH (mpirun.command); install Open MPI "
-                             "(scripts/setup.sh installs openmpi-bin)")
-        if settings.hostfile and not Path(settings.hostfile).is_file():
-            raise SetupError(f"mpirun.hostfile {settings.hostfile}: no such file")
+        check_mpirun(job)
 
     def command(self, job: Job) -> list:
         settings = job.config.mpirun
@@ -42,7 +38,44 @@ class MpirunBackend(Backend):
         return [("mpirun", self.command(job))] + super().plan(job)
 
     def launch(self, sup: Supervisor, job: Job) -> None:
-        # Open MPI refuses to run as root unless told that it is meant.
-        env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.geteuid() == 0 else {}
-        if launch_carried(sup, job, "mpirun", self.command(job), process_names(job.config), env):
+        if launch_carried(sup, job, "mpirun", self.command(job), process_names(job.config), mpirun_env()):
             await_announced_address(sup, job, "started by mpirun as rank 0")
+
+
+def check_mpirun(job: Job) -> None:
+    """Raises SetupError when mpirun.command is not on PATH or
+    mpirun.hostfile does not exist."""
+    settings = job.config.mpirun
+    if shutil.which(settings.command) is None:
+        raise SetupError(f"{settings.command} not found on PATH (mpirun.command); install Open MPI "
+                         "(scripts/setup.sh installs openmpi-bin)")
+    if settings.hostfile and not Path(settings.hostfile).is_file():
+        raise SetupError(f"mpirun.hostfile {settings.hostfile}: no such file")
+
+
+def mpirun_env() -> dict:
+    """What mpirun's environment needs on top of ours: Open MPI refuses to
+    run as root unless told that it is meant."""
+    return {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.geteuid() == 0 else {}
+
+
+def hostfile_hosts(path: str) -> list:
+    """The distinct host names of an Open MPI hostfile (`node1 slots=4`
+    lines, `#` comments), in file order."""
+    hosts = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        words = line.split("#", 1)[0].split()
+        if words and words[0] not in hosts:
+            hosts.append(words[0])
+    return hosts
+
+
+def per_host_command(job: Job, command: list) -> tuple:
+    """(argv, hosts): one mpirun rank on every host of mpirun.hostfile (this
+    machine without one), each running `command`."""
+    settings = job.config.mpirun
+    hosts = hostfile_hosts(settings.hostfile) if settings.hostfile else [socket.gethostname()]
+    argv = [settings.command, "-np", str(len(hosts)), "--map-by", "ppr:1:node"]
+    if settings.hostfile:
+        argv += ["--hostfile", str(Path(settings.hostfile).resolve())]
+    return argv + list(settings.args) + command, len(hosts)

@@ -46,9 +46,7 @@ class SlurmBackend(Backend):
 
     def check(self, job: Job) -> None:
         super().check(job)
-        if shutil.which("srun") is None:
-            raise SetupError("srun not found on PATH: is this a Slurm cluster (scripts/setup.sh installs "
-                             "slurm-wlm)?")
+        check_srun()
 
     def command(self, job: Job) -> list:
         settings = job.config.slurm
@@ -64,6 +62,28 @@ class SlurmBackend(Backend):
     def launch(self, sup: Supervisor, job: Job) -> None:
         if launch_carried(sup, job, "srun", self.command(job), process_names(job.config)):
             await_announced_address(sup, job, "started by srun as task 0")
+
+
+def check_srun() -> None:
+    if shutil.which("srun") is None:
+        raise SetupError("srun not found on PATH: is this a Slurm cluster (scripts/setup.sh installs "
+                         "slurm-wlm)?")
+
+
+def per_node_command(job: Job, command: list, environ=os.environ) -> tuple:
+    """(argv, nodes): one srun task on every node of the current allocation
+    (SLURM_JOB_NUM_NODES), or of a new one of slurm.nodes nodes (1 if not
+    set; with slurm.partition and slurm.time_limit), each running
+    `command`."""
+    settings = job.config.slurm
+    inside = "SLURM_JOB_ID" in environ
+    count = (environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES")) if inside else None
+    nodes = int(count) if count and count.isdigit() else (settings.nodes or 1)
+    argv = ["srun", "--nodes", str(nodes), "--ntasks", str(nodes), "--ntasks-per-node", "1",
+            "--kill-on-bad-exit=0", "--job-name", f"{job.config.job.name}-doctor"]
+    if not inside:
+        argv += [option for option in allocation_options(job) if not option.startswith("--nodes=")]
+    return argv + list(settings.srun_args) + command, nodes
 
 
 def allocation_options(job: Job) -> list:

@@ -15,6 +15,13 @@ Behaviour switches (environment):
   FAKE_WORKER_FAIL=R         worker R exits 5 after its first progress line
   FAKE_WORKER_STEPS=N        steps per worker (default 6)
   FAKE_STEP_SECONDS=S        seconds per step (default 0.02)
+  FAKE_SHOW_TRANSPORT_ENV=1  every process logs the transport variables it got
+
+The transport variables (TESSERA_TRANSPORT, TESSERA_RDMA_REQUIRED, ...) are
+honoured as the real transport factory does on a machine without an RDMA
+device: with rdma or auto each process logs one line that RDMA is
+unavailable and it falls back to ZeroMQ; with TESSERA_RDMA_REQUIRED=1 too it
+logs why and exits 1 instead.
 
 With --on-worker-loss wait, a worker whose connection closes before it is
 done is declared lost (`lost worker R (...)`, in the C++ programs' log
@@ -75,6 +82,25 @@ def connect(address, timeout):
             time.sleep(0.05)
 
 
+TRANSPORT_VARIABLES = ("TESSERA_TRANSPORT", "TESSERA_RDMA_REQUIRED", "TESSERA_RDMA_POOL_BYTES",
+                       "TESSERA_RDMA_MAX_PINNED_BYTES", "TESSERA_SHM", "TESSERA_SHM_MIN_FRAME_BYTES",
+                       "TESSERA_SHM_RING_BYTES")
+
+
+def make_transport(name):
+    """What the transport factory does with the environment, without an
+    RDMA device."""
+    if os.environ.get("FAKE_SHOW_TRANSPORT_ENV"):
+        log(f"INFO {name} transport env " + " ".join(f"{k}={os.environ.get(k, '<unset>')}"
+                                                    for k in TRANSPORT_VARIABLES))
+    if os.environ.get("TESSERA_TRANSPORT") in ("rdma", "auto"):
+        reason = "no RDMA device (fake: ibv_get_device_list: Function not implemented)"
+        if os.environ.get("TESSERA_RDMA_REQUIRED") == "1":
+            stamped(name, "error", f"RDMA is required (TESSERA_RDMA_REQUIRED=1) but unusable: {reason}")
+            sys.exit(1)
+        stamped(name, "warning", f"RDMA unavailable ({reason}); falling back to ZeroMQ over tcp")
+
+
 def write_atomically(path, text):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -98,6 +124,7 @@ def coordinator(argv):
     p.add_argument("--state-file", default="")
     p.add_argument("--debug", action="store_true")
     a = p.parse_args(argv)
+    make_transport(a.name)
     if os.environ.get("FAKE_COORDINATOR_CRASH"):
         log("ERROR cannot bind: address already in use (fake crash)")
         sys.exit(3)
@@ -173,6 +200,7 @@ def server_main(argv):
         p.add_argument(flag, type=int, required=True)  # the real server's limits (ignored here)
     p.add_argument("--debug", action="store_true")
     a = p.parse_args(argv)
+    make_transport(a.name)
     sock = connect(a.coordinator, a.connect_timeout)
     sock.sendall(f"register {a.name}\n".encode())
     log(f"INFO {a.name} registered with {a.coordinator}")
@@ -191,6 +219,7 @@ def worker_main(argv):
     p.add_argument("--bind")
     a, extra = p.parse_known_args(argv)
     log(f"INFO {a.name} args {' '.join(extra)}")
+    make_transport(a.name)
     sock = connect(a.coordinator, 10)
     sock.sendall(f"register {a.name}\n".encode())
     sock.makefile("r").readline()  # start

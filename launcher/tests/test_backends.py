@@ -90,7 +90,7 @@ def test_kubernetes_manifests_hold_the_expected_objects(tmp_path, capsys):
     assert {"name": "config", "mountPath": "/etc/tessera", "readOnly": True} in worker["volumeMounts"]
 
 
-def test_kubernetes_apply_hands_the_file_to_kubectl(tmp_path, monkeypatch):
+def test_kubernetes_apply_hands_the_file_to_kubectl(tmp_path, monkeypatch, fake_build):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     record = tmp_path / "kubectl-args"
@@ -101,7 +101,7 @@ def test_kubernetes_apply_hands_the_file_to_kubectl(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     output = tmp_path / "out" / "k8s.yaml"
     assert main(["kubernetes", "--config", str(REPO / "configs" / "kubernetes.yaml"), "--output", str(output),
-                 "--apply"]) == 0
+                 "--build-dir", str(fake_build), "--apply"]) == 0
     assert record.read_text() == f"apply -f {output}"
 
 

@@ -128,7 +128,7 @@ def test_non_positive_or_non_integer_counts(tmp_path, value, shown):
 
 def test_unknown_transport(tmp_path):
     path = write(tmp_path, MINIMAL + "cluster:\n  transport: udp\n")
-    assert error_of(path) == f'{path}:4: cluster.transport must be one of tcp | ipc, got "udp"'
+    assert error_of(path) == f'{path}:4: cluster.transport must be one of tcp | ipc | zmq | rdma | auto, got "udp"'
 
 
 def test_timeouts_must_be_positive_numbers(tmp_path):
@@ -144,7 +144,7 @@ def test_fractional_seconds_are_fine(tmp_path):
 
 
 def test_all_errors_are_reported_together(tmp_path):
-    path = write(tmp_path, "cluster:\n  servers: 0\n  workers: x\n  transport: rdma\n")
+    path = write(tmp_path, "cluster:\n  servers: 0\n  workers: x\n  transport: verbs\n")
     lines = error_of(path).splitlines()
     assert len(lines) == 4  # servers, workers, transport, and the missing worker.program
     assert any("worker.program is required" in line for line in lines)
@@ -275,3 +275,97 @@ def test_overrides_do_not_change_the_file_or_its_line_numbers(tmp_path):
     message = error_of(path, ["cluster.servers=5"])
     assert message == f'{path}:5: cluster.workers must be a positive integer, got "zero"'
     assert yaml.safe_load(path.read_text())["cluster"]["servers"] == 2
+
+
+# -- transports: cluster.transport, rdma, shm ------------------------------------
+
+
+def test_transport_sections_default_and_land_in_the_resolved_config(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL))
+    assert (config.rdma.required, config.rdma.pool_bytes, config.rdma.max_pinned_bytes) == (False, 64 << 20, 1 << 30)
+    assert (config.shm.enabled, config.shm.min_frame_bytes, config.shm.ring_bytes) == (True, 65536, 64 << 20)
+    resolved = yaml.safe_load(config.to_yaml())
+    assert resolved["rdma"] == {"required": False, "pool_bytes": 67108864, "max_pinned_bytes": 1073741824}
+    assert resolved["shm"] == {"enabled": True, "min_frame_bytes": 65536, "ring_bytes": 67108864}
+    assert resolved["cluster"]["transport"] == "tcp"
+
+
+@pytest.mark.parametrize("transport, wire, scheme", [
+    ("tcp", "zmq", "tcp"), ("zmq", "zmq", "tcp"), ("ipc", "zmq", "ipc"), ("rdma", "rdma", "tcp"),
+    ("auto", "auto", "tcp"),
+])
+def test_every_transport_is_accepted(tmp_path, transport, wire, scheme):
+    config = load_config(write(tmp_path, MINIMAL), [f"cluster.transport={transport}"])
+    assert (config.cluster.transport, config.cluster.wire, config.cluster.bind_scheme) == (transport, wire, scheme)
+
+
+def test_transport_sections_from_a_file_and_overrides(tmp_path):
+    path = write(tmp_path, MINIMAL + textwrap.dedent("""\
+        cluster:
+          transport: rdma
+        rdma:
+          required: true
+          pool_bytes: 1048576
+          max_pinned_bytes: 2097152
+        shm:
+          enabled: false
+          min_frame_bytes: 4096
+          ring_bytes: 8388608
+        """))
+    config = load_config(path, ["rdma.pool_bytes=2097152", "shm.enabled=true"])
+    assert (config.rdma.required, config.rdma.pool_bytes, config.rdma.max_pinned_bytes) == (True, 2097152, 2097152)
+    assert config.rdma.pinned_bytes == 4194304
+    assert (config.shm.enabled, config.shm.min_frame_bytes, config.shm.ring_bytes) == (True, 4096, 8388608)
+    again = load_config(write(tmp_path, config.to_yaml(), "resolved.yaml"))
+    assert again.to_dict() == config.to_dict()
+
+
+def test_required_rdma_with_a_zeromq_transport_says_why(tmp_path):
+    path = write(tmp_path, MINIMAL + "cluster:\n  transport: tcp\nrdma:\n  required: true\n")
+    assert error_of(path) == (
+        f"{path}:6: rdma.required is true, but cluster.transport is tcp, which never uses RDMA: set "
+        "cluster.transport to rdma or auto, or rdma.required to false")
+    for transport in ("ipc", "zmq"):
+        assert "which never uses RDMA" in error_of(path, [f"cluster.transport={transport}"])
+    # The default transport is tcp: required alone is the same mistake, blamed on the --set.
+    assert error_of(write(tmp_path, MINIMAL, "plain.yaml"), ["rdma.required=true"]).startswith(
+        "--set rdma.required=true: rdma.required is true, but cluster.transport is tcp")
+    for transport in ("rdma", "auto"):
+        assert load_config(path, [f"cluster.transport={transport}"]).rdma.required is True
+
+
+def test_transport_section_values_are_checked(tmp_path):
+    path = write(tmp_path, MINIMAL + textwrap.dedent("""\
+        rdma:
+          required: "yes"
+          pool_bytes: 0
+          max_pinned_bytes: 1.5
+        shm:
+          enabled: 1
+          min_frame_bytes: -4
+          ring_bytes: 3000000
+          ringbytes: 2
+        """))
+    message = error_of(path)
+    assert f'{path}:4: rdma.required must be true or false, got "yes"' in message
+    assert f"{path}:5: rdma.pool_bytes must be a positive integer (bytes), got 0" in message
+    assert f"{path}:6: rdma.max_pinned_bytes must be a positive integer (bytes), got 1.5" in message
+    assert f"{path}:8: shm.enabled must be true or false, got 1" in message
+    assert f"{path}:9: shm.min_frame_bytes must be a positive integer (bytes), got -4" in message
+    assert f"{path}:10: shm.ring_bytes must be a power of two of at least 1048576 (1 MiB), in bytes, got 3000000" \
+        in message
+    assert f"{path}:11: unknown key shm.ringbytes; did you mean shm.ring_bytes?" in message
+    assert len(message.splitlines()) == 7
+
+
+def test_transport_byte_counts_against_each_other(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    assert error_of(path, ["rdma.pool_bytes=2097152", "rdma.max_pinned_bytes=1048576"]) == (
+        "--set rdma.max_pinned_bytes=1048576: rdma.max_pinned_bytes (1048576) must be at least rdma.pool_bytes "
+        "(2097152)")
+    assert error_of(path, ["shm.min_frame_bytes=1048576", "shm.ring_bytes=1048576"]) == (
+        "--set shm.ring_bytes=1048576: shm.ring_bytes (1048576) must be at least 2 * shm.min_frame_bytes (2097152)")
+    assert "shm.ring_bytes must be a power of two" in error_of(path, ["shm.ring_bytes=524288"])
+    config = load_config(path, ["shm.min_frame_bytes=524288", "shm.ring_bytes=1048576",
+                                "rdma.pool_bytes=4096", "rdma.max_pinned_bytes=4096"])
+    assert (config.shm.ring_bytes, config.rdma.max_pinned_bytes) == (1048576, 4096)
