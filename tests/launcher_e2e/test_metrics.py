@@ -1,6 +1,7 @@
 """Metrics during a running job: scrape a server, a worker and the
 coordinator of a real job twice and check that the named series are there
-and their counters grow."""
+and their counters grow. The job's frames of 4 KiB and more take the
+same-host shared-memory path, which the transport series and the logs show."""
 
 import re
 import socket
@@ -57,7 +58,8 @@ def test_scrapes_show_growing_counters(source_dir, binaries, tmp_path):
             "--build-dir", str(binaries), "--quiet", "--timeout", "120",
             "--set", "cluster.servers=1", "--set", "cluster.workers=1", "--set", f"metrics.port={base}",
             "--set", "worker.args.epochs=1", "--set", "worker.args.train_examples=60000",
-            "--set", "worker.args.step_ms=10"]  # 300 steps of at least 10 ms: a few seconds to watch
+            "--set", "worker.args.step_ms=10",  # 300 steps of at least 10 ms: a few seconds to watch
+            "--set", "shm.min_frame_bytes=4096"]  # the batches' key frames (about 32 KB) take the rings
     job = subprocess.Popen(argv, cwd=source_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -85,3 +87,17 @@ def test_scrapes_show_growing_counters(source_dir, binaries, tmp_path):
     assert value(coordinator2, "tessera_coordinator_heartbeats_total") > value(
         coordinator1, "tessera_coordinator_heartbeats_total")
     assert value(coordinator2, "tessera_coordinator_map_epoch") >= 1
+    # The transport: messages both ways on every node; the worker's large
+    # frames go to the server through shared memory, and the selection is
+    # logged once per peer.
+    for text in (server2, worker2, coordinator2):
+        assert value(text, 'tessera_transport_messages_total{direction="received"}') > 0
+    assert value(worker2, 'tessera_transport_shm_frames_total{direction="sent"}') > value(
+        worker1, 'tessera_transport_shm_frames_total{direction="sent"}')
+    assert value(server2, 'tessera_transport_shm_bytes_total{direction="received"}') > value(
+        server1, 'tessera_transport_shm_bytes_total{direction="received"}')
+    assert value(worker2, "tessera_transport_shm_peers") == 1
+    assert value(server2, "tessera_transport_malformed_total") == 0
+    worker_log = (tmp_path / "run" / "logs" / "worker-0.log").read_text()
+    assert re.search(r"same-host peer tcp://\S+: frames of at least 4096 bytes go through shared memory",
+                     worker_log), worker_log[-2000:]
