@@ -1,14 +1,56 @@
 #include "rdma/rdma_protocol.h"
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <cstring>
 #include <utility>
+
+#include <sodium.h>
 
 #include "absl/strings/str_cat.h"
 #include "rdma/invariant.h"
 
 namespace tessera::rdma {
+
+namespace {
+
+// `text` safe to put in a log line: printable ASCII only, at most 200
+// characters. Addresses a peer names itself by are not trusted.
+std::string Printable(std::string_view text) {
+  std::string out(text.substr(0, 200));
+  for (char& ch : out) {
+    if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f) ch = '?';
+  }
+  if (text.size() > 200) out += "...";
+  return out;
+}
+
+// Authentication refusals logged: the 1st, 2nd, 4th, 8th, ...
+bool LogRefusal(uint64_t n) { return std::bit_width(n) != std::bit_width(n - 1); }
+
+const char* WireTypeName(WireType type) {
+  switch (type) {
+    case WireType::kMessage: return "a message";
+    case WireType::kCreditUpdate: return "a credit update";
+    case WireType::kClearToSend: return "a clear-to-send";
+    case WireType::kCancel: return "a cancel";
+    case WireType::kRefuse: return "a refusal";
+    case WireType::kHello: return "a hello";
+    case WireType::kAuthChallenge: return "an authentication challenge";
+    case WireType::kAuthProof: return "an authentication proof";
+  }
+  return "an unknown message";
+}
+
+std::optional<ConnectionAuthKey> AuthKeyFrom(const std::string& secret) {
+  if (secret.empty()) return std::nullopt;
+  absl::StatusOr<ConnectionAuthKey> key = DeriveConnectionAuthKey(secret);
+  RDMA_CHECK(key.ok());  // Validate accepted the config
+  return *key;
+}
+
+}  // namespace
 
 uint64_t LastChunkBytes(uint64_t length, uint64_t chunk) {
   if (length == 0 || chunk == 0) return 0;
@@ -27,6 +69,7 @@ struct EndpointCore::ControlMessage {
   ClearToSend cts;        // kClearToSend
   uint32_t tag = 0;       // kCancel / kRefuse
   AbortReason reason = AbortReason::kTimeout;
+  AuthMac mac{};          // kAuthProof (kAuthChallenge carries the connection's nonce)
 };
 
 struct EndpointCore::OutboundRendezvous {
@@ -91,8 +134,19 @@ struct EndpointCore::Connection {
   uint64_t next_outbound_seq = 1;
   uint64_t next_inbound_seq = 1;
   uint32_t next_tag = 1;
+  // Authentication. Invariants: `authenticated` is true from the start for an
+  // endpoint without a key; with a key it becomes true only when the peer's
+  // proof verified, and until then the connection sends and accepts nothing
+  // but hello, challenge, proof and credit updates. Our challenge is queued
+  // at creation, so it precedes our proof on the wire.
+  bool authenticated = false;
+  bool auth_refused = false;  // refused for authentication (already counted and reported)
+  AuthNonce local_nonce{};
+  std::optional<AuthNonce> peer_nonce;  // from the peer's challenge
 
-  std::string Name() const { return peer_address.empty() ? absl::StrCat("connection ", id) : peer_address; }
+  std::string Name() const {
+    return peer_address.empty() ? absl::StrCat("connection ", id) : Printable(peer_address);
+  }
   InboundMessage* FindInbound(uint64_t seq) {
     if (delivery.empty() || seq < delivery.front().seq) return nullptr;
     const uint64_t index = seq - delivery.front().seq;
@@ -103,6 +157,7 @@ struct EndpointCore::Connection {
 EndpointCore::EndpointCore(ProtocolConfig config, std::span<std::byte> pool_region, uint32_t pool_lkey,
                            Registrar& registrar)
     : config_(std::move(config)),
+      auth_key_(AuthKeyFrom(config_.auth_secret_key)),
       pool_(pool_region, config_.slot_bytes, pool_lkey),
       cache_(RegistrationCache::Options{.max_pinned_bytes = config_.max_pinned_bytes,
                                         .page_bytes = config_.page_bytes},
@@ -152,6 +207,14 @@ absl::Status EndpointCore::Validate(const ProtocolConfig& config, size_t pool_by
                             config.min_send_slots, " for sending"));
   }
   if (config.local_address.empty()) return bad("local_address is empty");
+  if (AuthChallengeWireBytes(config.local_address) > config.slot_bytes) {
+    return bad("local_address too long for one slot");
+  }
+  if (!config.auth_secret_key.empty()) {
+    if (absl::StatusOr<std::array<unsigned char, 32>> key = DecodeZ85Key(config.auth_secret_key); !key.ok()) {
+      return bad(absl::StrCat("auth_secret_key (the job's secret key): ", key.status().message()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -173,6 +236,15 @@ EndpointCore::Connection& EndpointCore::NewConnection(bool active, std::string p
   c->active = active;
   c->peer_address = std::move(peer_address);
   c->started = now_;
+  c->authenticated = !auth_key_.has_value();
+  if (auth_key_) {
+    if (config_.random_bytes) {
+      config_.random_bytes(c->local_nonce);
+    } else {
+      FillRandomBytes(c->local_nonce);
+    }
+    c->control.push_back(ControlMessage{.type = WireType::kAuthChallenge});
+  }
   Connection& ref = *c;
   connections_.emplace(ref.id, std::move(c));
   return ref;
@@ -265,8 +337,10 @@ void EndpointCore::Pump(Connection& c, Actions& out) {
   if (c.state != Connection::State::kEstablished || c.disconnecting) return;
   // Priority: control (clear-to-send unblocks the peer), writes (complete
   // earlier messages), then new messages. Each returns whether it made progress.
+  // Before the peer has proved it holds the key only control goes (hello,
+  // challenge, proof: nothing else is queued there yet).
   for (;;) {
-    const bool progress = SendControl(c, out) || SendWrites(c, out) || SendMessage(c, out);
+    const bool progress = SendControl(c, out) || (c.authenticated && (SendWrites(c, out) || SendMessage(c, out)));
     if (!progress) break;
   }
   if (c.credits && c.credits->ShouldSendUpdate()) SendCreditUpdate(c, out);
@@ -288,6 +362,10 @@ bool EndpointCore::SendControl(Connection& c, Actions& out) {
     n = EncodeClearToSend(mem, TakeCredits(c), m.cts);
   } else if (m.type == WireType::kHello) {
     n = EncodeHello(mem, TakeCredits(c), config_.local_address);
+  } else if (m.type == WireType::kAuthChallenge) {
+    n = EncodeAuthChallenge(mem, TakeCredits(c), c.local_nonce, config_.local_address);
+  } else if (m.type == WireType::kAuthProof) {
+    n = EncodeAuthProof(mem, TakeCredits(c), m.mac);
   } else {
     n = EncodeAbort(mem, m.type, TakeCredits(c), m.tag, m.reason);
   }
@@ -442,8 +520,9 @@ void EndpointCore::ServeWaiters(Actions& out) {
 // ---------------------------------------------------------------- connections
 
 std::vector<std::byte> EndpointCore::LocalHandshake() const {
-  return EncodeHandshake(Handshake{config_.credits, static_cast<uint32_t>(config_.slot_bytes), config_.local_address},
-                         config_.handshake_capacity);
+  Handshake h{config_.credits, static_cast<uint32_t>(config_.slot_bytes), config_.local_address};
+  h.auth_required = auth_key_.has_value();
+  return EncodeHandshake(h, config_.handshake_capacity);
 }
 
 absl::Status EndpointCore::OnQueuePairReady(ConnectionId id, Actions& out) {
@@ -468,9 +547,23 @@ absl::Status EndpointCore::OnQueuePairReady(ConnectionId id, Actions& out) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ConnectionId> EndpointCore::OnConnectRequest(std::span<const std::byte> private_data) {
+absl::StatusOr<ConnectionId> EndpointCore::OnConnectRequest(std::span<const std::byte> private_data,
+                                                            Actions& out) {
   absl::StatusOr<Handshake> h = ParseHandshake(private_data);
-  if (!h.ok()) return h.status();
+  if (!h.ok()) {
+    out.push_back(ProblemAction{0, absl::Status(h.status().code(),
+                                                absl::StrCat("refused a connection: ", h.status().message()))});
+    return h.status();
+  }
+  if (absl::Status mismatch = CheckPeerAuthFlag(h->auth_required); !mismatch.ok()) {
+    const uint64_t n = ++stats_.auth_rejected;
+    absl::Status refusal = absl::PermissionDeniedError(absl::StrCat(
+        "refused a connection from ", h->address.empty() ? std::string("a peer that did not name itself")
+                                                         : Printable(h->address),
+        ": ", mismatch.message(), " (", n, " refused so far)"));
+    if (LogRefusal(n)) out.push_back(ProblemAction{0, refusal});
+    return refusal;
+  }
   Connection& c = NewConnection(/*active=*/false, h->address);
   c.peer_window = h->credits;
   c.peer_slot_bytes = h->slot_bytes;
@@ -492,13 +585,18 @@ absl::Status EndpointCore::OnEstablished(ConnectionId id, std::span<const std::b
     c->peer_window = h->credits;
     c->peer_slot_bytes = h->slot_bytes;
     c->credits.emplace(config_.credits, h->credits);
-    if (config_.local_address.size() > config_.handshake_capacity - kHandshakeFixedBytes) {
-      c->control.push_front(ControlMessage{.type = WireType::kHello});
+    if (absl::Status mismatch = CheckPeerAuthFlag(h->auth_required); !mismatch.ok()) {
+      RefuseAuthentication(*c, std::string(mismatch.message()), out);
+      return PeerError(*c, absl::StatusCode::kPermissionDenied, std::string(mismatch.message()));
     }
-  } else if (!c->peer_address.empty() && !by_address_.contains(c->peer_address)) {
+    if (config_.local_address.size() > config_.handshake_capacity - kHandshakeFixedBytes) {
+      c->control.push_front(ControlMessage{.type = WireType::kHello});  // before the challenge
+    }
+  } else if (c->authenticated && !c->peer_address.empty() && !by_address_.contains(c->peer_address)) {
     by_address_[c->peer_address] = c->id;  // replies to the peer reuse its connection
   }
   c->state = Connection::State::kEstablished;
+  WarnUnauthenticatedOnce(*c, out);
   Pump(*c, out);
   ServeWaiters(out);
   return absl::OkStatus();
@@ -537,7 +635,7 @@ void EndpointCore::OnConnectionLost(ConnectionId id, const absl::Status& reason,
     Problem(c, PeerError(c, absl::StatusCode::kUnavailable,
                          absl::StrCat(dropped, " message(s) queued or half received dropped: ", why)),
             out);
-  } else if (!reason.ok()) {
+  } else if (!reason.ok() && !c.auth_refused) {  // a refusal was reported when it was made
     Problem(c, PeerError(c, reason.code(), absl::StrCat("connection lost: ", why)), out);
   }
   for (auto it = work_.begin(); it != work_.end();) {
@@ -612,12 +710,21 @@ void EndpointCore::OnReceiveCompleted(uint64_t wr_id, uint32_t byte_len, std::op
                                     pool_.lkey()});
     ++c->posted_receives;
   };
+  if (c->disconnecting && !c->authenticated) {
+    repost();  // a connection being refused: whatever else it sends is not even looked at
+    return;
+  }
   if (!c->credits) {
     // Nothing may arrive before the handshake is known (the passive side knows it from the request).
     repost();
     ++stats_.protocol_violations;
     Problem(*c, PeerError(*c, absl::StatusCode::kFailedPrecondition, "data before the connection was established"),
             out);
+    return;
+  }
+  if (immediate && !c->authenticated) {
+    repost();
+    RefuseAuthentication(*c, "it wrote with immediate before proving it holds the job key", out);
     return;
   }
   if (immediate) {
@@ -640,6 +747,19 @@ void EndpointCore::OnReceiveCompleted(uint64_t wr_id, uint32_t byte_len, std::op
 
 void EndpointCore::HandleSend(Connection& c, std::span<const std::byte> bytes, Actions& out) {
   absl::StatusOr<WireFrame> frame = ParseWire(bytes, config_.max_data_frames + 1);
+  if (!frame.ok() && !c.authenticated) {
+    ++stats_.malformed_received;
+    RefuseAuthentication(c, absl::StrCat("it sent a malformed message before proving it holds the job key: ",
+                                         frame.status().message()),
+                         out);
+    return;
+  }
+  if (!c.authenticated && frame->type != WireType::kAuthChallenge && frame->type != WireType::kAuthProof &&
+      frame->type != WireType::kHello && frame->type != WireType::kCreditUpdate) {
+    RefuseAuthentication(c, absl::StrCat("it sent ", WireTypeName(frame->type), " before proving it holds the job key"),
+                         out);
+    return;
+  }
   if (!frame.ok()) {
     ++stats_.malformed_received;
     (void)c.credits->OnRegularReceived();  // most likely a regular send; the peer is broken anyway
@@ -649,12 +769,14 @@ void EndpointCore::HandleSend(Connection& c, std::span<const std::byte> bytes, A
   if (frame->type != WireType::kCreditUpdate) {
     if (absl::Status s = c.credits->OnRegularReceived(); !s.ok()) {
       ++stats_.protocol_violations;
+      if (!c.authenticated) return RefuseAuthentication(c, std::string(s.message()), out);
       Problem(c, PeerError(c, absl::StatusCode::kFailedPrecondition, std::string(s.message())), out);
     }
   }
   if (frame->credits > 0) {
     if (absl::Status s = c.credits->OnReturned(frame->credits); !s.ok()) {
       ++stats_.protocol_violations;
+      if (!c.authenticated) return RefuseAuthentication(c, std::string(s.message()), out);
       Problem(c, PeerError(c, absl::StatusCode::kFailedPrecondition, std::string(s.message())), out);
     }
   }
@@ -665,20 +787,130 @@ void EndpointCore::HandleSend(Connection& c, std::span<const std::byte> bytes, A
     case WireType::kCancel: HandleCancel(c, frame->tag, frame->reason, out); break;
     case WireType::kRefuse: HandleRefuse(c, frame->tag, frame->reason, out); break;
     case WireType::kHello:
-      if (c.active || !c.peer_address.empty()) {
+      if (c.active || !c.peer_address.empty() || c.peer_nonce) {
         ++stats_.protocol_violations;
+        if (!c.authenticated) return RefuseAuthentication(c, "it sent an unexpected hello", out);
         Problem(c, PeerError(c, absl::StatusCode::kFailedPrecondition, "unexpected hello"), out);
         break;
       }
       if (absl::StatusOr<HostPort> hp = ParseRdmaAddress(frame->hello_address, false, false); !hp.ok()) {
         ++stats_.malformed_received;
+        if (!c.authenticated) return RefuseAuthentication(c, "it sent a hello with a bad address", out);
         Problem(c, PeerError(c, absl::StatusCode::kInvalidArgument, "hello with a bad address"), out);
         break;
       }
       c.peer_address = frame->hello_address;
-      if (!by_address_.contains(c.peer_address)) by_address_[c.peer_address] = c.id;
+      // Replies are routed to it only once it is authenticated (MarkAuthenticated).
+      if (c.authenticated && !by_address_.contains(c.peer_address)) by_address_[c.peer_address] = c.id;
       break;
+    case WireType::kAuthChallenge: HandleAuthChallenge(c, *frame, out); break;
+    case WireType::kAuthProof: HandleAuthProof(c, *frame, out); break;
   }
+}
+
+// ---------------------------------------------------------------- authentication
+
+absl::Status EndpointCore::CheckPeerAuthFlag(bool peer_requires_auth) const {
+  if (auth_key_ && !peer_requires_auth) {
+    return absl::PermissionDeniedError(
+        "it has no job key (authentication is off there) and this endpoint admits only holders of the job key");
+  }
+  if (!auth_key_ && peer_requires_auth) {
+    return absl::PermissionDeniedError(
+        "it admits only holders of the job key and this endpoint has none (authentication is off here)");
+  }
+  return absl::OkStatus();
+}
+
+void EndpointCore::WarnUnauthenticatedOnce(const Connection& c, Actions& out) {
+  if (auth_key_ || warned_unauthenticated_) return;
+  warned_unauthenticated_ = true;
+  out.push_back(ProblemAction{
+      c.id, absl::UnauthenticatedError(absl::StrCat(
+                "authentication off: the RDMA connection with ", c.Name(),
+                " and every later one are not authenticated; any process that can reach this endpoint can connect "
+                "and read or write what it serves (no job key; docs/security.md)"))});
+}
+
+AuthTranscript EndpointCore::Transcript(const Connection& c, AuthRole prover) const {
+  RDMA_CHECK(c.peer_nonce.has_value());
+  AuthTranscript t;
+  t.prover = prover;
+  if (c.active) {
+    t.initiator_nonce = c.local_nonce;
+    t.acceptor_nonce = *c.peer_nonce;
+    t.initiator_address = config_.local_address;
+    t.acceptor_address = c.peer_address;
+  } else {
+    t.initiator_nonce = *c.peer_nonce;
+    t.acceptor_nonce = c.local_nonce;
+    t.initiator_address = c.peer_address;
+    t.acceptor_address = config_.local_address;
+  }
+  return t;
+}
+
+void EndpointCore::HandleAuthChallenge(Connection& c, const WireFrame& frame, Actions& out) {
+  if (!auth_key_ || c.authenticated) {
+    ++stats_.protocol_violations;
+    Problem(c, PeerError(c, absl::StatusCode::kFailedPrecondition, "unexpected authentication challenge (ignored)"),
+            out);
+    return;
+  }
+  if (c.peer_nonce) return RefuseAuthentication(c, "it sent a second authentication challenge", out);
+  if (c.peer_address.empty()) {
+    return RefuseAuthentication(c, "it sent its challenge before naming its address", out);
+  }
+  if (frame.auth_address != c.peer_address) {
+    return RefuseAuthentication(
+        c,
+        absl::StrCat("its challenge names it ", Printable(frame.auth_address), ", not the address this connection ",
+                     c.active ? "dialed" : "was opened from"),
+        out);
+  }
+  if (sodium_memcmp(frame.auth_nonce.data(), c.local_nonce.data(), kAuthNonceBytes) == 0) {
+    return RefuseAuthentication(c, "its challenge echoes this endpoint's nonce", out);
+  }
+  c.peer_nonce = frame.auth_nonce;
+  ControlMessage proof{.type = WireType::kAuthProof};
+  proof.mac = ComputeAuthProof(*auth_key_, Transcript(c, c.active ? AuthRole::kInitiator : AuthRole::kAcceptor));
+  c.control.push_back(proof);  // after our challenge, queued when the connection was made
+}
+
+void EndpointCore::HandleAuthProof(Connection& c, const WireFrame& frame, Actions& out) {
+  if (!auth_key_ || c.authenticated) {
+    ++stats_.protocol_violations;
+    Problem(c, PeerError(c, absl::StatusCode::kFailedPrecondition, "unexpected authentication proof (ignored)"), out);
+    return;
+  }
+  if (!c.peer_nonce) return RefuseAuthentication(c, "it sent a proof before its challenge", out);
+  const AuthRole peer_role = c.active ? AuthRole::kAcceptor : AuthRole::kInitiator;
+  if (!VerifyAuthProof(*auth_key_, Transcript(c, peer_role), frame.auth_mac)) {
+    return RefuseAuthentication(
+        c, "its proof does not verify: it does not hold the job's key (or replayed a proof of another connection)",
+        out);
+  }
+  MarkAuthenticated(c);
+}
+
+void EndpointCore::MarkAuthenticated(Connection& c) {
+  c.authenticated = true;
+  ++stats_.connections_authenticated;
+  if (!c.active && c.state == Connection::State::kEstablished && !c.peer_address.empty() &&
+      !by_address_.contains(c.peer_address)) {
+    by_address_[c.peer_address] = c.id;  // replies to the peer reuse its connection
+  }
+  // The caller (OnReceiveCompleted) pumps: queued messages go now.
+}
+
+void EndpointCore::RefuseAuthentication(Connection& c, const std::string& what, Actions& out) {
+  if (c.disconnecting) return;
+  const uint64_t n = ++stats_.auth_rejected;
+  c.auth_refused = true;
+  c.disconnecting = true;
+  out.push_back(DisconnectAction{
+      c.id, PeerError(c, absl::StatusCode::kPermissionDenied, absl::StrCat("refused: ", what, " (", n, " refused so far)")),
+      LogRefusal(n)});
 }
 
 void EndpointCore::HandleMessage(Connection& c, const WireFrame& frame, Actions& out) {
@@ -988,6 +1220,13 @@ void EndpointCore::Tick(uint64_t now, Actions& out) {
                  out);
       continue;
     }
+    if (!c->authenticated && now_ >= c->started + config_.connect_timeout_ticks) {
+      RefuseAuthentication(*c,
+                           absl::StrCat("it did not prove it holds the job key within ", config_.connect_timeout_ticks,
+                                        " ticks"),
+                           out);
+      continue;
+    }
     std::vector<uint32_t> expired;
     for (auto& [tag, rz] : c->outbound) {
       if (rz.state == OutboundRendezvous::State::kWaitClearToSend && now_ >= rz.deadline) expired.push_back(tag);
@@ -1100,6 +1339,11 @@ size_t EndpointCore::pending_rendezvous(ConnectionId id) const {
 std::string EndpointCore::peer_address(ConnectionId id) const {
   const Connection* c = Find(id);
   return c == nullptr ? std::string() : c->peer_address;
+}
+
+bool EndpointCore::authenticated(ConnectionId id) const {
+  const Connection* c = Find(id);
+  return c != nullptr && c->authenticated;
 }
 
 }  // namespace tessera::rdma

@@ -49,6 +49,38 @@
 //   of the connection, each with an error naming the peer, and drops the
 //   messages still queued for it.
 //
+// Authentication (when config.auth_secret_key holds the job's secret key):
+// - Rule: a connection is usable only between holders of the same job key.
+//   A keyed endpoint refuses a peer without a key and a peer with another
+//   key; an endpoint without a key refuses a keyed peer (a mismatch is
+//   refused both ways, at set-up where the handshake flag shows it); two
+//   endpoints without a key connect unauthenticated, and the first such
+//   connection of each core says so in a ProblemAction ("authentication off").
+// - Every connection starts with the mutual challenge-response of
+//   rdma/connection_auth.h: each side's first SEND is its challenge (fresh
+//   nonce from config.random_bytes + its own address; the initiator's hello,
+//   when needed, goes before it), its second its proof. A challenge must name
+//   the address the connection is known by: for the acceptor, the one in the
+//   initiator's handshake or hello; for the initiator, the one it dialed.
+// - Until the peer's proof has verified, the connection sends nothing but
+//   hello, challenge, proof and credit updates, and accepts nothing else
+//   (credit updates aside): a message, clear-to-send, cancel, refuse or RDMA
+//   write with immediate from it refuses the connection, and it is not
+//   entered in the address map (replies cannot be routed to it; a Send to
+//   its address meanwhile opens a connection of our own). Nothing of an
+//   unauthenticated peer is ever delivered.
+// - Refused: a handshake flag that does not match ours (the connect request
+//   is rejected, or the established connection dropped), a malformed or
+//   unexpected authentication message, a second challenge, a proof before
+//   the challenge, a proof that does not verify (wrong key, replayed from
+//   another connection, reflected), a challenge naming another address or
+//   echoing our nonce, anything else before the proof, and no proof within
+//   connect_timeout_ticks of the connection's start. Each refusal counts in
+//   stats().auth_rejected and disconnects; its DisconnectAction has `log` set
+//   only for the 1st, 2nd, 4th, 8th, ... refusal of this core (so a flood of
+//   strangers cannot flood the log), and the loss of a refused connection is
+//   not reported again.
+//
 // Shell obligations:
 // - Execute the actions of each call in order (PostReceive actions of a
 //   connection before its connect/accept; posts on the connection's queue
@@ -64,6 +96,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -77,6 +110,7 @@
 #include "absl/status/statusor.h"
 #include "common/buffer.h"
 #include "common/message.h"
+#include "rdma/connection_auth.h"
 #include "rdma/credit_window.h"
 #include "rdma/destination_pool.h"
 #include "rdma/rdma_wire.h"
@@ -119,6 +153,14 @@ struct ProtocolConfig {
   size_t page_bytes = 4096;
   // Idle destination blocks kept for reuse.
   size_t max_idle_destination_bytes = 256u << 20;
+  // The job's secret key (Z85, 40 characters: the `secret` line of the job
+  // key file, transport/job_keys.h). Set: every connection must pass the
+  // challenge-response above before anything else crosses it. Empty: no
+  // authentication (see the rule above).
+  std::string auth_secret_key;
+  // Where authentication nonces come from; empty = libsodium's CSPRNG
+  // (FillRandomBytes). Tests inject their own.
+  std::function<void(std::span<std::byte>)> random_bytes;
 };
 
 // --- Actions: what the shell must do, in order. ---
@@ -158,6 +200,7 @@ struct DeliverAction {  // hand to the Transport handler
 struct DisconnectAction {  // tear the connection down; then OnConnectionLost
   ConnectionId connection;
   absl::Status reason;
+  bool log = true;  // false: a refusal the core chose not to log (rate limit)
 };
 struct ProblemAction {  // something went wrong that the user should see in the log
   ConnectionId connection;
@@ -191,6 +234,8 @@ struct EndpointStats {
   uint64_t length_mismatches = 0;
   uint64_t protocol_violations = 0;  // credit overruns and the like
   uint64_t connections_lost = 0;
+  uint64_t connections_authenticated = 0;  // peers that proved they hold the job key
+  uint64_t auth_rejected = 0;  // connections refused: no proof, a bad proof, or a key mismatch
 };
 
 class EndpointCore {
@@ -218,10 +263,16 @@ class EndpointCore {
   std::vector<std::byte> LocalHandshake() const;
   // Passive side: a connect request arrived with this private data. Returns
   // the new connection (then create its queue pair, OnQueuePairReady, accept),
-  // or InvalidArgument for a bad handshake (reject it).
-  absl::StatusOr<ConnectionId> OnConnectRequest(std::span<const std::byte> private_data);
+  // or an error (reject it): InvalidArgument for a bad handshake,
+  // PermissionDenied when the peer's authentication flag does not match ours
+  // (counted in auth_rejected). What should be logged about a refusal is in
+  // `out` (ProblemActions, rate-limited for authentication refusals); the
+  // shell need not log the returned error.
+  absl::StatusOr<ConnectionId> OnConnectRequest(std::span<const std::byte> private_data, Actions& out);
   // The connection is established. Active side: `private_data` is the accept
-  // reply's (the peer's handshake); passive side: ignored.
+  // reply's (the peer's handshake); a bad one, or one whose authentication
+  // flag does not match ours, is an error and a DisconnectAction. Passive
+  // side: ignored.
   absl::Status OnEstablished(ConnectionId id, std::span<const std::byte> private_data, Actions& out);
   // The connection is gone (rejected, unreachable, disconnected, errored) and
   // its queue pair destroyed. `reason` says why; unknown ids are ignored.
@@ -261,6 +312,10 @@ class EndpointCore {
   size_t pending_rendezvous(ConnectionId id) const;  // both directions
   uint32_t sends_in_flight(ConnectionId id) const;
   std::string peer_address(ConnectionId id) const;
+  // Whether the peer has proved it holds the job key (always true for an
+  // established connection of an endpoint without a key).
+  bool authenticated(ConnectionId id) const;
+  bool authenticating() const { return auth_key_.has_value(); }
 
  private:
   struct Connection;
@@ -309,7 +364,21 @@ class EndpointCore {
   void Disconnect(Connection& c, absl::Status reason, Actions& out);
   absl::Status PeerError(const Connection& c, absl::StatusCode code, const std::string& what) const;
 
+  // Authentication (see "Authentication" above).
+  void HandleAuthChallenge(Connection& c, const WireFrame& frame, Actions& out);
+  void HandleAuthProof(Connection& c, const WireFrame& frame, Actions& out);
+  AuthTranscript Transcript(const Connection& c, AuthRole prover) const;
+  void MarkAuthenticated(Connection& c);
+  // Counts, disconnects (logging rate-limited) and marks the connection refused.
+  void RefuseAuthentication(Connection& c, const std::string& what, Actions& out);
+  // The handshake flag check of both sides; OK or the reason to refuse.
+  absl::Status CheckPeerAuthFlag(bool peer_requires_auth) const;
+  void WarnUnauthenticatedOnce(const Connection& c, Actions& out);
+
   const ProtocolConfig config_;
+  // Derived from config_.auth_secret_key; empty without a key.
+  const std::optional<ConnectionAuthKey> auth_key_;
+  bool warned_unauthenticated_ = false;
   SlotPool pool_;
   RegistrationCache cache_;
   DestinationPool destinations_;

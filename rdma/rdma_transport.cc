@@ -46,7 +46,8 @@ ProtocolConfig ConfigFor(const Options& options, std::string local_address) {
   c.rendezvous_threshold = options.rendezvous_threshold;
   c.max_pinned_bytes = options.max_pinned_bytes;
   c.rendezvous_timeout_ticks = 10'000;  // ms
-  c.connect_timeout_ticks = 10'000;     // ms
+  c.connect_timeout_ticks = 10'000;     // ms (also the time a peer has to prove it holds the job key)
+  c.auth_secret_key = options.auth_secret_key;
   return c;
 }
 
@@ -297,7 +298,14 @@ absl::Status RdmaTransport::Impl::Start(std::shared_ptr<Impl> self, Handler hand
   handler_ = std::move(handler);
   state_.store(kRunning, std::memory_order_release);
   thread_ = std::thread([self = std::move(self)] { self->Loop(); });
-  TLOG_INFO("RDMA transport listening at {} (pool {} bytes)", address_, options_.pool_bytes);
+  if (options_.auth_secret_key.empty()) {
+    TLOG_WARN("RDMA transport listening at {} (pool {} bytes) with authentication off: any process that can reach "
+              "it can connect and read or write what it serves (no job key; docs/security.md)",
+              address_, options_.pool_bytes);
+  } else {
+    TLOG_INFO("RDMA transport listening at {} (pool {} bytes); only holders of the job key get in", address_,
+              options_.pool_bytes);
+  }
   return absl::OkStatus();
 }
 
@@ -432,7 +440,7 @@ void RdmaTransport::Impl::Execute(Actions& actions, std::vector<Message>& delive
     } else if (auto* d = std::get_if<DeliverAction>(&a)) {
       deliveries.push_back(std::move(d->message));
     } else if (auto* x = std::get_if<DisconnectAction>(&a)) {
-      TLOG_WARN("RDMA {}: {}", address_, x->reason.message());
+      if (x->log) TLOG_WARN("RDMA {}: {}", address_, x->reason.message());
       Link* link = LinkOf(x->connection);
       if (link != nullptr && link->connected) {
         rdma_disconnect(link->id);  // the DISCONNECTED event tears it down
@@ -471,15 +479,16 @@ void RdmaTransport::Impl::HandleCmEvent(const CmEvent& event, Actions& out) {
   const ConnectionId connection = static_cast<ConnectionId>(reinterpret_cast<uintptr_t>(id->context));
   switch (event.type) {
     case RDMA_CM_EVENT_CONNECT_REQUEST: {
-      absl::StatusOr<ConnectionId> accepted = core_->OnConnectRequest(event.private_data);
+      // A refused request is reported (rate-limited) by the core in `out`.
+      absl::StatusOr<ConnectionId> accepted = core_->OnConnectRequest(event.private_data, out);
       absl::Status s = accepted.status();
       if (accepted.ok()) {
         id->context = reinterpret_cast<void*>(static_cast<uintptr_t>(*accepted));
         links_[*accepted] = Link{*accepted, id, false};
         s = AcceptOrConnect(id, *accepted, /*accept=*/true, out);
+        if (!s.ok()) TLOG_WARN("RDMA {}: refused a connection: {}", address_, s.message());
       }
       if (!s.ok()) {
-        TLOG_WARN("RDMA {}: refused a connection: {}", address_, s.message());
         rdma_reject(id, nullptr, 0);
         if (accepted.ok()) {
           TearDown(*accepted, s, out);
@@ -660,6 +669,7 @@ TransportStats RdmaTransport::Impl::stats() const {
   s.bytes_sent = e.bytes_sent;
   s.bytes_received = e.bytes_received;
   s.malformed_received = e.malformed_received;
+  s.auth_rejected = e.auth_rejected;
   return s;
 }
 

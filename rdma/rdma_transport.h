@@ -36,6 +36,16 @@
 //   registered blocks that return to the pool when the last Buffer is gone.
 // - Malformed input is logged, counted in stats().malformed_received and
 //   never delivered.
+// - Authentication (options.auth_secret_key, the job's secret key): a
+//   connection carries nothing until both sides have proved they hold the
+//   job's key (the challenge-response of rdma/connection_auth.h, run by
+//   EndpointCore; rules in rdma/rdma_protocol.h). A peer that does not is
+//   disconnected, logged (rate-limited) and counted in
+//   stats().auth_rejected; nothing it sent reaches the handler. Without a key
+//   the transport says at Start that authentication is off, connects only to
+//   peers without a key, and warns at its first connection. Authentication
+//   is at set-up only: the traffic itself is neither encrypted nor
+//   integrity-protected (docs/security.md).
 // - Thread safety: all methods may be called from any thread after Start().
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +64,9 @@ struct Options {
   size_t max_pinned_bytes = 1ull << 30;   // registration cache bound
   size_t rendezvous_threshold = 64 << 10; // frames at least this large go zero-copy by rendezvous
   uint32_t credits = 64;                  // receive slots per connection
+  // The job's secret key (Z85, 40 characters: the `secret` line of the job
+  // key file, transport/job_keys.h); empty = no authentication.
+  std::string auth_secret_key;
 };
 
 // OK when this process can use RDMA now (a device with an ACTIVE port and an

@@ -20,6 +20,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
+constexpr char kSecret[] = "Ra]8Hb}#}Kz4!FS!*2I]/=Av#aiLKw7ETIsnJ-LG";  // a job's secret key (Z85)
+
 TEST(rdmaTransportTest, UsableSaysWhyInOneLine) {
   const absl::Status s = Usable();
   if (s.ok()) GTEST_SKIP() << "this machine can use RDMA";
@@ -62,6 +64,18 @@ TEST(rdmaTransportTest, GoodOptionsValidate) {
   }
 }
 
+TEST(rdmaTransportTest, AuthSecretKeyIsValidatedWithoutEchoingIt) {
+  Options o;
+  o.bind = "rdma://127.0.0.1:0";
+  o.auth_secret_key = "Ra]8Hb}#}Kz4!FS!*2I]/=Av#aiLKw7ETIsnJ-LG";
+  EXPECT_TRUE(ValidateOptions(o).ok()) << ValidateOptions(o);
+  o.auth_secret_key = "secret-that-is-not-z85";
+  const absl::Status s = MakeRdmaTransport(o).status();  // checked before any device is looked for
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("auth_secret_key"));
+  EXPECT_THAT(std::string(s.message()), ::testing::Not(HasSubstr("secret-that")));
+}
+
 TEST(rdmaTransportTest, WithoutADeviceMakeSaysExactlyWhatUsableSays) {
   const absl::Status usable = Usable();
   if (usable.ok()) GTEST_SKIP() << "this machine can use RDMA";
@@ -89,6 +103,7 @@ TEST(rdmaTransportTest, LoopbackEndToEndWhenADeviceExists) {
   };
   Options o;
   o.bind = "rdma://0.0.0.0:0";
+  o.auth_secret_key = kSecret;  // both hold the job key
   auto a = MakeRdmaTransport(o);
   auto b = MakeRdmaTransport(o);
   ASSERT_TRUE(a.ok() && b.ok());
@@ -115,6 +130,49 @@ TEST(rdmaTransportTest, LoopbackEndToEndWhenADeviceExists) {
   (*b)->Stop();
   (*a)->Stop();  // idempotent
   EXPECT_EQ((*a)->Send((*b)->address(), Message{}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*b)->stats().auth_rejected, 0u);
+}
+
+// Over a real device: a transport with another job's key, and one without a
+// key, get nothing through to a keyed one, and are counted there.
+TEST(rdmaTransportTest, LoopbackStrangersAreRefusedWhenADeviceExists) {
+  if (!Usable().ok()) GTEST_SKIP() << Usable().message();
+  std::mutex mu;
+  std::vector<Message> got;
+  Options o;
+  o.bind = "rdma://0.0.0.0:0";
+  o.auth_secret_key = kSecret;
+  auto keyed = MakeRdmaTransport(o);
+  ASSERT_TRUE(keyed.ok());
+  ASSERT_TRUE((*keyed)->Start([&](Message m) {
+    std::lock_guard lock(mu);
+    got.push_back(std::move(m));
+  }).ok());
+  Options other = o;
+  other.auth_secret_key = "g*[3LarCm@*mW($XTv}LD)$GZUJp@]jL0Gnp5rDQ";
+  Options none = o;
+  none.auth_secret_key.clear();
+  for (const Options& stranger_options : {other, none}) {
+    auto stranger = MakeRdmaTransport(stranger_options);
+    ASSERT_TRUE(stranger.ok());
+    ASSERT_TRUE((*stranger)->Start([](Message) {}).ok());
+    for (int i = 0; i < 3; ++i) {
+      Message m;
+      m.header.set_request_id(i);
+      m.frames.push_back(Buffer::Allocate(i == 0 ? 1 << 20 : 10));
+      ASSERT_TRUE((*stranger)->Send((*keyed)->address(), m).ok());
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    const uint64_t before = (*keyed)->stats().auth_rejected;
+    while ((*keyed)->stats().auth_rejected == before && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_GT((*keyed)->stats().auth_rejected, before);
+    (*stranger)->Stop();
+  }
+  std::lock_guard lock(mu);
+  EXPECT_TRUE(got.empty());
+  (*keyed)->Stop();
 }
 
 }  // namespace

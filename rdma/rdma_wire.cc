@@ -74,7 +74,7 @@ absl::StatusOr<WireFrame> ParseWire(std::span<const std::byte> bytes, size_t max
     return Malformed(absl::StrCat("version ", static_cast<int>(p[4]), ", expected ", static_cast<int>(kWireVersion)));
   }
   const uint8_t raw_type = static_cast<uint8_t>(p[5]);
-  if (raw_type < static_cast<uint8_t>(WireType::kMessage) || raw_type > static_cast<uint8_t>(WireType::kHello)) {
+  if (raw_type < static_cast<uint8_t>(WireType::kMessage) || raw_type > static_cast<uint8_t>(WireType::kAuthProof)) {
     return Malformed(absl::StrCat("unknown type ", static_cast<int>(raw_type)));
   }
   if (Get16(p + 6) != 0) return Malformed("unknown flags");
@@ -155,6 +155,18 @@ absl::StatusOr<WireFrame> ParseWire(std::span<const std::byte> bytes, size_t max
       if (body.empty()) return Malformed("hello without an address");
       frame.hello_address.assign(reinterpret_cast<const char*>(body.data()), body.size());
       break;
+    case WireType::kAuthChallenge:
+      if (body.size() <= kAuthNonceBytes) return Malformed("authentication challenge without nonce and address");
+      std::memcpy(frame.auth_nonce.data(), body.data(), kAuthNonceBytes);
+      frame.auth_address.assign(reinterpret_cast<const char*>(body.data() + kAuthNonceBytes),
+                                body.size() - kAuthNonceBytes);
+      break;
+    case WireType::kAuthProof:
+      if (body.size() != kAuthMacBytes) {
+        return Malformed(absl::StrCat("authentication proof of ", body.size(), " bytes, expected ", kAuthMacBytes));
+      }
+      std::memcpy(frame.auth_mac.data(), body.data(), kAuthMacBytes);
+      break;
   }
   return frame;
 }
@@ -231,6 +243,28 @@ size_t EncodeHello(std::span<std::byte> out, uint16_t credits, const std::string
   return HelloWireBytes(address);
 }
 
+size_t AuthChallengeWireBytes(const std::string& address) {
+  return kWireHeaderBytes + kAuthNonceBytes + address.size();
+}
+
+size_t EncodeAuthChallenge(std::span<std::byte> out, uint16_t credits,
+                           std::span<const std::byte, kAuthNonceBytes> nonce, const std::string& address) {
+  RDMA_CHECK(!address.empty());
+  const size_t total = AuthChallengeWireBytes(address);
+  RDMA_CHECK(out.size() >= total);
+  PutHeader(out.data(), WireType::kAuthChallenge, credits, 0, 0, 0, static_cast<uint32_t>(total - kWireHeaderBytes));
+  std::memcpy(out.data() + kWireHeaderBytes, nonce.data(), kAuthNonceBytes);
+  std::memcpy(out.data() + kWireHeaderBytes + kAuthNonceBytes, address.data(), address.size());
+  return total;
+}
+
+size_t EncodeAuthProof(std::span<std::byte> out, uint16_t credits, std::span<const std::byte, kAuthMacBytes> mac) {
+  RDMA_CHECK(out.size() >= kAuthProofWireBytes);
+  PutHeader(out.data(), WireType::kAuthProof, credits, 0, 0, 0, kAuthMacBytes);
+  std::memcpy(out.data() + kWireHeaderBytes, mac.data(), kAuthMacBytes);
+  return kAuthProofWireBytes;
+}
+
 std::vector<std::byte> EncodeHandshake(const Handshake& handshake, size_t capacity) {
   RDMA_CHECK(capacity >= kHandshakeFixedBytes);
   const bool fits = handshake.address.size() <= capacity - kHandshakeFixedBytes && handshake.address.size() <= 0xffff;
@@ -239,7 +273,8 @@ std::vector<std::byte> EncodeHandshake(const Handshake& handshake, size_t capaci
   std::byte* p = out.data();
   Put32(p, kHandshakeMagic);
   Put16(p + 4, kWireVersion);
-  Put16(p + 6, fits ? 0 : kHandshakeAddressInHello);
+  Put16(p + 6, static_cast<uint16_t>((fits ? 0 : kHandshakeAddressInHello) |
+                                     (handshake.auth_required ? kHandshakeAuthRequired : 0)));
   Put32(p + 8, handshake.credits);
   Put32(p + 12, handshake.slot_bytes);
   Put16(p + 16, static_cast<uint16_t>(address_bytes));
@@ -256,9 +291,10 @@ absl::StatusOr<Handshake> ParseHandshake(std::span<const std::byte> bytes) {
   if (Get32(p) != kHandshakeMagic) return bad("bad magic (not a Tessera peer)");
   if (Get16(p + 4) != kWireVersion) return bad(absl::StrCat("version ", Get16(p + 4)));
   const uint16_t flags = Get16(p + 6);
-  if ((flags & ~kHandshakeAddressInHello) != 0) return bad("unknown flags");
+  if ((flags & ~(kHandshakeAddressInHello | kHandshakeAuthRequired)) != 0) return bad("unknown flags");
   Handshake h;
   h.address_in_hello = (flags & kHandshakeAddressInHello) != 0;
+  h.auth_required = (flags & kHandshakeAuthRequired) != 0;
   h.credits = Get32(p + 8);
   h.slot_bytes = Get32(p + 12);
   const uint16_t address_bytes = Get16(p + 16);

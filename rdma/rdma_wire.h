@@ -33,11 +33,17 @@
 //                  the tag; the sender must not write it.
 //   kHello         the sender's transport address (when it did not fit in the
 //                  handshake); only as the first message of a connection.
+//   kAuthChallenge 32-byte nonce, then the sender's own transport address
+//                  (at least one byte): the first message of each side of an
+//                  authenticated connection (after the initiator's hello).
+//   kAuthProof     32-byte MAC (HMAC-SHA-256) over the transcript of
+//                  rdma/connection_auth.h: each side's second message.
 //
 // Errors: Parse* never crash on any input; they return InvalidArgument
 // naming what is wrong. Encode* require an output span large enough (they
 // abort on it: the caller sized it with the matching *Bytes function).
 #include <cstddef>
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -53,6 +59,8 @@ inline constexpr size_t kWireHeaderBytes = 32;
 inline constexpr size_t kPartDescriptorBytes = 16;
 inline constexpr size_t kClearToSendBodyBytes = 24;
 inline constexpr size_t kAbortBodyBytes = 8;
+inline constexpr size_t kAuthNonceBytes = 32;
+inline constexpr size_t kAuthMacBytes = 32;
 // Envelope + 64 data frames (the ZeroMQ transport's default frame limit).
 inline constexpr size_t kMaxParts = 65;
 
@@ -63,6 +71,8 @@ enum class WireType : uint8_t {
   kCancel = 4,
   kRefuse = 5,
   kHello = 6,
+  kAuthChallenge = 7,
+  kAuthProof = 8,
 };
 
 // Why a rendezvous was cancelled or refused (kCancel / kRefuse body).
@@ -105,6 +115,10 @@ struct WireFrame {
   uint32_t reason = 0;
   // kHello
   std::string hello_address;
+  // kAuthChallenge: auth_nonce, auth_address; kAuthProof: auth_mac
+  std::array<std::byte, kAuthNonceBytes> auth_nonce{};
+  std::string auth_address;
+  std::array<std::byte, kAuthMacBytes> auth_mac{};
 };
 
 // Parses one received SEND. `max_parts` caps the part table (at most kMaxParts).
@@ -123,6 +137,12 @@ size_t EncodeClearToSend(std::span<std::byte> out, uint16_t credits, const Clear
 size_t EncodeAbort(std::span<std::byte> out, WireType type, uint16_t credits, uint32_t tag, AbortReason reason);
 size_t HelloWireBytes(const std::string& address);
 size_t EncodeHello(std::span<std::byte> out, uint16_t credits, const std::string& address);
+size_t AuthChallengeWireBytes(const std::string& address);
+// `address` must not be empty.
+size_t EncodeAuthChallenge(std::span<std::byte> out, uint16_t credits,
+                           std::span<const std::byte, kAuthNonceBytes> nonce, const std::string& address);
+inline constexpr size_t kAuthProofWireBytes = kWireHeaderBytes + kAuthMacBytes;
+size_t EncodeAuthProof(std::span<std::byte> out, uint16_t credits, std::span<const std::byte, kAuthMacBytes> mac);
 
 // The connection handshake, carried in rdma_cm's private data both ways
 // (connect request and accept reply):
@@ -130,16 +150,22 @@ size_t EncodeHello(std::span<std::byte> out, uint16_t credits, const std::string
 //   sender of the handshake granted), u32 slot bytes (its receive slot size,
 //   also the chunk size of its staged rendezvous writes), u16 address length,
 //   then the address bytes when they fit (else flag kAddressInHello and the
-//   address follows in a kHello message).
+//   address follows in a kHello message). Flag kAuthRequired: the sender
+//   holds a job key and will accept nothing on the connection before the
+//   peer has proved it holds the same key (kAuthChallenge / kAuthProof). The
+//   flag is not authenticated: it only lets a mismatch be refused at set-up;
+//   what an endpoint requires follows from its own configuration.
 inline constexpr uint32_t kHandshakeMagic = 0x31485354;  // "TSH1"
 inline constexpr size_t kHandshakeFixedBytes = 18;
 inline constexpr uint16_t kHandshakeAddressInHello = 1;
+inline constexpr uint16_t kHandshakeAuthRequired = 2;
 
 struct Handshake {
   uint32_t credits = 0;
   uint32_t slot_bytes = 0;
   std::string address;            // may be empty (the accepting side need not name itself)
   bool address_in_hello = false;  // set by Encode when the address did not fit
+  bool auth_required = false;     // flag kHandshakeAuthRequired
 };
 
 // Encodes into at most `capacity` bytes (at least kHandshakeFixedBytes);

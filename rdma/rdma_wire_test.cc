@@ -1,5 +1,6 @@
 #include "rdma/rdma_wire.h"
 
+#include <array>
 #include <cstring>
 #include <random>
 #include <string>
@@ -214,6 +215,63 @@ TEST(rdmaWireTest, HandshakeRoundTripAndOverflow) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_TRUE(p->address_in_hello);
   EXPECT_TRUE(p->address.empty());
+}
+
+TEST(rdmaWireTest, HandshakeCarriesTheAuthenticationFlag) {
+  for (const bool required : {false, true}) {
+    for (const char* address : {"rdma://10.0.0.1:4000", "rdma://a-rather-long-host-name.rack-12.cluster.example.org:4000"}) {
+      Handshake h{64, 8192, address};
+      h.auth_required = required;
+      absl::StatusOr<Handshake> p = ParseHandshake(EncodeHandshake(h, 56));
+      ASSERT_TRUE(p.ok()) << p.status();
+      EXPECT_EQ(p->auth_required, required) << address;
+    }
+  }
+  std::vector<std::byte> b = EncodeHandshake(Handshake{64, 8192, "rdma://h:1"}, 56);
+  b[6] = std::byte{4};  // a flag nobody defined
+  EXPECT_THAT(std::string(ParseHandshake(b).status().message()), HasSubstr("unknown flags"));
+}
+
+TEST(rdmaWireTest, AuthenticationMessagesRoundTrip) {
+  std::array<std::byte, kAuthNonceBytes> nonce;
+  for (size_t i = 0; i < nonce.size(); ++i) nonce[i] = static_cast<std::byte>(i * 7 + 1);
+  std::vector<std::byte> challenge(AuthChallengeWireBytes("rdma://10.0.0.1:4000"));
+  EXPECT_EQ(EncodeAuthChallenge(challenge, 5, nonce, "rdma://10.0.0.1:4000"), challenge.size());
+  absl::StatusOr<WireFrame> f = ParseWire(challenge);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->type, WireType::kAuthChallenge);
+  EXPECT_EQ(f->credits, 5);
+  EXPECT_EQ(f->auth_nonce, nonce);
+  EXPECT_EQ(f->auth_address, "rdma://10.0.0.1:4000");
+
+  std::array<std::byte, kAuthMacBytes> mac;
+  for (size_t i = 0; i < mac.size(); ++i) mac[i] = static_cast<std::byte>(255 - i);
+  std::vector<std::byte> proof(kAuthProofWireBytes);
+  EXPECT_EQ(EncodeAuthProof(proof, 0, mac), proof.size());
+  f = ParseWire(proof);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->type, WireType::kAuthProof);
+  EXPECT_EQ(f->auth_mac, mac);
+
+  // Every truncation of either is rejected, and so is a proof of another length.
+  for (const std::vector<std::byte>* wire : {&challenge, &proof}) {
+    for (size_t n = 0; n < wire->size(); ++n) {
+      EXPECT_FALSE(ParseWire(std::span<const std::byte>(wire->data(), n)).ok()) << n;
+    }
+  }
+  // A challenge with a nonce but no address.
+  std::vector<std::byte> bare(kWireHeaderBytes + kAuthNonceBytes);
+  std::memcpy(bare.data(), challenge.data(), kWireHeaderBytes);
+  bare[24] = std::byte{kAuthNonceBytes};  // body bytes
+  EXPECT_THAT(std::string(ParseWire(bare).status().message()), HasSubstr("without nonce and address"));
+  std::vector<std::byte> short_proof(kWireHeaderBytes + 16);
+  std::memcpy(short_proof.data(), proof.data(), kWireHeaderBytes);
+  short_proof[24] = std::byte{16};
+  EXPECT_THAT(std::string(ParseWire(short_proof).status().message()), HasSubstr("authentication proof of 16 bytes"));
+  // Neither carries a tag, a part count or a request id.
+  std::vector<std::byte> tagged = proof;
+  tagged[12] = std::byte{1};
+  EXPECT_FALSE(ParseWire(tagged).ok());
 }
 
 TEST(rdmaWireTest, HandshakeRejectsBadInput) {

@@ -136,6 +136,9 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(ZmqTransport::Options o
       ro.bind = bind;
       ro.pool_bytes = choice.rdma_pool_bytes;
       ro.max_pinned_bytes = choice.rdma_max_pinned_bytes;
+      // The job's key (from TESSERA_JOB_KEYS or the options): RDMA peers must
+      // prove they hold it at connection set-up (rdma/rdma_protocol.h).
+      ro.auth_secret_key = options.curve_secret_key;
       auto made = rdma::MakeRdmaTransport(std::move(ro));
       if (!made.ok()) return made.status();
       transport = std::move(*made);
