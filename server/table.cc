@@ -96,14 +96,14 @@ float InitialValue(const proto::TableConfig& c, Key key, uint32_t index) {
 size_t Table::CountAbsent(std::span<const Key> keys) const {
   absl::flat_hash_set<Key> absent;
   for (Key k : keys)
-    if (!index_.contains(k)) absent.insert(k);
+    if (!index_.Contains(k)) absent.insert(k);
   return absent.size();
 }
 
 absl::Status Table::CheckKeys(std::span<const Key> keys) const {
   if (config_.kind() != proto::DENSE) return absl::OkStatus();
   for (Key k : keys) {
-    if (!index_.contains(k)) {
+    if (!index_.Contains(k)) {
       return absl::InvalidArgumentError(absl::StrCat("table ", config_.table_id(), " is dense with ",
                                                      config_.dense_rows(), " rows; key ", k,
                                                      k < config_.dense_rows() ? " is not held by this server"
@@ -131,7 +131,7 @@ size_t Table::AddRow(Key key) {
     row = static_cast<uint32_t>(slots_++);
     if ((row >> chunk_shift_) >= chunks_.size()) chunks_.push_back(std::make_shared<Chunk>(chunk_floats()));
   }
-  index_.emplace(key, row);
+  index_.Insert(key, row);
   if (evicts_) {
     if (recency_.size() <= row) recency_.resize(size_t{row} + 1);
     recency_[row] = Recency{.key = key, .clock = clock_};
@@ -163,7 +163,7 @@ void Table::Touch(uint32_t row) {
 }
 
 void Table::DropRow(uint32_t row) {
-  index_.erase(recency_[row].key);
+  index_.Erase(recency_[row].key);
   Unlink(row);
   free_rows_.push_back(row);
 }
@@ -190,13 +190,12 @@ size_t Table::CreateRow(Key key) {
 }
 
 size_t Table::RowNumber(Key key) {
-  auto it = index_.find(key);
-  return it == index_.end() ? CreateRow(key) : it->second;
+  const uint32_t row = index_.Find(key);
+  return row == kNoRow ? CreateRow(key) : row;
 }
 
 uint32_t Table::RowForPush(Key key) {
-  auto it = index_.find(key);
-  if (it != index_.end()) return it->second;
+  if (const uint32_t row = index_.Find(key); row != kNoRow) return row;
   if (admission_) {
     if (admission_->Add(key) < config_.admit_after()) {
       ++counters_.admission_dropped;
@@ -276,20 +275,32 @@ absl::Status Table::ReadRows(std::span<const Key> keys, std::span<float> out) {
   }
   if (auto s = CheckKeys(keys); !s.ok()) return s;
   const bool create = pull_creates_rows();
-  // A software pipeline: while key i is looked up (its hash slot asked for
-  // kSlotAhead keys earlier), the slot of key i + kSlotAhead is asked for,
-  // and the row of key i - kRowAhead (asked for when it was looked up) is
-  // copied. With ids drawn from a large table most lookups miss the cache
-  // twice (hash slot, then row); this way the misses of neighbouring keys
-  // overlap instead of each waiting for the one before.
-  constexpr size_t kSlotAhead = 16, kRowAhead = 8, kRing = 16;
+  // A software pipeline of three stages: key i + kSlotAhead is hashed (once:
+  // the hash serves both the prefetch and the probe) and its index slot asked
+  // for; key i is probed (its slot asked for kSlotAhead keys earlier) and its
+  // row asked for; the row of key i - kRowAhead (asked for kRowAhead keys
+  // earlier) is copied. With ids drawn from a large table most lookups
+  // miss the cache twice (index slot, then row); this way the misses of
+  // neighbouring keys overlap instead of each waiting for the one before.
+  // The distances were tuned with bench/sparse_lookup_bench (docs/
+  // benchmarks.md): from (16, 8) to (32, 16) dim 16 gained about 15% and dim
+  // 64 nothing measurable; (8, 4) lost a quarter; up to (48, 24) nothing
+  // changed beyond the noise.
+  constexpr size_t kSlotAhead = 32, kRowAhead = 16, kRing = 64;  // kRing > both, a power of two
+  static_assert(kRing > kSlotAhead && kRing > kRowAhead && (kRing & (kRing - 1)) == 0);
   const size_t row_bytes = w * sizeof(float);
   const size_t lines = std::min<size_t>((row_bytes + 63) / 64, 4);
   const size_t n = keys.size();
-  const float* ring[kRing];
+  uint64_t hashes[kRing];
+  const float* rows[kRing];
+  auto ask_slot = [&](size_t i) {
+    const uint64_t h = RowIndex::Hash(keys[i]);
+    hashes[i % kRing] = h;
+    index_.Prefetch(h);
+  };
   auto copy = [&](size_t i) {
     float* dst = out.data() + i * w;
-    if (const float* src = ring[i % kRing]; src != nullptr) {
+    if (const float* src = rows[i % kRing]; src != nullptr) {
       std::memcpy(dst, src, row_bytes);
     } else if (create) {
       std::memcpy(dst, ReadRow(RowNumber(keys[i])), row_bytes);  // (an earlier copy of the key may have made it)
@@ -297,12 +308,12 @@ absl::Status Table::ReadRows(std::span<const Key> keys, std::span<float> out) {
       for (uint32_t j = 0; j < w; ++j) dst[j] = InitialValue(config_, keys[i], j);
     }
   };
-  for (size_t i = 0; i < std::min(n, kSlotAhead); ++i) index_.prefetch(keys[i]);
+  for (size_t i = 0; i < std::min(n, kSlotAhead); ++i) ask_slot(i);
   for (size_t i = 0; i < n; ++i) {
-    if (i + kSlotAhead < n) index_.prefetch(keys[i + kSlotAhead]);
-    auto it = index_.find(keys[i]);
-    const float* row = it == index_.end() ? nullptr : RowAddress(it->second);
-    ring[i % kRing] = row;
+    if (i + kSlotAhead < n) ask_slot(i + kSlotAhead);
+    const uint32_t found = index_.Find(keys[i], hashes[i % kRing]);
+    const float* row = found == kNoRow ? nullptr : RowAddress(found);
+    rows[i % kRing] = row;
     if (row != nullptr)
       for (size_t l = 0; l < lines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(row) + 64 * l);
     if (i >= kRowAhead) copy(i - kRowAhead);
@@ -317,7 +328,7 @@ void Table::ForEachRow(absl::FunctionRef<void(Key, std::span<const float>)> fn) 
       fn(recency_[row].key, std::span<const float>(ReadRow(row), stride_));
     return;
   }
-  for (const auto& [key, row] : index_) fn(key, std::span<const float>(ReadRow(row), stride_));
+  index_.ForEach([&](Key key, uint32_t row) { fn(key, std::span<const float>(ReadRow(row), stride_)); });
 }
 
 absl::Status Table::RestoreRows(std::span<const Key> keys, std::span<const float> values, bool adopt_dense) {
@@ -337,8 +348,8 @@ absl::Status Table::RestoreRows(std::span<const Key> keys, std::span<const float
     return s;
   }
   for (size_t i = 0; i < keys.size(); ++i) {
-    auto it = index_.find(keys[i]);
-    const uint32_t row = it == index_.end() ? static_cast<uint32_t>(AddRow(keys[i])) : it->second;
+    uint32_t row = index_.Find(keys[i]);
+    if (row == kNoRow) row = static_cast<uint32_t>(AddRow(keys[i]));
     Touch(row);
     std::memcpy(WritableRow(row), values.data() + i * w, w * sizeof(float));
   }
@@ -364,7 +375,7 @@ struct ChunkLoan {
 absl::StatusOr<Buffer> Table::ReadRowsShared(std::span<const Key> keys, BufferPool* pool) {
   if (auto s = CheckKeys(keys); !s.ok()) return s;
   const size_t row_bytes = size_t{config_.width()} * sizeof(float);
-  if (keys.size() == 1 && rows_per_chunk_ == 1 && (pull_creates_rows() || index_.contains(keys[0]))) {
+  if (keys.size() == 1 && rows_per_chunk_ == 1 && (pull_creates_rows() || index_.Contains(keys[0]))) {
     const size_t row = RowNumber(keys[0]);
     const std::shared_ptr<Chunk>& chunk = chunks_[row];
     auto loan = std::make_shared<ChunkLoan>(chunk, &chunk->lent);

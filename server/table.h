@@ -51,7 +51,6 @@
 #include <span>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -61,6 +60,7 @@
 #include "server/admission_sketch.h"
 #include "server/huge_pages.h"
 #include "server/optimizer.h"
+#include "server/row_index.h"
 
 namespace tessera {
 
@@ -189,7 +189,7 @@ class Table {
     std::atomic<uint64_t> lent{0};
   };
 
-  static constexpr uint32_t kNoRow = ~uint32_t{0};
+  static constexpr uint32_t kNoRow = RowIndex::kNoRow;
   // Recency of one row (tables with eviction): a doubly linked list through
   // row numbers, most recently used at head_.
   struct Recency {
@@ -232,10 +232,7 @@ class Table {
   std::vector<std::shared_ptr<Chunk>> chunks_;
   // key -> row number, in huge pages: lookups into millions of rows would
   // otherwise miss the TLB on nearly every probe.
-  absl::flat_hash_map<Key, uint32_t, absl::container_internal::hash_default_hash<Key>,
-                      absl::container_internal::hash_default_eq<Key>,
-                      HugePageAllocator<std::pair<const Key, uint32_t>>>
-      index_;
+  RowIndex index_;
   size_t slots_ = 0;                          // row numbers handed out (live or free)
   std::vector<uint32_t> free_rows_;           // row numbers of dropped rows
   // Admission and eviction (SPARSE tables that ask for them).
