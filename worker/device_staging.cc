@@ -1,5 +1,7 @@
 #include "worker/device_staging.h"
 
+#include <functional>
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -374,40 +376,30 @@ absl::Status DeviceStaging::CheckRequest(std::span<const Key> keys, const void* 
 
 absl::Status DeviceStaging::PushFromDevice(uint32_t table, std::span<const Key> keys, const float* device_values,
                                            size_t row_floats) {
-  Stats call;
-  call.pushes = 1;
-  absl::Status result = CheckRequest(keys, device_values, row_floats);
-  if (result.ok() && !keys.empty()) {
-    std::lock_guard lock(call_mu_);
-    const Nanos start = MonotonicNow();
-    Call run(*copier_, port_, options_.buffers, /*push=*/true, table, keys, row_floats, RowsPerPart(row_floats));
-    result = run.RunPush(device_values);
-    const Stats& s = run.stats();
-    call.parts_pushed = s.parts_pushed;
-    call.bytes_to_host = s.bytes_to_host;
-    call.copy_time = s.copy_time;
-    call.copy_time_overlapped = s.copy_time_overlapped;
-    call.copy_wait = s.copy_wait;
-    call.transfer_wait = s.transfer_wait;
-    call.wall = MonotonicNow() - start;
-  }
-  if (!result.ok()) call.failed_calls = 1;
-  AddStats(call);
-  return result;
+  return RunCall(/*push=*/true, table, keys, device_values, row_floats,
+                 [&](Call& run) { return run.RunPush(device_values); });
 }
 
 absl::Status DeviceStaging::PullToDevice(uint32_t table, std::span<const Key> keys, float* device_out,
                                          size_t row_floats) {
+  return RunCall(/*push=*/false, table, keys, device_out, row_floats,
+                 [&](Call& run) { return run.RunPull(device_out); });
+}
+
+absl::Status DeviceStaging::RunCall(bool push, uint32_t table, std::span<const Key> keys, const void* device,
+                                    size_t row_floats, const std::function<absl::Status(Call&)>& body) {
   Stats call;
-  call.pulls = 1;
-  absl::Status result = CheckRequest(keys, device_out, row_floats);
+  (push ? call.pushes : call.pulls) = 1;
+  absl::Status result = CheckRequest(keys, device, row_floats);
   if (result.ok() && !keys.empty()) {
     std::lock_guard lock(call_mu_);
     const Nanos start = MonotonicNow();
-    Call run(*copier_, port_, options_.buffers, /*push=*/false, table, keys, row_floats, RowsPerPart(row_floats));
-    result = run.RunPull(device_out);
+    Call run(*copier_, port_, options_.buffers, push, table, keys, row_floats, RowsPerPart(row_floats));
+    result = body(run);
     const Stats& s = run.stats();
+    call.parts_pushed = s.parts_pushed;
     call.parts_pulled = s.parts_pulled;
+    call.bytes_to_host = s.bytes_to_host;
     call.bytes_to_device = s.bytes_to_device;
     call.copy_time = s.copy_time;
     call.copy_time_overlapped = s.copy_time_overlapped;

@@ -51,6 +51,7 @@
 // - Ownership: the Worker (or TransferPort) must outlive the DeviceStaging;
 //   the DeviceStaging owns its Copier and thereby the staging buffers.
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -213,6 +214,10 @@ class DeviceStaging {
                 DeviceStagingOptions options);
   absl::Status CheckRequest(std::span<const Key> keys, const void* device, size_t row_floats) const;
   void AddStats(const Stats& call);
+  // One push or pull: checks, runs `body` on a Call under the call lock, and
+  // adds the call's figures to the stats.
+  absl::Status RunCall(bool push, uint32_t table, std::span<const Key> keys, const void* device, size_t row_floats,
+                       const std::function<absl::Status(Call&)>& body);
 
   const DeviceStagingOptions options_;
   const size_t buffer_floats_;
