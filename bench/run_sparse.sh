@@ -14,8 +14,10 @@
 #    in flight) at the same message sizes (the mean payload of one request).
 #    Prints rows/s and payload bytes/s, and the ratio to raw ZeroMQ.
 #
-# Environment: SECONDS_EACH (default 3), DIMS (16,64), KEEP=1 keeps the
-# results, SKIP_BUILD=1 uses the binaries in BUILD_DIR as they are.
+# Environment: SECONDS_EACH (default 3), DIMS (16,64), SHM (1: the default
+# same-host shared-memory path carries the large frames; 0: everything over
+# TCP, like the baseline), KEEP=1 keeps the results, SKIP_BUILD=1 uses the
+# binaries in BUILD_DIR as they are.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,6 +25,10 @@ BUILD=$(realpath -m "${1:-${TESSERA_BUILD_DIR:-$ROOT/build}}")
 PYTHON=/usr/bin/python3
 SECONDS_EACH=${SECONDS_EACH:-3}
 DIMS=${DIMS:-16,64}
+SHM=${SHM:-1}
+case "$SHM" in 0) SHM_ENABLED=false; PATH_NAME="TCP loopback (shm off)" ;;
+  1) SHM_ENABLED=true; PATH_NAME="the same-host path (shared-memory rings for frames >= 64 KiB, headers over TCP)" ;;
+  *) echo "run_sparse.sh: SHM must be 0 or 1, got '$SHM'" >&2; exit 2 ;; esac
 
 WORK=$(mktemp -d /tmp/tessera-sparse.XXXXXX)
 if [ "${KEEP:-0}" != 1 ]; then trap 'rm -rf "$WORK"' EXIT; fi
@@ -39,7 +45,7 @@ taskset -c 0 "$BUILD/bench/sparse_lookup_bench" --dims "$DIMS" --json "$WORK/loo
 for workers in 1 2; do
   echo "Tessera sparse push/pull, 1 server, $workers worker(s) ..." >&2
   if ! "$PYTHON" "$ROOT/launcher/tessera-launch" local --config "$ROOT/configs/bench_sparse.yaml" \
-      --build-dir "$BUILD" --run-dir "$WORK/run-$workers" --quiet --timeout 600 --set "cluster.workers=$workers" \
+      --build-dir "$BUILD" --run-dir "$WORK/run-$workers" --quiet --timeout 600 --set "cluster.workers=$workers" --set "shm.enabled=$SHM_ENABLED" \
       --set "worker.program=$BUILD/bench/tessera-sparse-bench" \
       --set "worker.args.dims=\"$DIMS\"" --set "worker.args.seconds=$SECONDS_EACH" >&2; then
     echo "run_sparse.sh: the Tessera run failed; logs in $WORK/run-$workers/logs" >&2
@@ -64,11 +70,11 @@ echo "raw ZeroMQ at $SIZES bytes ..." >&2
 
 cat "$WORK/lookup.md"
 echo
-"$PYTHON" - "$WORK" <<'PY'
+"$PYTHON" - "$WORK" "$PATH_NAME" <<'PY'
 import json, sys
 work = sys.argv[1]
 raw = {r["size"]: r["median_mbps"] * 1e6 for r in json.load(open(f"{work}/raw.json"))["results"]}
-print("Sparse push/pull over TCP loopback, 1 server (batches of 8192 ids, Zipf(1.1) over 10M ids, deduplicated;")
+print(f"Sparse push/pull over {sys.argv[2]}; raw ZeroMQ over TCP loopback. 1 server (batches of 8192 ids, Zipf(1.1) over 10M ids, deduplicated;")
 print("4 requests in flight per worker). Bytes are payload: 8-byte keys + 4-byte floats.\n")
 print("| dim | workers | op | unique rows/request | rows/s | MB/s | raw ZeroMQ MB/s (same size) | ratio |")
 print("|---:|---:|---|---:|---:|---:|---:|---:|")
