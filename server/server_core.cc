@@ -164,6 +164,19 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
     send(std::move(reply));
     return out;
   }
+  if ((h.has_push() || h.has_pull()) && h.epoch() > map_->epoch()) {
+    // Sent by a newer map than this server has: its shards may have moved to
+    // or from this server, and answering by the old map could acknowledge
+    // keys a resend skips as not its own. Aborted at this server's epoch: the
+    // worker sends it again shortly; by then this server has the map (its
+    // heartbeats catch it up).
+    Message reply = Reply(request);
+    SetError(reply, absl::AbortedError(absl::StrCat("server ", my_rank_, " has shard map epoch ", map_->epoch(),
+                                                    ", older than the request's ", h.epoch(), "; send it again")));
+    stats_.behind_epoch++;
+    send(std::move(reply));
+    return out;
+  }
   switch (h.body_case()) {
     case proto::Envelope::kPush:
       HandlePush(std::move(request), now, out);
@@ -613,6 +626,15 @@ absl::Status ServerCore::ApplyTransfer(const Message& m, uint32_t from) {
       return absl::InvalidArgumentError(absl::StrCat("transfer: a window of shard ", d.vshard(), " not transferred"));
     }
   }
+  // The transfer replaces this server's copy of those shards: rows, windows
+  // and audit records it has and the primary lacks (forwards of a deposed
+  // primary that reached only this copy, never acknowledged) go.
+  for (auto& [id, table] : tables_) {
+    const uint32_t table_id = id;
+    table->EraseRows([&](Key k) { return shards.contains(map_->VShardOfKey(table_id, k)); });
+  }
+  absl::erase_if(dedup_, [&](const auto& e) { return shards.contains(static_cast<uint32_t>(e.first >> 32)); });
+  absl::erase_if(audit_, [&](const auto& e) { return shards.contains(map_->VShardOfKey(e.first.first, e.first.second)); });
   for (int i = 0; i < t.tables_size(); ++i) {
     proto::CreateTable create;
     *create.mutable_config() = t.tables(i);
@@ -799,7 +821,7 @@ absl::Status ServerCore::CheckIncarnation(const Origin& origin, std::span<const 
 }
 
 bool ServerCore::IsDuplicate(uint32_t vshard, const Origin& origin) const {
-  if (origin.seq == 0) return false;
+  if (origin.seq == 0 || options_.test_apply_duplicates) return false;
   auto it = dedup_.find(DedupKey(vshard, origin.worker));
   if (it == dedup_.end() || it->second.incarnation != origin.incarnation) return false;
   return origin.seq < it->second.floor || it->second.seqs.contains(origin.seq);
@@ -845,7 +867,7 @@ void ServerCore::HandlePush(Message request, Nanos now, std::vector<Outgoing>& o
     return;
   }
   reply.header.mutable_ack();
-  if (*forwards == 0) {
+  if (*forwards == 0 || options_.test_ack_before_replication) {
     if (wants_reply) out.push_back(Outgoing{reply_to, std::move(reply)});
     return;
   }
@@ -1056,7 +1078,8 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
     }
     out.push_back(Outgoing{h.sender_address(), std::move(reply)});
   };
-  if (h.epoch() < map_->epoch()) {
+  const bool old_epoch_accepted = options_.test_accept_old_epoch && h.epoch() < map_->epoch();
+  if (h.epoch() < map_->epoch() && !old_epoch_accepted) {
     ack(r.position(),
         absl::FailedPreconditionError(absl::StrCat("forward of map epoch ", h.epoch(),
                                                    " is older than this server's epoch ", map_->epoch())),
@@ -1104,6 +1127,7 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
     for (size_t i = 0; i < keys.size(); ++i) {
       vshard[i] = map_->VShardOfKey(r.table_id(), keys[i]);
       auto bs = map_->BackupsOf(vshard[i]);
+      if (old_epoch_accepted) continue;
       if (map_->ServerRankOf(vshard[i]) != from || std::find(bs.begin(), bs.end(), my_rank_) == bs.end()) {
         return absl::FailedPreconditionError(absl::StrCat("key ", keys[i], " of table ", r.table_id(), " (shard ",
                                                           vshard[i], ") is not backed up here for server ", from,
@@ -1145,7 +1169,7 @@ absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::Sh
     if (auto s = InstallShardMap(map, my_rank_); !s.ok()) return s;
     return out;
   }
-  if (view->epoch() <= map_->epoch()) return out;
+  if (view->epoch() == map_->epoch() || (view->epoch() < map_->epoch() && !options_.test_accept_old_epoch)) return out;
   if (view->num_servers() != map_->num_servers()) {
     return absl::InvalidArgumentError(absl::StrCat("shard map of epoch ", view->epoch(), " has ",
                                                    view->num_servers(), " servers, not ", map_->num_servers()));
@@ -1184,7 +1208,12 @@ absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::Sh
       auto bs = map_->BackupsOf(v);
       if (std::find(bs.begin(), bs.end(), rank) == bs.end()) continue;
       held.push_back(v);
-      if (!same_process || !old.Holds(rank, v)) fresh.push_back(v);
+      // A backup gets the shard's state first if it did not hold the shard,
+      // or if this server was not its primary: copies that backed up a
+      // deposed primary may each miss a different suffix of its forwards
+      // (or have one this server lacks), and a backup recruited under the
+      // last primary may never have had its transfer.
+      if (!same_process || !old.Holds(rank, v) || old.ServerRankOf(v) != my_rank_) fresh.push_back(v);
     }
     auto it = streams_.find(rank);
     if (held.empty()) {

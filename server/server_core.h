@@ -52,6 +52,10 @@
 //     reason but an older epoch turns the Ack into an Error with its reason.
 //     Unacknowledged forwards are sent again, in order, every
 //     options.replicate_retry (Tick).
+//   * A push or pull stamped with a newer map epoch than this server's is
+//     answered Aborted at this server's epoch and changes nothing (the
+//     worker sends it again): by its older map this server could take or
+//     skip the wrong keys.
 //   * A backup applies a Replicate only if it carries the backup's own map
 //     epoch, comes from the primary of the shard of each key, and is the
 //     next position from that primary: an earlier position is acknowledged
@@ -101,6 +105,11 @@ struct ServerCoreOptions {
   BufferPool* pool = nullptr;               // reply buffers (not owned; may be null)
   Nanos default_hold_timeout = 60 * kSeconds;  // for held requests that name none
   bool answer_early = false;                // TEST ONLY: never hold pulls or clock acks (negative control)
+  // TEST ONLY, negative controls for the cluster simulator (tests/sim): each
+  // breaks one rule of the contract, which its checkers must then catch.
+  bool test_apply_duplicates = false;        // apply a sequenced push again when it comes again
+  bool test_ack_before_replication = false;  // acknowledge a push before the backups have it
+  bool test_accept_old_epoch = false;        // installs older shard maps; a backup applies older forwards unchecked
   bool apply_after_ack = false;             // leave accepted pushes to ApplyPending() (see the contract)
   // Pull replies with more value bytes than this go out in pieces of at most
   // this many bytes (0 = never split); see "Pull replies in pieces" below.
@@ -144,6 +153,7 @@ struct ServerStats {
   uint64_t transfers_sent = 0;     // state transfers to new backups (shards' rows, windows, clocks)
   uint64_t transfers_applied = 0;  // state transfers this server took as a new backup
   uint64_t rows_transferred = 0;   // rows in the transfers sent
+  uint64_t behind_epoch = 0;       // pushes and pulls sent back: stamped with a newer map than this server's
 };
 
 class ServerCore {

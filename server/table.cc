@@ -331,6 +331,24 @@ void Table::ForEachRow(absl::FunctionRef<void(Key, std::span<const float>)> fn) 
   index_.ForEach([&](Key key, uint32_t row) { fn(key, std::span<const float>(ReadRow(row), stride_)); });
 }
 
+size_t Table::EraseRows(absl::FunctionRef<bool(Key)> which) {
+  if (config_.kind() != proto::SPARSE) return 0;
+  std::vector<Key> keys;
+  ForEachRow([&](Key k, std::span<const float>) {
+    if (which(k)) keys.push_back(k);
+  });
+  for (Key k : keys) {
+    const uint32_t row = index_.Find(k);
+    if (evicts_) {
+      DropRow(row);
+    } else {
+      index_.Erase(k);
+      free_rows_.push_back(row);
+    }
+  }
+  return keys.size();
+}
+
 absl::Status Table::RestoreRows(std::span<const Key> keys, std::span<const float> values, bool adopt_dense) {
   const size_t w = stride_;
   if (values.size() != keys.size() * w) {

@@ -170,6 +170,10 @@ class Table {
   // row. Rows lent to readers stay as they were for those readers
   // (copy-on-write, as ApplyPush).
   absl::Status RestoreRows(std::span<const Key> keys, std::span<const float> values, bool adopt_dense = false);
+  // SPARSE tables: drops every row whose key `which` selects (a state
+  // transfer replacing this server's copy of some shards); returns how many.
+  // DENSE tables keep their rows (a transfer sets every one of them).
+  size_t EraseRows(absl::FunctionRef<bool(Key)> which);
 
   // Statistics, for tests and metrics: rows lent without a copy, and chunks
   // copied because a write found them lent.

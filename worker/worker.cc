@@ -1,12 +1,12 @@
-// The Worker shell: transport, coordinator session, request slicing, and the
-// RequestTracker core under one mutex.
+// The Worker shell: transport, coordinator session, futures, stats and the
+// tick thread around the WorkerCore (worker/worker_core.h: request slicing,
+// push numbering, the RequestTracker) under one mutex.
 #include "worker/worker.h"
 
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -17,7 +17,7 @@
 #include "compress/row_compressor.h"
 #include "node/coordinator_session.h"
 #include "transport/transport_factory.h"
-#include "worker/request_tracker.h"
+#include "worker/worker_core.h"
 #include "transport/transport_metrics.h"
 
 namespace tessera {
@@ -28,7 +28,6 @@ struct Future::State {
   std::optional<absl::Status> status;
   Nanos started = 0;                       // when the request was issued
   metrics::Histogram* latency = nullptr;   // observes issue-to-completion seconds (owned by the worker)
-  uint64_t push_seq = 0;                   // pushes: the sequence number (the worker forgets it on completion)
 
   void Set(absl::Status s) {
     {
@@ -127,26 +126,34 @@ class WorkerImpl final : public Worker {
     so.lease = options_.lease;
     session_ = std::make_unique<CoordinatorSession>(so, transport_.get());
     session_->set_on_end([this](const absl::Status& s) {
-      Complete(WithTracker([&](RequestTracker& t) {
-        return t.FailAll(s.ok() ? absl::CancelledError("the job has ended") : s);
-      }));
+      WorkerCore::Effects effects;
+      {
+        std::lock_guard lock(mu_);
+        if (!core_) return;
+        effects = core_->FailAll(s.ok() ? absl::CancelledError("the job has ended") : s);
+      }
+      Complete(std::move(effects.done));
     });
     if (auto s = transport_->Start([this](Message m) { OnMessage(std::move(m)); }); !s.ok()) return s;
     auto ready = session_->Join();
     if (!ready.ok()) return ready.status();
-    auto map = ShardMapView::Create(ready->shard_map());
-    if (!map.ok()) return map.status();
+    WorkerCoreOptions co;
+    co.node_id = session_->self().node_id();
+    co.incarnation = session_->self().incarnation();
+    co.address = transport_->address();
+    co.request_timeout = options_.request_timeout;
+    co.hold_timeout = options_.hold_timeout;
+    co.resend_after = options_.resend_after;
+    auto core = WorkerCore::Create(std::move(co), ready->shard_map());
+    if (!core.ok()) return core.status();
     const std::string joined_map = absl::StrCat("shard map epoch ", ready->shard_map().epoch(), " (map ",
                                                 ShardMapDigest(ready->shard_map()), ")");
-    std::vector<std::string> names;
-    for (size_t r = 0; r < map->num_servers(); ++r) names.push_back(map->server(r).address());
     num_workers_ = 0;
     for (const auto& n : ready->nodes())
       if (n.role() == proto::WORKER) ++num_workers_;
     {
       std::lock_guard lock(mu_);
-      map_ = std::make_shared<const ShardMapView>(std::move(*map));
-      tracker_.emplace(std::move(names));
+      core_ = std::move(*core);
     }
     ticker_ = std::thread([this] { TickLoop(); });
     if (options_.metrics_port >= 0) {
@@ -170,20 +177,13 @@ class WorkerImpl final : public Worker {
   // highest any server knows (a predecessor that died inside Clock() may
   // have reached only some servers).
   absl::Status ResumeClock() {
-    std::vector<RequestTracker::PartSpec> parts;
-    std::vector<Outgoing> sends;
-    const auto map = Map();
-    for (uint32_t r : map->LiveServers()) {
-      Message m = NewRequest(*map);
-      m.header.mutable_clock_query();
-      parts.push_back({m.header.request_id(), r, {}, m});
-      sends.push_back({map->server(r).address(), std::move(m)});
-    }
-    if (absl::Status s = Issue("clock query", std::move(parts), std::move(sends)).Wait(); !s.ok()) {
+    absl::Status s =
+        Issue(nullptr, [&](const WorkerCore::Handle& h, Nanos now) { return core_->ClockQuery(h, now); }).Wait();
+    if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("resuming the clock of a replaced worker: ", s.message()));
     }
     std::lock_guard lock(mu_);
-    clock_.store(known_clock_);
+    clock_.store(core_->known_clock());
     return absl::OkStatus();
   }
 
@@ -231,14 +231,15 @@ class WorkerImpl final : public Worker {
   uint32_t node_id() const override { return session_->self().node_id(); }
   uint64_t next_push_seq() const override {
     std::lock_guard lock(mu_);
-    return last_push_seq_ + 1;
+    return (core_ ? core_->last_push_seq() : 0) + 1;
   }
   uint32_t num_workers() const override { return num_workers_; }
   uint32_t num_servers() const override { return static_cast<uint32_t>(Map()->num_servers()); }
 
+  // A snapshot of the core's map (replaced by failovers).
   std::shared_ptr<const ShardMapView> Map() const {
     std::lock_guard lock(mu_);
-    return map_;
+    return core_->map();
   }
 
   absl::Status CreateTable(const TableOptions& options) override {
@@ -254,16 +255,9 @@ class WorkerImpl final : public Worker {
       if (!rc.ok()) return rc.status();
       compressor = std::move(*rc);
     }
-    std::vector<RequestTracker::PartSpec> parts;
-    std::vector<Outgoing> sends;
-    const auto map = Map();
-    for (uint32_t r : map->LiveServers()) {
-      Message m = NewRequest(*map);
-      *m.header.mutable_create_table()->mutable_config() = config;
-      parts.push_back({m.header.request_id(), r, {}, m});
-      sends.push_back({map->server(r).address(), std::move(m)});
-    }
-    absl::Status s = Issue(absl::StrCat("create table ", options.id), std::move(parts), std::move(sends)).Wait();
+    absl::Status s =
+        Issue(nullptr, [&](const WorkerCore::Handle& h, Nanos now) { return core_->CreateTable(h, config, now); })
+            .Wait();
     if (s.ok()) {
       std::lock_guard lock(mu_);
       widths_[options.id] = options.width;
@@ -283,67 +277,16 @@ class WorkerImpl final : public Worker {
     }
     if (keys.empty()) return Future::Ready(absl::OkStatus());
     const uint64_t clock = clock_.load();
-    const size_t row_bytes = size_t{*width} * sizeof(float);
-    compress::RowCompressor* compressor = Compressor(table);
-    std::vector<RequestTracker::PartSpec> parts;
-    std::vector<Outgoing> sends;
-    absl::Status encode_error;
-    const auto map = Map();
-    // Every part of this push carries its number: servers apply it once per
-    // shard, however often a failover makes us send it.
-    const auto [seq, acked_below] = NextPushSeq();
-    auto add_part = [&](uint32_t server, Buffer k, Buffer v, uint64_t n) {
-      Message m = NewRequest(*map);
-      auto* p = m.header.mutable_push();
-      p->set_table_id(table);
-      p->set_num_keys(n);
-      p->set_clock(clock);
-      p->set_seq(seq);
-      p->set_acked_below(acked_below);
-      p->set_incarnation(incarnation());
-      std::optional<compress::EncodedRows> encoded;
-      if (compressor != nullptr) {
-        auto e = compressor->Encode(k.As<Key>(), v.As<float>());
-        if (!e.ok()) {
-          encode_error.Update(e.status());
-          return;
-        }
-        if (!e->raw) encoded = std::move(*e);
+    // The core slices the push by the map (all keys on one server: no copy),
+    // numbers it, and encodes each part with the table's compressor.
+    return Issue(&push_latency_, [&](const WorkerCore::Handle& h, Nanos now) {
+      auto effects = core_->Push(h, table, keys, values, *width, clock, CompressorLocked(table), now);
+      if (effects.ok()) {  // a push that failed to encode is not counted
+        pushes_++;
+        bytes_pushed_ += keys.size_bytes() + values.size_bytes();
       }
-      m.frames.push_back(std::move(k));
-      if (encoded) {
-        p->set_value_parts(static_cast<uint32_t>(encoded->parts.size()));
-        for (Buffer& b : encoded->parts) m.frames.push_back(std::move(b));
-      } else {
-        m.frames.push_back(std::move(v));
-      }
-      parts.push_back({m.header.request_id(), server, {}, m});
-      sends.push_back({map->server(server).address(), std::move(m)});
-    };
-    Slice(*map, table, keys, [&](uint32_t server) {  // all keys on one server: no copy
-      add_part(server, Buffer::Borrow(keys.data(), keys.size_bytes()), Buffer::Borrow(values.data(), values.size_bytes()),
-               keys.size());
-    }, [&](uint32_t server, const std::vector<uint32_t>& rows) {
-      Buffer k = Buffer::Allocate(rows.size() * sizeof(Key));
-      Buffer v = Buffer::Allocate(rows.size() * row_bytes);
-      auto kd = k.AsMutable<Key>();
-      auto* vd = v.mutable_data();
-      const auto* src = reinterpret_cast<const std::byte*>(values.data());
-      for (size_t i = 0; i < rows.size(); ++i) {
-        kd[i] = keys[rows[i]];
-        std::memcpy(vd + i * row_bytes, src + size_t{rows[i]} * row_bytes, row_bytes);
-      }
-      add_part(server, std::move(k), std::move(v), rows.size());
+      return effects;
     });
-    if (!encode_error.ok()) {
-      ForgetPushSeq(seq);
-      return Future::Ready(absl::Status(encode_error.code(), absl::StrCat("push to table ", table,
-                                                                          ": compressing: ", encode_error.message())));
-    }
-    pushes_++;
-    bytes_pushed_ += keys.size_bytes() + values.size_bytes();
-    return Issue(absl::StrCat("push to table ", table), std::move(parts), std::move(sends), {}, 0, 0,
-                 &push_latency_, seq);
   }
 
   Future Pull(uint32_t table, std::span<const Key> keys, std::span<float> out) override {
@@ -356,32 +299,11 @@ class WorkerImpl final : public Worker {
     }
     if (keys.empty()) return Future::Ready(absl::OkStatus());
     const uint64_t clock = clock_.load();
-    std::vector<RequestTracker::PartSpec> parts;
-    std::vector<Outgoing> sends;
-    const auto map = Map();
-    auto add_part = [&](uint32_t server, Buffer k, RequestTracker::Scatter scatter) {
-      Message m = NewRequest(*map);
-      auto* p = m.header.mutable_pull();
-      p->set_table_id(table);
-      p->set_num_keys(scatter.num_keys);
-      p->set_clock(clock);
-      p->set_hold_timeout_ms(options_.hold_timeout / kMillis);
-      m.frames.push_back(std::move(k));
-      parts.push_back({m.header.request_id(), server, std::move(scatter), m});
-      sends.push_back({map->server(server).address(), std::move(m)});
-    };
-    Slice(*map, table, keys, [&](uint32_t server) {
-      add_part(server, Buffer::Borrow(keys.data(), keys.size_bytes()), {0, {}, keys.size()});
-    }, [&](uint32_t server, const std::vector<uint32_t>& rows) {
-      Buffer k = Buffer::Allocate(rows.size() * sizeof(Key));
-      auto kd = k.AsMutable<Key>();
-      for (size_t i = 0; i < rows.size(); ++i) kd[i] = keys[rows[i]];
-      add_part(server, std::move(k), {0, rows, rows.size()});
-    });
     pulls_++;
     bytes_pulled_ += keys.size_bytes() + out.size_bytes();
-    return Issue(absl::StrCat("pull from table ", table, " at clock ", clock), std::move(parts), std::move(sends),
-                 out, *width, options_.hold_timeout, &pull_latency_);
+    return Issue(&pull_latency_, [&](const WorkerCore::Handle& h, Nanos now) {
+      return core_->Pull(h, table, keys, out, *width, clock, now);
+    });
   }
 
   absl::Status Clock() override {
@@ -397,19 +319,9 @@ class WorkerImpl final : public Worker {
     // before reaches each server ahead of the announcement.
     const uint64_t clock = clock_.fetch_add(1) + 1;
     if (!HasSynchronousTables()) return NotifyClock(clock, start);
-    std::vector<RequestTracker::PartSpec> parts;
-    std::vector<Outgoing> sends;
-    const auto map = Map();
-    for (uint32_t r : map->LiveServers()) {
-      Message m = NewRequest(*map);
-      m.header.mutable_clock_advance()->set_clock(clock);
-      m.header.mutable_clock_advance()->set_hold_timeout_ms(options_.hold_timeout / kMillis);
-      parts.push_back({m.header.request_id(), r, {}, m});
-      sends.push_back({map->server(r).address(), std::move(m)});
-    }
-    absl::Status s = Issue(absl::StrCat("clock ", clock), std::move(parts), std::move(sends), {}, 0,
-                           options_.hold_timeout)
-                         .Wait();
+    absl::Status s =
+        Issue(nullptr, [&](const WorkerCore::Handle& h, Nanos now) { return core_->ClockAdvance(h, clock, now); })
+            .Wait();
     std::lock_guard lock(mu_);
     stats_.clock_wait += MonotonicNow() - start;
     if (s.ok()) stats_.clocks++;
@@ -425,17 +337,15 @@ class WorkerImpl final : public Worker {
 
   // Clock() when every open table is ASP: a notice to each server, no wait.
   absl::Status NotifyClock(uint64_t clock, Nanos start) {
+    std::vector<Outgoing> sends;
     {
       std::lock_guard lock(mu_);
       if (closed_) return absl::CancelledError("worker is closed");
+      sends = core_->ClockNotice(clock);
     }
-    const auto map = Map();
-    for (uint32_t r : map->LiveServers()) {
-      Message m = NewRequest(*map);
-      m.header.set_request_id(0);  // a notice: servers record it and answer nothing
-      m.header.mutable_clock_advance()->set_clock(clock);
-      CountWire(m);
-      if (auto s = transport_->Send(map->server(r).address(), std::move(m)); !s.ok()) return s;
+    for (Outgoing& o : sends) {
+      CountWire(o.message);
+      if (auto s = transport_->Send(o.to, std::move(o.message)); !s.ok()) return s;
     }
     std::lock_guard lock(mu_);
     stats_.clock_wait += MonotonicNow() - start;
@@ -468,45 +378,50 @@ class WorkerImpl final : public Worker {
   }
 
  private:
-  template <typename F>
-  std::vector<RequestTracker::Completion> WithTracker(F&& f) {
-    std::lock_guard lock(mu_);
-    if (!tracker_) return std::vector<RequestTracker::Completion>{};
-    return f(*tracker_);
+  // Registers one operation with the core and sends its requests. `call(handle,
+  // now)` runs under mu_ and returns the core's Effects (or an error: nothing
+  // was registered). `latency` observes issue-to-completion seconds.
+  template <typename Call>
+  Future Issue(metrics::Histogram* latency, Call&& call) {
+    auto state = std::make_shared<Future::State>();
+    state->started = MonotonicNow();
+    state->latency = latency;
+    absl::StatusOr<WorkerCore::Effects> effects;
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) return Future::Ready(absl::CancelledError("worker is closed"));
+      effects = call(WorkerCore::Handle(state), MonotonicNow());
+    }
+    if (!effects.ok()) return Future::Ready(effects.status());
+    Deliver(std::move(*effects));
+    return Future(std::move(state));
+  }
+
+  // Hands what the core produced to the transport (counting the wire bytes),
+  // then completes the operations it finished. Call without mu_.
+  void Deliver(WorkerCore::Effects effects) {
+    for (Outgoing& o : effects.sends) {
+      CountWire(o.message);
+      (void)transport_->Send(o.to, std::move(o.message));
+    }
+    Complete(std::move(effects.done));
   }
 
   void Complete(std::vector<RequestTracker::Completion> done) {
-    for (auto& c : done) {
-      auto* state = static_cast<Future::State*>(c.handle.get());
-      if (state->push_seq != 0) ForgetPushSeq(state->push_seq);
-      state->Set(std::move(c.status));
-    }
+    if (done.empty()) return;
+    for (auto& c : done) static_cast<Future::State*>(c.handle.get())->Set(std::move(c.status));
+    push_cv_.notify_all();  // the core forgot the numbers of completed pushes
   }
 
-  // The next push's sequence number, and the lowest one still in flight
-  // (every push numbered below it is complete).
-  std::pair<uint64_t, uint64_t> NextPushSeq() {
-    std::lock_guard lock(mu_);
-    const uint64_t seq = ++last_push_seq_;
-    pushes_in_flight_.insert(seq);
-    return {seq, *pushes_in_flight_.begin()};
-  }
-  void ForgetPushSeq(uint64_t seq) {
-    {
-      std::lock_guard lock(mu_);
-      pushes_in_flight_.erase(seq);
-    }
-    push_cv_.notify_all();
-  }
   // Blocks until every push issued so far has completed.
   absl::Status WaitForPushes() {
     std::unique_lock lock(mu_);
-    const uint64_t last = last_push_seq_;
+    const uint64_t last = core_->last_push_seq();
     const Nanos deadline = MonotonicNow() + options_.request_timeout;
-    while (!pushes_in_flight_.empty() && *pushes_in_flight_.begin() <= last && !closed_) {
+    while (!core_->PushesCompleteThrough(last) && !closed_) {
       if (MonotonicNow() >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
-            "clock ", clock_.load() + 1, ": ", pushes_in_flight_.size(), " pushes still unacknowledged after ",
+            "clock ", clock_.load() + 1, ": ", core_->pushes_in_flight(), " pushes still unacknowledged after ",
             options_.request_timeout / kSeconds, " s (the push futures name the servers)"));
       }
       push_cv_.wait_for(lock, std::chrono::milliseconds(50));
@@ -515,19 +430,8 @@ class WorkerImpl final : public Worker {
     return absl::OkStatus();
   }
 
-  Message NewRequest(const ShardMapView& map) {
-    Message m;
-    m.header.set_request_id(next_request_.fetch_add(1) + 1);
-    m.header.set_sender_id(session_->self().node_id());
-    m.header.set_epoch(map.epoch());
-    // The transport stamps this too; set here, the header the wire counts
-    // measure is the one that is sent.
-    m.header.set_sender_address(transport_->address());
-    return m;
-  }
-
-  compress::RowCompressor* Compressor(uint32_t table) {
-    std::lock_guard lock(mu_);
+  // The table's compressor, or null. Requires mu_.
+  compress::RowCompressor* CompressorLocked(uint32_t table) {
     auto it = compressors_.find(table);
     return it == compressors_.end() ? nullptr : it->second.get();
   }
@@ -541,87 +445,6 @@ class WorkerImpl final : public Worker {
           absl::StrCat("table ", table, " is not open in this worker; call CreateTable first"));
     }
     return it->second;
-  }
-
-  // Calls single(server) if every key lives on one server, else multi(server,
-  // rows of that server) for each server that holds some keys.
-  template <typename Single, typename Multi>
-  static void Slice(const ShardMapView& map, uint32_t table, std::span<const Key> keys, Single&& single,
-                    Multi&& multi) {
-    const uint32_t first = map.ServerRankOfKey(table, keys[0]);
-    std::vector<uint32_t> owner(keys.size());
-    bool all_same = true;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      owner[i] = map.ServerRankOfKey(table, keys[i]);
-      all_same &= owner[i] == first;
-    }
-    if (all_same) {
-      single(first);
-      return;
-    }
-    std::vector<std::vector<uint32_t>> rows(map.num_servers());
-    for (size_t i = 0; i < keys.size(); ++i) rows[owner[i]].push_back(static_cast<uint32_t>(i));
-    for (uint32_t s = 0; s < rows.size(); ++s)
-      if (!rows[s].empty()) multi(s, rows[s]);
-  }
-
-  // `hold` is how long servers may hold the request for slower workers, on
-  // top of the request timeout.
-  Future Issue(std::string what, std::vector<RequestTracker::PartSpec> parts, std::vector<Outgoing> sends,
-               std::span<float> out = {}, uint32_t width = 0, Nanos hold = 0,
-               metrics::Histogram* latency = nullptr, uint64_t push_seq = 0) {
-    auto state = std::make_shared<Future::State>();
-    state->started = MonotonicNow();
-    state->latency = latency;
-    state->push_seq = push_seq;
-    {
-      std::lock_guard lock(mu_);
-      if (closed_) {
-        if (push_seq != 0) pushes_in_flight_.erase(push_seq);
-        return Future::Ready(absl::CancelledError("worker is closed"));
-      }
-      const Nanos now = MonotonicNow();
-      tracker_->Begin(state, std::move(what), std::move(parts), now + options_.request_timeout + hold, out, width,
-                      now);
-    }
-    for (Outgoing& o : sends) {
-      CountWire(o.message);
-      (void)transport_->Send(o.to, std::move(o.message));
-    }
-    return Future(std::move(state));
-  }
-
-  // A compressed pull reply becomes a plain one (one fp32 values frame), so
-  // the tracker scatters it as usual; bad parts turn it into an Error reply.
-  // `expected`: the values the pull asked for (0: no such pull in flight, and
-  // the tracker will ignore the reply). Nothing is allocated before the
-  // reply's size and its parts' headers agree with it.
-  static void DecodePullReply(Message& m, uint64_t expected) {
-    const auto& pr = m.header.pull_reply();
-    const uint64_t n = pr.num_keys() * uint64_t{pr.width()};
-    absl::Status s;
-    if (m.frames.size() != pr.value_parts()) {
-      s = absl::InvalidArgumentError(absl::StrCat("pull reply announces ", pr.value_parts(), " parts, has ",
-                                                  m.frames.size(), " frames"));
-    } else if (n != expected) {
-      s = absl::InvalidArgumentError(absl::StrCat("pull reply of ", n, " values to a pull of ", expected));
-    } else {
-      s = compress::CheckRowParts(m.frames, n);
-    }
-    if (s.ok()) {
-      Buffer decoded = Buffer::Allocate(n * sizeof(float));
-      s = compress::DecodeRowParts(m.frames, decoded.AsMutable<float>());
-      if (s.ok()) {
-        m.frames.clear();
-        m.frames.push_back(std::move(decoded));
-        m.header.mutable_pull_reply()->set_value_parts(0);
-        return;
-      }
-    }
-    m.frames.clear();
-    auto* e = m.header.mutable_error();
-    e->set_code(static_cast<int>(absl::StatusCode::kDataLoss));
-    e->set_message(absl::StrCat("compressed pull reply: ", s.message()));
   }
 
   // Adds a message to or from a server to the wire byte counts.
@@ -640,26 +463,21 @@ class WorkerImpl final : public Worker {
       return;
     }
     if (session_->Handle(m)) return;
-    CountWire(m);
+    CountWire(m);  // as received (a compressed pull reply counts its encoded parts)
     if (m.header.has_ack()) NoteFirstAckAfterFailover(m.header.epoch());
-    if (m.header.has_pull_reply() && m.header.pull_reply().value_parts() > 0) {
-      uint64_t expected = 0;
-      {
-        std::lock_guard lock(mu_);
-        if (tracker_) expected = tracker_->ExpectedValues(m.header.request_id());
-      }
-      DecodePullReply(m, expected);
-    }
-    Complete(WithTracker([&](RequestTracker& t) {
-      if (m.header.has_pull_reply()) {  // mu_ is held here
+    WorkerCore::Effects effects;
+    {
+      std::lock_guard lock(mu_);
+      if (!core_) return;
+      if (m.header.has_pull_reply()) {
         const auto& pr = m.header.pull_reply();
         stats_.pull_held += static_cast<Nanos>(pr.held_us()) * 1000;
         stats_.staleness[std::min<uint64_t>(pr.staleness(), WorkerStats::kStalenessBuckets - 1)]++;
-      } else if (m.header.has_clock_ack()) {
-        known_clock_ = std::max(known_clock_, m.header.clock_ack().worker_clock());
       }
-      return t.OnReply(m);
-    }));
+      // The core decodes a compressed pull reply and notes a ClockAck's clock.
+      effects = core_->OnReply(std::move(m));
+    }
+    Deliver(std::move(effects));
   }
 
   void TickLoop() {
@@ -667,12 +485,13 @@ class WorkerImpl final : public Worker {
     while (!closed_) {
       tick_cv_.wait_for(lock, std::chrono::milliseconds(100));
       if (closed_) break;
-      auto done = tracker_->Tick(MonotonicNow());
+      // Operations past their deadline fail; parts a lagging server refused
+      // go again with our map, and parts nobody answered for resend_after go
+      // again (a lost message).
+      WorkerCore::Effects effects = core_->Tick(MonotonicNow());
+      stats_.resends += effects.resent_parts;
       lock.unlock();
-      Complete(std::move(done));
-      // Parts a lagging server refused go again with our map, and parts
-      // nobody answered for resend_after go again (a lost message).
-      SendAgain(options_.resend_after);
+      Deliver(std::move(effects));
       lock.lock();
     }
   }
@@ -692,100 +511,31 @@ class WorkerImpl final : public Worker {
               static_cast<double>(waited) / kMillis);
   }
 
-  // A newer shard map from the coordinator (a server was lost): resend what
-  // went to it, and what waited for this map.
+  // A newer shard map from the coordinator (a server was lost): the core
+  // resends what went to it, and what waited for this map.
   void OnMapUpdate(const proto::ShardMapUpdate& update) {
-    auto view = ShardMapView::Create(update.shard_map());
-    if (!view.ok()) {
-      TLOG_ERROR("ignoring a bad shard map update from the coordinator: {}", view.status().message());
-      return;
-    }
+    WorkerCore::Effects effects;
+    bool changed = false;
     {
       std::lock_guard lock(mu_);
-      if (closed_ || !map_ || view->epoch() <= map_->epoch()) return;
-      map_ = std::make_shared<const ShardMapView>(std::move(*view));
-      failover_epoch_ = map_->epoch();
-      failover_seen_at_ = MonotonicNow();
+      if (closed_ || !core_) return;
+      effects = core_->OnMapUpdate(update.shard_map(), MonotonicNow(), &changed);
+      if (changed) {
+        failover_epoch_ = core_->map()->epoch();
+        failover_seen_at_ = MonotonicNow();
+        stats_.resends += effects.resent_parts;
+      }
+    }
+    if (!changed) {  // older, or bad
+      if (auto view = ShardMapView::Create(update.shard_map()); !view.ok()) {
+        TLOG_ERROR("ignoring a bad shard map update from the coordinator: {}", view.status().message());
+      }
+      return;
     }
     session_->set_map_epoch(update.shard_map().epoch());
     TLOG_INFO("shard map epoch {} (map {}): {}", update.shard_map().epoch(), ShardMapDigest(update.shard_map()),
               update.reason());
-    SendAgain();
-  }
-
-  // Sends again, by the current map, the parts the tracker hands back
-  // (and, with resend_after, those unanswered that long: see the tracker).
-  void SendAgain(Nanos resend_after = 0) {
-    std::vector<RequestTracker::Completion> done;
-    std::vector<Outgoing> sends;
-    {
-      std::lock_guard lock(mu_);
-      if (closed_ || !tracker_) return;
-      const ShardMapView& map = *map_;
-      const Nanos now = MonotonicNow();
-      for (RequestTracker::Resend& r : tracker_->TakeResends(
-               map.epoch(), [&](uint32_t rank) { return map.IsDead(rank); }, &done, now, resend_after)) {
-        for (auto& c : tracker_->Reissue(r, Redirect(map, r, sends), now)) done.push_back(std::move(c));
-        stats_.resends++;
-      }
-    }
-    for (Outgoing& o : sends) {
-      CountWire(o.message);
-      (void)transport_->Send(o.to, std::move(o.message));
-    }
-    Complete(std::move(done));
-  }
-
-  // The requests that replace part `r` under `map` (appended to `sends`).
-  // A push goes whole, marked as a resend, to every server that is now the
-  // primary of some of its keys (each takes its own; the same bytes, so a
-  // compressed push is not encoded twice). A pull is split by primary.
-  std::vector<RequestTracker::PartSpec> Redirect(const ShardMapView& map, const RequestTracker::Resend& r,
-                                                 std::vector<Outgoing>& sends) {
-    std::vector<RequestTracker::PartSpec> parts;
-    const proto::Envelope& h = r.request.header;
-    if (!h.has_push() && !h.has_pull()) {  // a clock, a table, a query: again, to the same server
-      Message m = r.request;
-      m.header.set_request_id(next_request_.fetch_add(1) + 1);
-      m.header.set_epoch(map.epoch());
-      parts.push_back({m.header.request_id(), r.server_rank, {}, m});
-      sends.push_back({map.server(r.server_rank).address(), std::move(m)});
-      return parts;
-    }
-    const uint32_t table = h.has_push() ? h.push().table_id() : h.pull().table_id();
-    const auto keys = r.request.frames[0].As<Key>();
-    std::vector<std::vector<uint32_t>> rows(map.num_servers());
-    for (size_t i = 0; i < keys.size(); ++i) rows[map.ServerRankOfKey(table, keys[i])].push_back(static_cast<uint32_t>(i));
-    for (uint32_t s = 0; s < rows.size(); ++s) {
-      if (rows[s].empty()) continue;
-      Message m;
-      m.header = h;
-      m.header.set_request_id(next_request_.fetch_add(1) + 1);
-      m.header.set_epoch(map.epoch());
-      RequestTracker::Scatter scatter;
-      if (h.has_push()) {
-        m.header.mutable_push()->set_resend(true);
-        m.frames = r.request.frames;
-      } else if (rows[s].size() == keys.size()) {
-        m.frames = r.request.frames;
-        scatter = r.scatter;
-      } else {
-        Buffer k = Buffer::Allocate(rows[s].size() * sizeof(Key));
-        auto kd = k.AsMutable<Key>();
-        for (size_t i = 0; i < rows[s].size(); ++i) {
-          const uint32_t row = rows[s][i];
-          kd[i] = keys[row];
-          scatter.rows.push_back(r.scatter.rows.empty() ? static_cast<uint32_t>(r.scatter.first_row + row)
-                                                        : r.scatter.rows[row]);
-        }
-        scatter.num_keys = rows[s].size();
-        m.header.mutable_pull()->set_num_keys(rows[s].size());
-        m.frames.push_back(std::move(k));
-      }
-      parts.push_back({m.header.request_id(), s, std::move(scatter), m});
-      sends.push_back({map.server(s).address(), std::move(m)});
-    }
-    return parts;
+    Deliver(std::move(effects));
   }
 
   void Close(const absl::Status& why) {
@@ -794,7 +544,7 @@ class WorkerImpl final : public Worker {
       std::lock_guard lock(mu_);
       if (closed_) return;
       closed_ = true;
-      if (tracker_) done = tracker_->FailAll(why);
+      if (core_) done = core_->FailAll(why).done;
     }
     tick_cv_.notify_all();
     Complete(std::move(done));
@@ -807,9 +557,7 @@ class WorkerImpl final : public Worker {
   const WorkerOptions options_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<CoordinatorSession> session_;
-  std::shared_ptr<const ShardMapView> map_;  // guarded by mu_: replaced by failovers (Map() takes a snapshot)
   uint32_t num_workers_ = 0;
-  std::atomic<uint64_t> next_request_{0};
   std::atomic<uint64_t> clock_{0};
   std::atomic<uint64_t> pushes_{0}, pulls_{0}, bytes_pushed_{0}, bytes_pulled_{0};
   std::atomic<uint64_t> wire_pushed_{0}, wire_pulled_{0}, wire_other_{0};
@@ -821,15 +569,14 @@ class WorkerImpl final : public Worker {
   mutable std::mutex mu_;
   std::condition_variable tick_cv_;
   WorkerStats stats_;                                  // guarded by mu_: clock and pull-hold figures
-  std::optional<RequestTracker> tracker_;              // guarded by mu_
+  // guarded by mu_: the protocol (slicing, numbering, the tracker, the map;
+  // map() takes a snapshot); set once in Start()
+  std::unique_ptr<WorkerCore> core_;
   absl::flat_hash_map<uint32_t, uint32_t> widths_;     // guarded by mu_: table -> width
   uint32_t synchronous_tables_ = 0;                     // guarded by mu_: open BSP or SSP tables
   // guarded by mu_ (the map; a compressor serializes its own calls): tables with compressed pushes
   absl::flat_hash_map<uint32_t, std::unique_ptr<compress::RowCompressor>> compressors_;
-  uint64_t known_clock_ = 0;                            // guarded by mu_: highest clock servers reported for us
-  uint64_t last_push_seq_ = 0;                          // guarded by mu_: the last push's sequence number
-  std::set<uint64_t> pushes_in_flight_;                 // guarded by mu_: sequence numbers of pushes not complete
-  std::condition_variable push_cv_;                     // a push completed
+  std::condition_variable push_cv_;                     // operations completed (pushes among them)
   uint64_t failover_epoch_ = 0;                         // guarded by mu_: map of the last failover, until its first ack
   Nanos failover_seen_at_ = 0;                          // guarded by mu_: when that map arrived
   bool closed_ = false;                                // guarded by mu_

@@ -44,8 +44,11 @@ struct ClockEvent {
   uint32_t worker;
   uint64_t new_clock;
   int64_t called_ns;
-  int64_t returned_ns;
+  int64_t returned_ns;  // kNotReturned: announced, but the call never returned (the job ended first)
 };
+// A Clock() that announced its clock and never returned: it tells the
+// checker what the others could count on, and is not checked itself.
+constexpr int64_t kNotReturned = INT64_MAX;
 struct FinishEvent {
   uint32_t worker;
   int64_t finished_ns;

@@ -1,0 +1,1172 @@
+// The cluster simulator (see sim.h). One thread, one event queue ordered by
+// (simulated time, insertion number); every random draw comes from one
+// SplitMix64 stream seeded by the run's seed.
+#include "tests/sim/sim.h"
+
+#include <algorithm>
+#include <cstring>
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <queue>
+#include <set>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/keys.h"
+#include "coordinator/coordinator_core.h"
+#include "server/server_core.h"
+#include "tests/consistency/consistency_checker.h"
+#include "worker/worker_core.h"
+
+namespace tessera::sim {
+
+const char* BreakageName(Breakage b) {
+  switch (b) {
+    case Breakage::kNone: return "none";
+    case Breakage::kApplyDuplicates: return "apply-duplicates";
+    case Breakage::kAckBeforeReplication: return "ack-before-replication";
+    case Breakage::kAnswerEarly: return "answer-early";
+    case Breakage::kAcceptOldEpoch: return "accept-old-epoch";
+  }
+  return "?";
+}
+
+bool ParseBreakage(const std::string& name, Breakage* out) {
+  for (Breakage b : {Breakage::kNone, Breakage::kApplyDuplicates, Breakage::kAckBeforeReplication,
+                     Breakage::kAnswerEarly, Breakage::kAcceptOldEpoch}) {
+    if (name == BreakageName(b)) {
+      *out = b;
+      return true;
+    }
+  }
+  return false;
+}
+
+namespace {
+
+// SplitMix64: small, fast, and the same on every platform.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : s_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (s_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  uint64_t Below(uint64_t n) { return n == 0 ? 0 : Next() % n; }
+  int64_t Between(int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(Below(static_cast<uint64_t>(hi - lo) + 1)); }
+  bool Chance(double p) { return p > 0 && static_cast<double>(Next() >> 11) * 0x1.0p-53 < p; }
+
+ private:
+  uint64_t s_;
+};
+
+uint64_t Fnv(absl::string_view s, uint64_t h = 0xcbf29ce484222325ULL) {
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+constexpr Nanos kMs = kMillis;
+constexpr Nanos kTickEvery = 20 * kMs;        // every node's timer
+constexpr Nanos kHeartbeat = 100 * kMs;       // node -> coordinator
+constexpr Nanos kLease = 500 * kMs;           // the coordinator's lease on nodes
+constexpr Nanos kCoordinatorLease = 2 * kSeconds;  // a node's lease on the coordinator
+constexpr Nanos kRegisterRetry = 100 * kMs;
+constexpr Nanos kResendAfter = 300 * kMs;     // worker: a silent part goes again
+constexpr Nanos kDrain = 3 * kSeconds;        // after the job: servers settle their streams
+constexpr Nanos kLateReordered = 50 * kMs;    // a reordered message comes up to this much later
+constexpr Nanos kLateDuplicate = 1000 * kMs;  // a duplicated message's copy comes up to this much later
+constexpr uint32_t kTable = 77;
+const std::string kCoordinator = "sim://coordinator";
+
+const char* BodyName(const proto::Envelope& h) {
+  const auto* field = proto::Envelope::descriptor()->FindFieldByNumber(h.body_case());
+  return field ? field->name().c_str() : "empty";
+}
+
+// What a trace line says of a message beyond its kind.
+std::string Detail(const Message& m) {
+  const proto::Envelope& h = m.header;
+  switch (h.body_case()) {
+    case proto::Envelope::kPush:
+      return absl::StrCat(" seq ", h.push().seq(), " clock ", h.push().clock(), " keys ", h.push().num_keys(),
+                          h.push().resend() ? " resend" : "");
+    case proto::Envelope::kPull:
+      return absl::StrCat(" clock ", h.pull().clock(), " keys ", h.pull().num_keys());
+    case proto::Envelope::kReplicate:
+      return absl::StrCat(" position ", h.replicate().position(),
+                          h.replicate().has_transfer()
+                              ? absl::StrCat(" transfer of shards ", absl::StrJoin(h.replicate().transfer().vshards(), ","))
+                              : absl::StrCat(" push ", h.replicate().worker_id(), ":", h.replicate().incarnation(), ":",
+                                             h.replicate().seq(), " keys ", h.replicate().num_keys()));
+    case proto::Envelope::kReplicateAck:
+      return absl::StrCat(" position ", h.replicate_ack().position(),
+                          h.replicate_ack().rejected() ? " rejected: " + h.replicate_ack().reason() : "");
+    case proto::Envelope::kClockAdvance:
+      return absl::StrCat(" clock ", h.clock_advance().clock());
+    case proto::Envelope::kError:
+      return absl::StrCat(": ", h.error().message());
+    case proto::Envelope::kShardsInSync:
+      return absl::StrCat(" shards ", absl::StrJoin(h.shards_in_sync().vshards(), ","), " at server ",
+                          h.shards_in_sync().backup_rank());
+    default:
+      return "";
+  }
+}
+
+class World;
+
+// A process: a node of the cluster with its core and its shell glue.
+class Proc {
+ public:
+  virtual ~Proc() = default;
+  virtual void Deliver(Message m, Nanos now) = 0;
+  virtual void Tick(Nanos now) = 0;
+  std::string address;
+  // After the job ended, servers still tick (and take each other's
+  // messages) for a while: their streams to backups settle, as they would
+  // if the job went on.
+  virtual bool TicksAfterExit() const { return false; }
+  bool crashed = false;   // killed: its state is gone
+  bool exited = false;    // left after the job ended
+  Nanos paused_until = 0;
+};
+
+// The node side of the coordinator protocol, as node/coordinator_session
+// does it: register (again until answered), heartbeats carrying the map
+// epoch, the coordinator's lease, the done report (again until answered),
+// the end of the job.
+class Session {
+ public:
+  Session(proto::Role role, int rank) : role_(role), rank_(rank) {}
+
+  bool Handle(const Message& m, Nanos now) {
+    const proto::Envelope& h = m.header;
+    switch (h.body_case()) {
+      case proto::Envelope::kRegisterReply:
+        if (!self_) self_ = h.register_reply().self();
+        break;
+      case proto::Envelope::kJobReady:
+        if (!ready_) {
+          ready_ = h.job_ready();
+          map_epoch_ = std::max(map_epoch_, ready_->shard_map().epoch());
+        }
+        break;
+      case proto::Envelope::kHeartbeatAck:
+      case proto::Envelope::kBarrierRelease:
+        break;
+      case proto::Envelope::kShutdown:
+        if (!ended_) {
+          ended_ = h.shutdown().ok() ? absl::OkStatus() : absl::AbortedError("job failed: " + h.shutdown().reason());
+        }
+        break;
+      case proto::Envelope::kAck:
+      case proto::Envelope::kError:
+        if ((h.request_id() & CoordinatorSession_kBit) == 0) return false;
+        if (h.has_error() && !self_) {
+          register_error_ = absl::Status(static_cast<absl::StatusCode>(h.error().code()), h.error().message());
+        }
+        if (h.request_id() == done_request_ && h.has_ack()) done_acked_ = true;
+        break;
+      default:
+        return false;
+    }
+    last_heard_ = now;
+    return true;
+  }
+
+  // What to send the coordinator now.
+  std::vector<proto::Envelope> Tick(Nanos now, const std::function<void(proto::Heartbeat*)>& fill) {
+    std::vector<proto::Envelope> out;
+    if (ended_ || register_error_) return out;
+    if (last_heard_ == 0) last_heard_ = now;
+    if (self_ && now - last_heard_ >= kCoordinatorLease) {
+      ended_ = absl::UnavailableError(absl::StrCat("lost the coordinator: no answer for ", (now - last_heard_) / kMs, " ms"));
+      return out;
+    }
+    const Nanos retry = self_ && !ready_ ? 4 * kRegisterRetry : kRegisterRetry;
+    if ((!self_ || !ready_) && now >= next_register_) {
+      proto::Envelope h;
+      h.set_request_id(NextId());
+      h.mutable_register_request()->set_role(role_);
+      h.mutable_register_request()->set_rank(self_ ? static_cast<int>(self_->rank()) : rank_);
+      out.push_back(std::move(h));
+      next_register_ = now + retry;
+    }
+    if (self_ && now >= next_heartbeat_) {
+      proto::Envelope h;
+      h.set_request_id(NextId());
+      h.set_epoch(map_epoch_);
+      h.mutable_heartbeat();
+      if (fill) fill(h.mutable_heartbeat());
+      out.push_back(std::move(h));
+      next_heartbeat_ = now + kHeartbeat;
+    }
+    if (done_ && !done_acked_ && now >= next_done_) {
+      proto::Envelope h = *done_;
+      h.set_request_id(done_request_);
+      out.push_back(std::move(h));
+      next_done_ = now + kRegisterRetry;
+    }
+    for (proto::Envelope& h : out) h.set_sender_id(self_ ? self_->node_id() : 0);
+    return out;
+  }
+
+  void ReportDone(proto::WorkerDone report) {
+    done_.emplace();
+    *done_->mutable_worker_done() = std::move(report);
+    done_request_ = NextId();
+  }
+
+  static constexpr uint64_t CoordinatorSession_kBit = uint64_t{1} << 63;
+  const std::optional<proto::NodeInfo>& self() const { return self_; }
+  const std::optional<proto::JobReady>& ready() const { return ready_; }
+  const std::optional<absl::Status>& ended() const { return ended_; }
+  const std::optional<absl::Status>& register_error() const { return register_error_; }
+  void set_map_epoch(uint64_t e) { map_epoch_ = std::max(map_epoch_, e); }
+
+ private:
+  uint64_t NextId() { return CoordinatorSession_kBit | ++next_id_; }
+  const proto::Role role_;
+  const int rank_;
+  uint64_t next_id_ = 0;
+  std::optional<proto::NodeInfo> self_;
+  std::optional<proto::JobReady> ready_;
+  std::optional<absl::Status> ended_, register_error_;
+  uint64_t map_epoch_ = 0;
+  Nanos last_heard_ = 0, next_register_ = 0, next_heartbeat_ = 0, next_done_ = 0;
+  std::optional<proto::Envelope> done_;
+  uint64_t done_request_ = 0;
+  bool done_acked_ = false;
+};
+
+// An issued push, for the audit checks.
+struct IssuedPush {
+  uint32_t worker_node = 0;
+  uint32_t worker_rank = 0;
+  uint64_t seq = 0;
+  std::vector<Key> keys;
+  bool acked = false;
+};
+
+class World {
+ public:
+  World(uint64_t seed, const Scenario& sc, const RunOptions& options);
+  RunResult Run();
+
+  // --- for the processes ---
+  void Send(const std::string& from, Outgoing o, Nanos now);
+  void SendAll(const std::string& from, std::vector<Outgoing>& out, Nanos now) {
+    for (Outgoing& o : out) Send(from, std::move(o), now);
+    out.clear();
+  }
+  void Violation(std::string what) {
+    if (violations_.size() < 20) violations_.push_back(std::move(what));
+  }
+  void NoteMap(const proto::ShardMap& map);
+  void Trace(Nanos now, const std::string& line) {
+    digest_ = Fnv(line, digest_ ^ static_cast<uint64_t>(now));
+    if (trace_) *trace_ << absl::StrFormat("%10.3f ms  ", static_cast<double>(now) / kMs) << line << '\n';
+  }
+  Rng& rng() { return rng_; }
+  const Scenario& scenario() const { return sc_; }
+  consistency::Recorder& recorder() { return recorder_; }
+  std::vector<IssuedPush>& pushes() { return pushes_; }
+
+ private:
+  struct Event {
+    Nanos at;
+    uint64_t seq;
+    std::string from, to;  // deliveries; to = "" for an action
+    Message message;
+    std::function<void(Nanos)> action;
+  };
+  struct Later {
+    bool operator()(const Event* a, const Event* b) const { return a->at != b->at ? a->at > b->at : a->seq > b->seq; }
+  };
+  void Push(Nanos at, Event e) {
+    e.at = at;
+    e.seq = next_seq_++;
+    queue_.push(new Event(std::move(e)));
+  }
+  void At(Nanos at, std::function<void(Nanos)> action) { Push(at, Event{0, 0, "", "", {}, std::move(action)}); }
+  void ScheduleTick(Proc* p, Nanos at);
+  void ScheduleFaults();
+  Proc* Find(const std::string& address) {
+    auto it = procs_.find(address);
+    return it == procs_.end() ? nullptr : it->second.get();
+  }
+  bool Cut(const std::string& a, const std::string& b, Nanos now) const;
+  void CheckEnd(RunResult& r);
+  void CheckAudit(RunResult& r);
+  void StartServer(uint32_t rank, Nanos now);
+
+  const uint64_t seed_;
+  const Scenario sc_;
+  const RunOptions options_;
+  Rng rng_;
+  std::unique_ptr<std::ofstream> trace_;
+  uint64_t digest_ = 0;
+  std::priority_queue<Event*, std::vector<Event*>, Later> queue_;
+  uint64_t next_seq_ = 0;
+  std::map<std::string, std::unique_ptr<Proc>> procs_;
+  std::map<std::pair<std::string, std::string>, Nanos> link_last_;  // in-order delivery per link
+  class CoordProc* coordinator_ = nullptr;
+  std::vector<class ServerProc*> servers_;   // current process of each rank
+  std::vector<uint32_t> server_incarnations_;
+  std::vector<class WorkerProc*> workers_;
+  // Partitions: (node, from, until): that node reaches nobody in between.
+  struct Partition {
+    std::string node;
+    std::string peer;  // "" = everyone
+    Nanos from, until;
+  };
+  std::vector<Partition> partitions_;
+  std::map<uint64_t, std::string> maps_;  // epoch -> the map's placement, as first seen
+  std::vector<std::string> violations_;
+  consistency::Recorder recorder_;
+  std::vector<IssuedPush> pushes_;
+  uint64_t delivered_ = 0, dropped_ = 0;
+  Nanos job_end_at_ = 0;
+};
+
+class CoordProc final : public Proc {
+ public:
+  CoordProc(World* world, const CoordinatorOptions& o) : world_(world), core_(o, 0) { address = kCoordinator; }
+  void Deliver(Message m, Nanos now) override { Emit(core_.Step(m, now), now); }
+  void Tick(Nanos now) override { Emit(core_.Tick(now), now); }
+  const CoordinatorCore& core() const { return core_; }
+
+ private:
+  void Emit(std::vector<Outgoing> out, Nanos now) {
+    for (const Outgoing& o : out) {
+      if (o.message.header.has_job_ready()) world_->NoteMap(o.message.header.job_ready().shard_map());
+      if (o.message.header.has_shard_map_update()) world_->NoteMap(o.message.header.shard_map_update().shard_map());
+    }
+    world_->SendAll(address, out, now);
+  }
+  World* world_;
+  CoordinatorCore core_;
+};
+
+class ServerProc final : public Proc {
+ public:
+  ServerProc(World* world, uint32_t rank, uint32_t incarnation) : world_(world), rank_(rank), session_(proto::SERVER, static_cast<int>(rank)) {
+    address = absl::StrCat("sim://server-", rank, ".", incarnation);
+  }
+
+  void Deliver(Message m, Nanos now) override {
+    if (m.header.has_shard_map_update()) {
+      const proto::ShardMap& map = m.header.shard_map_update().shard_map();
+      if (!core_) {
+        if (!early_map_ || early_map_->epoch() < map.epoch()) early_map_ = map;
+        return;
+      }
+      auto out = core_->UpdateShardMap(map, now);
+      if (!out.ok()) {
+        world_->Violation(absl::StrCat(address, " refused a map from the coordinator: ", out.status().message()));
+        return;
+      }
+      session_.set_map_epoch(core_->epoch());
+      After(*out, now);
+      return;
+    }
+    if (session_.Handle(m, now)) {
+      if (session_.self() && session_.ready() && !core_) Start(now);
+      if (session_.ended()) exited = true;
+      return;
+    }
+    if (!core_) {
+      early_.push_back(std::move(m));
+      return;
+    }
+    std::vector<Outgoing> out = core_->Step(std::move(m), now);
+    After(out, now);
+  }
+
+  void Tick(Nanos now) override {
+    auto fill = [&](proto::Heartbeat* hb) {
+      if (!core_) return;
+      for (const auto& [v, n] : core_->AppliedByPrimaryShard()) {
+        hb->add_vshards(v);
+        hb->add_applied(n);
+      }
+    };
+    if (!exited) {
+      for (proto::Envelope& h : session_.Tick(now, fill)) {
+        Message m;
+        m.header = std::move(h);
+        world_->Send(address, Outgoing{kCoordinator, std::move(m)}, now);
+      }
+    }
+    if (session_.register_error()) exited = true;
+    if (session_.ended()) exited = true;
+    if (core_) {
+      std::vector<Outgoing> out = core_->Tick(now);
+      After(out, now);
+    }
+  }
+
+  const ServerCore* core() const { return core_.get(); }
+  uint32_t rank() const { return rank_; }
+  bool TicksAfterExit() const override { return true; }
+
+ private:
+  void Start(Nanos now) {
+    const Scenario& sc = world_->scenario();
+    ServerCoreOptions o;
+    o.node_id = session_.self()->node_id();
+    o.apply_after_ack = sc.apply_after_ack;
+    o.audit = true;
+    o.answer_early = sc.breakage == Breakage::kAnswerEarly;
+    o.test_apply_duplicates = sc.breakage == Breakage::kApplyDuplicates;
+    o.test_ack_before_replication = sc.breakage == Breakage::kAckBeforeReplication;
+    o.test_accept_old_epoch = sc.breakage == Breakage::kAcceptOldEpoch;
+    core_ = std::make_unique<ServerCore>(o);
+    if (auto s = core_->InstallShardMap(session_.ready()->shard_map(), session_.self()->rank()); !s.ok()) {
+      world_->Violation(absl::StrCat(address, " refused its first map: ", s.message()));
+    }
+    absl::flat_hash_map<uint32_t, uint32_t> workers;
+    for (const auto& n : session_.ready()->nodes())
+      if (n.role() == proto::WORKER) workers[n.node_id()] = n.rank();
+    core_->SetWorkers(workers);
+    std::vector<Outgoing> out;
+    for (Message& m : early_)
+      for (Outgoing& o2 : core_->Step(std::move(m), now)) out.push_back(std::move(o2));
+    early_.clear();
+    if (early_map_) {
+      auto released = core_->UpdateShardMap(*early_map_, now);
+      if (released.ok())
+        for (Outgoing& o2 : *released) out.push_back(std::move(o2));
+      early_map_.reset();
+    }
+    After(out, now);
+  }
+
+  // Sends `out`, tells the coordinator of finished state transfers, makes
+  // pending updates, and checks that the epoch never went back.
+  void After(std::vector<Outgoing>& out, Nanos now) {
+    world_->SendAll(address, out, now);
+    for (proto::ShardsInSync& s : core_->TakeShardsInSync()) {
+      Message m;
+      m.header.set_sender_id(session_.self()->node_id());
+      *m.header.mutable_shards_in_sync() = std::move(s);
+      world_->Send(address, Outgoing{kCoordinator, std::move(m)}, now);
+    }
+    core_->ApplyPending();
+    if (core_->epoch() < last_epoch_) {
+      world_->Violation(absl::StrCat(address, ": map epoch went back from ", last_epoch_, " to ", core_->epoch()));
+    }
+    last_epoch_ = core_->epoch();
+  }
+
+  World* world_;
+  const uint32_t rank_;
+  Session session_;
+  std::unique_ptr<ServerCore> core_;
+  std::deque<Message> early_;
+  std::optional<proto::ShardMap> early_map_;
+  uint64_t last_epoch_ = 0;
+};
+
+class WorkerProc final : public Proc {
+ public:
+  WorkerProc(World* world, uint32_t rank) : world_(world), rank_(rank), session_(proto::WORKER, static_cast<int>(rank)) {
+    address = absl::StrCat("sim://worker-", rank);
+  }
+
+  void Deliver(Message m, Nanos now) override {
+    if (m.header.has_shard_map_update()) {
+      if (!core_) return;
+      const uint64_t before = core_->map()->epoch();
+      Apply(core_->OnMapUpdate(m.header.shard_map_update().shard_map(), now), now);
+      if (core_->map()->epoch() < before) world_->Violation(address + ": map epoch went back");
+      session_.set_map_epoch(core_->map()->epoch());
+      return;
+    }
+    if (session_.Handle(m, now)) {
+      if (session_.self() && session_.ready() && !core_) Start(now);
+      if (session_.ended()) End(now);
+      return;
+    }
+    if (core_) Apply(core_->OnReply(std::move(m)), now);
+  }
+
+  void Tick(Nanos now) override {
+    for (proto::Envelope& h : session_.Tick(now, nullptr)) {
+      Message m;
+      m.header = std::move(h);
+      world_->Send(address, Outgoing{kCoordinator, std::move(m)}, now);
+    }
+    if (session_.ended() || session_.register_error()) End(now);
+    if (exited) return;
+    if (core_) Apply(core_->Tick(now), now);
+    if (think_until_ != 0 && now >= think_until_) {
+      think_until_ = 0;
+      IssueClock(now);
+    }
+  }
+
+  // Operations not completed (for the hang check).
+  std::vector<std::string> Outstanding() const {
+    std::vector<std::string> v;
+    for (const auto& [serial, op] : ops_) v.push_back(absl::StrCat(op->what, " (issued at ", op->issued / kMs, " ms)"));
+    return v;
+  }
+  bool finished() const { return finished_; }
+  // A clock announced whose call never returned still counts for the others.
+  void RecordUnreturnedClock() {
+    if (clock_pending_) world_->recorder().Add(consistency::ClockEvent{rank_, clock_ + 1, clock_called_, consistency::kNotReturned});
+  }
+  const std::string& failure() const { return failure_; }
+  uint32_t node_id() const { return session_.self() ? session_.self()->node_id() : 0; }
+  uint32_t rank() const { return rank_; }
+
+ private:
+  enum class Kind { kCreate, kPush, kPull, kClock };
+  struct Op {
+    uint64_t serial;
+    Kind kind;
+    std::string what;
+    Nanos issued;
+    uint64_t clock;
+    std::vector<Key> keys;
+    std::vector<float> values;  // pushes
+    std::vector<float> out;     // pulls
+    size_t push_index = 0;      // into world.pushes()
+  };
+
+  void Start(Nanos now) {
+    auto created = WorkerCore::Create(
+        WorkerCoreOptions{.node_id = session_.self()->node_id(), .incarnation = session_.self()->incarnation(),
+                          .address = address, .request_timeout = 60 * kSeconds, .hold_timeout = 120 * kSeconds,
+                          .resend_after = kResendAfter},
+        session_.ready()->shard_map());
+    if (!created.ok()) {
+      world_->Violation(absl::StrCat(address, ": bad first map: ", created.status().message()));
+      return;
+    }
+    core_ = std::move(*created);
+    const Scenario& sc = world_->scenario();
+    proto::TableConfig c;
+    c.set_table_id(kTable);
+    c.set_name("sim");
+    c.set_width(sc.workers);
+    c.set_kind(proto::SPARSE);
+    c.set_optimizer(proto::ACCUMULATE);
+    c.set_consistency(sc.consistency);
+    c.set_staleness(sc.consistency == proto::SSP ? sc.staleness : 0);
+    auto op = NewOp(Kind::kCreate, "create table", now);
+    Apply(core_->CreateTable(op, c, now), now);
+  }
+
+  std::shared_ptr<Op> NewOp(Kind kind, std::string what, Nanos now) {
+    auto op = std::make_shared<Op>();
+    op->serial = next_serial_++;
+    op->kind = kind;
+    op->what = std::move(what);
+    op->issued = now;
+    op->clock = clock_;
+    ops_[op->serial] = op;
+    return op;
+  }
+
+  std::vector<Key> RandomKeys() {
+    std::vector<Key> keys;
+    const uint32_t n = world_->scenario().keys;
+    for (uint32_t k = 0; k < n; ++k)
+      if (world_->rng().Below(3) == 0) keys.push_back(k);
+    if (keys.empty()) keys.push_back(world_->rng().Below(n));
+    return keys;
+  }
+
+  // One clock's pushes and pull, all in flight together.
+  void IssueStep(Nanos now) {
+    const uint32_t W = world_->scenario().workers;
+    const int pushes = 1 + static_cast<int>(world_->rng().Below(3));
+    for (int p = 0; p < pushes; ++p) {
+      auto op = NewOp(Kind::kPush, absl::StrCat("push at clock ", clock_), now);
+      op->keys = RandomKeys();
+      op->values.assign(op->keys.size() * W, 0.0f);
+      for (size_t i = 0; i < op->keys.size(); ++i) op->values[i * W + rank_] = 1.0f;
+      std::vector<uint32_t> keys32(op->keys.begin(), op->keys.end());
+      world_->recorder().Add(consistency::PushEvent{rank_, clock_, keys32, now});
+      auto effects = core_->Push(op, kTable, op->keys, op->values, W, clock_, nullptr, now, op->what);
+      if (!effects.ok()) {
+        world_->Violation(absl::StrCat(address, ": push refused: ", effects.status().message()));
+        continue;
+      }
+      op->push_index = world_->pushes().size();
+      world_->pushes().push_back(IssuedPush{node_id(), rank_, core_->last_push_seq(), op->keys, false});
+      Apply(std::move(*effects), now);
+    }
+    auto op = NewOp(Kind::kPull, absl::StrCat("pull at clock ", clock_), now);
+    op->keys = RandomKeys();
+    op->out.assign(op->keys.size() * W, -1.0f);
+    Apply(core_->Pull(op, kTable, op->keys, op->out, W, clock_, now, op->what), now);
+  }
+
+  void IssueClock(Nanos now) {
+    if (world_->scenario().consistency == proto::ASP) {
+      clock_called_ = now;
+      std::vector<Outgoing> out = core_->ClockNotice(clock_ + 1);
+      world_->SendAll(address, out, now);
+      ClockReturned(now);
+      return;
+    }
+    clock_called_ = now;
+    clock_pending_ = true;
+    auto op = NewOp(Kind::kClock, absl::StrCat("clock ", clock_ + 1), now);
+    Apply(core_->ClockAdvance(op, clock_ + 1, now), now);
+  }
+
+  void ClockReturned(Nanos now) {
+    clock_pending_ = false;
+    ++clock_;
+    world_->recorder().Add(consistency::ClockEvent{rank_, clock_, clock_called_, now});
+    if (clock_ >= world_->scenario().clocks) {
+      finished_ = true;
+      world_->recorder().Add(consistency::FinishEvent{rank_, now});
+      proto::WorkerDone done;
+      done.set_steps(clock_);
+      session_.ReportDone(done);
+      return;
+    }
+    IssueStep(now);
+  }
+
+  void Apply(WorkerCore::Effects effects, Nanos now) {
+    world_->SendAll(address, effects.sends, now);
+    // Completions in the order the operations were issued: the same in
+    // every process whatever order the core found them in.
+    std::vector<std::pair<uint64_t, absl::Status>> done;
+    for (auto& c : effects.done) done.emplace_back(static_cast<Op*>(c.handle.get())->serial, std::move(c.status));
+    std::sort(done.begin(), done.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [serial, status] : done) Complete(serial, status, now);
+  }
+
+  void Complete(uint64_t serial, const absl::Status& status, Nanos now) {
+    auto it = ops_.find(serial);
+    if (it == ops_.end()) {
+      world_->Violation(absl::StrCat(address, ": operation ", serial, " completed twice"));
+      return;
+    }
+    std::shared_ptr<Op> op = it->second;
+    ops_.erase(it);
+    if (!status.ok()) {
+      if (failure_.empty()) failure_ = absl::StrCat(op->what, ": ", status.message());
+      if (!exited) End(now);
+      return;
+    }
+    if (exited) return;
+    switch (op->kind) {
+      case Kind::kCreate:
+        IssueStep(now);
+        return;
+      case Kind::kPush:
+        world_->pushes()[op->push_index].acked = true;
+        break;
+      case Kind::kPull: {
+        std::vector<uint32_t> keys32(op->keys.begin(), op->keys.end());
+        world_->recorder().Add(consistency::PullEvent{rank_, op->clock, keys32, op->out, op->issued, now});
+        break;
+      }
+      case Kind::kClock:
+        ClockReturned(now);
+        return;
+    }
+    // The step's pushes and pull are all in: think, then Clock.
+    bool step_open = false;
+    for (const auto& [s, o] : ops_) step_open |= o->kind == Kind::kPush || o->kind == Kind::kPull;
+    if (!step_open && !finished_) {
+      const Nanos think = static_cast<Nanos>(world_->rng().Below(10 * kMs)) * (rank_ == 0 ? 3 : 1);
+      think_until_ = std::max<Nanos>(now + think, 1);
+    }
+  }
+
+  // The process leaves: its operations fail (the job ended, or one failed).
+  void End(Nanos now) {
+    if (exited) return;
+    exited = true;
+    if (core_) {
+      const absl::Status why = session_.ended() && !session_.ended()->ok() ? *session_.ended()
+                                                                           : absl::CancelledError("worker left");
+      Apply(core_->FailAll(why), now);
+    }
+  }
+
+  World* world_;
+  const uint32_t rank_;
+  Session session_;
+  std::unique_ptr<WorkerCore> core_;
+  std::map<uint64_t, std::shared_ptr<Op>> ops_;
+  uint64_t next_serial_ = 1;
+  uint64_t clock_ = 0;
+  Nanos clock_called_ = 0;
+  Nanos think_until_ = 0;
+  bool clock_pending_ = false;
+  bool finished_ = false;
+  std::string failure_;
+};
+
+World::World(uint64_t seed, const Scenario& sc, const RunOptions& options)
+    : seed_(seed), sc_(sc), options_(options), rng_(seed ^ 0x5eed5eed5eedULL) {
+  if (!options.trace_path.empty()) {
+    trace_ = std::make_unique<std::ofstream>(options.trace_path);
+    *trace_ << "# tessera-sim seed " << seed << ": " << sc.Describe() << '\n';
+  }
+}
+
+void World::NoteMap(const proto::ShardMap& map) {
+  std::string placement = absl::StrCat(absl::StrJoin(map.vshard_server_rank(), ","), " dead ",
+                                       absl::StrJoin(map.dead_server_ranks(), ","));
+  for (const auto& b : map.vshard_backups()) absl::StrAppend(&placement, " [", absl::StrJoin(b.ranks(), ","), "]");
+  auto [it, inserted] = maps_.emplace(map.epoch(), placement);
+  if (inserted) Trace(0, absl::StrCat("map epoch ", map.epoch(), ": primaries ", placement));
+  if (!inserted && it->second != placement) {
+    Violation(absl::StrCat("two different shard maps for epoch ", map.epoch(), ": ", it->second, " and ", placement));
+  }
+  if (inserted && !maps_.empty() && std::prev(maps_.end())->first != map.epoch()) {
+    Violation(absl::StrCat("map epoch ", map.epoch(), " published after epoch ", std::prev(maps_.end())->first));
+  }
+}
+
+bool World::Cut(const std::string& a, const std::string& b, Nanos now) const {
+  for (const Partition& p : partitions_) {
+    if (now < p.from || now >= p.until) continue;
+    if (p.peer.empty() ? (a == p.node) != (b == p.node)
+                       : (a == p.node && b == p.peer) || (a == p.peer && b == p.node)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void World::Send(const std::string& from, Outgoing o, Nanos now) {
+  o.message.header.set_sender_address(from);
+  // A wire copy: the receiver never sees the sender's memory.
+  for (Buffer& f : o.message.frames) {
+    Buffer copy = Buffer::Allocate(f.size());
+    if (f.size() > 0) std::memcpy(copy.mutable_data(), f.data(), f.size());
+    f = std::move(copy);
+  }
+  const int copies = rng_.Chance(sc_.duplicate) ? 2 : 1;
+  for (int i = 0; i < copies; ++i) {
+    if (rng_.Chance(sc_.drop) || Cut(from, o.to, now)) {
+      ++dropped_;
+      Trace(now, absl::StrCat("drop ", from, " -> ", o.to, " ", BodyName(o.message.header), " req ",
+                              o.message.header.request_id()));
+      continue;
+    }
+    Nanos at = now + rng_.Between(sc_.min_delay_ns, sc_.max_delay_ns);
+    Nanos& last = link_last_[{from, o.to}];
+    if (i == 1) {
+      at += rng_.Between(0, kLateDuplicate);  // a duplicate comes late, out of order
+    } else {
+      if (rng_.Chance(sc_.reorder)) {
+        at += rng_.Between(0, kLateReordered);  // held up: later messages on its link overtake it
+      } else {
+        at = std::max(at, last);  // in order on its link
+      }
+      last = std::max(last, at);
+    }
+    Event e{0, 0, from, o.to, i + 1 < copies ? o.message : std::move(o.message), nullptr};
+    Push(at, std::move(e));
+  }
+}
+
+void World::ScheduleTick(Proc* p, Nanos at) {
+  At(at, [this, p](Nanos now) {
+    if (p->crashed || (p->exited && !p->TicksAfterExit())) return;
+    if (now < p->paused_until) {
+      ScheduleTick(p, p->paused_until);
+      return;
+    }
+    p->Tick(now);
+    ScheduleTick(p, now + kTickEvery);
+  });
+}
+
+void World::StartServer(uint32_t rank, Nanos now) {
+  const uint32_t incarnation = server_incarnations_[rank]++;
+  auto proc = std::make_unique<ServerProc>(this, rank, incarnation);
+  ServerProc* p = proc.get();
+  servers_[rank] = p;
+  Trace(now, absl::StrCat("start ", p->address));
+  procs_[p->address] = std::move(proc);
+  ScheduleTick(p, now + rng_.Below(kTickEvery));
+}
+
+void World::ScheduleFaults() {
+  // Faults land while the workers work: between 30 ms and about the time
+  // the job takes without faults.
+  const Nanos span = static_cast<Nanos>(sc_.clocks) * 15 * kMs;
+  auto when = [&] { return 30 * kMs + static_cast<Nanos>(rng_.Below(static_cast<uint64_t>(span))); };
+  for (uint32_t i = 0; i < sc_.server_crashes; ++i) {
+    const Nanos at = when();
+    const uint32_t rank = static_cast<uint32_t>(rng_.Below(sc_.servers));
+    const Nanos restart = at + 2 * kLease + static_cast<Nanos>(rng_.Below(2 * kLease));
+    At(at, [this, rank, restart](Nanos now) {
+      ServerProc* p = servers_[rank];
+      if (p->crashed) return;
+      p->crashed = true;
+      Trace(now, "crash " + p->address);
+      if (sc_.restart_crashed) {
+        At(restart, [this, rank](Nanos t) {
+          if (!coordinator_->core().finished()) StartServer(rank, t);
+        });
+      }
+    });
+  }
+  for (uint32_t i = 0; i < sc_.pauses; ++i) {
+    const Nanos at = when();
+    const Nanos length = static_cast<Nanos>(rng_.Below(2 * kLease));
+    const uint64_t pick = rng_.Below(sc_.servers + sc_.workers);
+    At(at, [this, pick, length](Nanos now) {
+      Proc* p = pick < sc_.servers ? static_cast<Proc*>(servers_[pick]) : workers_[pick - sc_.servers];
+      p->paused_until = std::max(p->paused_until, now + length);
+      Trace(now, absl::StrCat("pause ", p->address, " for ", length / kMs, " ms"));
+    });
+  }
+  for (uint32_t i = 0; i < sc_.partitions; ++i) {
+    const Nanos at = when();
+    const uint64_t pick = rng_.Below(sc_.servers + sc_.workers);
+    const bool from_coordinator_only = rng_.Chance(0.5);  // it still reaches its peers
+    // Servers for up to two leases (long enough to fail over); workers cut
+    // from the coordinator only for less than a lease (they miss maps and
+    // stay in the job).
+    const Nanos length = static_cast<Nanos>(
+        rng_.Below(pick >= sc_.servers && from_coordinator_only ? kLease * 4 / 5 : 2 * kLease));
+    At(at, [this, pick, length, from_coordinator_only](Nanos now) {
+      Proc* p = pick < sc_.servers ? static_cast<Proc*>(servers_[pick]) : workers_[pick - sc_.servers];
+      partitions_.push_back({p->address, from_coordinator_only ? kCoordinator : "", now, now + length});
+      Trace(now, absl::StrCat("partition ", p->address, " from ", from_coordinator_only ? "the coordinator" : "everyone",
+                              " for ", length / kMs, " ms"));
+    });
+  }
+}
+
+RunResult World::Run() {
+  RunResult r;
+  r.seed = seed_;
+  r.scenario = sc_;
+  CoordinatorOptions co;
+  co.servers = sc_.servers;
+  co.workers = sc_.workers;
+  co.vshards = sc_.vshards;
+  co.assemble_timeout = 30 * kSeconds;
+  co.lease = kLease;
+  co.address = kCoordinator;
+  co.replication = sc_.replication;
+  co.heartbeat_interval = kHeartbeat;
+  auto coordinator = std::make_unique<CoordProc>(this, co);
+  coordinator_ = coordinator.get();
+  procs_[kCoordinator] = std::move(coordinator);
+  ScheduleTick(coordinator_, kTickEvery);
+  servers_.resize(sc_.servers);
+  server_incarnations_.assign(sc_.servers, 0);
+  for (uint32_t s = 0; s < sc_.servers; ++s) StartServer(s, 0);
+  for (uint32_t w = 0; w < sc_.workers; ++w) {
+    auto proc = std::make_unique<WorkerProc>(this, w);
+    workers_.push_back(proc.get());
+    ScheduleTick(proc.get(), rng_.Below(kTickEvery));
+    procs_[proc->address] = std::move(proc);
+  }
+  ScheduleFaults();
+
+  Nanos now = 0;
+  while (!queue_.empty()) {
+    std::unique_ptr<Event> e(queue_.top());
+    queue_.pop();
+    now = e->at;
+    if (now > options_.time_limit_ns) break;
+    if (job_end_at_ == 0 && coordinator_->core().finished()) {
+      bool all_out = true;
+      for (WorkerProc* w : workers_) all_out &= w->exited || w->crashed;
+      if (all_out) job_end_at_ = now;
+    }
+    if (job_end_at_ != 0 && now > job_end_at_ + kDrain) break;
+    if (e->to.empty()) {
+      e->action(now);
+      continue;
+    }
+    Proc* p = Find(e->to);
+    if (p == nullptr || p->crashed) {
+      ++dropped_;
+      continue;
+    }
+    if (now < p->paused_until) {  // delivered when it resumes, in arrival order
+      Push(p->paused_until, std::move(*e));
+      continue;
+    }
+    if (Cut(e->from, e->to, now)) {
+      ++dropped_;
+      Trace(now, absl::StrCat("cut ", e->from, " -> ", e->to, " ", BodyName(e->message.header)));
+      continue;
+    }
+    ++delivered_;
+    const proto::Envelope& h = e->message.header;
+    Trace(now, absl::StrCat(e->from, " -> ", e->to, " ", BodyName(h), " req ", h.request_id(), " epoch ", h.epoch(),
+                            Detail(e->message)));
+    // A process that left still takes server-to-server traffic (its streams
+    // settle); everything else to it is lost.
+    if (p->exited && !(absl::StartsWith(e->from, "sim://server-") && absl::StartsWith(e->to, "sim://server-"))) continue;
+    p->Deliver(std::move(e->message), now);
+  }
+  while (!queue_.empty()) {
+    delete queue_.top();
+    queue_.pop();
+  }
+  r.sim_time_ns = now;
+  r.messages = delivered_;
+  r.dropped = dropped_;
+  const CoordinatorCore& cc = coordinator_->core();
+  r.job_ok = cc.phase() == CoordinatorCore::Phase::kDone;
+  r.job_end = cc.phase() == CoordinatorCore::Phase::kDone     ? "done"
+              : cc.phase() == CoordinatorCore::Phase::kFailed ? "failed: " + cc.failure_reason()
+                                                              : "still running";
+  r.failovers = maps_.empty() ? 0 : maps_.size() - 1;
+  for (WorkerProc* w : workers_) w->RecordUnreturnedClock();
+  CheckEnd(r);
+  CheckAudit(r);
+  auto checked = consistency::Check(recorder_, sc_.workers,
+                                    sc_.consistency == proto::ASP   ? consistency::kUnbounded
+                                    : sc_.consistency == proto::SSP ? sc_.staleness
+                                                                    : 0);
+  r.pulls_checked = checked.pulls_checked;
+  for (std::string& v : checked.violations) Violation(std::move(v));
+  for (const IssuedPush& p : pushes_) r.pushes_acked += p.acked;
+  r.violations = violations_;
+  r.digest = digest_;
+  return r;
+}
+
+// The job ended, and nobody waits for anything.
+void World::CheckEnd(RunResult& r) {
+  if (!coordinator_->core().finished()) {
+    std::string waits;
+    for (WorkerProc* w : workers_) {
+      for (const std::string& op : w->Outstanding()) absl::StrAppend(&waits, "; ", w->address, " waits on ", op);
+    }
+    Violation(absl::StrCat("hang: the job is still running at ", r.sim_time_ns / kMs, " ms (simulated)", waits));
+    return;
+  }
+  for (WorkerProc* w : workers_) {
+    for (const std::string& op : w->Outstanding()) {
+      Violation(absl::StrCat("hang: ", w->address, " never completed ", op));
+    }
+  }
+  // A run with no fault that may end a job must end it well.
+  const bool may_fail = sc_.server_crashes > 0 || sc_.pauses > 0 || sc_.partitions > 0;
+  if (!r.job_ok && !may_fail) Violation("the job failed without a fault that could fail it: " + r.job_end);
+  for (WorkerProc* w : workers_) {
+    if (r.job_ok && !w->finished()) Violation(absl::StrCat("the job ended well but ", w->address, " did not finish"));
+  }
+}
+
+// The rows every server holds, against the pushes the workers issued.
+void World::CheckAudit(RunResult& r) {
+  // Worker node id -> rank, and issued pushes by (node, seq).
+  std::map<uint32_t, uint32_t> rank_of;
+  for (WorkerProc* w : workers_) rank_of[w->node_id()] = w->rank();
+  std::map<std::pair<uint32_t, uint64_t>, const IssuedPush*> issued;
+  for (const IssuedPush& p : pushes_) issued[{p.worker_node, p.seq}] = &p;
+
+  struct Row {
+    bool primary;
+    std::vector<float> values;
+    std::multiset<std::string> entries;
+  };
+  // Rank -> key -> row, from each rank's current live process.
+  std::vector<std::map<Key, Row>> rows(sc_.servers);
+  std::vector<bool> readable(sc_.servers, false);
+  std::vector<uint64_t> epoch_of(sc_.servers, 0);
+  for (ServerProc* s : servers_) {
+    if (s->crashed || s->core() == nullptr || s->core()->deposed()) continue;
+    readable[s->rank()] = true;
+    epoch_of[s->rank()] = s->core()->epoch();
+    const std::string dump = s->core()->AuditDump();
+    if (trace_) *trace_ << "# final rows of " << s->address << ":\n" << dump;
+    for (absl::string_view line : absl::StrSplit(dump, '\n', absl::SkipEmpty())) {
+      if (absl::StartsWith(line, "#")) continue;
+      std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
+      uint64_t key = 0;
+      if (f.size() < 5 || f[0] != "row" || !absl::SimpleAtoi(f[2], &key)) {
+        Violation(absl::StrCat(s->address, ": unreadable audit line: ", line));
+        continue;
+      }
+      Row row;
+      row.primary = f[3] == "primary";
+      for (absl::string_view v : absl::StrSplit(f[4], ',')) {
+        float x = 0;
+        (void)absl::SimpleAtof(v, &x);
+        row.values.push_back(x);
+      }
+      for (size_t i = 5; i < f.size(); ++i) {
+        std::vector<absl::string_view> parts = absl::StrSplit(f[i], ':');
+        uint32_t node = 0;
+        uint64_t seq = 0;
+        if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &node) || !absl::SimpleAtoi(parts[2], &seq)) continue;
+        const std::string where = absl::StrCat(s->address, " key ", key);
+        if (row.entries.count(std::string(f[i])) > 0) Violation(absl::StrCat("push ", f[i], " applied twice to ", where));
+        row.entries.insert(std::string(f[i]));
+        auto it = issued.find({node, seq});
+        if (it == issued.end() || std::find(it->second->keys.begin(), it->second->keys.end(), key) == it->second->keys.end()) {
+          Violation(absl::StrCat("push ", f[i], " applied to ", where, " was never issued for that key"));
+        }
+      }
+      // Each column counts its worker's applied pushes exactly.
+      std::vector<float> expect(row.values.size(), 0.0f);
+      for (const std::string& e : row.entries) {
+        uint32_t node = 0;
+        if (!absl::SimpleAtoi(e.substr(0, e.find(':')), &node)) continue;
+        auto rk = rank_of.find(node);
+        if (rk != rank_of.end() && rk->second < expect.size()) expect[rk->second] += 1.0f;
+      }
+      if (expect != row.values) {
+        Violation(absl::StrCat(s->address, " key ", key, ": values ", absl::StrJoin(row.values, ","),
+                               " but the pushes applied give ", absl::StrJoin(expect, ",")));
+      }
+      rows[s->rank()][key] = std::move(row);
+    }
+  }
+  if (!r.job_ok || maps_.empty()) return;
+  // The final map: every acknowledged push is at the primary of each of its
+  // keys, and every backup equals its primary.
+  ServerProc* any = nullptr;
+  for (ServerProc* s : servers_)
+    if (!s->crashed && s->core() != nullptr && (any == nullptr || s->core()->epoch() > any->core()->epoch())) any = s;
+  if (any == nullptr) return;
+  const uint64_t final_epoch = maps_.rbegin()->first;
+  if (any->core()->epoch() != final_epoch) return;  // nobody holds the last map: nothing to compare
+  // Rebuild the final placement from a server's audit header is not
+  // possible; use the placement recorded for the final epoch.
+  std::vector<std::string> parts = absl::StrSplit(maps_.rbegin()->second, ' ');
+  std::vector<uint32_t> owner;
+  for (absl::string_view v : absl::StrSplit(parts[0], ',')) {
+    uint32_t x = 0;
+    if (absl::SimpleAtoi(v, &x)) owner.push_back(x);
+  }
+  std::vector<std::vector<uint32_t>> backups;
+  for (size_t i = 3; i < parts.size(); ++i) {
+    absl::string_view b = parts[i];
+    b.remove_prefix(1);
+    b.remove_suffix(1);
+    std::vector<uint32_t> list;
+    for (absl::string_view v : absl::StrSplit(b, ',', absl::SkipEmpty())) {
+      uint32_t x = 0;
+      if (absl::SimpleAtoi(v, &x)) list.push_back(x);
+    }
+    backups.push_back(std::move(list));
+  }
+  for (const IssuedPush& p : pushes_) {
+    if (!p.acked) continue;
+    for (Key k : p.keys) {
+      const uint32_t v = VirtualShardOf(kTable, k, sc_.vshards);
+      const uint32_t primary = owner.at(v);
+      if (!readable[primary]) continue;
+      const std::string entry = absl::StrCat(p.worker_node, ":0:", p.seq);
+      auto it = rows[primary].find(k);
+      if (it == rows[primary].end() || it->second.entries.count(entry) == 0) {
+        Violation(absl::StrCat("acknowledged push ", entry, " (worker ", p.worker_rank, ") is missing from key ", k,
+                               " at its primary, server ", primary));
+      }
+    }
+  }
+  // (Copies compared only where both sides have the final map: a map
+  // published as the job ended may not have reached them.)
+  for (uint32_t v = 0; v < sc_.vshards && v < backups.size(); ++v) {
+    const uint32_t primary = owner[v];
+    if (!readable[primary] || epoch_of[primary] != final_epoch) continue;
+    for (uint32_t b : backups[v]) {
+      if (!readable[b] || epoch_of[b] != final_epoch) continue;
+      for (uint32_t k = 0; k < sc_.keys; ++k) {
+        if (VirtualShardOf(kTable, k, sc_.vshards) != v) continue;
+        auto p = rows[primary].find(k);
+        auto q = rows[b].find(k);
+        const bool hp = p != rows[primary].end(), hq = q != rows[b].end();
+        // A row a pull created holds its initial values (zeros here) and no
+        // push: the same as no row (pulls are not forwarded).
+        auto blank = [](const Row& row) {
+          return row.entries.empty() && std::all_of(row.values.begin(), row.values.end(), [](float x) { return x == 0; });
+        };
+        if (hp != hq && (hp ? blank(p->second) : blank(q->second))) continue;
+        if (hp != hq || (hp && (p->second.values != q->second.values || p->second.entries != q->second.entries))) {
+          std::vector<std::string> only_primary, only_backup;
+          if (hp && hq) {
+            std::set_difference(p->second.entries.begin(), p->second.entries.end(), q->second.entries.begin(),
+                                q->second.entries.end(), std::back_inserter(only_primary));
+            std::set_difference(q->second.entries.begin(), q->second.entries.end(), p->second.entries.begin(),
+                                p->second.entries.end(), std::back_inserter(only_backup));
+          }
+          Violation(absl::StrCat("key ", k, " (shard ", v, "): backup server ", b, " differs from primary server ",
+                                 primary, ": ", hq ? absl::StrJoin(q->second.values, ",") : "no row", " vs ",
+                                 hp ? absl::StrJoin(p->second.values, ",") : "no row", "; pushes only at the primary: ",
+                                 absl::StrJoin(only_primary, " "), "; only at the backup: ", absl::StrJoin(only_backup, " ")));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Scenario Scenario::FromSeed(uint64_t seed) {
+  Rng rng(seed);
+  Scenario s;
+  s.servers = static_cast<uint32_t>(rng.Between(2, 4));
+  s.workers = static_cast<uint32_t>(rng.Between(2, 3));
+  s.vshards = rng.Chance(0.5) ? 8 : 16;
+  const uint64_t r = rng.Below(4);
+  s.replication = std::min<uint32_t>(s.servers, r == 0 ? 1 : r == 3 ? 3 : 2);
+  const uint64_t c = rng.Below(3);
+  s.consistency = c == 0 ? proto::BSP : c == 1 ? proto::SSP : proto::ASP;
+  s.staleness = s.consistency == proto::SSP ? static_cast<uint32_t>(rng.Between(1, 2)) : 0;
+  s.clocks = static_cast<uint32_t>(rng.Between(8, 30));
+  s.keys = static_cast<uint32_t>(rng.Between(12, 24));
+  s.apply_after_ack = rng.Chance(0.5);
+  s.min_delay_ns = rng.Between(10'000, 200'000);
+  s.max_delay_ns = s.min_delay_ns + rng.Between(0, 3'000'000);
+  if (rng.Chance(0.6)) s.drop = 0.001 * static_cast<double>(rng.Between(1, 20));
+  if (rng.Chance(0.4)) s.duplicate = 0.001 * static_cast<double>(rng.Between(1, 20));
+  if (rng.Chance(0.4)) s.reorder = 0.01 * static_cast<double>(rng.Between(1, 10));
+  // Crashes the replicas can cover, and now and then one they cannot.
+  if (s.replication > 1) {
+    s.server_crashes = static_cast<uint32_t>(rng.Below(s.replication));
+  } else if (rng.Chance(0.1)) {
+    s.server_crashes = 1;
+  }
+  s.restart_crashed = rng.Chance(0.7);
+  if (rng.Chance(0.2)) s.pauses = 1;
+  s.partitions = static_cast<uint32_t>(rng.Chance(0.25)) + static_cast<uint32_t>(rng.Chance(0.25));
+  return s;
+}
+
+std::string Scenario::Describe() const {
+  const char* model = consistency == proto::BSP ? "BSP" : consistency == proto::SSP ? "SSP" : "ASP";
+  return absl::StrFormat(
+      "%u servers, %u workers, %u vshards, replication %u, %s%s, %u clocks, %u keys%s; delay %.2f-%.2f ms, drop %.3f, "
+      "duplicate %.3f, reorder %.2f; %u crashes%s, %u pauses, %u partitions%s",
+      servers, workers, vshards, replication, model, consistency == proto::SSP ? absl::StrCat("(", staleness, ")") : "",
+      clocks, keys, apply_after_ack ? ", apply after ack" : "", static_cast<double>(min_delay_ns) / kMs,
+      static_cast<double>(max_delay_ns) / kMs, drop, duplicate, reorder, server_crashes,
+      server_crashes > 0 ? (restart_crashed ? " (restarted)" : " (not restarted)") : "", pauses, partitions,
+      breakage == Breakage::kNone ? "" : absl::StrCat("; BROKEN: ", BreakageName(breakage)));
+}
+
+RunResult Run(uint64_t seed, const Scenario& scenario, const RunOptions& options) {
+  World world(seed, scenario, options);
+  return world.Run();
+}
+
+}  // namespace tessera::sim

@@ -1,0 +1,103 @@
+#pragma once
+// The cluster simulator: the coordinator's, the servers' and the workers'
+// protocol cores (CoordinatorCore, ServerCore, WorkerCore: the code the
+// binaries run) wired through a simulated network and a simulated clock in
+// one thread, driven by one seed.
+//
+// Promises:
+// - Nothing in a run reads a wall clock, a thread scheduler or an unseeded
+//   random source: the same seed gives the same run, message for message
+//   (RunResult::digest; tessera-sim re-executes itself with address-space
+//   randomization off, so hash tables iterate alike in every process).
+// - The network delays each message by a seeded amount, keeps each link in
+//   order unless a reorder fault lets a message overtake, and drops,
+//   duplicates, partitions (node sets that cannot reach each other for a
+//   while), pauses nodes (nothing delivered, no timers) and crashes servers,
+//   which a new process for the same rank may replace later.
+// - Workloads: every worker creates one SPARSE table of integer counts with
+//   the ACCUMULATE optimizer (one column per worker), then at every clock
+//   pushes +1 into its own column of random keys, pulls random keys (all
+//   pipelined: nothing waits for an earlier push), and calls Clock: the
+//   exact answer of every pull is known.
+// - Checkers run after every run (CheckRun): I1-I4 on the recorded events;
+//   per row: no push applied twice, values equal to the pushes applied,
+//   nothing applied that was not issued, every acknowledged push applied
+//   (when the job ended well), replicas equal to their primary; map epochs
+//   only increase at every node; one map per epoch (so one primary per shard
+//   per epoch); every operation a worker started completed, OK or with an
+//   error (no hang), and the job ended.
+// - A violation is reported with the seed; `tessera-sim --seed N --trace F`
+//   replays the run and writes every message and fault.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "proto/tessera.pb.h"
+
+namespace tessera::sim {
+
+// Test-only switches that each break one rule (negative controls): the
+// checkers must catch every one of them within the CI seed budget.
+enum class Breakage {
+  kNone,
+  kApplyDuplicates,       // servers apply a sequenced push again when it is resent
+  kAckBeforeReplication,  // primaries acknowledge pushes before their backups have them
+  kAnswerEarly,           // servers answer pulls and clock advances without waiting for slower workers
+  kAcceptOldEpoch,        // servers install older shard maps, and backups apply forwards of an older epoch
+};
+const char* BreakageName(Breakage b);
+bool ParseBreakage(const std::string& name, Breakage* out);
+
+// One run's cluster, workload and faults; FromSeed draws them.
+struct Scenario {
+  uint32_t servers = 3;
+  uint32_t workers = 2;
+  uint32_t vshards = 16;
+  uint32_t replication = 2;
+  proto::ConsistencyKind consistency = proto::BSP;
+  uint32_t staleness = 0;  // SSP only
+  uint32_t clocks = 6;
+  uint32_t keys = 16;
+  bool apply_after_ack = false;
+  // Network.
+  int64_t min_delay_ns = 20'000;
+  int64_t max_delay_ns = 2'000'000;
+  double drop = 0;       // per message
+  double duplicate = 0;  // per message
+  double reorder = 0;    // per message: may overtake earlier ones on its link
+  // Faults, at seeded times.
+  uint32_t server_crashes = 0;   // each at a random time, of a random live server
+  bool restart_crashed = true;   // a new process takes the rank over one lease or more later
+  uint32_t pauses = 0;           // a random node stops for up to two leases
+  uint32_t partitions = 0;       // a random node cut off from the rest, or from the coordinator only, for up to two leases
+  Breakage breakage = Breakage::kNone;
+
+  static Scenario FromSeed(uint64_t seed);
+  std::string Describe() const;  // one line
+};
+
+struct RunOptions {
+  std::string trace_path;                  // write every message and fault here ("" = none)
+  int64_t time_limit_ns = 300'000'000'000;  // simulated; a job still running then is a hang
+};
+
+struct RunResult {
+  uint64_t seed = 0;
+  Scenario scenario;
+  bool job_ok = false;              // the coordinator ended the job as done
+  std::string job_end;              // how the job ended
+  std::vector<std::string> violations;
+  uint64_t digest = 0;              // of every delivered message and fault, in order
+  uint64_t messages = 0;            // delivered
+  uint64_t dropped = 0;
+  int64_t sim_time_ns = 0;
+  uint64_t pulls_checked = 0;
+  uint64_t pushes_acked = 0;
+  uint64_t failovers = 0;           // maps published after the first
+  bool ok() const { return violations.empty(); }
+};
+
+RunResult Run(uint64_t seed, const Scenario& scenario, const RunOptions& options = {});
+
+}  // namespace tessera::sim

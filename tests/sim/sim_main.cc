@@ -1,0 +1,126 @@
+// tessera-sim: runs the cluster simulator (tests/sim/sim.h) over many seeds,
+// or replays one. Exit status: 0 when every run passed its checks (or, with
+// --expect-violation, when some run failed them), 1 otherwise, 2 for bad
+// arguments.
+#include <sys/personality.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "tests/sim/sim.h"
+
+namespace {
+
+// Hash tables seed their hashing from the address of a global: with
+// address-space randomization on, two processes iterate them in different
+// orders and a seed would not replay. Run again with it off (once).
+void ReexecWithoutAslr(char** argv) {
+  if (std::getenv("TESSERA_SIM_ASLR") != nullptr) return;
+  const int current = personality(0xffffffff);
+  if (current == -1 || (current & ADDR_NO_RANDOMIZE) != 0) return;
+  if (personality(static_cast<unsigned long>(current) | ADDR_NO_RANDOMIZE) == -1) {
+    std::fprintf(stderr, "tessera-sim: cannot turn address-space randomization off; seeds may not replay exactly\n");
+    return;
+  }
+  execv("/proc/self/exe", argv);
+  std::fprintf(stderr, "tessera-sim: cannot re-execute itself; seeds may not replay exactly\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ReexecWithoutAslr(argv);
+  CLI::App app{
+      "Deterministic simulation of a whole Tessera cluster: the real coordinator, server and worker cores over a\n"
+      "simulated network (delays, drops, duplicates, reordering, partitions, pauses, server crashes and restarts),\n"
+      "one seed per run. Every run is checked (consistency I1-I4, no push lost or applied twice, replicas equal,\n"
+      "epochs, no hang). A failing run prints its seed and the command that replays it."};
+  uint64_t seed = 0, first_seed = 1, seeds = 100;
+  double minutes = 0;
+  std::string trace, breakage_name = "none";
+  bool expect_violation = false, verbose = false, digests = false;
+  app.add_option("--seed", seed, "Run (replay) this one seed, and print what it did")->check(CLI::PositiveNumber);
+  app.add_option("--first-seed", first_seed, "First seed of a batch")->check(CLI::PositiveNumber);
+  app.add_option("--seeds", seeds, "How many seeds in a batch")->check(CLI::PositiveNumber);
+  app.add_option("--minutes", minutes, "Soak: run seeds from --first-seed on until this much wall time passed")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--trace", trace, "With --seed: write every message and fault of the run to this file");
+  app.add_option("--break", breakage_name,
+                 "Negative control: break one rule in the servers (apply-duplicates, ack-before-replication, "
+                 "answer-early, accept-old-epoch)");
+  app.add_flag("--expect-violation", expect_violation,
+               "Succeed only if some run fails its checks (for negative controls); stops at the first");
+  app.add_flag("--digests", digests, "Print each run's digest (for replay checks)");
+  app.add_flag("-v,--verbose", verbose, "Print every run");
+  CLI11_PARSE(app, argc, argv);
+
+  tessera::sim::Breakage breakage;
+  if (!tessera::sim::ParseBreakage(breakage_name, &breakage)) {
+    std::fprintf(stderr, "tessera-sim: unknown --break '%s' (apply-duplicates, ack-before-replication, answer-early, "
+                         "accept-old-epoch)\n", breakage_name.c_str());
+    return 2;
+  }
+  if (!trace.empty() && seed == 0) {
+    std::fprintf(stderr, "tessera-sim: --trace needs --seed (one run)\n");
+    return 2;
+  }
+  const bool single = seed != 0;
+  if (single) {
+    first_seed = seed;
+    seeds = 1;
+    verbose = true;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  uint64_t runs = 0, failed = 0, job_failures = 0, failovers = 0, messages = 0, pulls = 0, acked = 0;
+  uint64_t first_failed = 0;
+  for (uint64_t s = first_seed;; ++s) {
+    if (minutes > 0 ? elapsed() >= minutes * 60 : s >= first_seed + seeds) break;
+    tessera::sim::Scenario sc = tessera::sim::Scenario::FromSeed(s);
+    sc.breakage = breakage;
+    tessera::sim::RunOptions options;
+    if (single) options.trace_path = trace;
+    const tessera::sim::RunResult r = tessera::sim::Run(s, sc, options);
+    ++runs;
+    job_failures += !r.job_ok;
+    failovers += r.failovers;
+    messages += r.messages;
+    pulls += r.pulls_checked;
+    acked += r.pushes_acked;
+    if (verbose || digests || !r.ok()) {
+      std::printf("seed %llu: %s; %s; %llu messages (%llu lost), %llu maps after the first, %.1f ms simulated%s\n",
+                  static_cast<unsigned long long>(s), r.ok() ? "ok" : "FAILED", r.job_end.c_str(),
+                  static_cast<unsigned long long>(r.messages), static_cast<unsigned long long>(r.dropped),
+                  static_cast<unsigned long long>(r.failovers), static_cast<double>(r.sim_time_ns) / 1e6,
+                  digests ? (" digest " + std::to_string(r.digest)).c_str() : "");
+      if (verbose || !r.ok()) std::printf("  scenario: %s\n", sc.Describe().c_str());
+    }
+    if (!r.ok()) {
+      ++failed;
+      if (first_failed == 0) first_failed = s;
+      for (const std::string& v : r.violations) std::printf("  violation: %s\n", v.c_str());
+      std::printf("  replay: %s --seed %llu%s%s --trace /tmp/tessera-sim-%llu.trace\n", argv[0],
+                  static_cast<unsigned long long>(s), breakage == tessera::sim::Breakage::kNone ? "" : " --break ",
+                  breakage == tessera::sim::Breakage::kNone ? "" : breakage_name.c_str(),
+                  static_cast<unsigned long long>(s));
+      if (expect_violation) break;
+    }
+    std::fflush(stdout);
+  }
+  std::printf("%llu runs in %.1f s: %llu failed their checks; %llu jobs ended by faults, %llu failovers, %llu "
+              "messages, %llu pulls checked, %llu pushes acknowledged%s\n",
+              static_cast<unsigned long long>(runs), elapsed(), static_cast<unsigned long long>(failed),
+              static_cast<unsigned long long>(job_failures), static_cast<unsigned long long>(failovers),
+              static_cast<unsigned long long>(messages), static_cast<unsigned long long>(pulls),
+              static_cast<unsigned long long>(acked),
+              breakage == tessera::sim::Breakage::kNone ? "" : (" (broken: " + breakage_name + ")").c_str());
+  if (expect_violation) {
+    if (failed == 0) std::printf("expected a violation with --break %s and found none\n", breakage_name.c_str());
+    return failed > 0 ? 0 : 1;
+  }
+  return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,368 @@
+// WorkerCore: the worker's data protocol as a pure state machine (see
+// worker/worker_core.h). Moved out of the Worker shell (worker/worker.cc),
+// which now only locks around it and hands its Effects to the transport.
+#include "worker/worker_core.h"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "compress/row_compressor.h"
+
+namespace tessera {
+
+namespace {
+
+// Calls single(server) if every key lives on one server, else multi(server,
+// rows of that server) for each server that holds some keys.
+template <typename Single, typename Multi>
+void Slice(const ShardMapView& map, uint32_t table, std::span<const Key> keys, Single&& single, Multi&& multi) {
+  const uint32_t first = map.ServerRankOfKey(table, keys[0]);
+  std::vector<uint32_t> owner(keys.size());
+  bool all_same = true;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    owner[i] = map.ServerRankOfKey(table, keys[i]);
+    all_same &= owner[i] == first;
+  }
+  if (all_same) {
+    single(first);
+    return;
+  }
+  std::vector<std::vector<uint32_t>> rows(map.num_servers());
+  for (size_t i = 0; i < keys.size(); ++i) rows[owner[i]].push_back(static_cast<uint32_t>(i));
+  for (uint32_t s = 0; s < rows.size(); ++s)
+    if (!rows[s].empty()) multi(s, rows[s]);
+}
+
+// A compressed pull reply becomes a plain one (one fp32 values frame), so
+// the tracker scatters it as usual; bad parts turn it into an Error reply.
+// `expected`: the values the pull asked for (0: no such pull in flight, and
+// the tracker will ignore the reply). Nothing is allocated before the
+// reply's size and its parts' headers agree with it.
+void DecodePullReply(Message& m, uint64_t expected) {
+  const auto& pr = m.header.pull_reply();
+  const uint64_t n = pr.num_keys() * uint64_t{pr.width()};
+  absl::Status s;
+  if (m.frames.size() != pr.value_parts()) {
+    s = absl::InvalidArgumentError(absl::StrCat("pull reply announces ", pr.value_parts(), " parts, has ",
+                                                m.frames.size(), " frames"));
+  } else if (n != expected) {
+    s = absl::InvalidArgumentError(absl::StrCat("pull reply of ", n, " values to a pull of ", expected));
+  } else {
+    s = compress::CheckRowParts(m.frames, n);
+  }
+  if (s.ok()) {
+    Buffer decoded = Buffer::Allocate(n * sizeof(float));
+    s = compress::DecodeRowParts(m.frames, decoded.AsMutable<float>());
+    if (s.ok()) {
+      m.frames.clear();
+      m.frames.push_back(std::move(decoded));
+      m.header.mutable_pull_reply()->set_value_parts(0);
+      return;
+    }
+  }
+  m.frames.clear();
+  auto* e = m.header.mutable_error();
+  e->set_code(static_cast<int>(absl::StatusCode::kDataLoss));
+  e->set_message(absl::StrCat("compressed pull reply: ", s.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WorkerCore>> WorkerCore::Create(WorkerCoreOptions options,
+                                                               const proto::ShardMap& map) {
+  auto view = ShardMapView::Create(map);
+  if (!view.ok()) return view.status();
+  std::vector<std::string> names;
+  for (size_t r = 0; r < view->num_servers(); ++r) names.push_back(view->server(r).address());
+  return std::unique_ptr<WorkerCore>(
+      new WorkerCore(std::move(options), std::make_shared<const ShardMapView>(std::move(*view)), std::move(names)));
+}
+
+WorkerCore::WorkerCore(WorkerCoreOptions options, std::shared_ptr<const ShardMapView> map,
+                       std::vector<std::string> names)
+    : options_(std::move(options)), map_(std::move(map)), tracker_(std::move(names)) {}
+
+Message WorkerCore::NewRequest() {
+  Message m;
+  m.header.set_request_id(++next_request_);
+  m.header.set_sender_id(options_.node_id);
+  m.header.set_epoch(map_->epoch());
+  // The transport stamps this too; set here, the header the wire counts
+  // measure is the one that is sent.
+  m.header.set_sender_address(options_.address);
+  return m;
+}
+
+WorkerCore::Effects WorkerCore::ToEveryServer(Handle handle, std::string what, const proto::Envelope& body, Nanos now,
+                                              Nanos hold) {
+  Effects effects;
+  std::vector<RequestTracker::PartSpec> parts;
+  for (uint32_t r : map_->LiveServers()) {
+    Message m = NewRequest();
+    m.header.MergeFrom(body);
+    parts.push_back({m.header.request_id(), r, {}, m});
+    effects.sends.push_back({map_->server(r).address(), std::move(m)});
+  }
+  // `hold` is how long servers may hold the request for slower workers, on
+  // top of the request timeout.
+  tracker_.Begin(std::move(handle), std::move(what), std::move(parts), now + options_.request_timeout + hold, {}, 0,
+                 now);
+  return effects;
+}
+
+WorkerCore::Effects WorkerCore::CreateTable(Handle handle, const proto::TableConfig& config, Nanos now) {
+  proto::Envelope body;
+  *body.mutable_create_table()->mutable_config() = config;
+  return ToEveryServer(std::move(handle), absl::StrCat("create table ", config.table_id()), body, now, 0);
+}
+
+WorkerCore::Effects WorkerCore::ClockQuery(Handle handle, Nanos now) {
+  proto::Envelope body;
+  body.mutable_clock_query();
+  return ToEveryServer(std::move(handle), "clock query", body, now, 0);
+}
+
+WorkerCore::Effects WorkerCore::ClockAdvance(Handle handle, uint64_t clock, Nanos now) {
+  proto::Envelope body;
+  body.mutable_clock_advance()->set_clock(clock);
+  body.mutable_clock_advance()->set_hold_timeout_ms(options_.hold_timeout / kMillis);
+  return ToEveryServer(std::move(handle), absl::StrCat("clock ", clock), body, now, options_.hold_timeout);
+}
+
+std::vector<Outgoing> WorkerCore::ClockNotice(uint64_t clock) {
+  std::vector<Outgoing> sends;
+  for (uint32_t r : map_->LiveServers()) {
+    Message m = NewRequest();
+    m.header.set_request_id(0);  // a notice: servers record it and answer nothing
+    m.header.mutable_clock_advance()->set_clock(clock);
+    sends.push_back({map_->server(r).address(), std::move(m)});
+  }
+  return sends;
+}
+
+absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t table, std::span<const Key> keys,
+                                                     std::span<const float> values, uint32_t width, uint64_t clock,
+                                                     compress::RowCompressor* compressor, Nanos now,
+                                                     std::string what) {
+  if (what.empty()) what = absl::StrCat("push to table ", table);
+  const size_t row_bytes = size_t{width} * sizeof(float);
+  const ShardMapView& map = *map_;
+  Effects effects;
+  std::vector<RequestTracker::PartSpec> parts;
+  absl::Status encode_error;
+  // Every part of this push carries its number: servers apply it once per
+  // shard, however often a failover makes us send it. acked_below is the
+  // lowest number still in flight (every push numbered below it is complete).
+  const uint64_t seq = ++last_push_seq_;
+  pushes_in_flight_.insert(seq);
+  const uint64_t acked_below = *pushes_in_flight_.begin();
+  auto add_part = [&](uint32_t server, Buffer k, Buffer v, uint64_t n) {
+    Message m = NewRequest();
+    auto* p = m.header.mutable_push();
+    p->set_table_id(table);
+    p->set_num_keys(n);
+    p->set_clock(clock);
+    p->set_seq(seq);
+    p->set_acked_below(acked_below);
+    p->set_incarnation(options_.incarnation);
+    std::optional<compress::EncodedRows> encoded;
+    if (compressor != nullptr) {
+      auto e = compressor->Encode(k.As<Key>(), v.As<float>());
+      if (!e.ok()) {
+        encode_error.Update(e.status());
+        return;
+      }
+      if (!e->raw) encoded = std::move(*e);
+    }
+    m.frames.push_back(std::move(k));
+    if (encoded) {
+      p->set_value_parts(static_cast<uint32_t>(encoded->parts.size()));
+      for (Buffer& b : encoded->parts) m.frames.push_back(std::move(b));
+    } else {
+      m.frames.push_back(std::move(v));
+    }
+    parts.push_back({m.header.request_id(), server, {}, m});
+    effects.sends.push_back({map.server(server).address(), std::move(m)});
+  };
+  Slice(map, table, keys, [&](uint32_t server) {  // all keys on one server: no copy
+    add_part(server, Buffer::Borrow(keys.data(), keys.size_bytes()), Buffer::Borrow(values.data(), values.size_bytes()),
+             keys.size());
+  }, [&](uint32_t server, const std::vector<uint32_t>& rows) {
+    Buffer k = Buffer::Allocate(rows.size() * sizeof(Key));
+    Buffer v = Buffer::Allocate(rows.size() * row_bytes);
+    auto kd = k.AsMutable<Key>();
+    auto* vd = v.mutable_data();
+    const auto* src = reinterpret_cast<const std::byte*>(values.data());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      kd[i] = keys[rows[i]];
+      std::memcpy(vd + i * row_bytes, src + size_t{rows[i]} * row_bytes, row_bytes);
+    }
+    add_part(server, std::move(k), std::move(v), rows.size());
+  });
+  if (!encode_error.ok()) {
+    // Nothing was registered or sent: the number is no longer in flight
+    // (it is spent, not reused).
+    pushes_in_flight_.erase(seq);
+    return absl::Status(encode_error.code(), absl::StrCat(what, ": compressing: ", encode_error.message()));
+  }
+  push_seq_of_[handle.get()] = seq;
+  tracker_.Begin(std::move(handle), std::move(what), std::move(parts), now + options_.request_timeout, {}, 0, now);
+  return effects;
+}
+
+WorkerCore::Effects WorkerCore::Pull(Handle handle, uint32_t table, std::span<const Key> keys, std::span<float> out,
+                                     uint32_t width, uint64_t clock, Nanos now, std::string what) {
+  if (what.empty()) what = absl::StrCat("pull from table ", table, " at clock ", clock);
+  const ShardMapView& map = *map_;
+  Effects effects;
+  std::vector<RequestTracker::PartSpec> parts;
+  auto add_part = [&](uint32_t server, Buffer k, RequestTracker::Scatter scatter) {
+    Message m = NewRequest();
+    auto* p = m.header.mutable_pull();
+    p->set_table_id(table);
+    p->set_num_keys(scatter.num_keys);
+    p->set_clock(clock);
+    p->set_hold_timeout_ms(options_.hold_timeout / kMillis);
+    m.frames.push_back(std::move(k));
+    parts.push_back({m.header.request_id(), server, std::move(scatter), m});
+    effects.sends.push_back({map.server(server).address(), std::move(m)});
+  };
+  Slice(map, table, keys, [&](uint32_t server) {
+    add_part(server, Buffer::Borrow(keys.data(), keys.size_bytes()), {0, {}, keys.size()});
+  }, [&](uint32_t server, const std::vector<uint32_t>& rows) {
+    Buffer k = Buffer::Allocate(rows.size() * sizeof(Key));
+    auto kd = k.AsMutable<Key>();
+    for (size_t i = 0; i < rows.size(); ++i) kd[i] = keys[rows[i]];
+    add_part(server, std::move(k), {0, rows, rows.size()});
+  });
+  // Servers may hold a pull for slower workers up to hold_timeout, on top of
+  // the request timeout.
+  tracker_.Begin(std::move(handle), std::move(what), std::move(parts),
+                 now + options_.request_timeout + options_.hold_timeout, out, width, now);
+  return effects;
+}
+
+WorkerCore::Effects WorkerCore::OnReply(Message reply) {
+  Effects effects;
+  if (reply.header.has_pull_reply()) {
+    if (reply.header.pull_reply().value_parts() > 0) {
+      DecodePullReply(reply, tracker_.ExpectedValues(reply.header.request_id()));
+    }
+  } else if (reply.header.has_clock_ack()) {
+    known_clock_ = std::max(known_clock_, reply.header.clock_ack().worker_clock());
+  }
+  effects.done = tracker_.OnReply(reply);
+  Forget(effects.done);
+  return effects;
+}
+
+WorkerCore::Effects WorkerCore::OnMapUpdate(const proto::ShardMap& map, Nanos now, bool* changed) {
+  if (changed != nullptr) *changed = false;
+  Effects effects;
+  auto view = ShardMapView::Create(map);
+  if (!view.ok() || view->epoch() <= map_->epoch()) return effects;
+  map_ = std::make_shared<const ShardMapView>(std::move(*view));
+  if (changed != nullptr) *changed = true;
+  // A server was lost (or moved): resend what went to it, and what waited
+  // for this map.
+  SendAgain(now, 0, effects);
+  return effects;
+}
+
+WorkerCore::Effects WorkerCore::Tick(Nanos now) {
+  Effects effects;
+  effects.done = tracker_.Tick(now);
+  Forget(effects.done);
+  // Parts a lagging server refused go again with our map, and parts nobody
+  // answered for resend_after go again (a lost message).
+  SendAgain(now, options_.resend_after, effects);
+  return effects;
+}
+
+WorkerCore::Effects WorkerCore::FailAll(const absl::Status& status) {
+  Effects effects;
+  effects.done = tracker_.FailAll(status);
+  Forget(effects.done);
+  return effects;
+}
+
+void WorkerCore::Forget(const std::vector<Completion>& done) {
+  for (const Completion& c : done) {
+    auto it = push_seq_of_.find(c.handle.get());
+    if (it == push_seq_of_.end()) continue;
+    pushes_in_flight_.erase(it->second);
+    push_seq_of_.erase(it);
+  }
+}
+
+// Sends again, by the current map, the parts the tracker hands back (and,
+// with resend_after, those unanswered that long: see the tracker).
+void WorkerCore::SendAgain(Nanos now, Nanos resend_after, Effects& effects) {
+  const std::shared_ptr<const ShardMapView> map = map_;
+  std::vector<Completion> done;
+  for (RequestTracker::Resend& r : tracker_.TakeResends(
+           map->epoch(), [&](uint32_t rank) { return map->IsDead(rank); }, &done, now, resend_after)) {
+    for (auto& c : tracker_.Reissue(r, Redirect(r, effects.sends), now)) done.push_back(std::move(c));
+    effects.resent_parts++;
+  }
+  Forget(done);
+  for (Completion& c : done) effects.done.push_back(std::move(c));
+}
+
+// The requests that replace part `r` under the current map (appended to
+// `sends`). A push goes whole, marked as a resend, to every server that is
+// now the primary of some of its keys (each takes its own; the same bytes, so
+// a compressed push is not encoded twice). A pull is split by primary.
+std::vector<RequestTracker::PartSpec> WorkerCore::Redirect(const RequestTracker::Resend& r,
+                                                           std::vector<Outgoing>& sends) {
+  const ShardMapView& map = *map_;
+  std::vector<RequestTracker::PartSpec> parts;
+  const proto::Envelope& h = r.request.header;
+  if (!h.has_push() && !h.has_pull()) {  // a clock, a table, a query: again, to the same server
+    Message m = r.request;
+    m.header.set_request_id(++next_request_);
+    m.header.set_epoch(map.epoch());
+    parts.push_back({m.header.request_id(), r.server_rank, {}, m});
+    sends.push_back({map.server(r.server_rank).address(), std::move(m)});
+    return parts;
+  }
+  const uint32_t table = h.has_push() ? h.push().table_id() : h.pull().table_id();
+  const auto keys = r.request.frames[0].As<Key>();
+  std::vector<std::vector<uint32_t>> rows(map.num_servers());
+  for (size_t i = 0; i < keys.size(); ++i) rows[map.ServerRankOfKey(table, keys[i])].push_back(static_cast<uint32_t>(i));
+  for (uint32_t s = 0; s < rows.size(); ++s) {
+    if (rows[s].empty()) continue;
+    Message m;
+    m.header = h;
+    m.header.set_request_id(++next_request_);
+    m.header.set_epoch(map.epoch());
+    RequestTracker::Scatter scatter;
+    if (h.has_push()) {
+      m.header.mutable_push()->set_resend(true);
+      m.frames = r.request.frames;
+    } else if (rows[s].size() == keys.size()) {
+      m.frames = r.request.frames;
+      scatter = r.scatter;
+    } else {
+      Buffer k = Buffer::Allocate(rows[s].size() * sizeof(Key));
+      auto kd = k.AsMutable<Key>();
+      for (size_t i = 0; i < rows[s].size(); ++i) {
+        const uint32_t row = rows[s][i];
+        kd[i] = keys[row];
+        scatter.rows.push_back(r.scatter.rows.empty() ? static_cast<uint32_t>(r.scatter.first_row + row)
+                                                      : r.scatter.rows[row]);
+      }
+      scatter.num_keys = rows[s].size();
+      m.header.mutable_pull()->set_num_keys(rows[s].size());
+      m.frames.push_back(std::move(k));
+    }
+    parts.push_back({m.header.request_id(), s, std::move(scatter), m});
+    sends.push_back({map.server(s).address(), std::move(m)});
+  }
+  return parts;
+}
+
+}  // namespace tessera

@@ -1,0 +1,651 @@
+// WorkerCore driven message by message: the requests it builds (slicing,
+// numbering, borrowing), the replies it merges back, its resends after a new
+// map or a silence, and its deadlines. The last tests wire it to real
+// ServerCores (server/server_core.h).
+#include "worker/worker_core.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <set>
+
+#include "compress/row_compressor.h"
+#include "server/server_core.h"
+
+namespace tessera {
+namespace {
+
+constexpr uint32_t kTable = 3;
+constexpr uint32_t kNode = 50;
+const char* const kAddress = "inproc://worker";
+constexpr Nanos kTimeout = 10 * kSeconds;
+constexpr Nanos kHold = 20 * kSeconds;
+
+std::string ServerAddress(uint32_t rank) { return "inproc://server-" + std::to_string(rank); }
+
+proto::ShardMap MakeMap(uint32_t servers, uint32_t replication = 1, uint64_t epoch = 1) {
+  std::vector<proto::NodeInfo> nodes;
+  for (uint32_t r = 0; r < servers; ++r) {
+    proto::NodeInfo n;
+    n.set_node_id(r + 1);
+    n.set_rank(r);
+    n.set_role(proto::SERVER);
+    n.set_address(ServerAddress(r));
+    nodes.push_back(n);
+  }
+  return RoundRobinShardMap(epoch, 12, nodes, replication);
+}
+
+WorkerCoreOptions Options(Nanos resend_after = 0) {
+  WorkerCoreOptions o;
+  o.node_id = kNode;
+  o.incarnation = 2;
+  o.address = kAddress;
+  o.request_timeout = kTimeout;
+  o.hold_timeout = kHold;
+  o.resend_after = resend_after;
+  return o;
+}
+
+std::unique_ptr<WorkerCore> MakeCore(const proto::ShardMap& map, WorkerCoreOptions options = Options()) {
+  auto core = WorkerCore::Create(std::move(options), map);
+  EXPECT_TRUE(core.ok()) << core.status();
+  return std::move(*core);
+}
+
+// `n` keys of kTable whose primary is `server` in `map`, from `from` on.
+std::vector<Key> KeysOn(const proto::ShardMap& map, uint32_t server, size_t n, Key from = 0) {
+  const ShardMapView view = *ShardMapView::Create(map);
+  std::vector<Key> keys;
+  for (Key k = from; keys.size() < n; ++k)
+    if (view.ServerRankOfKey(kTable, k) == server) keys.push_back(k);
+  return keys;
+}
+
+uint32_t RankOf(const std::string& address) {
+  return static_cast<uint32_t>(std::stoul(address.substr(address.rfind('-') + 1)));
+}
+
+Message Ack(const Message& request) {
+  Message m;
+  m.header.set_request_id(request.header.request_id());
+  m.header.set_epoch(request.header.epoch());
+  m.header.mutable_ack();
+  return m;
+}
+
+Message ClockAck(const Message& request, uint64_t worker_clock) {
+  Message m;
+  m.header.set_request_id(request.header.request_id());
+  m.header.mutable_clock_ack()->set_worker_clock(worker_clock);
+  return m;
+}
+
+// A pull reply to `request` whose row for key k is {k * 10, k * 10 + 1, ...}.
+Message RowsReply(const Message& request, uint32_t width) {
+  const auto keys = request.frames[0].As<Key>();
+  std::vector<float> v;
+  for (Key k : keys)
+    for (uint32_t j = 0; j < width; ++j) v.push_back(static_cast<float>(k * 10 + j));
+  Message m;
+  m.header.set_request_id(request.header.request_id());
+  m.header.mutable_pull_reply()->set_num_keys(keys.size());
+  m.header.mutable_pull_reply()->set_width(width);
+  m.frames.push_back(Buffer::CopyOf(v.data(), v.size() * sizeof(float)));
+  return m;
+}
+
+std::shared_ptr<int> NewHandle() { return std::make_shared<int>(0); }
+
+// The request ids of every send.
+std::set<uint64_t> Ids(const std::vector<Outgoing>& sends) {
+  std::set<uint64_t> ids;
+  for (const Outgoing& o : sends) ids.insert(o.message.header.request_id());
+  return ids;
+}
+
+TEST(WorkerCoreTest, CreateRejectsABadMap) {
+  proto::ShardMap bad = MakeMap(2);
+  bad.mutable_vshard_server_rank()->Set(0, 7);  // no server 7
+  EXPECT_FALSE(WorkerCore::Create(Options(), bad).ok());
+}
+
+TEST(WorkerCoreTest, PushOverTwoServersSplitsIntoOneRequestEachWithOneNumber) {
+  const proto::ShardMap map = MakeMap(2);
+  auto core = MakeCore(map);
+  const ShardMapView& view = *core->map();
+  const uint32_t width = 2;
+  std::vector<Key> keys = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 2};  // a duplicate too
+  std::vector<float> values;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    values.push_back(static_cast<float>(100 * i));
+    values.push_back(static_cast<float>(100 * i + 1));
+  }
+  auto e = core->Push(NewHandle(), kTable, keys, values, width, /*clock=*/4, nullptr, 0);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ(e->sends.size(), 2u);
+  EXPECT_TRUE(e->done.empty());
+  EXPECT_EQ(Ids(e->sends).size(), 2u);  // fresh request ids
+  std::multiset<std::pair<Key, std::pair<float, float>>> seen;
+  std::set<std::string> to;
+  for (const Outgoing& o : e->sends) {
+    const proto::Envelope& h = o.message.header;
+    ASSERT_TRUE(h.has_push());
+    to.insert(o.to);
+    EXPECT_EQ(h.sender_id(), kNode);
+    EXPECT_EQ(h.sender_address(), kAddress);
+    EXPECT_EQ(h.epoch(), 1u);
+    EXPECT_EQ(h.push().table_id(), kTable);
+    EXPECT_EQ(h.push().seq(), 1u);
+    EXPECT_EQ(h.push().acked_below(), 1u);
+    EXPECT_EQ(h.push().clock(), 4u);
+    EXPECT_EQ(h.push().incarnation(), 2u);
+    EXPECT_FALSE(h.push().resend());
+    ASSERT_EQ(o.message.frames.size(), 2u);
+    const auto k = o.message.frames[0].As<Key>();
+    const auto v = o.message.frames[1].As<float>();
+    ASSERT_EQ(h.push().num_keys(), k.size());
+    ASSERT_EQ(v.size(), k.size() * width);
+    EXPECT_NE(static_cast<const void*>(k.data()), static_cast<const void*>(keys.data()));  // a copy
+    for (size_t i = 0; i < k.size(); ++i) {
+      EXPECT_EQ(view.ServerRankOfKey(kTable, k[i]), RankOf(o.to)) << "key " << k[i];
+      seen.insert({k[i], {v[2 * i], v[2 * i + 1]}});
+    }
+  }
+  EXPECT_EQ(to, (std::set<std::string>{ServerAddress(0), ServerAddress(1)}));
+  std::multiset<std::pair<Key, std::pair<float, float>>> want;
+  for (size_t i = 0; i < keys.size(); ++i) want.insert({keys[i], {values[2 * i], values[2 * i + 1]}});
+  EXPECT_EQ(seen, want);
+  EXPECT_EQ(core->last_push_seq(), 1u);
+  EXPECT_EQ(core->pushes_in_flight(), 1u);
+  EXPECT_EQ(core->tracker().in_flight(), 1u);
+}
+
+TEST(WorkerCoreTest, PushesAreNumberedAndCarryTheLowestInFlight) {
+  const proto::ShardMap map = MakeMap(2);
+  auto core = MakeCore(map);
+  const std::vector<Key> keys = {0, 1, 2, 3, 4, 5};
+  const std::vector<float> values(keys.size(), 1.0f);
+  auto first = core->Push(NewHandle(), kTable, keys, values, 1, 0, nullptr, 0);
+  auto second = core->Push(NewHandle(), kTable, keys, values, 1, 0, nullptr, 0);
+  ASSERT_TRUE(first.ok() && second.ok());
+  for (const Outgoing& o : second->sends) {
+    EXPECT_EQ(o.message.header.push().seq(), 2u);
+    EXPECT_EQ(o.message.header.push().acked_below(), 1u);  // push 1 still in flight
+  }
+  EXPECT_FALSE(core->PushesCompleteThrough(1));
+  // Push 1 acknowledged by its first server only: still in flight.
+  EXPECT_TRUE(core->OnReply(Ack(first->sends[0].message)).done.empty());
+  EXPECT_FALSE(core->PushesCompleteThrough(1));
+  auto done = core->OnReply(Ack(first->sends[1].message)).done;
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  EXPECT_TRUE(core->PushesCompleteThrough(1));
+  EXPECT_FALSE(core->PushesCompleteThrough(2));
+  auto third = core->Push(NewHandle(), kTable, keys, values, 1, 0, nullptr, 0);
+  ASSERT_TRUE(third.ok());
+  for (const Outgoing& o : third->sends) {
+    EXPECT_EQ(o.message.header.push().seq(), 3u);
+    EXPECT_EQ(o.message.header.push().acked_below(), 2u);
+  }
+}
+
+TEST(WorkerCoreTest, AllKeysOnOneServerGoAsTheCallersOwnMemory) {
+  const proto::ShardMap map = MakeMap(2);
+  auto core = MakeCore(map);
+  const std::vector<Key> keys = KeysOn(map, 1, 5);
+  const std::vector<float> values = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  auto e = core->Push(NewHandle(), kTable, keys, values, 2, 0, nullptr, 0);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ(e->sends.size(), 1u);
+  EXPECT_EQ(e->sends[0].to, ServerAddress(1));
+  const Message& m = e->sends[0].message;
+  ASSERT_EQ(m.frames.size(), 2u);
+  EXPECT_EQ(static_cast<const void*>(m.frames[0].data()), static_cast<const void*>(keys.data()));
+  EXPECT_EQ(static_cast<const void*>(m.frames[1].data()), static_cast<const void*>(values.data()));
+  EXPECT_EQ(m.frames[0].size(), keys.size() * sizeof(Key));
+  EXPECT_EQ(m.frames[1].size(), values.size() * sizeof(float));
+  EXPECT_EQ(m.frames[0].owner(), nullptr);  // borrowed
+
+  std::vector<float> out(10);
+  auto p = core->Pull(NewHandle(), kTable, keys, out, 2, 0, 0);
+  ASSERT_EQ(p.sends.size(), 1u);
+  EXPECT_EQ(static_cast<const void*>(p.sends[0].message.frames[0].data()), static_cast<const void*>(keys.data()));
+}
+
+TEST(WorkerCoreTest, PullRowsLandInTheCallersOrderWhateverOrderRepliesCome) {
+  const proto::ShardMap map = MakeMap(3);
+  auto core = MakeCore(map);
+  const uint32_t width = 3;
+  const std::vector<Key> keys = {11, 2, 7, 5, 2, 40, 1, 9};
+  std::vector<float> out(keys.size() * width, -1);
+  auto e = core->Pull(NewHandle(), kTable, keys, out, width, /*clock=*/6, 0);
+  ASSERT_GE(e.sends.size(), 2u);
+  for (const Outgoing& o : e.sends) {
+    EXPECT_EQ(o.message.header.pull().clock(), 6u);
+    EXPECT_EQ(o.message.header.pull().hold_timeout_ms(), static_cast<uint64_t>(kHold / kMillis));
+    EXPECT_EQ(o.message.header.pull().num_keys(), o.message.frames[0].As<Key>().size());
+  }
+  std::vector<RequestTracker::Completion> done;
+  for (auto it = e.sends.rbegin(); it != e.sends.rend(); ++it) {
+    EXPECT_TRUE(done.empty());
+    done = core->OnReply(RowsReply(it->message, width)).done;
+  }
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  for (size_t i = 0; i < keys.size(); ++i)
+    for (uint32_t j = 0; j < width; ++j) ASSERT_EQ(out[i * width + j], static_cast<float>(keys[i] * 10 + j)) << i;
+  EXPECT_EQ(core->tracker().in_flight(), 0u);
+}
+
+TEST(WorkerCoreTest, PushNumbersAreForgottenOnEveryWayOut) {
+  const proto::ShardMap map = MakeMap(2);
+  auto core = MakeCore(map);
+  const std::vector<Key> keys = {0, 1, 2, 3};
+  const std::vector<float> values(4, 1.0f);
+  std::vector<WorkerCore::Effects> pushes;
+  for (int i = 0; i < 3; ++i) pushes.push_back(*core->Push(NewHandle(), kTable, keys, values, 1, 0, nullptr, 0));
+  // Push 2 answered: 1 and 3 still in flight.
+  for (const Outgoing& o : pushes[1].sends) core->OnReply(Ack(o.message));
+  EXPECT_EQ(core->pushes_in_flight(), 2u);
+  EXPECT_FALSE(core->PushesCompleteThrough(1));
+  EXPECT_FALSE(core->PushesCompleteThrough(2));
+  // FailAll completes the rest.
+  auto failed = core->FailAll(absl::CancelledError("closing"));
+  ASSERT_EQ(failed.done.size(), 2u);
+  for (const auto& c : failed.done) EXPECT_EQ(c.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(core->pushes_in_flight(), 0u);
+  EXPECT_TRUE(core->PushesCompleteThrough(3));
+
+  // A deadline: the push is failed by Tick (no resends: resend_after is 0).
+  auto late = core->Push(NewHandle(), kTable, keys, values, 1, 0, nullptr, /*now=*/1000);
+  ASSERT_TRUE(late.ok());
+  EXPECT_FALSE(core->PushesCompleteThrough(4));
+  auto t = core->Tick(1000 + kTimeout - 1);
+  EXPECT_TRUE(t.done.empty());
+  EXPECT_TRUE(t.sends.empty());
+  EXPECT_FALSE(core->PushesCompleteThrough(4));
+  t = core->Tick(1000 + kTimeout);
+  ASSERT_EQ(t.done.size(), 1u);
+  EXPECT_EQ(t.done[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(t.done[0].status.message().find("push to table 3"), std::string::npos) << t.done[0].status;
+  EXPECT_TRUE(core->PushesCompleteThrough(4));
+  EXPECT_EQ(core->pushes_in_flight(), 0u);
+  // A reply for the failed push is ignored, and numbers go on.
+  EXPECT_TRUE(core->OnReply(Ack(late->sends[0].message)).done.empty());
+  auto next = core->Push(NewHandle(), kTable, keys, values, 1, 0, nullptr, 0);
+  EXPECT_EQ(next->sends[0].message.header.push().seq(), 5u);
+  EXPECT_EQ(next->sends[0].message.header.push().acked_below(), 5u);
+}
+
+TEST(WorkerCoreTest, PullsAndClocksMayBeHeldOnTopOfTheRequestTimeout) {
+  const proto::ShardMap map = MakeMap(2);
+  auto core = MakeCore(map);
+  const std::vector<Key> keys = {0, 1, 2};
+  std::vector<float> out(3);
+  core->Pull(NewHandle(), kTable, keys, out, 1, 0, 0);
+  auto clock = core->ClockAdvance(NewHandle(), 1, 0);
+  ASSERT_EQ(clock.sends.size(), 2u);
+  for (const Outgoing& o : clock.sends) {
+    EXPECT_EQ(o.message.header.clock_advance().clock(), 1u);
+    EXPECT_EQ(o.message.header.clock_advance().hold_timeout_ms(), static_cast<uint64_t>(kHold / kMillis));
+  }
+  EXPECT_TRUE(core->Tick(kTimeout).done.empty());
+  EXPECT_TRUE(core->Tick(kTimeout + kHold - 1).done.empty());
+  auto t = core->Tick(kTimeout + kHold);
+  EXPECT_EQ(t.done.size(), 2u);
+  for (const auto& c : t.done) EXPECT_EQ(c.status.code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(WorkerCoreTest, ClockAndTableRequestsGoToEveryLiveServer) {
+  const proto::ShardMap map = *WithoutServer(MakeMap(3, 2), 1);  // server 1 dead
+  auto core = MakeCore(map);
+  const std::set<std::string> live = {ServerAddress(0), ServerAddress(2)};
+  auto addresses = [](const std::vector<Outgoing>& sends) {
+    std::set<std::string> to;
+    for (const Outgoing& o : sends) to.insert(o.to);
+    return to;
+  };
+  proto::TableConfig config;
+  config.set_table_id(kTable);
+  config.set_width(4);
+  auto create = core->CreateTable(NewHandle(), config, 0);
+  EXPECT_EQ(addresses(create.sends), live);
+  for (const Outgoing& o : create.sends) {
+    EXPECT_EQ(o.message.header.create_table().config().width(), 4u);
+    EXPECT_EQ(o.message.header.epoch(), map.epoch());
+    EXPECT_EQ(o.message.header.sender_id(), kNode);
+  }
+  auto query = core->ClockQuery(NewHandle(), 0);
+  EXPECT_EQ(addresses(query.sends), live);
+  for (const Outgoing& o : query.sends) EXPECT_TRUE(o.message.header.has_clock_query());
+  EXPECT_EQ(addresses(core->ClockAdvance(NewHandle(), 2, 0).sends), live);
+  const std::vector<Outgoing> notice = core->ClockNotice(5);
+  EXPECT_EQ(addresses(notice), live);
+  for (const Outgoing& o : notice) {
+    EXPECT_EQ(o.message.header.request_id(), 0u);
+    EXPECT_EQ(o.message.header.clock_advance().clock(), 5u);
+    EXPECT_EQ(o.message.header.sender_address(), kAddress);
+  }
+  EXPECT_EQ(core->tracker().in_flight(), 3u);  // the notice registers nothing
+}
+
+TEST(WorkerCoreTest, AClockAckRaisesTheKnownClock) {
+  const proto::ShardMap map = MakeMap(2);
+  auto core = MakeCore(map);
+  EXPECT_EQ(core->known_clock(), 0u);
+  auto q = core->ClockQuery(NewHandle(), 0);
+  ASSERT_EQ(q.sends.size(), 2u);
+  EXPECT_TRUE(core->OnReply(ClockAck(q.sends[0].message, 5)).done.empty());
+  EXPECT_EQ(core->known_clock(), 5u);
+  auto done = core->OnReply(ClockAck(q.sends[1].message, 3)).done;  // lower: the highest stays
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok());
+  EXPECT_EQ(core->known_clock(), 5u);
+  // A late ClockAck (its request is gone) still tells what a server knows.
+  core->OnReply(ClockAck(q.sends[1].message, 7));
+  EXPECT_EQ(core->known_clock(), 7u);
+}
+
+TEST(WorkerCoreTest, ANewerMapSendsThePartsOfTheLostServerToTheNewPrimaries) {
+  const proto::ShardMap map = MakeMap(3, 2);
+  auto core = MakeCore(map);
+  std::vector<Key> keys;
+  for (uint32_t s = 0; s < 3; ++s)
+    for (Key k : KeysOn(map, s, 3)) keys.push_back(k);
+  std::vector<float> values(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) values[i] = static_cast<float>(i);
+  auto push = core->Push(NewHandle(), kTable, keys, values, 1, 0, nullptr, 0);
+  ASSERT_TRUE(push.ok());
+  ASSERT_EQ(push->sends.size(), 3u);
+  const Message* lost = nullptr;
+  for (const Outgoing& o : push->sends) {
+    if (o.to == ServerAddress(1)) lost = &o.message;
+    else EXPECT_TRUE(core->OnReply(Ack(o.message)).done.empty());  // the others answered
+  }
+  ASSERT_NE(lost, nullptr);
+  std::vector<float> out(keys.size(), -1);
+  auto pull = core->Pull(NewHandle(), kTable, keys, out, 1, 0, 0);
+  ASSERT_EQ(pull.sends.size(), 3u);
+  for (const Outgoing& o : pull.sends)
+    if (o.to != ServerAddress(1)) core->OnReply(RowsReply(o.message, 1));
+
+  // An older or equal map changes nothing.
+  bool changed = true;
+  auto same = core->OnMapUpdate(map, 5, &changed);
+  EXPECT_FALSE(changed);
+  EXPECT_TRUE(same.sends.empty() && same.done.empty());
+  EXPECT_EQ(same.resent_parts, 0u);
+  EXPECT_EQ(core->map()->epoch(), 1u);
+
+  const proto::ShardMap next = *WithoutServer(map, 1);
+  ASSERT_EQ(next.epoch(), 2u);
+  const std::set<uint64_t> old_ids = Ids(push->sends);
+  auto e = core->OnMapUpdate(next, 5, &changed);
+  EXPECT_TRUE(changed);
+  EXPECT_EQ(core->map()->epoch(), 2u);
+  EXPECT_TRUE(e.done.empty());
+  EXPECT_EQ(e.resent_parts, 2u);  // the push part and the pull part of server 1
+  const ShardMapView& view = *core->map();
+  std::vector<const Outgoing*> push_resends, pull_resends;
+  for (const Outgoing& o : e.sends) (o.message.header.has_push() ? push_resends : pull_resends).push_back(&o);
+  // The push goes whole, marked as a resend, with its number, to each new primary of its keys.
+  std::set<std::string> primaries;
+  for (Key k : lost->frames[0].As<Key>()) primaries.insert(ServerAddress(view.ServerRankOfKey(kTable, k)));
+  std::set<std::string> push_to;
+  for (const Outgoing* o : push_resends) {
+    const proto::Envelope& h = o->message.header;
+    push_to.insert(o->to);
+    EXPECT_NE(o->to, ServerAddress(1));
+    EXPECT_TRUE(h.push().resend());
+    EXPECT_EQ(h.push().seq(), 1u);
+    EXPECT_EQ(h.epoch(), 2u);
+    EXPECT_FALSE(old_ids.contains(h.request_id()));
+    EXPECT_EQ(o->message.frames[0].data(), lost->frames[0].data());  // the same bytes
+    EXPECT_EQ(o->message.frames[1].data(), lost->frames[1].data());
+  }
+  EXPECT_EQ(push_to, primaries);
+  // The same map again: nothing more.
+  EXPECT_TRUE(core->OnMapUpdate(next, 6, &changed).sends.empty());
+  EXPECT_FALSE(changed);
+
+  std::vector<RequestTracker::Completion> done;
+  for (const Outgoing* o : push_resends)
+    for (auto& c : core->OnReply(Ack(o->message)).done) done.push_back(std::move(c));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  EXPECT_TRUE(core->PushesCompleteThrough(1));
+  // The pull part is split by the new primaries; its rows land where they belong.
+  ASSERT_FALSE(pull_resends.empty());
+  done.clear();
+  for (const Outgoing* o : pull_resends) {
+    EXPECT_NE(o->to, ServerAddress(1));
+    EXPECT_EQ(o->message.header.epoch(), 2u);
+    EXPECT_FALSE(old_ids.contains(o->message.header.request_id()));
+    for (Key k : o->message.frames[0].As<Key>()) EXPECT_EQ(ServerAddress(view.ServerRankOfKey(kTable, k)), o->to);
+    for (auto& c : core->OnReply(RowsReply(o->message, 1)).done) done.push_back(std::move(c));
+  }
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(out[i], static_cast<float>(keys[i] * 10)) << i;
+}
+
+TEST(WorkerCoreTest, ADeadServersClockPartIsDoneAfterANewMap) {
+  const proto::ShardMap map = MakeMap(3, 2);
+  auto core = MakeCore(map);
+  auto clock = core->ClockAdvance(NewHandle(), 1, 0);
+  ASSERT_EQ(clock.sends.size(), 3u);
+  for (const Outgoing& o : clock.sends)
+    if (o.to != ServerAddress(1)) core->OnReply(ClockAck(o.message, 1));
+  auto e = core->OnMapUpdate(*WithoutServer(map, 1), 0);
+  EXPECT_TRUE(e.sends.empty());
+  ASSERT_EQ(e.done.size(), 1u);  // a lost server needs nothing more from us
+  EXPECT_TRUE(e.done[0].status.ok()) << e.done[0].status;
+}
+
+TEST(WorkerCoreTest, ASilentPartGoesAgainUnderANewIdWithBackoff) {
+  const Nanos after = 2 * kSeconds;
+  const proto::ShardMap map = MakeMap(2);
+  auto core = MakeCore(map, Options(after));
+  const std::vector<Key> keys = {0, 1, 2, 3, 4, 5};
+  const std::vector<float> values(keys.size(), 1.0f);
+  auto push = core->Push(NewHandle(), kTable, keys, values, 1, 0, nullptr, 0);
+  ASSERT_TRUE(push.ok());
+  ASSERT_EQ(push->sends.size(), 2u);
+  core->OnReply(Ack(push->sends[0].message));
+  const Outgoing& silent = push->sends[1];
+  EXPECT_TRUE(core->Tick(after - 1).sends.empty());
+  auto t = core->Tick(after);
+  EXPECT_EQ(t.resent_parts, 1u);
+  ASSERT_EQ(t.sends.size(), 1u);
+  const Message& again = t.sends[0].message;
+  EXPECT_EQ(t.sends[0].to, silent.to);
+  EXPECT_GT(again.header.request_id(), *Ids(push->sends).rbegin());
+  EXPECT_EQ(again.header.push().seq(), silent.message.header.push().seq());
+  EXPECT_EQ(again.frames[0].data(), silent.message.frames[0].data());
+  // The next one waits twice as long.
+  EXPECT_TRUE(core->Tick(after + 2 * after - 1).sends.empty());
+  auto t2 = core->Tick(after + 2 * after);
+  ASSERT_EQ(t2.sends.size(), 1u);
+  EXPECT_GT(t2.sends[0].message.header.request_id(), again.header.request_id());
+  // A late answer to an old id is ignored; the current one completes the push.
+  EXPECT_TRUE(core->OnReply(Ack(silent.message)).done.empty());
+  EXPECT_TRUE(core->OnReply(Ack(again)).done.empty());
+  EXPECT_FALSE(core->PushesCompleteThrough(1));
+  auto done = core->OnReply(Ack(t2.sends[0].message)).done;
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok());
+  EXPECT_TRUE(core->PushesCompleteThrough(1));
+}
+
+TEST(WorkerCoreTest, ABadCompressedPullReplyFailsItsPullWithDataLoss) {
+  const proto::ShardMap map = MakeMap(1);
+  auto core = MakeCore(map);
+  const std::vector<Key> keys = {1, 2};
+  std::vector<float> out(2, -1);
+  auto pull = core->Pull(NewHandle(), kTable, keys, out, 1, 0, 0);
+  ASSERT_EQ(pull.sends.size(), 1u);
+  Message reply = RowsReply(pull.sends[0].message, 1);
+  reply.header.mutable_pull_reply()->set_value_parts(2);  // announces 2 parts, has 1 frame
+  auto done = core->OnReply(std::move(reply)).done;
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status.code(), absl::StatusCode::kDataLoss) << done[0].status;
+  EXPECT_EQ(out, (std::vector<float>{-1, -1}));
+}
+
+TEST(WorkerCoreTest, ACompressedPushCarriesEncodedParts) {
+  const proto::ShardMap map = MakeMap(1);
+  auto core = MakeCore(map);
+  auto spec = compress::ParseCodecSpec("fp16:raw_below=1");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto compressor = compress::RowCompressor::Create(*spec, 4, 1);
+  ASSERT_TRUE(compressor.ok());
+  const std::vector<Key> keys = {1, 2};
+  const std::vector<float> values = {1, 2, 3, 4, 5, 6, 7, 8};
+  auto e = core->Push(NewHandle(), kTable, keys, values, 4, 0, compressor->get(), 0);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ(e->sends.size(), 1u);
+  const Message& m = e->sends[0].message;
+  ASSERT_GE(m.header.push().value_parts(), 1u);
+  ASSERT_EQ(m.frames.size(), 1 + m.header.push().value_parts());
+  std::vector<float> decoded(values.size());
+  ASSERT_TRUE(compress::DecodeRowParts(std::span<const Buffer>(m.frames).subspan(1), decoded).ok());
+  EXPECT_EQ(decoded, values);  // fp16 holds these exactly
+}
+
+// The core against real servers: messages are delivered by hand, so a test
+// can cut a server off.
+class WorkerCoreClusterTest : public ::testing::Test {
+ protected:
+  void Init(uint32_t servers, uint32_t replication, const std::string& pull_compression = "") {
+    map_ = MakeMap(servers, replication);
+    for (uint32_t r = 0; r < servers; ++r) {
+      servers_.push_back(std::make_unique<ServerCore>(ServerCoreOptions{.node_id = r + 1}));
+      ASSERT_TRUE(servers_[r]->InstallShardMap(map_, r).ok());
+      servers_[r]->SetWorkers({{kNode, 0}});
+    }
+    core_ = MakeCore(map_);
+    proto::TableConfig config;
+    config.set_table_id(kTable);
+    config.set_width(kWidth);
+    config.set_kind(proto::SPARSE);
+    config.set_optimizer(proto::ACCUMULATE);
+    config.set_pull_compression(pull_compression);
+    ASSERT_TRUE(Run(core_->CreateTable(NewHandle(), config, 0)).ok());
+  }
+
+  // Delivers the sends and everything they cause until nothing moves;
+  // returns the operations completed.
+  std::vector<RequestTracker::Completion> Deliver(WorkerCore::Effects e) {
+    std::vector<RequestTracker::Completion> done = std::move(e.done);
+    std::deque<Outgoing> queue(std::make_move_iterator(e.sends.begin()), std::make_move_iterator(e.sends.end()));
+    while (!queue.empty()) {
+      Outgoing o = std::move(queue.front());
+      queue.pop_front();
+      if (o.to == kAddress) {
+        WorkerCore::Effects r = core_->OnReply(std::move(o.message));
+        for (auto& c : r.done) done.push_back(std::move(c));
+        for (auto& s : r.sends) queue.push_back(std::move(s));
+        continue;
+      }
+      const uint32_t rank = RankOf(o.to);
+      for (Outgoing& out : servers_[rank]->Step(std::move(o.message))) {
+        if (out.to == kAddress && mute_.contains(rank)) continue;  // lost on its way to the worker
+        // The sender's address, as a transport stamps it (backups answer forwards by it).
+        if (out.message.header.sender_address().empty()) out.message.header.set_sender_address(ServerAddress(rank));
+        queue.push_back(std::move(out));
+      }
+    }
+    return done;
+  }
+  // The same for effects that complete exactly one operation: its status.
+  absl::Status Run(WorkerCore::Effects e) {
+    std::vector<RequestTracker::Completion> done = Deliver(std::move(e));
+    if (done.size() != 1) return absl::InternalError(absl::StrCat(done.size(), " operations completed"));
+    return done[0].status;
+  }
+
+  static constexpr uint32_t kWidth = 2;
+  proto::ShardMap map_;
+  std::vector<std::unique_ptr<ServerCore>> servers_;
+  std::set<uint32_t> mute_;  // servers whose replies to the worker are lost
+  std::unique_ptr<WorkerCore> core_;
+};
+
+TEST_F(WorkerCoreClusterTest, PushThenPullThroughServers) {
+  Init(3, 1);
+  const std::vector<Key> keys = {5, 17, 2, 8, 5, 31};
+  std::vector<float> values;
+  for (size_t i = 0; i < keys.size() * kWidth; ++i) values.push_back(static_cast<float>(i));
+  ASSERT_TRUE(Run(*core_->Push(NewHandle(), kTable, keys, values, kWidth, 0, nullptr, 0)).ok());
+  EXPECT_TRUE(core_->PushesCompleteThrough(1));
+  std::vector<float> out(keys.size() * kWidth, -1);
+  ASSERT_TRUE(Run(core_->Pull(NewHandle(), kTable, keys, out, kWidth, 0, 0)).ok());
+  // Key 5 was pushed twice (rows 0 and 4).
+  std::map<Key, std::vector<float>> want;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto& row = want[keys[i]];
+    row.resize(kWidth);
+    for (uint32_t j = 0; j < kWidth; ++j) row[j] += values[i * kWidth + j];
+  }
+  for (size_t i = 0; i < keys.size(); ++i)
+    for (uint32_t j = 0; j < kWidth; ++j) EXPECT_EQ(out[i * kWidth + j], want[keys[i]][j]) << "key " << keys[i];
+  // Clocks: the ClockAck names this worker's clock.
+  ASSERT_TRUE(Run(core_->ClockAdvance(NewHandle(), 1, 0)).ok());
+  EXPECT_EQ(core_->known_clock(), 1u);
+  ASSERT_TRUE(Run(core_->ClockQuery(NewHandle(), 0)).ok());
+  EXPECT_EQ(core_->known_clock(), 1u);
+}
+
+TEST_F(WorkerCoreClusterTest, CompressedPullRepliesAreDecoded) {
+  Init(2, 1, "fp16:raw_below=1");
+  const std::vector<Key> keys = {1, 2, 3, 4, 5, 6};
+  std::vector<float> values;
+  for (size_t i = 0; i < keys.size() * kWidth; ++i) values.push_back(static_cast<float>(i) * 0.5f);
+  ASSERT_TRUE(Run(*core_->Push(NewHandle(), kTable, keys, values, kWidth, 0, nullptr, 0)).ok());
+  std::vector<float> out(keys.size() * kWidth, -1);
+  ASSERT_TRUE(Run(core_->Pull(NewHandle(), kTable, keys, out, kWidth, 0, 0)).ok());
+  EXPECT_EQ(out, values);  // fp16 holds these exactly
+}
+
+TEST_F(WorkerCoreClusterTest, AFailoverAppliesEveryPushOnce) {
+  Init(3, 2);
+  std::vector<Key> keys;
+  for (uint32_t s = 0; s < 3; ++s)
+    for (Key k : KeysOn(map_, s, 2)) keys.push_back(k);
+  const std::vector<float> ones(keys.size() * kWidth, 1.0f);
+  // Server 1 applies its part of the push and forwards it to its backup,
+  // but its Ack is lost (with server 1).
+  mute_.insert(1);
+  auto push = core_->Push(NewHandle(), kTable, keys, ones, kWidth, 0, nullptr, 0);
+  ASSERT_TRUE(push.ok());
+  EXPECT_TRUE(Deliver(std::move(*push)).empty());
+  EXPECT_FALSE(core_->PushesCompleteThrough(1));
+  EXPECT_EQ(servers_[1]->stats().push_requests, 1u);
+  // Server 1 is lost: servers and worker take the new map.
+  const proto::ShardMap next = *WithoutServer(map_, 1);
+  std::vector<Outgoing> released;
+  for (uint32_t r : {0u, 2u}) {
+    auto out = servers_[r]->UpdateShardMap(next, 0);
+    ASSERT_TRUE(out.ok()) << out.status();
+    for (auto& o : *out) {
+      if (o.message.header.sender_address().empty()) o.message.header.set_sender_address(ServerAddress(r));
+      released.push_back(std::move(o));
+    }
+  }
+  WorkerCore::Effects e = core_->OnMapUpdate(next, 0);
+  EXPECT_EQ(e.resent_parts, 1u);
+  for (auto& o : released) e.sends.push_back(std::move(o));
+  const absl::Status s = Run(std::move(e));
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(core_->PushesCompleteThrough(1));
+  EXPECT_GE(servers_[2]->stats().duplicate_pushes, 1u);  // the promoted backup had it already
+  std::vector<float> out(keys.size() * kWidth, -1);
+  ASSERT_TRUE(Run(core_->Pull(NewHandle(), kTable, keys, out, kWidth, 0, 0)).ok());
+  EXPECT_EQ(out, ones);  // each key once, not twice
+}
+
+}  // namespace
+}  // namespace tessera
