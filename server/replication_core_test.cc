@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <deque>
+#include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -35,10 +37,10 @@ class ReplicationTest : public ::testing::Test {
       n.set_address(ServerAddress(r));
       servers.push_back(n);
     }
-    map_ = RoundRobinShardMap(1, 12, servers, 2);
+    map_ = RoundRobinShardMap(1, 12, servers, replication_);
     for (uint32_t r = 0; r < kServers; ++r) {
       cores_.push_back(std::make_unique<ServerCore>(
-          ServerCoreOptions{.node_id = r + 1, .replicate_retry = 100 * kMillis}));
+          ServerCoreOptions{.node_id = r + 1, .replicate_retry = 100 * kMillis, .audit = audit_}));
       ASSERT_TRUE(cores_[r]->InstallShardMap(map_, r).ok());
       cores_[r]->SetWorkers({{kWorkerNode, 0}});
       Message create = Request(1000 + r);
@@ -174,12 +176,40 @@ class ReplicationTest : public ::testing::Test {
     return {v.begin(), v.end()};
   }
 
+  // The rows of table kTable that server `rank` holds (stored floats), by key.
+  std::map<Key, std::vector<float>> RowsAt(uint32_t rank) const {
+    std::map<Key, std::vector<float>> rows;
+    const Table* t = cores_[rank]->table(kTable);
+    if (t == nullptr) return rows;
+    t->ForEachRow([&](Key k, std::span<const float> row) { rows[k] = {row.begin(), row.end()}; });
+    return rows;
+  }
+  // The "row" lines of server `rank`'s AuditDump without their role (primary
+  // or backup), so two copies of the same shards compare equal.
+  std::vector<std::string> AuditRows(uint32_t rank) const {
+    std::vector<std::string> rows;
+    std::istringstream dump(cores_[rank]->AuditDump());
+    for (std::string line; std::getline(dump, line);) {
+      if (line.rfind("row ", 0) != 0) continue;
+      std::istringstream words(line);
+      std::string row, word;
+      for (int i = 0; words >> word; ++i)
+        if (i != 3) row += (row.empty() ? "" : " ") + word;
+      rows.push_back(row);
+    }
+    return rows;
+  }
+
   size_t Count(bool (proto::Envelope::*has)() const) const {
     size_t n = 0;
     for (const Outgoing& o : net_) n += (o.message.header.*has)();
     return n;
   }
 
+  // Copies per shard and audit mode, for SetUp (a derived fixture sets them
+  // in its constructor).
+  uint32_t replication_ = 2;
+  bool audit_ = false;
   proto::ShardMap map_;
   std::vector<std::unique_ptr<ServerCore>> cores_;
   std::deque<Outgoing> net_;
@@ -628,6 +658,193 @@ TEST_F(ReplicationTest, BackupsKeepOptimizerStateAndEvictAtTheSameClocks) {
     EXPECT_EQ(t.bytes, t.rows * Table::RowBytes(config));
   }
   EXPECT_TRUE(seen);
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// A server behind the request's map epoch answers by no map. The case the
+// cluster simulator found: server 0 is lost, and at epoch 2 server 1 is
+// primary of server 0's shards too. A worker that already has epoch 2
+// resends a push spanning both servers' old shards to server 1 before
+// server 1 has that map. By its epoch-1 map server 1 would take its own
+// keys, skip server 0's as another server's (a resend may span servers) and
+// acknowledge the push: server 0's keys would be lost.
+TEST_F(ReplicationTest, ARequestFromANewerMapIsAbortedAndChangesNothingUntilTheServerHasThatMap) {
+  const auto own = KeysOf(1, 2, map_);    // server 1's at both epochs (backup: server 2)
+  const auto moved = KeysOf(0, 2, map_);  // server 0's at epoch 1, server 1's at epoch 2
+  auto next = WithoutServer(map_, 0);
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_EQ(next->epoch(), 2u);
+  const ShardMapView next_view = *ShardMapView::Create(*next);
+  for (Key k : own) ASSERT_EQ(next_view.ServerRankOfKey(kTable, k), 1u);
+  for (Key k : moved) ASSERT_EQ(next_view.ServerRankOfKey(kTable, k), 1u);
+  dead_[0] = true;  // the worker's first sends died with server 0 (or on the wire)
+  std::vector<Key> all = own;
+  all.insert(all.end(), moved.begin(), moved.end());
+  auto resend = [&](uint64_t id) {
+    Message m = Push(id, all, 1.0f, 1, /*resend=*/true);
+    m.header.set_epoch(next->epoch());
+    return m;
+  };
+  Send(ServerAddress(1), resend(1));
+  DeliverOne();
+  EXPECT_EQ(Count(&proto::Envelope::has_replicate), 0u) << "a push from a newer map was forwarded";
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_EQ(inbox_[0].header.error().code(), static_cast<int>(absl::StatusCode::kAborted))
+      << "the push was answered by the older map: " << inbox_[0].header.ShortDebugString();
+  EXPECT_EQ(inbox_[0].header.epoch(), 1u) << "the reply carries the server's own epoch";
+  EXPECT_EQ(cores_[1]->stats().behind_epoch, 1u);
+  EXPECT_EQ(cores_[1]->stats().bad_requests, 0u);
+  EXPECT_EQ(cores_[1]->stats().forwards_sent, 0u);
+  EXPECT_EQ(cores_[1]->waiting_acks(), 0u);
+  EXPECT_EQ(cores_[1]->table(kTable)->num_rows(), 0u) << "applied";
+  EXPECT_EQ(cores_[2]->table(kTable)->num_rows(), 0u) << "replicated";
+  for (uint32_t v = 0; v < 12; ++v) EXPECT_EQ(cores_[1]->applied(v), 0u) << "shard " << v;
+  inbox_.clear();
+  // A pull from the newer map too, even of keys the server's own map gives it
+  // (it would create their rows).
+  Message pull = Request(2);
+  pull.header.set_epoch(next->epoch());
+  pull.header.mutable_pull()->set_table_id(kTable);
+  pull.header.mutable_pull()->set_num_keys(own.size());
+  pull.frames.push_back(Buffer::CopyOf(own.data(), own.size() * sizeof(Key)));
+  auto out = cores_[1]->Step(std::move(pull), now_);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_FALSE(out[0].message.header.has_pull_reply());
+  EXPECT_EQ(out[0].message.header.error().code(), static_cast<int>(absl::StatusCode::kAborted))
+      << out[0].message.header.ShortDebugString();
+  EXPECT_EQ(out[0].message.header.epoch(), 1u);
+  EXPECT_EQ(cores_[1]->stats().behind_epoch, 2u);
+  EXPECT_EQ(cores_[1]->table(kTable)->num_rows(), 0u);
+  // Once it has the map, the same resend is applied, all of it, and acknowledged.
+  Publish(*next);
+  DeliverAll();
+  Send(ServerAddress(1), resend(3));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_TRUE(inbox_[0].header.has_ack()) << inbox_[0].header.ShortDebugString();
+  EXPECT_EQ(PullFrom(1, all), std::vector<float>(2 * all.size(), 1.0f)) << "lost or applied twice";
+  EXPECT_EQ(cores_[1]->stats().duplicate_pushes, 0u);
+  EXPECT_EQ(cores_[2]->stats().forwards_applied, 1u);  // server 1's own keys, still backed up on server 2
+  EXPECT_EQ(cores_[1]->stats().behind_epoch, 2u);
+}
+
+// Three copies of every shard: shard v has primary v % 3 and backups
+// v + 1, v + 2 (mod 3); audit mode, so copies can be compared push by push.
+class ThreeCopiesTest : public ReplicationTest {
+ protected:
+  ThreeCopiesTest() {
+    replication_ = 3;
+    audit_ = true;
+  }
+};
+
+// Server 0's push reaches one of its two backups; server 0 is lost. The
+// backup that has it is promoted, and the co-backup that missed it (it held
+// the shard already, under server 0) must get the promoted server's state,
+// or the two copies differ for good.
+TEST_F(ThreeCopiesTest, APromotedBackupTransfersItsShardsToACoBackupThatMissedAForward) {
+  const auto keys = KeysOf(0, 3, map_);
+  {
+    const ShardMapView view = *ShardMapView::Create(map_);
+    for (Key k : keys) {
+      auto bs = view.BackupsOf(view.VShardOfKey(kTable, k));
+      ASSERT_EQ(std::vector<uint32_t>(bs.begin(), bs.end()), (std::vector<uint32_t>{1, 2}));
+    }
+  }
+  Send(ServerAddress(0), Push(1, keys, 1.0f, 1));
+  DeliverOne();  // server 0 applies and forwards to servers 1 and 2
+  ASSERT_EQ(net_.size(), 2u);
+  ASSERT_EQ(net_[0].to, ServerAddress(1));
+  ASSERT_EQ(net_[1].to, ServerAddress(2));
+  DeliverOne();  // server 1 applies it
+  net_.clear();  // the forward to server 2 is lost, and server 0 dies
+  ASSERT_EQ(RowsAt(1).size(), keys.size());
+  ASSERT_TRUE(RowsAt(2).empty());
+  Fail(0);
+  {
+    const ShardMapView view = *ShardMapView::Create(map_);
+    for (Key k : keys) {
+      const uint32_t v = view.VShardOfKey(kTable, k);
+      ASSERT_EQ(view.ServerRankOf(v), 1u);
+      auto bs = view.BackupsOf(v);
+      ASSERT_EQ(std::vector<uint32_t>(bs.begin(), bs.end()), std::vector<uint32_t>{2});
+    }
+  }
+  ASSERT_EQ(net_.size(), 1u) << "the promoted server 1 sent server 2 nothing";
+  EXPECT_EQ(net_.front().to, ServerAddress(2));
+  EXPECT_EQ(net_.front().message.header.sender_id(), 2u);  // server 1's node
+  ASSERT_TRUE(net_.front().message.header.replicate().has_transfer());
+  const auto& shipped = net_.front().message.header.replicate().transfer().vshards();
+  for (Key k : keys) {
+    const uint32_t v = ShardMapView::Create(map_)->VShardOfKey(kTable, k);
+    EXPECT_NE(std::find(shipped.begin(), shipped.end(), v), shipped.end()) << "shard " << v << " not transferred";
+  }
+  DeliverAll();
+  EXPECT_EQ(cores_[2]->stats().transfers_applied, 1u);
+  EXPECT_EQ(cores_[1]->stats().transfers_sent, 1u);
+  EXPECT_EQ(cores_[1]->unacked_forwards(), 0u);
+  EXPECT_EQ(RowsAt(2).size(), keys.size());
+  EXPECT_EQ(RowsAt(2), RowsAt(1));
+  EXPECT_EQ(AuditRows(2), AuditRows(1));
+  EXPECT_FALSE(AuditRows(2).empty());
+  // Server 2 can take over: it has the push, once, and its window too.
+  Fail(1);
+  DeliverAll();
+  Send(ServerAddress(2), Push(2, keys, 1.0f, 1, /*resend=*/true));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_TRUE(inbox_[0].header.has_ack()) << inbox_[0].header.ShortDebugString();
+  EXPECT_EQ(PullFrom(2, keys), std::vector<float>(2 * keys.size(), 1.0f));
+  EXPECT_EQ(cores_[2]->stats().duplicate_pushes, 1u);
+}
+
+// The other way round: server 0's push reaches only the backup that is not
+// promoted. The new primary (server 1) lacks it, and its transfer replaces
+// server 2's copy: the row, the de-duplication window and the audit record
+// of that never-acknowledged push go, so the worker's resend is applied on
+// both copies alike.
+TEST_F(ThreeCopiesTest, ATransferReplacesTheBackupsRowsWindowsAndAuditRecordsOfItsShards) {
+  const auto keys = KeysOf(0, 3, map_);
+  Send(ServerAddress(0), Push(1, keys, 1.0f, 1));
+  DeliverOne();  // server 0 applies and forwards to servers 1 and 2
+  ASSERT_EQ(net_.size(), 2u);
+  ASSERT_EQ(net_.front().to, ServerAddress(1));
+  net_.pop_front();  // the forward to server 1 is lost
+  DeliverOne();      // server 2 applies it
+  net_.clear();      // its ack dies with server 0: the push is never acknowledged
+  EXPECT_TRUE(inbox_.empty());
+  ASSERT_EQ(RowsAt(2).size(), keys.size());
+  ASSERT_TRUE(RowsAt(1).empty());
+  ASSERT_FALSE(AuditRows(2).empty());
+  Fail(0);  // server 1 primary of server 0's shards, server 2 their backup
+  ASSERT_EQ(net_.size(), 1u);
+  ASSERT_TRUE(net_.front().message.header.replicate().has_transfer());
+  DeliverAll();
+  EXPECT_EQ(cores_[2]->stats().transfers_applied, 1u);
+  EXPECT_EQ(cores_[2]->table(kTable)->num_rows(), 0u) << "the deposed primary's push outlived the transfer";
+  EXPECT_EQ(RowsAt(2), RowsAt(1));
+  EXPECT_EQ(AuditRows(2), AuditRows(1));
+  // The worker resends the push to the new primary: applied there, and on
+  // server 2 as a new push (not a duplicate of the one the transfer dropped).
+  Send(ServerAddress(1), Push(2, keys, 1.0f, 1, /*resend=*/true));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_TRUE(inbox_[0].header.has_ack()) << inbox_[0].header.ShortDebugString();
+  EXPECT_EQ(cores_[1]->stats().duplicate_pushes, 0u);
+  EXPECT_EQ(cores_[2]->stats().duplicate_pushes, 0u) << "server 2 kept the window of a push the transfer lacks";
+  EXPECT_EQ(RowsAt(1).size(), keys.size());
+  EXPECT_EQ(RowsAt(2), RowsAt(1));
+  EXPECT_EQ(AuditRows(2), AuditRows(1)) << "server 2 kept the audit record of a push the transfer lacks";
+  // Server 1 is lost too: server 2 has the push once.
+  Fail(1);
+  DeliverAll();
+  EXPECT_EQ(PullFrom(2, keys), std::vector<float>(2 * keys.size(), 1.0f));
 }
 
 }  // namespace

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <optional>
 #include <thread>
+#include <vector>
 
 namespace tessera {
 namespace {
@@ -209,6 +211,116 @@ TEST(TableTest, ValidateRejectsBadConfigs) {
   c = Config(proto::SPARSE, proto::SGD, 4);
   c.set_dense_rows(3);
   EXPECT_FALSE(ValidateTableConfig(c).ok());
+}
+
+// EraseRows: a state transfer replacing a backup's copy of some shards.
+
+// The stored rows a table holds, in ForEachRow's order (least recently used
+// first in a table with eviction); creates nothing.
+std::vector<std::pair<Key, std::vector<float>>> HeldRows(const Table& t) {
+  std::vector<std::pair<Key, std::vector<float>>> rows;
+  t.ForEachRow([&](Key k, std::span<const float> row) {
+    rows.emplace_back(k, std::vector<float>(row.begin(), row.end()));
+  });
+  return rows;
+}
+
+// The stored row of `key` in `t`, or empty when it has none.
+std::vector<float> HeldRow(const Table& t, Key key) {
+  for (auto& [k, row] : HeldRows(t))
+    if (k == key) return row;
+  return {};
+}
+
+proto::TableConfig SparseWithInit() {
+  auto c = Config(proto::SPARSE, proto::SGD, 2);
+  c.set_init(proto::UNIFORM);
+  c.set_init_scale(0.1f);
+  c.set_init_seed(7);
+  return c;
+}
+
+TEST(TableTest, EraseRowsDropsTheSelectedSparseRowsAndTheyComeBackFresh) {
+  const auto c = SparseWithInit();
+  Table t(c, [](Key) { return true; });
+  const std::vector<Key> keys = {1, 2, 3, 4, 5, 6};
+  ASSERT_TRUE(t.ApplyPush(keys, std::vector<float>(keys.size() * 2, 1.0f)).ok());
+  const auto before = HeldRows(t);
+  ASSERT_EQ(before.size(), keys.size());
+  EXPECT_EQ(t.EraseRows([](Key k) { return k % 2 == 0; }), 3u);
+  EXPECT_EQ(t.num_rows(), 3u);
+  std::map<Key, std::vector<float>> kept;
+  for (auto& [k, row] : HeldRows(t)) kept[k] = row;
+  std::map<Key, std::vector<float>> want;
+  for (auto& [k, row] : before)
+    if (k % 2 != 0) want[k] = row;
+  EXPECT_EQ(kept, want) << "the rows not selected changed";
+  // Selecting nothing drops nothing.
+  EXPECT_EQ(t.EraseRows([](Key) { return false; }), 0u);
+  EXPECT_EQ(t.num_rows(), 3u);
+  // A dropped key pushed again starts from its initializer, as in a table
+  // that never had it; a kept one goes on from where it was.
+  ASSERT_TRUE(t.ApplyPush(std::vector<Key>{2, 3}, std::vector<float>(4, 0.5f)).ok());
+  Table fresh(c, [](Key) { return true; });
+  ASSERT_TRUE(fresh.ApplyPush(std::vector<Key>{2}, std::vector<float>(2, 0.5f)).ok());
+  EXPECT_EQ(HeldRow(t, 2), HeldRow(fresh, 2));
+  Table twice(c, [](Key) { return true; });
+  ASSERT_TRUE(twice.ApplyPush(std::vector<Key>{3}, std::vector<float>(2, 1.0f)).ok());
+  ASSERT_TRUE(twice.ApplyPush(std::vector<Key>{3}, std::vector<float>(2, 0.5f)).ok());
+  EXPECT_EQ(HeldRow(t, 3), HeldRow(twice, 3));
+  EXPECT_EQ(t.num_rows(), 4u);
+  // And the slots of dropped rows are reused without disturbing the others.
+  ASSERT_TRUE(t.ApplyPush(std::vector<Key>{4, 6, 7}, std::vector<float>(6, 1.0f)).ok());
+  EXPECT_EQ(t.num_rows(), 7u);
+  EXPECT_EQ(HeldRow(t, 1), want.at(1));
+  EXPECT_EQ(HeldRow(t, 5), want.at(5));
+}
+
+TEST(TableTest, EraseRowsInATableWithEvictionKeepsTheRecencyOrder) {
+  auto c = SparseWithInit();
+  c.set_evict_after_clocks(2);
+  Table t(c, [](Key) { return true; });
+  ASSERT_TRUE(t.ApplyPush(std::vector<Key>{1, 2}, std::vector<float>(4, 1.0f), /*clock=*/0).ok());
+  ASSERT_TRUE(t.ApplyPush(std::vector<Key>{3, 4}, std::vector<float>(4, 1.0f), 1).ok());
+  ASSERT_TRUE(t.ApplyPush(std::vector<Key>{5, 6}, std::vector<float>(4, 1.0f), 2).ok());
+  ASSERT_EQ(t.num_rows(), 6u);
+  // The least recently used row (1), the most recently used (6) and one between.
+  EXPECT_EQ(t.EraseRows([](Key k) { return k == 1 || k == 4 || k == 6; }), 3u);
+  EXPECT_EQ(t.num_rows(), 3u);
+  EXPECT_EQ(t.counters().evicted_by_age, 0u) << "an erased row is not an eviction";
+  EXPECT_EQ(t.counters().evicted_by_budget, 0u);
+  std::vector<Key> order;
+  for (auto& [k, row] : HeldRows(t)) order.push_back(k);
+  EXPECT_EQ(order, (std::vector<Key>{2, 3, 5}));
+  // Eviction by age goes on over what is left: at clock 3 key 2 (stamped 0)
+  // goes; key 4 comes back fresh.
+  ASSERT_TRUE(t.ApplyPush(std::vector<Key>{4}, std::vector<float>(2, 0.5f), 3).ok());
+  EXPECT_EQ(t.counters().evicted_by_age, 1u);
+  order.clear();
+  for (auto& [k, row] : HeldRows(t)) order.push_back(k);
+  EXPECT_EQ(order, (std::vector<Key>{3, 5, 4}));
+  Table fresh(c, [](Key) { return true; });
+  ASSERT_TRUE(fresh.ApplyPush(std::vector<Key>{4}, std::vector<float>(2, 0.5f), 3).ok());
+  EXPECT_EQ(HeldRow(t, 4), HeldRow(fresh, 4));
+  // Every row left is evicted in turn, and only those.
+  ASSERT_TRUE(t.ApplyPush(std::vector<Key>{1}, std::vector<float>(2, 1.0f), 10).ok());
+  EXPECT_EQ(t.counters().evicted_by_age, 4u);
+  order.clear();
+  for (auto& [k, row] : HeldRows(t)) order.push_back(k);
+  EXPECT_EQ(order, (std::vector<Key>{1}));
+}
+
+TEST(TableTest, EraseRowsLeavesDenseRows) {
+  auto c = Config(proto::DENSE, proto::ACCUMULATE, 1);
+  Table t(c, [](Key k) { return k < 6; });
+  ASSERT_TRUE(t.ApplyPush(std::vector<Key>{0, 3}, std::vector<float>{1, 2}).ok());
+  const auto before = HeldRows(t);
+  EXPECT_EQ(t.EraseRows([](Key) { return true; }), 0u);
+  EXPECT_EQ(t.num_rows(), 6u);
+  EXPECT_EQ(HeldRows(t), before);
+  std::vector<float> out(2);
+  ASSERT_TRUE(t.ReadRows(std::vector<Key>{0, 3}, out).ok());
+  EXPECT_EQ(out, (std::vector<float>{1, 2}));
 }
 
 }  // namespace

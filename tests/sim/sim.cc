@@ -4,6 +4,7 @@
 #include "tests/sim/sim.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <cstdio>
 #include <deque>
@@ -78,9 +79,6 @@ uint64_t Fnv(absl::string_view s, uint64_t h = 0xcbf29ce484222325ULL) {
 
 constexpr Nanos kMs = kMillis;
 constexpr Nanos kTickEvery = 20 * kMs;        // every node's timer
-constexpr Nanos kHeartbeat = 100 * kMs;       // node -> coordinator
-constexpr Nanos kLease = 500 * kMs;           // the coordinator's lease on nodes
-constexpr Nanos kCoordinatorLease = 2 * kSeconds;  // a node's lease on the coordinator
 constexpr Nanos kRegisterRetry = 100 * kMs;
 constexpr Nanos kResendAfter = 300 * kMs;     // worker: a silent part goes again
 constexpr Nanos kDrain = 3 * kSeconds;        // after the job: servers settle their streams
@@ -148,7 +146,8 @@ class Proc {
 // the end of the job.
 class Session {
  public:
-  Session(proto::Role role, int rank) : role_(role), rank_(rank) {}
+  Session(proto::Role role, int rank, Nanos heartbeat, Nanos coordinator_lease)
+      : role_(role), rank_(rank), heartbeat_(heartbeat), coordinator_lease_(coordinator_lease) {}
 
   bool Handle(const Message& m, Nanos now) {
     const proto::Envelope& h = m.header;
@@ -190,7 +189,7 @@ class Session {
     std::vector<proto::Envelope> out;
     if (ended_ || register_error_) return out;
     if (last_heard_ == 0) last_heard_ = now;
-    if (self_ && now - last_heard_ >= kCoordinatorLease) {
+    if (self_ && now - last_heard_ >= coordinator_lease_) {
       ended_ = absl::UnavailableError(absl::StrCat("lost the coordinator: no answer for ", (now - last_heard_) / kMs, " ms"));
       return out;
     }
@@ -210,7 +209,7 @@ class Session {
       h.mutable_heartbeat();
       if (fill) fill(h.mutable_heartbeat());
       out.push_back(std::move(h));
-      next_heartbeat_ = now + kHeartbeat;
+      next_heartbeat_ = now + heartbeat_;
     }
     if (done_ && !done_acked_ && now >= next_done_) {
       proto::Envelope h = *done_;
@@ -239,6 +238,7 @@ class Session {
   uint64_t NextId() { return CoordinatorSession_kBit | ++next_id_; }
   const proto::Role role_;
   const int rank_;
+  const Nanos heartbeat_, coordinator_lease_;
   uint64_t next_id_ = 0;
   std::optional<proto::NodeInfo> self_;
   std::optional<proto::JobReady> ready_;
@@ -273,7 +273,7 @@ class World {
   void Violation(std::string what) {
     if (violations_.size() < 20) violations_.push_back(std::move(what));
   }
-  void NoteMap(const proto::ShardMap& map);
+  void NoteMap(const proto::ShardMap& map, Nanos now);
   void Trace(Nanos now, const std::string& line) {
     digest_ = Fnv(line, digest_ ^ static_cast<uint64_t>(now));
     if (trace_) *trace_ << absl::StrFormat("%10.3f ms  ", static_cast<double>(now) / kMs) << line << '\n';
@@ -282,6 +282,18 @@ class World {
   const Scenario& scenario() const { return sc_; }
   consistency::Recorder& recorder() { return recorder_; }
   std::vector<IssuedPush>& pushes() { return pushes_; }
+  ScaleResult Scale();  // a scale-mode run
+
+  // What scale mode measures.
+  struct ScaleCounters {
+    Nanos published_at = 0;        // the epoch-2 map
+    Nanos last_job_ready_at = 0;
+    Nanos last_new_map_at = 0;
+    std::set<std::string> have_new_map;
+    uint64_t map_bytes = 0;
+    uint64_t coordinator_msgs = 0, steady_msgs = 0;
+    double coordinator_cpu_s = 0, failover_cpu_s = 0, steady_cpu_s = 0;
+  } scale_;
 
  private:
   struct Event {
@@ -343,15 +355,34 @@ class World {
 class CoordProc final : public Proc {
  public:
   CoordProc(World* world, const CoordinatorOptions& o) : world_(world), core_(o, 0) { address = kCoordinator; }
-  void Deliver(Message m, Nanos now) override { Emit(core_.Step(m, now), now); }
-  void Tick(Nanos now) override { Emit(core_.Tick(now), now); }
+  void Deliver(Message m, Nanos now) override { Timed([&] { return core_.Step(m, now); }, now, true); }
+  void Tick(Nanos now) override { Timed([&] { return core_.Tick(now); }, now, false); }
   const CoordinatorCore& core() const { return core_; }
 
  private:
+  // Runs a step of the core and, for scale mode, counts it and its CPU time
+  // (read only into the results: nothing in the run depends on it).
+  template <typename F>
+  void Timed(F&& step, Nanos now, bool message) {
+    const uint64_t maps_before = core_.stats().maps_published;
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<Outgoing> out = step();
+    const double cpu = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    auto& sc = world_->scale_;
+    sc.coordinator_cpu_s += cpu;
+    const Scenario& scenario = world_->scenario();
+    if (scenario.scale_crash_at_ns > 0 && now >= scenario.scale_crash_at_ns / 3 && now < scenario.scale_crash_at_ns) {
+      sc.steady_cpu_s += cpu;
+      if (message) ++sc.steady_msgs;
+    }
+    if (message) ++sc.coordinator_msgs;
+    if (core_.stats().maps_published > maps_before) sc.failover_cpu_s = std::max(sc.failover_cpu_s, cpu);
+    Emit(std::move(out), now);
+  }
   void Emit(std::vector<Outgoing> out, Nanos now) {
     for (const Outgoing& o : out) {
-      if (o.message.header.has_job_ready()) world_->NoteMap(o.message.header.job_ready().shard_map());
-      if (o.message.header.has_shard_map_update()) world_->NoteMap(o.message.header.shard_map_update().shard_map());
+      if (o.message.header.has_job_ready()) world_->NoteMap(o.message.header.job_ready().shard_map(), now);
+      if (o.message.header.has_shard_map_update()) world_->NoteMap(o.message.header.shard_map_update().shard_map(), now);
     }
     world_->SendAll(address, out, now);
   }
@@ -361,7 +392,7 @@ class CoordProc final : public Proc {
 
 class ServerProc final : public Proc {
  public:
-  ServerProc(World* world, uint32_t rank, uint32_t incarnation) : world_(world), rank_(rank), session_(proto::SERVER, static_cast<int>(rank)) {
+  ServerProc(World* world, uint32_t rank, uint32_t incarnation) : world_(world), rank_(rank), session_(proto::SERVER, static_cast<int>(rank), world->scenario().heartbeat_ns, 4 * world->scenario().lease_ns) {
     address = absl::StrCat("sim://server-", rank, ".", incarnation);
   }
 
@@ -481,7 +512,7 @@ class ServerProc final : public Proc {
 
 class WorkerProc final : public Proc {
  public:
-  WorkerProc(World* world, uint32_t rank) : world_(world), rank_(rank), session_(proto::WORKER, static_cast<int>(rank)) {
+  WorkerProc(World* world, uint32_t rank) : world_(world), rank_(rank), session_(proto::WORKER, static_cast<int>(rank), world->scenario().heartbeat_ns, 4 * world->scenario().lease_ns) {
     address = absl::StrCat("sim://worker-", rank);
   }
 
@@ -558,6 +589,7 @@ class WorkerProc final : public Proc {
     }
     core_ = std::move(*created);
     const Scenario& sc = world_->scenario();
+    if (sc.scale_crash_at_ns > 0) return;  // scale mode: membership only
     proto::TableConfig c;
     c.set_table_id(kTable);
     c.set_name("sim");
@@ -727,12 +759,16 @@ World::World(uint64_t seed, const Scenario& sc, const RunOptions& options)
   }
 }
 
-void World::NoteMap(const proto::ShardMap& map) {
+void World::NoteMap(const proto::ShardMap& map, Nanos now) {
   std::string placement = absl::StrCat(absl::StrJoin(map.vshard_server_rank(), ","), " dead ",
                                        absl::StrJoin(map.dead_server_ranks(), ","));
   for (const auto& b : map.vshard_backups()) absl::StrAppend(&placement, " [", absl::StrJoin(b.ranks(), ","), "]");
   auto [it, inserted] = maps_.emplace(map.epoch(), placement);
-  if (inserted) Trace(0, absl::StrCat("map epoch ", map.epoch(), ": primaries ", placement));
+  if (inserted) {
+    Trace(now, absl::StrCat("map epoch ", map.epoch(), ": primaries ", placement));
+    if (map.epoch() == 2 && scale_.published_at == 0) scale_.published_at = now;
+    scale_.map_bytes = std::max<uint64_t>(scale_.map_bytes, map.ByteSizeLong());
+  }
   if (!inserted && it->second != placement) {
     Violation(absl::StrCat("two different shard maps for epoch ", map.epoch(), ": ", it->second, " and ", placement));
   }
@@ -808,6 +844,13 @@ void World::StartServer(uint32_t rank, Nanos now) {
 }
 
 void World::ScheduleFaults() {
+  if (sc_.scale_crash_at_ns > 0) {
+    At(sc_.scale_crash_at_ns, [this](Nanos now) {
+      servers_[0]->crashed = true;
+      Trace(now, "crash " + servers_[0]->address);
+    });
+    return;
+  }
   // Faults land while the workers work: between 30 ms and about the time
   // the job takes without faults.
   const Nanos span = static_cast<Nanos>(sc_.clocks) * 15 * kMs;
@@ -815,7 +858,7 @@ void World::ScheduleFaults() {
   for (uint32_t i = 0; i < sc_.server_crashes; ++i) {
     const Nanos at = when();
     const uint32_t rank = static_cast<uint32_t>(rng_.Below(sc_.servers));
-    const Nanos restart = at + 2 * kLease + static_cast<Nanos>(rng_.Below(2 * kLease));
+    const Nanos restart = at + 2 * sc_.lease_ns + static_cast<Nanos>(rng_.Below(2 * sc_.lease_ns));
     At(at, [this, rank, restart](Nanos now) {
       ServerProc* p = servers_[rank];
       if (p->crashed) return;
@@ -830,7 +873,7 @@ void World::ScheduleFaults() {
   }
   for (uint32_t i = 0; i < sc_.pauses; ++i) {
     const Nanos at = when();
-    const Nanos length = static_cast<Nanos>(rng_.Below(2 * kLease));
+    const Nanos length = static_cast<Nanos>(rng_.Below(2 * sc_.lease_ns));
     const uint64_t pick = rng_.Below(sc_.servers + sc_.workers);
     At(at, [this, pick, length](Nanos now) {
       Proc* p = pick < sc_.servers ? static_cast<Proc*>(servers_[pick]) : workers_[pick - sc_.servers];
@@ -846,7 +889,7 @@ void World::ScheduleFaults() {
     // from the coordinator only for less than a lease (they miss maps and
     // stay in the job).
     const Nanos length = static_cast<Nanos>(
-        rng_.Below(pick >= sc_.servers && from_coordinator_only ? kLease * 4 / 5 : 2 * kLease));
+        rng_.Below(pick >= sc_.servers && from_coordinator_only ? sc_.lease_ns * 4 / 5 : 2 * sc_.lease_ns));
     At(at, [this, pick, length, from_coordinator_only](Nanos now) {
       Proc* p = pick < sc_.servers ? static_cast<Proc*>(servers_[pick]) : workers_[pick - sc_.servers];
       partitions_.push_back({p->address, from_coordinator_only ? kCoordinator : "", now, now + length});
@@ -865,10 +908,10 @@ RunResult World::Run() {
   co.workers = sc_.workers;
   co.vshards = sc_.vshards;
   co.assemble_timeout = 30 * kSeconds;
-  co.lease = kLease;
+  co.lease = sc_.lease_ns;
   co.address = kCoordinator;
   co.replication = sc_.replication;
-  co.heartbeat_interval = kHeartbeat;
+  co.heartbeat_interval = sc_.heartbeat_ns;
   auto coordinator = std::make_unique<CoordProc>(this, co);
   coordinator_ = coordinator.get();
   procs_[kCoordinator] = std::move(coordinator);
@@ -921,7 +964,11 @@ RunResult World::Run() {
     // A process that left still takes server-to-server traffic (its streams
     // settle); everything else to it is lost.
     if (p->exited && !(absl::StartsWith(e->from, "sim://server-") && absl::StartsWith(e->to, "sim://server-"))) continue;
+    if (h.has_job_ready()) scale_.last_job_ready_at = now;
+    const bool new_map = h.has_shard_map_update() && h.shard_map_update().shard_map().epoch() == 2;
+    if (new_map && scale_.have_new_map.insert(e->to).second) scale_.last_new_map_at = now;
     p->Deliver(std::move(e->message), now);
+    if (sc_.scale_crash_at_ns > 0 && scale_.have_new_map.size() == sc_.servers - 1 + sc_.workers) break;
   }
   while (!queue_.empty()) {
     delete queue_.top();
@@ -936,19 +983,46 @@ RunResult World::Run() {
               : cc.phase() == CoordinatorCore::Phase::kFailed ? "failed: " + cc.failure_reason()
                                                               : "still running";
   r.failovers = maps_.empty() ? 0 : maps_.size() - 1;
-  for (WorkerProc* w : workers_) w->RecordUnreturnedClock();
-  CheckEnd(r);
-  CheckAudit(r);
-  auto checked = consistency::Check(recorder_, sc_.workers,
-                                    sc_.consistency == proto::ASP   ? consistency::kUnbounded
-                                    : sc_.consistency == proto::SSP ? sc_.staleness
-                                                                    : 0);
-  r.pulls_checked = checked.pulls_checked;
-  for (std::string& v : checked.violations) Violation(std::move(v));
+  if (sc_.scale_crash_at_ns == 0) {  // (scale mode has no workload to check)
+    for (WorkerProc* w : workers_) w->RecordUnreturnedClock();
+    CheckEnd(r);
+    CheckAudit(r);
+    auto checked = consistency::Check(recorder_, sc_.workers,
+                                      sc_.consistency == proto::ASP   ? consistency::kUnbounded
+                                      : sc_.consistency == proto::SSP ? sc_.staleness
+                                                                      : 0);
+    r.pulls_checked = checked.pulls_checked;
+    for (std::string& v : checked.violations) Violation(std::move(v));
+  }
   for (const IssuedPush& p : pushes_) r.pushes_acked += p.acked;
   r.violations = violations_;
   r.digest = digest_;
   return r;
+}
+
+ScaleResult World::Scale() {
+  ScaleResult s;
+  s.servers = sc_.servers;
+  s.workers = sc_.workers;
+  s.vshards = sc_.vshards;
+  const double ms = static_cast<double>(kMs);
+  s.assemble_ms = static_cast<double>(scale_.last_job_ready_at) / ms;
+  const double steady_s = static_cast<double>(sc_.scale_crash_at_ns - sc_.scale_crash_at_ns / 3) / kSeconds;
+  s.coordinator_msgs_per_s = static_cast<double>(scale_.steady_msgs) / steady_s;
+  s.coordinator_cpu_us_per_msg =
+      scale_.steady_msgs ? scale_.steady_cpu_s * 1e6 / static_cast<double>(scale_.steady_msgs) : 0;
+  s.detect_ms = static_cast<double>(scale_.published_at - sc_.scale_crash_at_ns) / ms;
+  s.publish_ms = static_cast<double>(scale_.last_new_map_at - scale_.published_at) / ms;
+  s.failover_cpu_ms = scale_.failover_cpu_s * 1e3;
+  s.map_bytes = scale_.map_bytes;
+  const size_t want = sc_.servers - 1 + sc_.workers;
+  if (scale_.published_at == 0) {
+    s.problem = "no new map was published after the crash";
+  } else if (scale_.have_new_map.size() != want) {
+    s.problem = absl::StrCat(scale_.have_new_map.size(), " of ", want, " live nodes got the new map");
+  }
+  if (!violations_.empty()) absl::StrAppend(&s.problem, s.problem.empty() ? "" : "; ", violations_[0]);
+  return s;
 }
 
 // The job ended, and nobody waits for anything.
@@ -1162,6 +1236,26 @@ std::string Scenario::Describe() const {
       static_cast<double>(max_delay_ns) / kMs, drop, duplicate, reorder, server_crashes,
       server_crashes > 0 ? (restart_crashed ? " (restarted)" : " (not restarted)") : "", pauses, partitions,
       breakage == Breakage::kNone ? "" : absl::StrCat("; BROKEN: ", BreakageName(breakage)));
+}
+
+ScaleResult RunScale(uint32_t servers, uint32_t workers, uint32_t vshards, uint64_t seed) {
+  Scenario sc;
+  sc.servers = servers;
+  sc.workers = workers;
+  sc.vshards = vshards;
+  sc.replication = std::min<uint32_t>(2, servers);
+  sc.min_delay_ns = 50'000;  // 50-500 us: one data center
+  sc.max_delay_ns = 500'000;
+  sc.heartbeat_ns = 1 * kSeconds;  // the production defaults
+  sc.lease_ns = 5 * kSeconds;
+  sc.scale_crash_at_ns = 30 * kSeconds;
+  const auto start = std::chrono::steady_clock::now();
+  World world(seed, sc, RunOptions{.time_limit_ns = 120 * kSeconds});
+  RunResult r = world.Run();
+  ScaleResult s = world.Scale();
+  s.messages = r.messages;
+  s.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return s;
 }
 
 RunResult Run(uint64_t seed, const Scenario& scenario, const RunOptions& options) {

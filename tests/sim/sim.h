@@ -72,6 +72,12 @@ struct Scenario {
   uint32_t pauses = 0;           // a random node stops for up to two leases
   uint32_t partitions = 0;       // a random node cut off from the rest, or from the coordinator only, for up to two leases
   Breakage breakage = Breakage::kNone;
+  // Timings of the membership protocol.
+  int64_t heartbeat_ns = 100'000'000;  // node -> coordinator
+  int64_t lease_ns = 500'000'000;      // silence after which the coordinator loses a node
+  // Scale mode (RunScale): no workload; server 0 crashes at this time and
+  // the run ends once every live node has the next map.
+  int64_t scale_crash_at_ns = 0;
 
   static Scenario FromSeed(uint64_t seed);
   std::string Describe() const;  // one line
@@ -99,5 +105,23 @@ struct RunResult {
 };
 
 RunResult Run(uint64_t seed, const Scenario& scenario, const RunOptions& options = {});
+
+// Scale mode (docs/scaling.md): membership, heartbeats, one server lost and
+// its failover, for a cluster of any size, with the production timings
+// (heartbeat 1 s, lease 5 s) and no data traffic.
+struct ScaleResult {
+  uint32_t servers = 0, workers = 0, vshards = 0;
+  double assemble_ms = 0;             // simulated: start to the last JobReady delivered
+  double coordinator_msgs_per_s = 0;  // simulated: messages the coordinator handled per second, steady state
+  double coordinator_cpu_us_per_msg = 0;  // real: the coordinator core's CPU (messages and timers) per message, steady state
+  double detect_ms = 0;               // simulated: crash to the new map published (the lease)
+  double publish_ms = 0;              // simulated: new map published to the last live node having it
+  double failover_cpu_ms = 0;         // real: the coordinator core's step that published the new map
+  uint64_t map_bytes = 0;             // the largest serialized shard map
+  uint64_t messages = 0;              // delivered in the whole run
+  double wall_s = 0;                  // real time the run took
+  std::string problem;                // empty, or why the run did not complete
+};
+ScaleResult RunScale(uint32_t servers, uint32_t workers, uint32_t vshards, uint64_t seed);
 
 }  // namespace tessera::sim

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "tests/sim/sim.h"
@@ -56,8 +57,35 @@ int main(int argc, char** argv) {
                "Succeed only if some run fails its checks (for negative controls); stops at the first");
   app.add_flag("--digests", digests, "Print each run's digest (for replay checks)");
   app.add_flag("-v,--verbose", verbose, "Print every run");
+  std::vector<std::string> scale;
+  app.add_option("--scale", scale,
+                 "Scale mode: membership, heartbeats and one server failover (no data) for clusters of "
+                 "SERVERSxWORKERSxVSHARDS, e.g. --scale 10x100x1000 100x1000x10000; prints a table for docs/scaling.md");
   CLI11_PARSE(app, argc, argv);
 
+  if (!scale.empty()) {
+    std::printf("| servers | workers | vshards | map KiB | assemble ms | coordinator msgs/s | coordinator CPU us/msg "
+                "| failover step CPU ms | detect ms | publish ms | recover ms | messages | wall s |\n"
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    int rc = 0;
+    for (const std::string& size : scale) {
+      unsigned s = 0, w = 0, v = 0;
+      if (std::sscanf(size.c_str(), "%ux%ux%u", &s, &w, &v) != 3 || s < 2 || w < 1 || v < s) {
+        std::fprintf(stderr, "tessera-sim: --scale wants SERVERSxWORKERSxVSHARDS (servers >= 2, vshards >= servers), "
+                             "got '%s'\n", size.c_str());
+        return 2;
+      }
+      const tessera::sim::ScaleResult r = tessera::sim::RunScale(s, w, v, first_seed);
+      std::printf("| %u | %u | %u | %.1f | %.1f | %.0f | %.2f | %.2f | %.0f | %.1f | %.0f | %llu | %.1f |%s\n", s, w, v,
+                  static_cast<double>(r.map_bytes) / 1024, r.assemble_ms, r.coordinator_msgs_per_s,
+                  r.coordinator_cpu_us_per_msg, r.failover_cpu_ms, r.detect_ms, r.publish_ms,
+                  r.detect_ms + r.publish_ms, static_cast<unsigned long long>(r.messages), r.wall_s,
+                  r.problem.empty() ? "" : (" PROBLEM: " + r.problem).c_str());
+      std::fflush(stdout);
+      if (!r.problem.empty()) rc = 1;
+    }
+    return rc;
+  }
   tessera::sim::Breakage breakage;
   if (!tessera::sim::ParseBreakage(breakage_name, &breakage)) {
     std::fprintf(stderr, "tessera-sim: unknown --break '%s' (apply-duplicates, ack-before-replication, answer-early, "
