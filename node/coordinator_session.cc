@@ -9,11 +9,26 @@
 
 namespace tessera {
 namespace {
-std::string Secs(Nanos n) { return absl::StrCat(static_cast<double>(n / kMillis) / 1000.0, " s"); }
+std::string Secs(Nanos n) { return SessionCore::FormatSeconds(n); }
+std::chrono::steady_clock::time_point TimePoint(Nanos n) {
+  return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(n));
+}
 }  // namespace
 
+SessionCoreOptions CoordinatorSession::CoreOptions(const Options& options) {
+  SessionCoreOptions o;
+  o.role = options.role;
+  o.rank = options.rank;
+  o.connect_timeout = options.connect_timeout;
+  o.heartbeat_interval = options.heartbeat_interval;
+  o.lease = options.lease;
+  o.register_retry = options.register_retry;
+  o.coordinator = options.coordinator;  // an etcd:// address until resolved
+  return o;
+}
+
 CoordinatorSession::CoordinatorSession(Options options, Transport* transport)
-    : options_(std::move(options)), transport_(transport) {
+    : options_(std::move(options)), transport_(transport), core_(CoreOptions(options_)) {
   if (IsEtcdAddress(options_.coordinator)) {
     // A bad address leaves etcd_ unset: Join() then fails with the parse error (Resolve).
     if (auto a = ParseEtcdCoordinatorAddress(options_.coordinator); a.ok()) {
@@ -21,6 +36,7 @@ CoordinatorSession::CoordinatorSession(Options options, Transport* transport)
         etcd_ = std::move(*client);
         etcd_job_ = a->job;
         leader_key_ = EtcdLeaderKey(a->job);
+        core_.set_coordinator_note(absl::StrCat(" (job ", etcd_job_, " in etcd at ", etcd_->endpoints(), ")"));
       }
     }
   } else {
@@ -55,14 +71,18 @@ absl::Status CoordinatorSession::Resolve(bool force) {
   }
   if (previous.empty()) {
     TLOG_INFO("the coordinator of job {} is at {} (etcd at {})", etcd_job_, (*leader)->value, etcd_->endpoints());
+    std::lock_guard lock(mu_);
+    core_.set_coordinator((*leader)->value);
   } else {
     TLOG_WARN("the coordinator of job {} moved from {} to {} (a standby took over)", etcd_job_, previous,
               (*leader)->value);
     std::lock_guard lock(mu_);
-    last_heard_ = MonotonicNow();  // the new leader gets a whole lease
+    core_.set_coordinator((*leader)->value);
+    core_.ResetLease(MonotonicNow());  // the new leader gets a whole lease
   }
   return absl::OkStatus();
 }
+
 
 CoordinatorSession::~CoordinatorSession() {
   {
@@ -74,8 +94,15 @@ CoordinatorSession::~CoordinatorSession() {
 }
 
 void CoordinatorSession::Send(proto::Envelope header) {
+  {
+    std::lock_guard lock(mu_);
+    header.set_sender_id(core_.self().node_id());
+  }
+  Transmit(std::move(header));
+}
+
+void CoordinatorSession::Transmit(proto::Envelope header) {
   Message m;
-  header.set_sender_id(self_.node_id());
   m.header = std::move(header);
   const std::string to = coordinator();
   if (IsEtcdAddress(to)) return;  // no leader known yet: Join() resolves first
@@ -84,11 +111,12 @@ void CoordinatorSession::Send(proto::Envelope header) {
   }
 }
 
-void CoordinatorSession::EndLocked(absl::Status status, std::unique_lock<std::mutex>& lock) {
-  if (ended_) return;
-  ended_ = status;
+void CoordinatorSession::ReportEndLocked(std::unique_lock<std::mutex>& lock) {
+  if (!core_.ended() || end_reported_) return;
+  end_reported_ = true;
   cv_.notify_all();
   if (on_end_) {
+    const absl::Status status = *core_.ended();
     lock.unlock();
     on_end_(status);
     lock.lock();
@@ -96,44 +124,15 @@ void CoordinatorSession::EndLocked(absl::Status status, std::unique_lock<std::mu
 }
 
 bool CoordinatorSession::Handle(const Message& m) {
-  const proto::Envelope& h = m.header;
   std::unique_lock lock(mu_);
-  switch (h.body_case()) {
-    case proto::Envelope::kRegisterReply:
-      if (!registered_) registered_ = h.register_reply();
-      break;
-    case proto::Envelope::kJobReady:
-      if (!ready_) {
-        ready_ = h.job_ready();
-        map_epoch_ = std::max(map_epoch_, ready_->shard_map().epoch());
-      }
-      break;
-    case proto::Envelope::kHeartbeatAck:
-      break;
-    case proto::Envelope::kBarrierRelease:
-      barriers_released_[h.barrier_release().name()] = true;
-      break;
-    case proto::Envelope::kShutdown:
-      EndLocked(h.shutdown().ok() ? absl::OkStatus()
-                                  : absl::AbortedError(absl::StrCat("job failed: ", h.shutdown().reason())),
-                lock);
-      break;
-    case proto::Envelope::kAck:
-    case proto::Envelope::kError: {
-      if ((h.request_id() & kSessionRequestBit) == 0) return false;
-      absl::Status s = h.has_error() ? absl::Status(static_cast<absl::StatusCode>(h.error().code()),
-                                                    absl::StrCat("coordinator: ", h.error().message()))
-                                     : absl::OkStatus();
-      if (!registered_ && h.has_error()) register_error_ = s;
-      replies_[h.request_id()] = s;
-      break;
-    }
-    default:
-      return false;
-  }
-  last_heard_ = MonotonicNow();
+  if (!core_.Handle(m, MonotonicNow())) return false;
   cv_.notify_all();
+  ReportEndLocked(lock);
   return true;
+}
+
+void CoordinatorSession::StartThreadLocked() {
+  if (!heartbeat_thread_.joinable() && !stopping_) heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
 }
 
 absl::StatusOr<proto::JobReady> CoordinatorSession::Join() {
@@ -148,123 +147,81 @@ absl::StatusOr<proto::JobReady> CoordinatorSession::Join() {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   std::unique_lock lock(mu_);
-  // Register, resending until the coordinator answers.
-  int unanswered = 0;
-  while (!registered_ && !register_error_ && !ended_) {
-    if (MonotonicNow() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("coordinator at ", coordinator(), " did not answer within ",
-                                                      Secs(options_.connect_timeout)));
+  // The heartbeat thread registers (again until the coordinator answers),
+  // heartbeats once registered, and registers again now and then until the
+  // whole job has assembled (see SessionCore).
+  core_.StartJoin(MonotonicNow(), deadline);
+  StartThreadLocked();
+  cv_.notify_all();
+  bool registered = false;
+  while (true) {
+    if (!registered && core_.registered() && !core_.register_error()) {
+      registered = true;
+      self_ = core_.self();
+      SetLogNodeId(self_.node_id());
     }
-    if (++unanswered % 3 == 0) {
-      // The leader may have changed since it was looked up.
-      lock.unlock();
-      (void)Resolve(false);
-      lock.lock();
-    }
-    proto::Envelope h;
-    h.set_request_id(NextRequestIdLocked());
-    auto* r = h.mutable_register_request();
-    r->set_role(options_.role);
-    r->set_rank(options_.rank);
-    lock.unlock();
-    Send(std::move(h));
-    lock.lock();
-    cv_.wait_for(lock, std::chrono::nanoseconds(options_.register_retry),
-                 [&] { return registered_ || register_error_ || ended_; });
+    if (auto result = core_.JoinResult(MonotonicNow())) return *std::move(result);
+    cv_.wait_until(lock, TimePoint(deadline));
   }
-  if (register_error_) return *register_error_;
-  if (ended_) return ended_->ok() ? absl::AbortedError("job ended before it started") : *ended_;
-  self_ = registered_->self();
-  SetLogNodeId(self_.node_id());
-  last_heard_ = MonotonicNow();
-  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
-  // Wait for the whole job to assemble. The registration goes again now and
-  // then: the coordinator answers a repeat with the same reply and, once the
-  // job runs, the JobReady again (in case a message was lost).
-  bool ok = false;
-  while (!(ok = ready_.has_value() || ended_.has_value()) && MonotonicNow() < deadline) {
-    cv_.wait_for(lock, std::chrono::nanoseconds(std::min(4 * options_.register_retry, deadline - MonotonicNow())),
-                 [&] { return ready_ || ended_; });
-    if (ready_ || ended_) continue;
-    lock.unlock();
-    (void)Resolve(false);
-    lock.lock();
-    proto::Envelope h;
-    h.set_request_id(NextRequestIdLocked());
-    auto* r = h.mutable_register_request();
-    r->set_role(options_.role);
-    r->set_rank(static_cast<int>(self_.rank()));
-    lock.unlock();
-    Send(std::move(h));
-    lock.lock();
-  }
-  if (ended_) return ended_->ok() ? absl::AbortedError("job ended before it started") : *ended_;
-  if (!ok) {
-    return absl::DeadlineExceededError(absl::StrCat("the job did not assemble within ",
-                                                    Secs(options_.connect_timeout), " (coordinator at ",
-                                                    coordinator(), " did not send the shard map)"));
-  }
-  return *ready_;
 }
 
 void CoordinatorSession::HeartbeatLoop() {
   std::unique_lock lock(mu_);
-  while (!stopping_ && !ended_) {
-    Nanos interval = options_.heartbeat_interval;
-    if (registered_ && registered_->heartbeat_interval_ms() > 0) {
-      interval = std::min<Nanos>(interval, static_cast<Nanos>(registered_->heartbeat_interval_ms()) * kMillis);
-    }
-    if (etcd_ && MonotonicNow() - last_heard_ >= 2 * interval) {
+  int unanswered = 0;  // registrations sent before the reply
+  while (!stopping_ && !core_.ended()) {
+    Nanos now = MonotonicNow();
+    if (etcd_ && core_.HeartbeatDue(now) && now - core_.last_heard() >= 2 * core_.heartbeat_interval()) {
       // Silent for two heartbeats: has a standby taken over?
       lock.unlock();
       absl::Status found = Resolve(false);
       if (!found.ok()) TLOG_DEBUG("looking up the coordinator: {}", found.message());
       lock.lock();
+      if (stopping_ || core_.ended()) break;
+      now = MonotonicNow();
     }
-    if (MonotonicNow() - last_heard_ >= options_.lease) {
-      EndLocked(absl::UnavailableError(absl::StrCat("lost the coordinator at ", coordinator(),
-                                                    etcd_ ? absl::StrCat(" (job ", etcd_job_, " in etcd at ",
-                                                                         etcd_->endpoints(), ")")
-                                                          : std::string(),
-                                                    ": no answer for ", Secs(MonotonicNow() - last_heard_))),
-                lock);
+    std::vector<proto::Envelope> out = core_.Tick(now);
+    if (core_.ended()) {  // lost the coordinator
+      ReportEndLocked(lock);
       break;
     }
-    proto::Envelope h;
-    h.set_request_id(NextRequestIdLocked());
-    h.set_epoch(map_epoch_);
-    h.mutable_heartbeat();
-    lock.unlock();
-    if (fill_heartbeat_) fill_heartbeat_(h.mutable_heartbeat());
-    Send(std::move(h));
-    lock.lock();
-    cv_.wait_for(lock, std::chrono::nanoseconds(interval), [&] { return stopping_ || ended_; });
+    if (!out.empty()) {
+      // The leader may have changed since it was looked up: before every
+      // third registration, and before each one while waiting for the job.
+      bool resolve = false;
+      for (const proto::Envelope& h : out) {
+        if (h.has_register_request()) resolve = core_.registered() || ++unanswered % 3 == 0;
+      }
+      lock.unlock();
+      if (resolve) (void)Resolve(false);
+      for (proto::Envelope& h : out) {
+        if (h.has_heartbeat() && fill_heartbeat_) fill_heartbeat_(h.mutable_heartbeat());
+        Transmit(std::move(h));
+      }
+      lock.lock();
+      if (stopping_ || core_.ended()) break;
+    }
+    if (std::optional<Nanos> next = core_.NextTickAt(); !next) {
+      cv_.wait(lock);
+    } else if (*next > MonotonicNow()) {
+      cv_.wait_until(lock, TimePoint(*next));
+    }
   }
 }
 
 absl::Status CoordinatorSession::Barrier(const std::string& name, Nanos timeout) {
   std::unique_lock lock(mu_);
-  proto::Envelope h;
-  h.set_request_id(NextRequestIdLocked());
-  const uint64_t id = h.request_id();
-  h.mutable_barrier_request()->set_name(name);
-  barriers_released_.erase(name);
+  proto::Envelope h = core_.Barrier(name);
   lock.unlock();
-  Send(std::move(h));
+  Transmit(std::move(h));
   lock.lock();
-  bool done = cv_.wait_for(lock, std::chrono::nanoseconds(timeout),
-                           [&] { return barriers_released_.contains(name) || ended_ || replies_.contains(id); });
-  if (auto it = replies_.find(id); it != replies_.end()) {
-    absl::Status s = it->second;
-    replies_.erase(it);
-    if (!s.ok()) return s;
+  cv_.wait_for(lock, std::chrono::nanoseconds(timeout),
+               [&] { return core_.barrier_result(name).has_value() || core_.ended().has_value(); });
+  const std::optional<absl::Status> result = core_.barrier_result(name);  // a refusal, or the release
+  core_.ForgetBarrier(name);
+  if (result) return *result;
+  if (const auto& ended = core_.ended()) {
+    return ended->ok() ? absl::AbortedError("job ended during barrier '" + name + "'") : *ended;
   }
-  if (barriers_released_.contains(name)) {
-    barriers_released_.erase(name);
-    return absl::OkStatus();
-  }
-  if (ended_) return ended_->ok() ? absl::AbortedError("job ended during barrier '" + name + "'") : *ended_;
-  (void)done;
   return absl::DeadlineExceededError(absl::StrCat("barrier '", name, "' not released within ", Secs(timeout),
                                                   " (the coordinator at ", coordinator(),
                                                   " waits for every worker)"));
@@ -272,38 +229,38 @@ absl::Status CoordinatorSession::Barrier(const std::string& name, Nanos timeout)
 
 void CoordinatorSession::set_map_epoch(uint64_t epoch) {
   std::lock_guard lock(mu_);
-  map_epoch_ = std::max(map_epoch_, epoch);
+  core_.set_map_epoch(epoch);
 }
 
 absl::Status CoordinatorSession::ReportDone(const proto::WorkerDone& report, Nanos timeout) {
   std::unique_lock lock(mu_);
-  proto::Envelope h;
-  h.set_request_id(NextRequestIdLocked());
-  const uint64_t id = h.request_id();
-  *h.mutable_worker_done() = report;
-  // Sent again until answered (the coordinator takes a repeat as the same report).
   const Nanos deadline = MonotonicNow() + timeout;
-  while (!replies_.contains(id) && !ended_ && MonotonicNow() < deadline) {
+  if (!core_.ended() && MonotonicNow() < deadline) {
+    // Sent now, and again by the heartbeat thread until answered (the
+    // coordinator takes a repeat as the same report).
+    proto::Envelope h = core_.ReportDone(report, MonotonicNow(), deadline);
+    const uint64_t id = h.request_id();
+    StartThreadLocked();
+    cv_.notify_all();
     lock.unlock();
-    Send(h);
+    Transmit(std::move(h));
     lock.lock();
-    cv_.wait_for(lock, std::chrono::nanoseconds(std::min(options_.register_retry, deadline - MonotonicNow())),
-                 [&] { return replies_.contains(id) || ended_.has_value(); });
+    while (!core_.done_reply(id) && !core_.ended() && MonotonicNow() < deadline) {
+      cv_.wait_until(lock, TimePoint(deadline));
+    }
+    const std::optional<absl::Status> reply = core_.done_reply(id);
+    core_.ForgetDone(id);
+    if (reply) return *reply;
   }
-  if (auto it = replies_.find(id); it != replies_.end()) {
-    absl::Status s = it->second;
-    replies_.erase(it);
-    return s;
-  }
-  if (ended_) return *ended_;
+  if (const auto& ended = core_.ended()) return *ended;
   return absl::DeadlineExceededError(absl::StrCat("coordinator at ", coordinator(),
                                                   " did not acknowledge the done report within ", Secs(timeout)));
 }
 
 absl::Status CoordinatorSession::WaitForEnd() {
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return ended_.has_value(); });
-  return *ended_;
+  cv_.wait(lock, [&] { return core_.ended().has_value(); });
+  return *core_.ended();
 }
 
 }  // namespace tessera

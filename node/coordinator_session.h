@@ -1,7 +1,10 @@
 #pragma once
 // CoordinatorSession: a server's or worker's side of the coordinator
 // protocol (register, wait for the job to assemble, heartbeats, barriers,
-// report done, wait for shutdown). A shell: it owns a heartbeat thread and
+// report done, wait for shutdown). A shell around the pure SessionCore
+// (node/session_core.h), which holds the protocol: the session owns a
+// heartbeat thread (it ticks the core and sends what it returns),
+// resolves an etcd:// coordinator, waits with condition variables, logs, and
 // sends through the node's transport; the node's receive handler passes
 // every message to Handle() first.
 //
@@ -42,6 +45,7 @@
 #include "common/clock.h"
 #include "common/message.h"
 #include "etcd/etcd_client.h"
+#include "node/session_core.h"
 #include "transport/transport.h"
 
 namespace tessera {
@@ -86,18 +90,25 @@ class CoordinatorSession {
   void set_on_end(std::function<void(const absl::Status&)> on_end) { on_end_ = std::move(on_end); }
 
   // Request ids with this bit belong to the session.
-  static constexpr uint64_t kSessionRequestBit = 1ull << 63;
+  static constexpr uint64_t kSessionRequestBit = SessionCore::kSessionRequestBit;
 
  private:
+  static SessionCoreOptions CoreOptions(const Options& options);
+  // Sends a notice, stamped with this node's id.
   void Send(proto::Envelope header);
+  // Sends an envelope as the core made it.
+  void Transmit(proto::Envelope header);
   std::string coordinator() const;
   // With an etcd:// coordinator: reads the leader's address (at most every
   // 250 ms unless `force`); switches to it if it changed. Call without mu_.
   // Returns why it could not, or OK.
   absl::Status Resolve(bool force);
+  // Ticks the core when it has something due, and sends what it returns.
   void HeartbeatLoop();
-  void EndLocked(absl::Status status, std::unique_lock<std::mutex>& lock);
-  uint64_t NextRequestIdLocked() { return kSessionRequestBit | ++next_request_; }
+  // Starts the heartbeat thread unless it runs (or ran).
+  void StartThreadLocked();
+  // Reports the end of the job once (to waiters and on_end_), after the core ended it.
+  void ReportEndLocked(std::unique_lock<std::mutex>& lock);
 
   const Options options_;
   Transport* const transport_;
@@ -112,16 +123,9 @@ class CoordinatorSession {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  uint64_t next_request_ = 0;
-  std::optional<proto::RegisterReply> registered_;
-  std::optional<absl::Status> register_error_;
-  std::optional<proto::JobReady> ready_;
-  std::optional<absl::Status> ended_;
-  Nanos last_heard_ = 0;
-  uint64_t map_epoch_ = 0;
-  absl::flat_hash_map<std::string, bool> barriers_released_;
-  absl::flat_hash_map<uint64_t, absl::Status> replies_;  // request id -> result
-  bool stopping_ = false;
+  SessionCore core_;          // guarded by mu_
+  bool end_reported_ = false;  // guarded by mu_
+  bool stopping_ = false;      // guarded by mu_
   std::thread heartbeat_thread_;
 };
 
