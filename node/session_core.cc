@@ -13,7 +13,9 @@ std::string SessionCore::FormatSeconds(Nanos n) {
 SessionCore::SessionCore(SessionCoreOptions options) : options_(std::move(options)) {}
 
 bool SessionCore::Registering() const {
-  return joining_ && !registration_over_ && !register_error_ && !ready_ && !ended_;
+  // Until both the RegisterReply and the JobReady are in: a JobReady can
+  // arrive while the reply was lost, and the node still needs to know itself.
+  return joining_ && !registration_over_ && !register_error_ && !(registered_ && ready_) && !ended_;
 }
 
 bool SessionCore::JoinFailedUnregistered(Nanos now) const {

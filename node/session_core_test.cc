@@ -145,6 +145,24 @@ TEST(SessionCoreTest, RegistersAtOnceAndEveryRetryUntilAnswered) {
   EXPECT_EQ(Heartbeats(core.Tick(t0 + 5 * kSeconds)), 0u);
 }
 
+// The RegisterReply was lost but the JobReady came: the node still does not
+// know its node id, so it keeps registering until the reply comes.
+TEST(SessionCoreTest, AJobReadyWithoutTheRegisterReplyKeepsRegistering) {
+  SessionCore core(Options());
+  const Nanos t0 = 100 * kSeconds;
+  core.StartJoin(t0, t0 + 30 * kSeconds);
+  ASSERT_EQ(Registrations(core.Tick(t0)), 1u);
+  ASSERT_TRUE(core.Handle(JobReady(1), t0 + 10 * kMs));
+  EXPECT_FALSE(core.JoinResult(t0 + 10 * kMs).has_value());  // not registered: no result yet
+  EXPECT_EQ(Registrations(core.Tick(t0 + 500 * kMs)), 1u);
+  ASSERT_TRUE(core.Handle(RegisterReply(7, 2), t0 + 510 * kMs));
+  auto result = core.JoinResult(t0 + 510 * kMs);
+  ASSERT_TRUE(result.has_value());
+  ASSERT_TRUE(result->ok());
+  EXPECT_EQ(core.self().node_id(), 7u);
+  EXPECT_EQ(Registrations(core.Tick(t0 + 5 * kSeconds)), 0u);  // both in: done registering
+}
+
 TEST(SessionCoreTest, RegistersAgainEveryFourRetriesWithTheAssignedRankUntilJobReady) {
   SessionCoreOptions o = Options();
   o.heartbeat_interval = 60 * kSeconds;  // out of the way

@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "common/keys.h"
 #include "coordinator/coordinator_core.h"
+#include "node/session_core.h"
 #include "server/server_core.h"
 #include "tests/consistency/consistency_checker.h"
 #include "worker/worker_core.h"
@@ -83,7 +84,7 @@ constexpr Nanos kRegisterRetry = 100 * kMs;
 constexpr Nanos kResendAfter = 300 * kMs;     // worker: a silent part goes again
 constexpr Nanos kDrain = 3 * kSeconds;        // after the job: servers settle their streams
 constexpr Nanos kLateReordered = 50 * kMs;    // a reordered message comes up to this much later
-constexpr Nanos kLateDuplicate = 1000 * kMs;  // a duplicated message's copy comes up to this much later
+constexpr Nanos kLateDuplicate = 2000 * kMs;  // a duplicated message's copy comes up to this much later
 constexpr uint32_t kTable = 77;
 const std::string kCoordinator = "sim://coordinator";
 
@@ -140,115 +141,24 @@ class Proc {
   Nanos paused_until = 0;
 };
 
-// The node side of the coordinator protocol, as node/coordinator_session
-// does it: register (again until answered), heartbeats carrying the map
-// epoch, the coordinator's lease, the done report (again until answered),
-// the end of the job.
-class Session {
- public:
-  Session(proto::Role role, int rank, Nanos heartbeat, Nanos coordinator_lease)
-      : role_(role), rank_(rank), heartbeat_(heartbeat), coordinator_lease_(coordinator_lease) {}
+// The node side of the coordinator protocol is node/session_core.h, the
+// core CoordinatorSession wraps: registration, heartbeats, the lease, the
+// done report. The simulator makes one per process.
+SessionCore MakeSession(proto::Role role, uint32_t rank, const Scenario& sc, Nanos now) {
+  SessionCoreOptions o;
+  o.role = role;
+  o.rank = static_cast<int>(rank);
+  o.heartbeat_interval = sc.heartbeat_ns;
+  o.lease = 4 * sc.lease_ns;  // a node's lease on the coordinator
+  o.register_retry = 100 * kMs;
+  o.coordinator = kCoordinator;
+  SessionCore core(o);
+  core.StartJoin(now, now + o.connect_timeout);
+  return core;
+}
 
-  bool Handle(const Message& m, Nanos now) {
-    const proto::Envelope& h = m.header;
-    switch (h.body_case()) {
-      case proto::Envelope::kRegisterReply:
-        if (!self_) self_ = h.register_reply().self();
-        break;
-      case proto::Envelope::kJobReady:
-        if (!ready_) {
-          ready_ = h.job_ready();
-          map_epoch_ = std::max(map_epoch_, ready_->shard_map().epoch());
-        }
-        break;
-      case proto::Envelope::kHeartbeatAck:
-      case proto::Envelope::kBarrierRelease:
-        break;
-      case proto::Envelope::kShutdown:
-        if (!ended_) {
-          ended_ = h.shutdown().ok() ? absl::OkStatus() : absl::AbortedError("job failed: " + h.shutdown().reason());
-        }
-        break;
-      case proto::Envelope::kAck:
-      case proto::Envelope::kError:
-        if ((h.request_id() & CoordinatorSession_kBit) == 0) return false;
-        if (h.has_error() && !self_) {
-          register_error_ = absl::Status(static_cast<absl::StatusCode>(h.error().code()), h.error().message());
-        }
-        if (h.request_id() == done_request_ && h.has_ack()) done_acked_ = true;
-        break;
-      default:
-        return false;
-    }
-    last_heard_ = now;
-    return true;
-  }
-
-  // What to send the coordinator now.
-  std::vector<proto::Envelope> Tick(Nanos now, const std::function<void(proto::Heartbeat*)>& fill) {
-    std::vector<proto::Envelope> out;
-    if (ended_ || register_error_) return out;
-    if (last_heard_ == 0) last_heard_ = now;
-    if (self_ && now - last_heard_ >= coordinator_lease_) {
-      ended_ = absl::UnavailableError(absl::StrCat("lost the coordinator: no answer for ", (now - last_heard_) / kMs, " ms"));
-      return out;
-    }
-    const Nanos retry = self_ && !ready_ ? 4 * kRegisterRetry : kRegisterRetry;
-    if ((!self_ || !ready_) && now >= next_register_) {
-      proto::Envelope h;
-      h.set_request_id(NextId());
-      h.mutable_register_request()->set_role(role_);
-      h.mutable_register_request()->set_rank(self_ ? static_cast<int>(self_->rank()) : rank_);
-      out.push_back(std::move(h));
-      next_register_ = now + retry;
-    }
-    if (self_ && now >= next_heartbeat_) {
-      proto::Envelope h;
-      h.set_request_id(NextId());
-      h.set_epoch(map_epoch_);
-      h.mutable_heartbeat();
-      if (fill) fill(h.mutable_heartbeat());
-      out.push_back(std::move(h));
-      next_heartbeat_ = now + heartbeat_;
-    }
-    if (done_ && !done_acked_ && now >= next_done_) {
-      proto::Envelope h = *done_;
-      h.set_request_id(done_request_);
-      out.push_back(std::move(h));
-      next_done_ = now + kRegisterRetry;
-    }
-    for (proto::Envelope& h : out) h.set_sender_id(self_ ? self_->node_id() : 0);
-    return out;
-  }
-
-  void ReportDone(proto::WorkerDone report) {
-    done_.emplace();
-    *done_->mutable_worker_done() = std::move(report);
-    done_request_ = NextId();
-  }
-
-  static constexpr uint64_t CoordinatorSession_kBit = uint64_t{1} << 63;
-  const std::optional<proto::NodeInfo>& self() const { return self_; }
-  const std::optional<proto::JobReady>& ready() const { return ready_; }
-  const std::optional<absl::Status>& ended() const { return ended_; }
-  const std::optional<absl::Status>& register_error() const { return register_error_; }
-  void set_map_epoch(uint64_t e) { map_epoch_ = std::max(map_epoch_, e); }
-
- private:
-  uint64_t NextId() { return CoordinatorSession_kBit | ++next_id_; }
-  const proto::Role role_;
-  const int rank_;
-  const Nanos heartbeat_, coordinator_lease_;
-  uint64_t next_id_ = 0;
-  std::optional<proto::NodeInfo> self_;
-  std::optional<proto::JobReady> ready_;
-  std::optional<absl::Status> ended_, register_error_;
-  uint64_t map_epoch_ = 0;
-  Nanos last_heard_ = 0, next_register_ = 0, next_heartbeat_ = 0, next_done_ = 0;
-  std::optional<proto::Envelope> done_;
-  uint64_t done_request_ = 0;
-  bool done_acked_ = false;
-};
+// Sends what the session has for the coordinator now.
+void SendSession(World* world, const std::string& from, std::vector<proto::Envelope> out, Nanos now);
 
 // An issued push, for the audit checks.
 struct IssuedPush {
@@ -344,7 +254,7 @@ class World {
     Nanos from, until;
   };
   std::vector<Partition> partitions_;
-  std::map<uint64_t, std::string> maps_;  // epoch -> the map's placement, as first seen
+  std::map<uint64_t, proto::ShardMap> maps_;  // epoch -> the map, as first seen
   std::vector<std::string> violations_;
   consistency::Recorder recorder_;
   std::vector<IssuedPush> pushes_;
@@ -392,8 +302,16 @@ class CoordProc final : public Proc {
 
 class ServerProc final : public Proc {
  public:
-  ServerProc(World* world, uint32_t rank, uint32_t incarnation) : world_(world), rank_(rank), session_(proto::SERVER, static_cast<int>(rank), world->scenario().heartbeat_ns, 4 * world->scenario().lease_ns) {
+  ServerProc(World* world, uint32_t rank, uint32_t incarnation, Nanos now)
+      : world_(world), rank_(rank), session_(MakeSession(proto::SERVER, rank, world->scenario(), now)) {
     address = absl::StrCat("sim://server-", rank, ".", incarnation);
+    session_.set_heartbeat_filler([this](proto::Heartbeat* hb) {
+      if (!core_) return;
+      for (const auto& [v, n] : core_->AppliedByPrimaryShard()) {
+        hb->add_vshards(v);
+        hb->add_applied(n);
+      }
+    });
   }
 
   void Deliver(Message m, Nanos now) override {
@@ -413,7 +331,7 @@ class ServerProc final : public Proc {
       return;
     }
     if (session_.Handle(m, now)) {
-      if (session_.self() && session_.ready() && !core_) Start(now);
+      if (session_.registered() && session_.ready() && !core_) Start(now);
       if (session_.ended()) exited = true;
       return;
     }
@@ -426,20 +344,7 @@ class ServerProc final : public Proc {
   }
 
   void Tick(Nanos now) override {
-    auto fill = [&](proto::Heartbeat* hb) {
-      if (!core_) return;
-      for (const auto& [v, n] : core_->AppliedByPrimaryShard()) {
-        hb->add_vshards(v);
-        hb->add_applied(n);
-      }
-    };
-    if (!exited) {
-      for (proto::Envelope& h : session_.Tick(now, fill)) {
-        Message m;
-        m.header = std::move(h);
-        world_->Send(address, Outgoing{kCoordinator, std::move(m)}, now);
-      }
-    }
+    if (!exited) SendSession(world_, address, session_.Tick(now), now);
     if (session_.register_error()) exited = true;
     if (session_.ended()) exited = true;
     if (core_) {
@@ -456,7 +361,7 @@ class ServerProc final : public Proc {
   void Start(Nanos now) {
     const Scenario& sc = world_->scenario();
     ServerCoreOptions o;
-    o.node_id = session_.self()->node_id();
+    o.node_id = session_.self().node_id();
     o.apply_after_ack = sc.apply_after_ack;
     o.audit = true;
     o.answer_early = sc.breakage == Breakage::kAnswerEarly;
@@ -464,7 +369,7 @@ class ServerProc final : public Proc {
     o.test_ack_before_replication = sc.breakage == Breakage::kAckBeforeReplication;
     o.test_accept_old_epoch = sc.breakage == Breakage::kAcceptOldEpoch;
     core_ = std::make_unique<ServerCore>(o);
-    if (auto s = core_->InstallShardMap(session_.ready()->shard_map(), session_.self()->rank()); !s.ok()) {
+    if (auto s = core_->InstallShardMap(session_.ready()->shard_map(), session_.self().rank()); !s.ok()) {
       world_->Violation(absl::StrCat(address, " refused its first map: ", s.message()));
     }
     absl::flat_hash_map<uint32_t, uint32_t> workers;
@@ -490,7 +395,7 @@ class ServerProc final : public Proc {
     world_->SendAll(address, out, now);
     for (proto::ShardsInSync& s : core_->TakeShardsInSync()) {
       Message m;
-      m.header.set_sender_id(session_.self()->node_id());
+      m.header.set_sender_id(session_.self().node_id());
       *m.header.mutable_shards_in_sync() = std::move(s);
       world_->Send(address, Outgoing{kCoordinator, std::move(m)}, now);
     }
@@ -503,7 +408,7 @@ class ServerProc final : public Proc {
 
   World* world_;
   const uint32_t rank_;
-  Session session_;
+  SessionCore session_;
   std::unique_ptr<ServerCore> core_;
   std::deque<Message> early_;
   std::optional<proto::ShardMap> early_map_;
@@ -512,7 +417,8 @@ class ServerProc final : public Proc {
 
 class WorkerProc final : public Proc {
  public:
-  WorkerProc(World* world, uint32_t rank) : world_(world), rank_(rank), session_(proto::WORKER, static_cast<int>(rank), world->scenario().heartbeat_ns, 4 * world->scenario().lease_ns) {
+  WorkerProc(World* world, uint32_t rank)
+      : world_(world), rank_(rank), session_(MakeSession(proto::WORKER, rank, world->scenario(), 0)) {
     address = absl::StrCat("sim://worker-", rank);
   }
 
@@ -526,7 +432,7 @@ class WorkerProc final : public Proc {
       return;
     }
     if (session_.Handle(m, now)) {
-      if (session_.self() && session_.ready() && !core_) Start(now);
+      if (session_.registered() && session_.ready() && !core_) Start(now);
       if (session_.ended()) End(now);
       return;
     }
@@ -534,11 +440,7 @@ class WorkerProc final : public Proc {
   }
 
   void Tick(Nanos now) override {
-    for (proto::Envelope& h : session_.Tick(now, nullptr)) {
-      Message m;
-      m.header = std::move(h);
-      world_->Send(address, Outgoing{kCoordinator, std::move(m)}, now);
-    }
+    SendSession(world_, address, session_.Tick(now), now);
     if (session_.ended() || session_.register_error()) End(now);
     if (exited) return;
     if (core_) Apply(core_->Tick(now), now);
@@ -560,7 +462,7 @@ class WorkerProc final : public Proc {
     if (clock_pending_) world_->recorder().Add(consistency::ClockEvent{rank_, clock_ + 1, clock_called_, consistency::kNotReturned});
   }
   const std::string& failure() const { return failure_; }
-  uint32_t node_id() const { return session_.self() ? session_.self()->node_id() : 0; }
+  uint32_t node_id() const { return session_.self().node_id(); }
   uint32_t rank() const { return rank_; }
 
  private:
@@ -579,7 +481,7 @@ class WorkerProc final : public Proc {
 
   void Start(Nanos now) {
     auto created = WorkerCore::Create(
-        WorkerCoreOptions{.node_id = session_.self()->node_id(), .incarnation = session_.self()->incarnation(),
+        WorkerCoreOptions{.node_id = session_.self().node_id(), .incarnation = session_.self().incarnation(),
                           .address = address, .request_timeout = 60 * kSeconds, .hold_timeout = 120 * kSeconds,
                           .resend_after = kResendAfter},
         session_.ready()->shard_map());
@@ -671,7 +573,7 @@ class WorkerProc final : public Proc {
       world_->recorder().Add(consistency::FinishEvent{rank_, now});
       proto::WorkerDone done;
       done.set_steps(clock_);
-      session_.ReportDone(done);
+      SendSession(world_, address, {session_.ReportDone(done, now, now + 60 * kSeconds)}, now);
       return;
     }
     IssueStep(now);
@@ -739,7 +641,7 @@ class WorkerProc final : public Proc {
 
   World* world_;
   const uint32_t rank_;
-  Session session_;
+  SessionCore session_;
   std::unique_ptr<WorkerCore> core_;
   std::map<uint64_t, std::shared_ptr<Op>> ops_;
   uint64_t next_serial_ = 1;
@@ -759,20 +661,33 @@ World::World(uint64_t seed, const Scenario& sc, const RunOptions& options)
   }
 }
 
-void World::NoteMap(const proto::ShardMap& map, Nanos now) {
+void SendSession(World* world, const std::string& from, std::vector<proto::Envelope> out, Nanos now) {
+  for (proto::Envelope& h : out) {
+    Message m;
+    m.header = std::move(h);
+    world->Send(from, Outgoing{kCoordinator, std::move(m)}, now);
+  }
+}
+
+// Primaries, dead ranks and backups of a map, for traces and comparisons.
+std::string Placement(const proto::ShardMap& map) {
   std::string placement = absl::StrCat(absl::StrJoin(map.vshard_server_rank(), ","), " dead ",
                                        absl::StrJoin(map.dead_server_ranks(), ","));
   for (const auto& b : map.vshard_backups()) absl::StrAppend(&placement, " [", absl::StrJoin(b.ranks(), ","), "]");
-  auto [it, inserted] = maps_.emplace(map.epoch(), placement);
+  return placement;
+}
+
+void World::NoteMap(const proto::ShardMap& map, Nanos now) {
+  auto [it, inserted] = maps_.emplace(map.epoch(), map);
   if (inserted) {
-    Trace(now, absl::StrCat("map epoch ", map.epoch(), ": primaries ", placement));
+    Trace(now, absl::StrCat("map epoch ", map.epoch(), ": primaries ", Placement(map)));
     if (map.epoch() == 2 && scale_.published_at == 0) scale_.published_at = now;
     scale_.map_bytes = std::max<uint64_t>(scale_.map_bytes, map.ByteSizeLong());
+  } else if (Placement(it->second) != Placement(map)) {
+    Violation(absl::StrCat("two different shard maps for epoch ", map.epoch(), ": ", Placement(it->second), " and ",
+                           Placement(map)));
   }
-  if (!inserted && it->second != placement) {
-    Violation(absl::StrCat("two different shard maps for epoch ", map.epoch(), ": ", it->second, " and ", placement));
-  }
-  if (inserted && !maps_.empty() && std::prev(maps_.end())->first != map.epoch()) {
+  if (inserted && std::prev(maps_.end())->first != map.epoch()) {
     Violation(absl::StrCat("map epoch ", map.epoch(), " published after epoch ", std::prev(maps_.end())->first));
   }
 }
@@ -835,7 +750,7 @@ void World::ScheduleTick(Proc* p, Nanos at) {
 
 void World::StartServer(uint32_t rank, Nanos now) {
   const uint32_t incarnation = server_incarnations_[rank]++;
-  auto proc = std::make_unique<ServerProc>(this, rank, incarnation);
+  auto proc = std::make_unique<ServerProc>(this, rank, incarnation, now);
   ServerProc* p = proc.get();
   servers_[rank] = p;
   Trace(now, absl::StrCat("start ", p->address));
@@ -858,7 +773,7 @@ void World::ScheduleFaults() {
   for (uint32_t i = 0; i < sc_.server_crashes; ++i) {
     const Nanos at = when();
     const uint32_t rank = static_cast<uint32_t>(rng_.Below(sc_.servers));
-    const Nanos restart = at + 2 * sc_.lease_ns + static_cast<Nanos>(rng_.Below(2 * sc_.lease_ns));
+    const Nanos restart = at + sc_.lease_ns + 100 * kMs + static_cast<Nanos>(rng_.Below(2 * sc_.lease_ns));
     At(at, [this, rank, restart](Nanos now) {
       ServerProc* p = servers_[rank];
       if (p->crashed) return;
@@ -1123,31 +1038,15 @@ void World::CheckAudit(RunResult& r) {
   if (any == nullptr) return;
   const uint64_t final_epoch = maps_.rbegin()->first;
   if (any->core()->epoch() != final_epoch) return;  // nobody holds the last map: nothing to compare
-  // Rebuild the final placement from a server's audit header is not
-  // possible; use the placement recorded for the final epoch.
-  std::vector<std::string> parts = absl::StrSplit(maps_.rbegin()->second, ' ');
-  std::vector<uint32_t> owner;
-  for (absl::string_view v : absl::StrSplit(parts[0], ',')) {
-    uint32_t x = 0;
-    if (absl::SimpleAtoi(v, &x)) owner.push_back(x);
-  }
-  std::vector<std::vector<uint32_t>> backups;
-  for (size_t i = 3; i < parts.size(); ++i) {
-    absl::string_view b = parts[i];
-    b.remove_prefix(1);
-    b.remove_suffix(1);
-    std::vector<uint32_t> list;
-    for (absl::string_view v : absl::StrSplit(b, ',', absl::SkipEmpty())) {
-      uint32_t x = 0;
-      if (absl::SimpleAtoi(v, &x)) list.push_back(x);
-    }
-    backups.push_back(std::move(list));
+  auto final_map = ShardMapView::Create(maps_.rbegin()->second);
+  if (!final_map.ok()) {
+    Violation(absl::StrCat("the coordinator's last map is invalid: ", final_map.status().message()));
+    return;
   }
   for (const IssuedPush& p : pushes_) {
     if (!p.acked) continue;
     for (Key k : p.keys) {
-      const uint32_t v = VirtualShardOf(kTable, k, sc_.vshards);
-      const uint32_t primary = owner.at(v);
+      const uint32_t primary = final_map->ServerRankOfKey(kTable, k);
       if (!readable[primary]) continue;
       const std::string entry = absl::StrCat(p.worker_node, ":0:", p.seq);
       auto it = rows[primary].find(k);
@@ -1159,10 +1058,10 @@ void World::CheckAudit(RunResult& r) {
   }
   // (Copies compared only where both sides have the final map: a map
   // published as the job ended may not have reached them.)
-  for (uint32_t v = 0; v < sc_.vshards && v < backups.size(); ++v) {
-    const uint32_t primary = owner[v];
+  for (uint32_t v = 0; v < final_map->num_vshards(); ++v) {
+    const uint32_t primary = final_map->ServerRankOf(v);
     if (!readable[primary] || epoch_of[primary] != final_epoch) continue;
-    for (uint32_t b : backups[v]) {
+    for (uint32_t b : final_map->BackupsOf(v)) {
       if (!readable[b] || epoch_of[b] != final_epoch) continue;
       for (uint32_t k = 0; k < sc_.keys; ++k) {
         if (VirtualShardOf(kTable, k, sc_.vshards) != v) continue;
@@ -1212,7 +1111,7 @@ Scenario Scenario::FromSeed(uint64_t seed) {
   s.min_delay_ns = rng.Between(10'000, 200'000);
   s.max_delay_ns = s.min_delay_ns + rng.Between(0, 3'000'000);
   if (rng.Chance(0.6)) s.drop = 0.001 * static_cast<double>(rng.Between(1, 20));
-  if (rng.Chance(0.4)) s.duplicate = 0.001 * static_cast<double>(rng.Between(1, 20));
+  if (rng.Chance(0.4)) s.duplicate = 0.001 * static_cast<double>(rng.Between(1, 50));
   if (rng.Chance(0.4)) s.reorder = 0.01 * static_cast<double>(rng.Between(1, 10));
   // Crashes the replicas can cover, and now and then one they cannot.
   if (s.replication > 1) {

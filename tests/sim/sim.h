@@ -1,7 +1,7 @@
 #pragma once
 // The cluster simulator: the coordinator's, the servers' and the workers'
-// protocol cores (CoordinatorCore, ServerCore, WorkerCore: the code the
-// binaries run) wired through a simulated network and a simulated clock in
+// protocol cores (CoordinatorCore, ServerCore, WorkerCore, and SessionCore
+// for each node's side of the coordinator protocol: the code the binaries run) wired through a simulated network and a simulated clock in
 // one thread, driven by one seed.
 //
 // Promises:

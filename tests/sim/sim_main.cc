@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,10 @@ int main(int argc, char** argv) {
   }
   if (!trace.empty() && seed == 0) {
     std::fprintf(stderr, "tessera-sim: --trace needs --seed (one run)\n");
+    return 2;
+  }
+  if (!trace.empty() && !std::ofstream(trace)) {
+    std::fprintf(stderr, "tessera-sim: cannot write the trace to %s\n", trace.c_str());
     return 2;
   }
   const bool single = seed != 0;

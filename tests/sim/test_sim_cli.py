@@ -41,5 +41,7 @@ def test_bad_arguments_are_refused():
     assert p.returncode == 2 and "unknown --break 'nonsense'" in p.stderr
     p = run("--trace", "/tmp/x", check=False)
     assert p.returncode == 2 and "--trace needs --seed" in p.stderr
+    p = run("--seed", "3", "--trace", "/nonexistent-dir/t.trace", check=False)
+    assert p.returncode == 2 and "cannot write the trace to /nonexistent-dir/t.trace" in p.stderr
     p = run("--help")
     assert "--seeds" in p.stdout and "--minutes" in p.stdout and "--break" in p.stdout
