@@ -36,12 +36,19 @@ absl::StatusOr<ShardMapView> ShardMapView::Create(const proto::ShardMap& map) {
     }
     view.dead_[rank] = true;
   }
-  if (map.vshard_backups_size() != 0 && map.vshard_backups_size() != static_cast<int>(map.num_vshards())) {
-    return absl::InvalidArgumentError(absl::StrCat("shard map has backup lists for ", map.vshard_backups_size(),
+  if (map.backup_counts_size() != 0 && map.backup_counts_size() != static_cast<int>(map.num_vshards())) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map has backup counts for ", map.backup_counts_size(),
                                                    " of ", map.num_vshards(), " virtual shards"));
   }
-  for (uint32_t v = 0; v < static_cast<uint32_t>(map.vshard_backups_size()); ++v) {
-    std::vector<uint32_t> backups(map.vshard_backups(v).ranks().begin(), map.vshard_backups(v).ranks().end());
+  uint64_t listed = 0;
+  for (uint32_t c : map.backup_counts()) listed += c;
+  if (listed != static_cast<uint64_t>(map.backup_ranks_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map's backup counts add up to ", listed, " but it lists ",
+                                                   map.backup_ranks_size(), " backup ranks"));
+  }
+  BackupLists lists = BackupListsOf(map);
+  for (uint32_t v = 0; v < static_cast<uint32_t>(lists.size()); ++v) {
+    std::vector<uint32_t>& backups = lists[v];
     std::vector<uint32_t> all = backups;
     all.push_back(view.owner_[v]);
     for (size_t i = 0; i < all.size(); ++i) {
@@ -76,6 +83,30 @@ std::vector<uint32_t> ShardMapView::LiveServers() const {
   return live;
 }
 
+BackupLists BackupListsOf(const proto::ShardMap& map) {
+  BackupLists lists(static_cast<size_t>(map.backup_counts_size()));
+  int next = 0;
+  for (size_t v = 0; v < lists.size(); ++v) {
+    const int end = std::min<int>(map.backup_ranks_size(), next + static_cast<int>(map.backup_counts(static_cast<int>(v))));
+    lists[v].assign(map.backup_ranks().begin() + next, map.backup_ranks().begin() + end);
+    next = end;
+  }
+  return lists;
+}
+
+void SetBackupLists(proto::ShardMap* map, const BackupLists& lists) {
+  map->clear_backup_counts();
+  map->clear_backup_ranks();
+  size_t total = 0;
+  for (const auto& l : lists) total += l.size();
+  map->mutable_backup_counts()->Reserve(static_cast<int>(lists.size()));
+  map->mutable_backup_ranks()->Reserve(static_cast<int>(total));
+  for (const auto& l : lists) {
+    map->add_backup_counts(static_cast<uint32_t>(l.size()));
+    for (uint32_t r : l) map->add_backup_ranks(r);
+  }
+}
+
 absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32_t rank,
                                               std::vector<uint32_t>* reassign,
                                               const std::function<bool(uint32_t, uint32_t)>& in_sync) {
@@ -89,18 +120,16 @@ absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32
     next.add_dead_server_ranks(rank);
   }
   std::vector<std::string> orphans;
+  BackupLists lists = BackupListsOf(next);
+  const bool replicated = !lists.empty();
   for (uint32_t v = 0; v < map.num_vshards(); ++v) {
-    proto::Replicas* backups = next.vshard_backups_size() > 0 ? next.mutable_vshard_backups(v) : nullptr;
-    if (backups != nullptr) {
-      auto* ranks = backups->mutable_ranks();
-      ranks->erase(std::remove(ranks->begin(), ranks->end(), rank), ranks->end());
-    }
+    std::vector<uint32_t>* ranks = replicated ? &lists[v] : nullptr;
+    if (ranks != nullptr) ranks->erase(std::remove(ranks->begin(), ranks->end(), rank), ranks->end());
     if (next.vshard_server_rank(v) != rank) continue;
-    if (backups == nullptr) {
+    if (ranks == nullptr) {
       orphans.push_back(absl::StrCat(v));
       continue;
     }
-    auto* ranks = backups->mutable_ranks();
     auto heir = std::find_if(ranks->begin(), ranks->end(),
                              [&](uint32_t b) { return in_sync == nullptr || in_sync(v, b); });
     if (heir == ranks->end()) {
@@ -117,8 +146,8 @@ absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32
     std::vector<uint32_t> load(n, 0);
     for (uint32_t v = 0; v < next.num_vshards(); ++v) {
       if (next.vshard_server_rank(v) != rank) load[next.vshard_server_rank(v)]++;
-      if (next.vshard_backups_size() > 0)
-        for (uint32_t b : next.vshard_backups(v).ranks()) load[b]++;
+      if (replicated)
+        for (uint32_t b : lists[v]) load[b]++;
     }
     for (const std::string& o : orphans) {
       const uint32_t v = static_cast<uint32_t>(std::stoul(o));
@@ -127,10 +156,10 @@ absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32
         if (!dead[r] && (best == n || load[r] < load[best])) best = r;
       if (best == n) break;
       next.set_vshard_server_rank(v, best);
-      if (next.vshard_backups_size() > 0) {  // (a backup that never got the state may be chosen)
-        auto* ranks = next.mutable_vshard_backups(v)->mutable_ranks();
-        if (std::find(ranks->begin(), ranks->end(), best) != ranks->end()) {
-          ranks->erase(std::find(ranks->begin(), ranks->end(), best));
+      if (replicated) {  // (a backup that never got the state may be chosen)
+        auto& ranks = lists[v];
+        if (auto it = std::find(ranks.begin(), ranks.end(), best); it != ranks.end()) {
+          ranks.erase(it);
         } else {
           load[best]++;
         }
@@ -139,13 +168,17 @@ absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32
       }
       reassign->push_back(v);
     }
-    if (reassign->size() == orphans.size()) return next;
+    if (reassign->size() == orphans.size()) {
+      SetBackupLists(&next, lists);
+      return next;
+    }
     reassign->clear();
   }
   if (!orphans.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("server ", rank, " held the last copy of virtual shard",
                                                       orphans.size() > 1 ? "s " : " ", absl::StrJoin(orphans, ", ")));
   }
+  SetBackupLists(&next, lists);
   return next;
 }
 
@@ -158,20 +191,18 @@ proto::ShardMap WithBackupsFilled(const proto::ShardMap& map, uint32_t* added) {
   std::vector<bool> dead(n, false);
   for (uint32_t d : map.dead_server_ranks())
     if (d < n) dead[d] = true;
-  if (next.vshard_backups_size() == 0) {
-    for (uint32_t v = 0; v < map.num_vshards(); ++v) next.add_vshard_backups();
-  }
+  BackupLists lists = BackupListsOf(next);
+  lists.resize(map.num_vshards());
   std::vector<uint32_t> load(n, 0);
   for (uint32_t v = 0; v < next.num_vshards(); ++v) {
     load[next.vshard_server_rank(v)]++;
-    for (uint32_t b : next.vshard_backups(v).ranks()) load[b]++;
+    for (uint32_t b : lists[v]) load[b]++;
   }
   for (uint32_t v = 0; v < next.num_vshards(); ++v) {
-    proto::Replicas* backups = next.mutable_vshard_backups(v);
-    while (static_cast<uint32_t>(backups->ranks_size()) + 1 < r) {
+    std::vector<uint32_t>& backups = lists[v];
+    while (static_cast<uint32_t>(backups.size()) + 1 < r) {
       auto holds = [&](uint32_t rank) {
-        return next.vshard_server_rank(v) == rank ||
-               std::find(backups->ranks().begin(), backups->ranks().end(), rank) != backups->ranks().end();
+        return next.vshard_server_rank(v) == rank || std::find(backups.begin(), backups.end(), rank) != backups.end();
       };
       uint32_t best = n;
       for (uint32_t rank = 0; rank < n; ++rank) {
@@ -179,11 +210,12 @@ proto::ShardMap WithBackupsFilled(const proto::ShardMap& map, uint32_t* added) {
         if (best == n || load[rank] < load[best]) best = rank;
       }
       if (best == n) break;  // fewer live servers than copies
-      backups->add_ranks(best);
+      backups.push_back(best);
       load[best]++;
       if (added != nullptr) ++*added;
     }
   }
+  SetBackupLists(&next, lists);
   return next;
 }
 
@@ -213,8 +245,8 @@ proto::ShardMap RoundRobinShardMap(uint64_t epoch, uint32_t num_vshards,
   for (uint32_t v = 0; v < num_vshards; ++v) {
     map.add_vshard_server_rank(n == 0 ? 0 : v % n);
     if (r > 1) {
-      proto::Replicas* b = map.add_vshard_backups();
-      for (uint32_t i = 1; i < r; ++i) b->add_ranks((v + i) % n);
+      map.add_backup_counts(r - 1);
+      for (uint32_t i = 1; i < r; ++i) map.add_backup_ranks((v + i) % n);
     }
   }
   return map;

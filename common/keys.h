@@ -73,6 +73,15 @@ class ShardMapView {
   std::vector<bool> dead_;                      // by rank
 };
 
+// The backups of every shard, one list per shard in promotion order (empty:
+// the map has no backups). The map stores them flat (ShardMap.backup_counts
+// and backup_ranks); a map whose counts do not add up gives the lists they
+// describe, cut short (ShardMapView::Create rejects such a map).
+using BackupLists = std::vector<std::vector<uint32_t>>;
+BackupLists BackupListsOf(const proto::ShardMap& map);
+// Replaces the map's backups by `lists` (empty, or one per shard).
+void SetBackupLists(proto::ShardMap* map, const BackupLists& lists);
+
 // The initial placement: virtual shard v goes to server v mod num_servers,
 // and, with replication r > 1, its backups to the next r - 1 servers
 // (v + 1, ..., v + r - 1 mod num_servers). r is capped at the server count.

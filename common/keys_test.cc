@@ -2,10 +2,14 @@
 
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
 namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 constexpr uint32_t kShards = 64;
 
@@ -166,8 +170,29 @@ TEST(KeysTest, ShardMapViewRejectsADeadPrimaryOrDuplicateReplicas) {
   dead_primary.add_dead_server_ranks(0);
   EXPECT_EQ(ShardMapView::Create(dead_primary).status().code(), absl::StatusCode::kInvalidArgument);
   proto::ShardMap twice = map;
-  twice.mutable_vshard_backups(0)->set_ranks(0, 0);  // shard 0: primary 0, backup 0
+  twice.set_backup_ranks(0, 0);  // shard 0: primary 0, backup 0
   EXPECT_EQ(ShardMapView::Create(twice).status().code(), absl::StatusCode::kInvalidArgument);
+  // The flat lists must add up, and cover every shard or none.
+  proto::ShardMap short_ranks = map;
+  short_ranks.mutable_backup_ranks()->RemoveLast();
+  EXPECT_THAT(ShardMapView::Create(short_ranks).status().message(), HasSubstr("add up to 3 but it lists 2"));
+  proto::ShardMap short_counts = map;
+  short_counts.mutable_backup_counts()->RemoveLast();
+  EXPECT_THAT(ShardMapView::Create(short_counts).status().message(), HasSubstr("backup counts for 2 of 3"));
+}
+
+TEST(KeysTest, BackupListsRoundTripThroughTheFlatFields) {
+  proto::ShardMap map;
+  map.set_num_vshards(4);
+  const BackupLists lists = {{2, 1}, {}, {0}, {3, 0, 1}};
+  SetBackupLists(&map, lists);
+  EXPECT_THAT(map.backup_counts(), ElementsAre(2, 0, 1, 3));
+  EXPECT_THAT(map.backup_ranks(), ElementsAre(2, 1, 0, 3, 0, 1));
+  EXPECT_EQ(BackupListsOf(map), lists);
+  SetBackupLists(&map, {});
+  EXPECT_EQ(map.backup_counts_size(), 0);
+  EXPECT_EQ(map.backup_ranks_size(), 0);
+  EXPECT_TRUE(BackupListsOf(map).empty());
 }
 
 TEST(KeysTest, LostCopiesAreRecruitedOnTheLeastLoadedLiveServers) {
@@ -198,7 +223,7 @@ TEST(KeysTest, ARestartedServerComesBackEmptyAndIsRecruitedWhereCopiesAreMissing
   std::vector<proto::NodeInfo> servers = {Server(0), Server(1)};
   absl::StatusOr<proto::ShardMap> lost = WithoutServer(RoundRobinShardMap(1, 4, servers, 2), 0);
   ASSERT_TRUE(lost.ok());
-  EXPECT_EQ(WithBackupsFilled(*lost).vshard_backups(0).ranks_size(), 0) << "no live server left to copy to";
+  EXPECT_TRUE(BackupListsOf(WithBackupsFilled(*lost)).at(0).empty()) << "no live server left to copy to";
   proto::NodeInfo back = Server(0);
   back.set_node_id(99);
   back.set_address("tcp://new:1");

@@ -85,6 +85,18 @@ std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
     out.push_back(Outgoing{node.info.address(), std::move(end)});
     return out;
   }
+  if (node.lost && node.info.role() == proto::WORKER) {
+    // The job went on without it (on_worker_loss: continue): it was only
+    // silent, but its place is gone. It must stop, not count as done or
+    // take part in barriers.
+    Message end;
+    end.header.mutable_shutdown()->set_ok(false);
+    end.header.mutable_shutdown()->set_reason(
+        absl::StrCat(NodeName(proto::WORKER, node.info.rank()), " was declared lost (", node.lost_reason,
+                     ") and the job goes on without it (on_worker_loss: continue)"));
+    out.push_back(Outgoing{node.info.address(), std::move(end)});
+    return out;
+  }
   if (node.away) {  // it was only silent (paused, or a slow network): it keeps its place
     node.away = false;
     events_.push_back(absl::StrCat(NodeName(node.info.role(), node.info.rank()), " (", node.info.address(),
@@ -103,6 +115,7 @@ std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
       Message reply = Reply(m);
       reply.header.mutable_heartbeat_ack();
       reply_to(std::move(reply));
+      if (phase_ == Phase::kRunning && node.info.role() == proto::SERVER) ResendWorkersLeft(node, hb, out);
       // A node behind on the map (it missed an update) gets it again, with
       // the restores it was to make; one that has the map has them.
       if (phase_ == Phase::kRunning && h.epoch() != 0 && h.epoch() < shard_map_.epoch()) {
@@ -177,6 +190,21 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
   }
   if (phase_ == Phase::kRunning && req.role() == proto::WORKER && TakeOverAwayWorker(m, now, out)) return;
   if (phase_ == Phase::kRunning && req.role() == proto::SERVER && TakeOverDeadServer(m, now, out)) return;
+  if (phase_ == Phase::kRunning && req.role() == proto::WORKER && options_.on_worker_loss == WorkerLossPolicy::kWait &&
+      req.rank() >= 0) {
+    // A replacement that came before its predecessor's lease ran out (a
+    // process restarted at once): not yet, but soon (it retries).
+    for (const auto& [id, n] : nodes_) {
+      if (n.info.role() != proto::WORKER || n.info.rank() != static_cast<uint32_t>(req.rank()) || n.done) continue;
+      SetError(reply, absl::StatusCode::kUnavailable,
+               absl::StrCat(NodeName(proto::WORKER, n.info.rank()), " is held by the process at ", n.info.address(),
+                            ", heard from ", Seconds(now - n.last_seen), " ago; under on_worker_loss: wait its place "
+                            "is free for a replacement once that process has been silent for ",
+                            Seconds(options_.lease)));
+      send_reply();
+      return;
+    }
+  }
   if (phase_ != Phase::kAssembling) {
     SetError(reply, absl::StatusCode::kFailedPrecondition,
              phase_ == Phase::kRunning
@@ -372,13 +400,28 @@ void CoordinatorCore::AnnounceWorkerLeft(const Node& worker, const std::string& 
   }
 }
 
+void CoordinatorCore::ResendWorkersLeft(const Node& server, const proto::Heartbeat& hb,
+                                         std::vector<Outgoing>& out) const {
+  std::vector<uint32_t> left;
+  for (const auto& [id, n] : nodes_)
+    if (n.info.role() == proto::WORKER && (n.lost || n.done)) left.push_back(id);
+  if (hb.workers_left() >= left.size()) return;
+  std::sort(left.begin(), left.end());
+  Message m;
+  for (uint32_t id : left) m.header.mutable_workers_left()->add_worker_node_ids(id);
+  m.header.mutable_workers_left()->set_reason(absl::StrCat(
+      "sent again: server ", server.info.rank(), " knows of ", hb.workers_left(), " of the ", left.size(),
+      " workers that left"));
+  out.push_back(Outgoing{server.info.address(), std::move(m)});
+}
+
 void CoordinatorCore::MaybeFinish(std::vector<Outgoing>& out) {
   if (phase_ != Phase::kRunning) return;
   size_t done = 0, lost = 0;
   for (const auto& [id, n] : nodes_) {
     if (n.info.role() != proto::WORKER) continue;
-    done += n.done;
     lost += n.lost;
+    done += n.done && !n.lost;  // (a lost worker is never done: its reports are refused)
   }
   if (done + lost < options_.workers) return;
   if (done == 0) {
@@ -582,11 +625,11 @@ absl::Status CoordinatorCore::RestoreState(const proto::CoordinatorState& s, Nan
 }
 
 void CoordinatorCore::NoteRecruits(const proto::ShardMap& previous, const proto::ShardMap& next) {
-  for (uint32_t v = 0; v < next.num_vshards() && static_cast<int>(v) < next.vshard_backups_size(); ++v) {
-    for (uint32_t b : next.vshard_backups(v).ranks()) {
-      const bool had = static_cast<int>(v) < previous.vshard_backups_size() &&
-                       std::find(previous.vshard_backups(v).ranks().begin(), previous.vshard_backups(v).ranks().end(),
-                                 b) != previous.vshard_backups(v).ranks().end();
+  const BackupLists before = BackupListsOf(previous);
+  const BackupLists after = BackupListsOf(next);
+  for (uint32_t v = 0; v < next.num_vshards() && v < after.size(); ++v) {
+    for (uint32_t b : after[v]) {
+      const bool had = v < before.size() && std::find(before[v].begin(), before[v].end(), b) != before[v].end();
       if (!had) syncing_.insert({v, b});
     }
   }

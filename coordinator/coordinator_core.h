@@ -46,8 +46,14 @@
 //   with the reason.
 // - Every request with a request_id gets a reply (possibly an Error).
 // - Lost messages: a heartbeat stamped with an older map epoch than the
-//   coordinator's is answered with the current map too; once the job has
-//   ended, any message from a node is answered with the Shutdown again.
+//   coordinator's is answered with the current map too; a server's heartbeat
+//   that knows of fewer workers that left (Heartbeat.workers_left) than the
+//   coordinator is answered with WorkersLeft naming all of them; once the
+//   job has ended, any message from a node is answered with the Shutdown
+//   again.
+// - A worker lost under kContinue that is heard from again (it was only
+//   paused or cut off) is answered with Shutdown{ok=false} saying it was
+//   declared lost; its reports (done, barriers) no longer count.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -167,6 +173,9 @@ class CoordinatorCore {
   void PublishMap(const std::string& reason, std::vector<Outgoing>& out,
                   const std::vector<proto::ShardRestore>& restores = {});
   void AnnounceWorkerLeft(const Node& worker, const std::string& reason, std::vector<Outgoing>& out) const;
+  // A server's heartbeat says it knows of fewer workers that left than
+  // there are: WorkersLeft again, naming all of them (idempotent there).
+  void ResendWorkersLeft(const Node& server, const proto::Heartbeat& hb, std::vector<Outgoing>& out) const;
   void MaybeFinish(std::vector<Outgoing>& out);
   // Releases every barrier that all live (not done, not lost) workers reached.
   void ReleaseBarriers(std::vector<Outgoing>& out);

@@ -61,8 +61,9 @@ class CoordinatorCoreTest : public ::testing::Test {
   // or as the map names them.
   static void SyncAll(CoordinatorCore& core, Nanos now) {
     const proto::ShardMap& map = core.shard_map();
-    for (uint32_t v = 0; v < map.num_vshards() && static_cast<int>(v) < map.vshard_backups_size(); ++v) {
-      for (uint32_t b : map.vshard_backups(v).ranks()) {
+    const BackupLists lists = BackupListsOf(map);
+    for (uint32_t v = 0; v < map.num_vshards() && v < lists.size(); ++v) {
+      for (uint32_t b : lists[v]) {
         Message m = From(map.servers(map.vshard_server_rank(v)).address(), 0);
         m.header.mutable_shards_in_sync()->add_vshards(v);
         m.header.mutable_shards_in_sync()->set_backup_rank(b);
@@ -285,6 +286,66 @@ TEST_F(CoordinatorCoreTest, WaitPolicyKeepsALostWorkersPlaceForAReplacement) {
   EXPECT_TRUE(barrier("w1-again", "start", 6 * kSeconds).empty());
 }
 
+// A replacement that registers before its predecessor's lease ran out (a
+// process restarted at once) is told "not yet" (Unavailable: the node's
+// session retries), and takes the place once the lease has run out.
+TEST_F(CoordinatorCoreTest, WaitPolicyAnswersAnEarlyReplacementNotYet) {
+  CoordinatorOptions o = Options(1, 2);
+  o.on_worker_loss = WorkerLossPolicy::kWait;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 1, 2);
+  auto out = core.Step(Register("w1-again", proto::WORKER, 1), 1 * kSeconds);
+  ASSERT_EQ(out.size(), 1u);
+  const proto::Error& e = out[0].message.header.error();
+  EXPECT_EQ(e.code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_NE(e.message().find("worker 1 is held by the process at w1, heard from 1 s ago"), std::string::npos)
+      << e.message();
+  EXPECT_NE(e.message().find("silent for 3 s"), std::string::npos) << e.message();
+  for (Nanos t = kSeconds; t <= 3 * kSeconds; t += kSeconds) {
+    for (const char* from : {"w0", "s0"}) Heartbeat(core, from, t);
+  }
+  core.Tick(3 * kSeconds);  // w1 silent for the lease: away
+  out = core.Step(Register("w1-again", proto::WORKER, 1), 3500 * kMillis);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].message.header.register_reply().self().incarnation(), 1u);
+}
+
+// A server that missed a WorkersLeft (a lost message) would wait for that
+// worker's clock forever: its heartbeat says how many workers it knows
+// left, and the coordinator names them all again (found by the cluster
+// simulator).
+TEST_F(CoordinatorCoreTest, AServerThatMissedWorkersLeftGetsItAgain) {
+  CoordinatorOptions o = Options(2, 3);
+  o.on_worker_loss = WorkerLossPolicy::kContinue;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 2, 3);
+  for (Nanos t = kSeconds; t <= 3 * kSeconds; t += kSeconds) {
+    for (const char* from : {"w0", "w1", "s0", "s1"}) Heartbeat(core, from, t);
+  }
+  auto out = core.Tick(3 * kSeconds);  // w2 lost
+  ASSERT_EQ(out.size(), 2u);
+  ASSERT_TRUE(out[0].message.header.has_workers_left());
+  const uint32_t w2 = out[0].message.header.workers_left().worker_node_ids(0);
+  Message done = From("w0");
+  done.header.mutable_worker_done()->set_steps(1);
+  core.Step(done, 3 * kSeconds);  // w0 done: left too
+
+  auto heartbeat = [&](const std::string& from, uint32_t knows) {
+    Message m = From(from);
+    m.header.mutable_heartbeat()->set_workers_left(knows);
+    return To(core.Step(m, 4 * kSeconds), from);
+  };
+  out = heartbeat("s1", 1);  // it missed one of the two
+  ASSERT_EQ(out.size(), 2u);
+  ASSERT_TRUE(out[1].message.header.has_workers_left());
+  const auto& left = out[1].message.header.workers_left();
+  ASSERT_EQ(left.worker_node_ids_size(), 2);
+  EXPECT_TRUE(left.worker_node_ids(0) == w2 || left.worker_node_ids(1) == w2);
+  EXPECT_NE(left.reason().find("server 1 knows of 1 of the 2 workers that left"), std::string::npos) << left.reason();
+  EXPECT_EQ(heartbeat("s0", 2).size(), 1u) << "only the heartbeat ack: it knows them all";
+  EXPECT_EQ(heartbeat("w1", 0).size(), 1u) << "workers are not told";
+}
+
 TEST_F(CoordinatorCoreTest, WaitPolicyFailsTheJobWhenNoReplacementComes) {
   CoordinatorOptions o = Options(1, 2);
   o.on_worker_loss = WorkerLossPolicy::kWait;
@@ -320,11 +381,46 @@ TEST_F(CoordinatorCoreTest, WithoutTheWaitPolicyNoPlaceCanBeTakenOver) {
       << out[0].message.header.error().message();
 }
 
+// A worker the job went on without (it was only paused) comes back: it is
+// told to stop, and its done report does not count, so the job still waits
+// for the other workers (found by the cluster simulator: the lost worker
+// counted as lost and as done, and the job ended before worker 0 finished).
+TEST_F(CoordinatorCoreTest, UnderTheContinuePolicyALostWorkerThatComesBackIsToldToStop) {
+  CoordinatorOptions o = Options(1, 3);
+  o.on_worker_loss = WorkerLossPolicy::kContinue;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 1, 3);
+  for (Nanos t = kSeconds; t <= 4 * kSeconds; t += kSeconds) {
+    for (const char* from : {"w0", "w1", "s0"}) Heartbeat(core, from, t);
+  }
+  core.Tick(4 * kSeconds);  // w2 silent since 0: lost, the job goes on
+  ASSERT_EQ(core.phase(), CoordinatorCore::Phase::kRunning);
+
+  auto out = Heartbeat(core, "w2", 4500 * kMillis);
+  const std::vector<Outgoing> to_w2 = To(out, "w2");
+  ASSERT_EQ(to_w2.size(), 1u);
+  const proto::Shutdown& stop = to_w2[0].message.header.shutdown();
+  EXPECT_FALSE(stop.ok());
+  EXPECT_NE(stop.reason().find("worker 2 was declared lost"), std::string::npos) << stop.reason();
+  EXPECT_NE(stop.reason().find("on_worker_loss: continue"), std::string::npos) << stop.reason();
+
+  for (const char* from : {"w2", "w1"}) {
+    Message done = From(from);
+    done.header.mutable_worker_done()->set_steps(10);
+    core.Step(done, 5 * kSeconds);
+  }
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kRunning) << "worker 0 has not finished";
+  Message done = From("w0");
+  done.header.mutable_worker_done()->set_steps(10);
+  out = core.Step(done, 5 * kSeconds);
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kDone);
+}
+
 TEST_F(CoordinatorCoreTest, WithReplicationALostServerFailsOverAndTheJobGoesOn) {
   CoordinatorCore core(Replicated(3, 1), 0);  // servers are watched more closely than workers
   Assemble(core, 3, 1, 0);
   ASSERT_EQ(core.shard_map().replication(), 2u);
-  ASSERT_EQ(core.shard_map().vshard_backups_size(), 8);
+  ASSERT_EQ(core.shard_map().backup_counts_size(), 8);
   const uint64_t epoch = core.shard_map().epoch();
   for (const char* n : {"s0", "s2", "w0"}) Heartbeat(core, n, 900 * kMillis);
   EXPECT_TRUE(core.Tick(900 * kMillis).empty());
@@ -368,7 +464,7 @@ TEST_F(CoordinatorCoreTest, WithoutReplicationALostServerStillFailsTheJob) {
   o.server_lease = 1 * kSeconds;
   CoordinatorCore core(o, 0);
   Assemble(core, 2, 1, 0);
-  EXPECT_EQ(core.shard_map().vshard_backups_size(), 0);
+  EXPECT_EQ(core.shard_map().backup_counts_size(), 0);
   Heartbeat(core, "s0", 1500 * kMillis);
   Heartbeat(core, "w0", 1500 * kMillis);
   // Where a lost server ends the job, servers get the ordinary lease (3 s):

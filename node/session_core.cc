@@ -66,7 +66,13 @@ bool SessionCore::Handle(const Message& m, Nanos now) {
       absl::Status s = h.has_error() ? absl::Status(static_cast<absl::StatusCode>(h.error().code()),
                                                     absl::StrCat("coordinator: ", h.error().message()))
                                      : absl::OkStatus();
-      if (!registered_ && h.has_error() && !register_error_) register_error_ = s;
+      if (!registered_ && h.has_error()) {
+        if (s.code() == absl::StatusCode::kUnavailable) {
+          register_refused_ = s;  // for now: registration goes on
+        } else if (!register_error_) {
+          register_error_ = s;
+        }
+      }
       if (!s.ok()) {
         for (auto& [name, barrier] : barriers_) {
           if (barrier.request_id == h.request_id()) barrier.error = s;
@@ -97,6 +103,11 @@ std::optional<absl::StatusOr<proto::JobReady>> SessionCore::JoinResult(Nanos now
   if (!registered_) {
     if (ended_) return absl::StatusOr<proto::JobReady>(ended());
     if (now >= join_deadline_) {
+      if (register_refused_) {
+        return absl::StatusOr<proto::JobReady>(absl::DeadlineExceededError(
+            absl::StrCat("the coordinator at ", options_.coordinator, " refused to register this node until the ",
+                         FormatSeconds(options_.connect_timeout), " deadline; last: ", register_refused_->message())));
+      }
       return absl::StatusOr<proto::JobReady>(
           absl::DeadlineExceededError(absl::StrCat("coordinator at ", options_.coordinator, " did not answer within ",
                                                    FormatSeconds(options_.connect_timeout))));

@@ -40,7 +40,10 @@
 //   deadline.
 // - Coordinator errors become statuses with the error's code and the message
 //   "coordinator: MESSAGE". An error before registration is the
-//   registration's (register_error()).
+//   registration's (register_error()), except Unavailable: a refusal for
+//   now (a replacement whose predecessor's lease has not run out yet), so
+//   registration goes on every register_retry until the deadline, and a join
+//   that runs out of time says the last refusal.
 // Thread safety: none; the shell serializes calls.
 #include <algorithm>
 #include <cstdint>
@@ -179,6 +182,7 @@ class SessionCore {
   Nanos next_register_ = 0;
   std::optional<proto::RegisterReply> registered_;
   std::optional<absl::Status> register_error_;
+  std::optional<absl::Status> register_refused_;  // the last Unavailable answer to a registration
   std::optional<proto::JobReady> ready_;
   std::optional<absl::Status> ended_;
 

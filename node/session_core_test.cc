@@ -265,6 +265,37 @@ TEST(SessionCoreTest, AnErrorBeforeRegistrationFailsTheJoin) {
   EXPECT_TRUE(core.Tick(3 * kSeconds).empty());
 }
 
+// Unavailable is "not yet" (a replacement whose predecessor's lease has not
+// run out): registration goes on, and a join that runs out of time says the
+// last refusal.
+TEST(SessionCoreTest, AnUnavailableAnswerBeforeRegistrationIsRetried) {
+  SessionCoreOptions o = Options();
+  o.connect_timeout = 2 * kSeconds;
+  SessionCore core(o);
+  core.StartJoin(0, 2 * kSeconds);
+  auto out = core.Tick(0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(core.Handle(Error(out[0].request_id(), absl::StatusCode::kUnavailable, "worker 2 is held"), 50 * kMs));
+  EXPECT_FALSE(core.register_error().has_value());
+  EXPECT_FALSE(core.JoinResult(100 * kMs).has_value());
+  EXPECT_EQ(Registrations(core.Tick(500 * kMs)), 1u);  // again after register_retry
+  for (Nanos t = 600 * kMs; t <= 2 * kSeconds; t += 100 * kMs) core.Tick(t);
+  auto result = core.JoinResult(2 * kSeconds);
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(result->status().message(),
+              HasSubstr("refused to register this node until the 2 s deadline; last: coordinator: worker 2 is held"));
+
+  // And a later reply registers it, when it comes in time.
+  SessionCore again(o);
+  again.StartJoin(0, 2 * kSeconds);
+  out = again.Tick(0);
+  again.Handle(Error(out[0].request_id(), absl::StatusCode::kUnavailable, "not yet"), 50 * kMs);
+  again.Tick(500 * kMs);
+  EXPECT_TRUE(again.Handle(RegisterReply(7, 3), 600 * kMs));
+  EXPECT_TRUE(again.registered());
+}
+
 TEST(SessionCoreTest, HeartbeatsEveryInterval) {
   SessionCore core = Running(Options(), 0);
   std::vector<Nanos> at;

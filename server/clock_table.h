@@ -49,6 +49,11 @@ class ClockTable {
 
   bool IsLive(uint32_t worker) const { return clocks_.contains(worker); }
   bool IsKnown(uint32_t worker) const { return ranks_.contains(worker); }
+  // The worker's rank (its node id if unknown).
+  uint32_t RankOf(uint32_t worker) const {
+    auto it = ranks_.find(worker);
+    return it == ranks_.end() ? worker : it->second;
+  }
   uint64_t ClockOf(uint32_t worker) const;
   uint64_t min_clock() const { return min_clock_; }
   size_t live_workers() const { return clocks_.size(); }

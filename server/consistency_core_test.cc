@@ -157,10 +157,17 @@ TEST_F(ConsistencyCoreTest, WorkersThatLeftAreNotWaitedFor) {
   auto out = core_->Step(std::move(left), 0);
   ASSERT_EQ(out.size(), 2u);  // the held pull and clock, nothing for WorkersLeft itself
   EXPECT_EQ(out[0].message.header.request_id(), 1u);
-  // A push from the departed worker's clock table entry is refused.
+  // A clock from the departed worker is refused.
   auto late = Clock(kW1, 1, 3);
   ASSERT_EQ(late.size(), 1u);
   EXPECT_TRUE(late[0].message.header.has_error());
+  // So are its pushes and pulls (a paused worker the job went on without,
+  // back after the others passed its clock: found by the cluster
+  // simulator, where its late pushes broke I2), while the others' go on.
+  for (auto refused : {Push(kW1, 0, 1.0f), Pull(kW1, 0, 4)}) {
+    EXPECT_NE(ErrorOf(refused).find("worker 1 has left the job"), std::string::npos) << ErrorOf(refused);
+  }
+  EXPECT_EQ(ErrorOf(Push(kW0, 1, 1.0f)), "");
 }
 
 TEST_F(ConsistencyCoreTest, HeldRequestsTimeOutNamingTheLaggards) {

@@ -177,6 +177,17 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
     send(std::move(reply));
     return out;
   }
+  if ((h.has_push() || h.has_pull()) && clocks_.IsKnown(h.sender_id()) && !clocks_.IsLive(h.sender_id())) {
+    // The coordinator announced it left (done, or lost and the job went on
+    // without it): its clock no longer counts, so neither may its data.
+    Message reply = Reply(request);
+    SetError(reply, absl::FailedPreconditionError(absl::StrCat(
+                        "worker ", clocks_.RankOf(h.sender_id()), " has left the job; server ", my_rank_,
+                        " takes no more pushes or pulls from it")));
+    stats_.bad_requests++;
+    send(std::move(reply));
+    return out;
+  }
   switch (h.body_case()) {
     case proto::Envelope::kPush:
       HandlePush(std::move(request), now, out);
@@ -678,6 +689,16 @@ std::vector<std::pair<uint32_t, uint64_t>> ServerCore::AppliedByPrimaryShard() c
   for (uint32_t v = 0; v < map_->num_vshards(); ++v)
     if (map_->ServerRankOf(v) == my_rank_) out.emplace_back(v, applied(v));
   return out;
+}
+
+void ServerCore::FillHeartbeat(proto::Heartbeat* hb) const {
+  for (const auto& [v, n] : AppliedByPrimaryShard()) {
+    hb->add_vshards(v);
+    hb->add_applied(n);
+  }
+  uint32_t left = 0;
+  clocks_.ForEach([&](uint32_t, uint64_t, bool live) { left += !live; });
+  hb->set_workers_left(left);
 }
 
 ShardSnapshot ServerCore::SnapshotPrimaryShards() const {

@@ -34,7 +34,7 @@
 //   Held requests are answered, in arrival order, as soon as the clock table
 //   allows, or with DeadlineExceeded naming the workers still behind after
 //   their hold timeout (Tick). Workers that left (WorkersLeft) are not waited for.
-// - Replication (../shared/DESIGN.md section 6; the map's vshard_backups):
+// - Replication (../shared/DESIGN.md section 6; the map's backups):
 //   * A push is taken only by the primary of the shard of each of its keys;
 //     a key of a shard this server is not primary of gets Aborted ("not the
 //     primary ... at map epoch E"), which tells the worker to retry with the
@@ -197,6 +197,9 @@ class ServerCore {
   std::vector<proto::ShardsInSync> TakeShardsInSync() { return std::exchange(in_sync_, {}); }
   // Pushes applied to each shard this server is primary of: (vshard, count).
   std::vector<std::pair<uint32_t, uint64_t>> AppliedByPrimaryShard() const;
+  // What this server tells the coordinator in each heartbeat: the pushes
+  // applied per primary shard, and how many workers it knows have left.
+  void FillHeartbeat(proto::Heartbeat* hb) const;
   uint64_t applied(uint32_t vshard) const {
     auto it = applied_.find(vshard);
     return it == applied_.end() ? 0 : it->second;

@@ -219,11 +219,7 @@ absl::Status ServerNode::Run() {
   TLOG_INFO("listening on {}; joining the job", transport_->address());
   session_.set_heartbeat_filler([this](proto::Heartbeat* hb) {
     std::lock_guard lock(mu_);
-    if (core_ == nullptr) return;
-    for (const auto& [v, n] : core_->AppliedByPrimaryShard()) {
-      hb->add_vshards(v);
-      hb->add_applied(n);
-    }
+    if (core_ != nullptr) core_->FillHeartbeat(hb);
   });
   auto ready = session_.Join();
   if (!ready.ok()) {

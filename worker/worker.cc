@@ -174,16 +174,29 @@ class WorkerImpl final : public Worker {
   }
 
   // A replacement continues at the clock its predecessor announced: the
-  // highest any server knows (a predecessor that died inside Clock() may
-  // have reached only some servers).
+  // highest any server knows. A predecessor that died inside Clock() may
+  // have reached only some servers, and the others would wait for it
+  // forever, so that clock is announced again to every server (found by
+  // the cluster simulator).
   absl::Status ResumeClock() {
     absl::Status s =
         Issue(nullptr, [&](const WorkerCore::Handle& h, Nanos now) { return core_->ClockQuery(h, now); }).Wait();
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("resuming the clock of a replaced worker: ", s.message()));
     }
-    std::lock_guard lock(mu_);
-    clock_.store(core_->known_clock());
+    uint64_t known = 0;
+    {
+      std::lock_guard lock(mu_);
+      known = core_->known_clock();
+      clock_.store(known);
+    }
+    if (known == 0) return absl::OkStatus();
+    s = Issue(nullptr, [&](const WorkerCore::Handle& h, Nanos now) { return core_->ClockAdvance(h, known, now); })
+            .Wait();
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("announcing clock ", known, " again for a replaced worker: ",
+                                                 s.message()));
+    }
     return absl::OkStatus();
   }
 

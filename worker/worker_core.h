@@ -93,7 +93,9 @@ class WorkerCore {
   // --- Operations (each registers one operation under `handle`) ---
   Effects CreateTable(Handle handle, const proto::TableConfig& config, Nanos now);
   // The highest clock any live server knows for this worker (a replacement
-  // resumes there): known_clock() once the operation completed OK.
+  // resumes there): known_clock() once the operation completed OK. The
+  // replacement then announces that clock again (ClockAdvance): its
+  // predecessor may have died with the announcement at only some servers.
   Effects ClockQuery(Handle handle, Nanos now);
   // `values` holds keys.size() * width floats; keys non-empty. The caller
   // keeps keys and values unchanged until the operation completes.

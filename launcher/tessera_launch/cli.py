@@ -8,7 +8,7 @@ import sys
 
 from . import __version__
 from .config import ConfigError
-from . import doctor, kubernetes, report, role, slurm, ssh
+from . import doctor, kubernetes, plan, report, role, slurm, ssh
 from .local import EXIT_USAGE, LocalBackend, LocalOptions, SetupError, run_job
 from .mpirun import MpirunBackend
 
@@ -154,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     kubernetes.add_arguments(kube_parser)
     doctor.add_arguments(command("doctor", "check the hosts a job would use before running it (RDMA, memlock, "
                                  "reachability, CUDA)", doctor.DESCRIPTION, doctor.EPILOG))
+    plan.add_arguments(command("plan", "suggest the number of servers and virtual shards for a model, "
+                               "and show the arithmetic", plan.DESCRIPTION, plan.EPILOG))
     report.add_arguments(command("report", "turn a run directory into plots and a Markdown page",
                                  report.__doc__.split("\n\n", 1)[1], ""))
     role.add_arguments(commands.add_parser(
@@ -176,6 +178,8 @@ def main(argv=None) -> int:
             return report.run(args)
         if args.command == "doctor":
             return doctor.run(args)
+        if args.command == "plan":
+            return plan.run(args)
         if args.command == "role":
             return role.main_role(args)
         if args.command == "kubernetes":
@@ -184,7 +188,7 @@ def main(argv=None) -> int:
             return slurm.run(_job_options(args), args)
         backends = {"local": LocalBackend, "mpirun": MpirunBackend, "ssh": lambda: ssh.SshBackend(args.hostfile)}
         return run_job(_job_options(args), backends[args.command]())
-    except (ConfigError, SetupError, report.ReportError) as e:
+    except (ConfigError, SetupError, report.ReportError, plan.PlanError) as e:
         for line in str(e).splitlines():
             print(f"tessera-launch: error: {line}", file=sys.stderr)
         return EXIT_USAGE

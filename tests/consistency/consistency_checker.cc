@@ -5,6 +5,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
@@ -157,14 +158,15 @@ CheckResult Check(const Recorder& rec, uint32_t W, uint64_t s) {
     ++counter;
     if (r.violations.size() < 10) r.violations.push_back(std::move(text));
   };
-  // Per (worker, key): push timestamps and clocks, sorted by time.
-  std::vector<std::vector<std::vector<std::pair<int64_t, uint64_t>>>> by(W);
+  // Per (worker, key): push timestamps, clocks and whether each may be
+  // missing, sorted by time.
+  std::vector<std::vector<std::vector<std::tuple<int64_t, uint64_t, bool>>>> by(W);
   uint32_t max_key = 0;
   for (const auto& p : pushes)
     for (uint32_t k : p.keys) max_key = std::max(max_key, k + 1);
   for (auto& v : by) v.resize(max_key);
   for (const auto& p : pushes)
-    for (uint32_t k : p.keys) by[p.worker][k].push_back({p.issued_ns, p.clock});
+    for (uint32_t k : p.keys) by[p.worker][k].push_back({p.issued_ns, p.clock, p.may_be_missing});
   for (auto& v : by)
     for (auto& list : v) std::sort(list.begin(), list.end());
 
@@ -176,9 +178,10 @@ CheckResult Check(const Recorder& rec, uint32_t W, uint64_t s) {
         const float got = pull.values[i * W + v];
         uint64_t stamped_old = 0, issued_before_done = 0, own_before = 0;
         if (k < max_key) {
-          for (const auto& [t, c] : by[v][k]) {
-            if (s != kUnbounded && c + s + 1 <= pull.clock) ++stamped_old;  // c <= pull.clock - s - 1
+          for (const auto& [t, c, may_be_missing] : by[v][k]) {
             if (t < pull.completed_ns) ++issued_before_done;
+            if (may_be_missing) continue;
+            if (s != kUnbounded && c + s + 1 <= pull.clock) ++stamped_old;  // c <= pull.clock - s - 1
             if (v == pull.worker && t < pull.issued_ns) ++own_before;
           }
         }

@@ -31,6 +31,11 @@ struct PushEvent {
   uint64_t clock;
   std::vector<uint32_t> keys;
   int64_t issued_ns;
+  // Never acknowledged (its process died, or it failed): it may be applied
+  // in part or not at all, so no pull is required to reflect it (I2, I3);
+  // it still bounds what a pull may reflect (I4). Not written to files (the
+  // multi-process workload stops at a failed push).
+  bool may_be_missing = false;
 };
 struct PullEvent {
   uint32_t worker;

@@ -73,6 +73,24 @@ TEST(ConsistencyCheckerTest, FlagsEachInvariantOnHandMadeRecords) {
   EXPECT_EQ(r.i4, 1u);
 }
 
+// A push that was never acknowledged (its worker died) need not be seen,
+// but it still counts as issued: a pull may reflect it.
+TEST(ConsistencyCheckerTest, APushThatMayBeMissingIsNeitherRequiredNorAPhantom) {
+  for (bool may_be_missing : {false, true}) {
+    Recorder rec;
+    rec.Add(PushEvent{1, 0, {5}, 11, may_be_missing});
+    rec.Add(PushEvent{0, 0, {5}, 12, may_be_missing});
+    rec.Add(ClockEvent{0, 1, 15, 25});
+    rec.Add(ClockEvent{1, 1, 20, 21});
+    rec.Add(PullEvent{0, 1, {5}, {0.0f, 0.0f}, 30, 40});  // sees neither
+    rec.Add(PullEvent{1, 1, {5}, {1.0f, 1.0f}, 30, 40});  // sees both
+    CheckResult r = Check(rec, 2, 0);
+    EXPECT_EQ(r.i2, may_be_missing ? 0u : 2u);
+    EXPECT_EQ(r.i3, may_be_missing ? 0u : 1u);
+    EXPECT_EQ(r.i4, 0u);
+  }
+}
+
 TEST(ConsistencyCheckerTest, RecordsSurviveAFileRoundTrip) {
   Recorder a;
   a.Add(PushEvent{0, 3, {1, 2}, 10});

@@ -14,6 +14,7 @@
 #include <optional>
 #include <queue>
 #include <set>
+#include <tuple>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
@@ -164,7 +165,10 @@ void SendSession(World* world, const std::string& from, std::vector<proto::Envel
 struct IssuedPush {
   uint32_t worker_node = 0;
   uint32_t worker_rank = 0;
+  uint32_t incarnation = 0;
   uint64_t seq = 0;
+  uint64_t clock = 0;
+  Nanos issued = 0;
   std::vector<Key> keys;
   bool acked = false;
 };
@@ -184,6 +188,9 @@ class World {
     if (violations_.size() < 20) violations_.push_back(std::move(what));
   }
   void NoteMap(const proto::ShardMap& map, Nanos now);
+  // The coordinator told the servers these workers left: nobody waits for
+  // them from now on (for the I1 check).
+  void NoteWorkersLeft(const proto::WorkersLeft& left, Nanos now);
   void Trace(Nanos now, const std::string& line) {
     digest_ = Fnv(line, digest_ ^ static_cast<uint64_t>(now));
     if (trace_) *trace_ << absl::StrFormat("%10.3f ms  ", static_cast<double>(now) / kMs) << line << '\n';
@@ -232,6 +239,7 @@ class World {
   void CheckEnd(RunResult& r);
   void CheckAudit(RunResult& r);
   void StartServer(uint32_t rank, Nanos now);
+  void StartWorker(uint32_t rank, Nanos now);
 
   const uint64_t seed_;
   const Scenario sc_;
@@ -246,7 +254,8 @@ class World {
   class CoordProc* coordinator_ = nullptr;
   std::vector<class ServerProc*> servers_;   // current process of each rank
   std::vector<uint32_t> server_incarnations_;
-  std::vector<class WorkerProc*> workers_;
+  std::vector<class WorkerProc*> workers_;    // current process of each rank
+  std::vector<uint32_t> worker_incarnations_;
   // Partitions: (node, from, until): that node reaches nobody in between.
   struct Partition {
     std::string node;
@@ -260,6 +269,7 @@ class World {
   std::vector<IssuedPush> pushes_;
   uint64_t delivered_ = 0, dropped_ = 0;
   Nanos job_end_at_ = 0;
+  bool worker_crashed_assembling_ = false;
 };
 
 class CoordProc final : public Proc {
@@ -293,6 +303,7 @@ class CoordProc final : public Proc {
     for (const Outgoing& o : out) {
       if (o.message.header.has_job_ready()) world_->NoteMap(o.message.header.job_ready().shard_map(), now);
       if (o.message.header.has_shard_map_update()) world_->NoteMap(o.message.header.shard_map_update().shard_map(), now);
+      if (o.message.header.has_workers_left()) world_->NoteWorkersLeft(o.message.header.workers_left(), now);
     }
     world_->SendAll(address, out, now);
   }
@@ -306,11 +317,7 @@ class ServerProc final : public Proc {
       : world_(world), rank_(rank), session_(MakeSession(proto::SERVER, rank, world->scenario(), now)) {
     address = absl::StrCat("sim://server-", rank, ".", incarnation);
     session_.set_heartbeat_filler([this](proto::Heartbeat* hb) {
-      if (!core_) return;
-      for (const auto& [v, n] : core_->AppliedByPrimaryShard()) {
-        hb->add_vshards(v);
-        hb->add_applied(n);
-      }
+      if (core_) core_->FillHeartbeat(hb);
     });
   }
 
@@ -417,9 +424,9 @@ class ServerProc final : public Proc {
 
 class WorkerProc final : public Proc {
  public:
-  WorkerProc(World* world, uint32_t rank)
-      : world_(world), rank_(rank), session_(MakeSession(proto::WORKER, rank, world->scenario(), 0)) {
-    address = absl::StrCat("sim://worker-", rank);
+  WorkerProc(World* world, uint32_t rank, uint32_t process, Nanos now)
+      : world_(world), rank_(rank), session_(MakeSession(proto::WORKER, rank, world->scenario(), now)) {
+    address = process == 0 ? absl::StrCat("sim://worker-", rank) : absl::StrCat("sim://worker-", rank, ".", process);
   }
 
   void Deliver(Message m, Nanos now) override {
@@ -460,13 +467,14 @@ class WorkerProc final : public Proc {
   // A clock announced whose call never returned still counts for the others.
   void RecordUnreturnedClock() {
     if (clock_pending_) world_->recorder().Add(consistency::ClockEvent{rank_, clock_ + 1, clock_called_, consistency::kNotReturned});
+    clock_pending_ = false;
   }
   const std::string& failure() const { return failure_; }
   uint32_t node_id() const { return session_.self().node_id(); }
   uint32_t rank() const { return rank_; }
 
  private:
-  enum class Kind { kCreate, kPush, kPull, kClock };
+  enum class Kind { kClockQuery, kReannounce, kCreate, kPush, kPull, kClock };
   struct Op {
     uint64_t serial;
     Kind kind;
@@ -490,8 +498,18 @@ class WorkerProc final : public Proc {
       return;
     }
     core_ = std::move(*created);
+    if (world_->scenario().scale_crash_at_ns > 0) return;  // scale mode: membership only
+    if (session_.self().incarnation() > 0) {
+      // A replacement: resume at the clock the servers know for this rank.
+      auto op = NewOp(Kind::kClockQuery, "clock query", now);
+      Apply(core_->ClockQuery(op, now), now);
+      return;
+    }
+    CreateTable(now);
+  }
+
+  void CreateTable(Nanos now) {
     const Scenario& sc = world_->scenario();
-    if (sc.scale_crash_at_ns > 0) return;  // scale mode: membership only
     proto::TableConfig c;
     c.set_table_id(kTable);
     c.set_name("sim");
@@ -534,14 +552,19 @@ class WorkerProc final : public Proc {
       op->values.assign(op->keys.size() * W, 0.0f);
       for (size_t i = 0; i < op->keys.size(); ++i) op->values[i * W + rank_] = 1.0f;
       std::vector<uint32_t> keys32(op->keys.begin(), op->keys.end());
-      world_->recorder().Add(consistency::PushEvent{rank_, clock_, keys32, now});
       auto effects = core_->Push(op, kTable, op->keys, op->values, W, clock_, nullptr, now, op->what);
       if (!effects.ok()) {
         world_->Violation(absl::StrCat(address, ": push refused: ", effects.status().message()));
         continue;
       }
       op->push_index = world_->pushes().size();
-      world_->pushes().push_back(IssuedPush{node_id(), rank_, core_->last_push_seq(), op->keys, false});
+      world_->pushes().push_back(IssuedPush{.worker_node = node_id(),
+                                            .worker_rank = rank_,
+                                            .incarnation = session_.self().incarnation(),
+                                            .seq = core_->last_push_seq(),
+                                            .clock = clock_,
+                                            .issued = now,
+                                            .keys = op->keys});
       Apply(std::move(*effects), now);
     }
     auto op = NewOp(Kind::kPull, absl::StrCat("pull at clock ", clock_), now);
@@ -604,6 +627,21 @@ class WorkerProc final : public Proc {
     }
     if (exited) return;
     switch (op->kind) {
+      case Kind::kClockQuery: {
+        // Resume at the predecessor's clock, announced again everywhere
+        // (as the Worker shell does).
+        clock_ = core_->known_clock();
+        if (clock_ == 0) {
+          CreateTable(now);
+          return;
+        }
+        auto again = NewOp(Kind::kReannounce, absl::StrCat("clock ", clock_, " again"), now);
+        Apply(core_->ClockAdvance(again, clock_, now), now);
+        return;
+      }
+      case Kind::kReannounce:
+        CreateTable(now);
+        return;
       case Kind::kCreate:
         IssueStep(now);
         return;
@@ -673,8 +711,19 @@ void SendSession(World* world, const std::string& from, std::vector<proto::Envel
 std::string Placement(const proto::ShardMap& map) {
   std::string placement = absl::StrCat(absl::StrJoin(map.vshard_server_rank(), ","), " dead ",
                                        absl::StrJoin(map.dead_server_ranks(), ","));
-  for (const auto& b : map.vshard_backups()) absl::StrAppend(&placement, " [", absl::StrJoin(b.ranks(), ","), "]");
+  for (const auto& b : BackupListsOf(map)) absl::StrAppend(&placement, " [", absl::StrJoin(b, ","), "]");
   return placement;
+}
+
+void World::NoteWorkersLeft(const proto::WorkersLeft& left, Nanos now) {
+  // (By the coordinator's records: a worker may die before it learns its id.)
+  const auto& nodes = coordinator_->core().nodes();
+  for (uint32_t id : left.worker_node_ids()) {
+    auto it = nodes.find(id);
+    if (it != nodes.end() && it->second.info.role() == proto::WORKER) {
+      recorder_.Add(consistency::FinishEvent{it->second.info.rank(), now});
+    }
+  }
 }
 
 void World::NoteMap(const proto::ShardMap& map, Nanos now) {
@@ -758,6 +807,16 @@ void World::StartServer(uint32_t rank, Nanos now) {
   ScheduleTick(p, now + rng_.Below(kTickEvery));
 }
 
+void World::StartWorker(uint32_t rank, Nanos now) {
+  const uint32_t process = worker_incarnations_[rank]++;
+  auto proc = std::make_unique<WorkerProc>(this, rank, process, now);
+  WorkerProc* p = proc.get();
+  workers_[rank] = p;
+  if (process > 0) Trace(now, absl::StrCat("start ", p->address));
+  procs_[p->address] = std::move(proc);
+  ScheduleTick(p, now + rng_.Below(kTickEvery));
+}
+
 void World::ScheduleFaults() {
   if (sc_.scale_crash_at_ns > 0) {
     At(sc_.scale_crash_at_ns, [this](Nanos now) {
@@ -812,6 +871,25 @@ void World::ScheduleFaults() {
                               " for ", length / kMs, " ms"));
     });
   }
+  for (uint32_t i = 0; i < sc_.worker_crashes; ++i) {
+    const Nanos at = when();
+    const uint32_t rank = static_cast<uint32_t>(rng_.Below(sc_.workers));
+    const Nanos restart = at + sc_.lease_ns + 100 * kMs + static_cast<Nanos>(rng_.Below(sc_.lease_ns));
+    At(at, [this, rank, restart](Nanos now) {
+      WorkerProc* p = workers_[rank];
+      if (p->crashed || p->exited) return;
+      p->crashed = true;
+      // Before the job assembled, any policy fails it: it never starts.
+      if (coordinator_->core().phase() == CoordinatorCore::Phase::kAssembling) worker_crashed_assembling_ = true;
+      p->RecordUnreturnedClock();  // what it announced still counts
+      Trace(now, "crash " + p->address);
+      if (sc_.worker_loss == WorkerLossPolicy::kWait) {
+        At(restart, [this, rank](Nanos t) {
+          if (!coordinator_->core().finished()) StartWorker(rank, t);
+        });
+      }
+    });
+  }
 }
 
 RunResult World::Run() {
@@ -827,6 +905,8 @@ RunResult World::Run() {
   co.address = kCoordinator;
   co.replication = sc_.replication;
   co.heartbeat_interval = sc_.heartbeat_ns;
+  co.on_worker_loss = sc_.worker_loss;
+  co.rejoin_timeout = 10 * kSeconds;
   auto coordinator = std::make_unique<CoordProc>(this, co);
   coordinator_ = coordinator.get();
   procs_[kCoordinator] = std::move(coordinator);
@@ -834,12 +914,9 @@ RunResult World::Run() {
   servers_.resize(sc_.servers);
   server_incarnations_.assign(sc_.servers, 0);
   for (uint32_t s = 0; s < sc_.servers; ++s) StartServer(s, 0);
-  for (uint32_t w = 0; w < sc_.workers; ++w) {
-    auto proc = std::make_unique<WorkerProc>(this, w);
-    workers_.push_back(proc.get());
-    ScheduleTick(proc.get(), rng_.Below(kTickEvery));
-    procs_[proc->address] = std::move(proc);
-  }
+  workers_.resize(sc_.workers);
+  worker_incarnations_.assign(sc_.workers, 0);
+  for (uint32_t w = 0; w < sc_.workers; ++w) StartWorker(w, 0);
   ScheduleFaults();
 
   Nanos now = 0;
@@ -900,6 +977,10 @@ RunResult World::Run() {
   r.failovers = maps_.empty() ? 0 : maps_.size() - 1;
   if (sc_.scale_crash_at_ns == 0) {  // (scale mode has no workload to check)
     for (WorkerProc* w : workers_) w->RecordUnreturnedClock();
+    for (const IssuedPush& p : pushes_) {
+      std::vector<uint32_t> keys32(p.keys.begin(), p.keys.end());
+      recorder_.Add(consistency::PushEvent{p.worker_rank, p.clock, std::move(keys32), p.issued, !p.acked});
+    }
     CheckEnd(r);
     CheckAudit(r);
     auto checked = consistency::Check(recorder_, sc_.workers,
@@ -942,34 +1023,54 @@ ScaleResult World::Scale() {
 
 // The job ended, and nobody waits for anything.
 void World::CheckEnd(RunResult& r) {
-  if (!coordinator_->core().finished()) {
+  const CoordinatorCore& cc = coordinator_->core();
+  if (!cc.finished()) {
     std::string waits;
     for (WorkerProc* w : workers_) {
+      if (w->crashed) continue;
       for (const std::string& op : w->Outstanding()) absl::StrAppend(&waits, "; ", w->address, " waits on ", op);
     }
     Violation(absl::StrCat("hang: the job is still running at ", r.sim_time_ns / kMs, " ms (simulated)", waits));
     return;
   }
   for (WorkerProc* w : workers_) {
+    if (w->crashed) continue;  // (its operations died with it)
     for (const std::string& op : w->Outstanding()) {
       Violation(absl::StrCat("hang: ", w->address, " never completed ", op));
     }
   }
-  // A run with no fault that may end a job must end it well.
-  const bool may_fail = sc_.server_crashes > 0 || sc_.pauses > 0 || sc_.partitions > 0;
+  // A run with no fault that may end a job must end it well. A crashed
+  // worker ends it only under the stop policy, and then the reason names it.
+  const bool stop_on_worker_loss = sc_.worker_loss == WorkerLossPolicy::kStopJob;
+  const bool may_fail = sc_.server_crashes > 0 || sc_.pauses > 0 || sc_.partitions > 0 ||
+                        (sc_.worker_crashes > 0 && stop_on_worker_loss) || worker_crashed_assembling_;
   if (!r.job_ok && !may_fail) Violation("the job failed without a fault that could fail it: " + r.job_end);
+  const bool only_worker_crashes = sc_.server_crashes == 0 && sc_.pauses == 0 && sc_.partitions == 0;
   for (WorkerProc* w : workers_) {
-    if (r.job_ok && !w->finished()) Violation(absl::StrCat("the job ended well but ", w->address, " did not finish"));
+    if (only_worker_crashes && w->crashed && stop_on_worker_loss && !worker_crashed_assembling_) {
+      const std::string name = CoordinatorCore::NodeName(proto::WORKER, w->rank());
+      if (r.job_ok || !absl::StrContains(r.job_end, name)) {
+        Violation(absl::StrCat(name, " crashed under on_worker_loss: stop, but the job ended with: ", r.job_end));
+      }
+    }
+    // Workers the job went on without (on_worker_loss: continue) need not finish.
+    auto node = cc.nodes().find(w->node_id());
+    const bool left = w->crashed || (node != cc.nodes().end() && node->second.lost);
+    if (r.job_ok && !left && !w->finished()) {
+      Violation(absl::StrCat("the job ended well but ", w->address, " did not finish"));
+    }
   }
 }
 
 // The rows every server holds, against the pushes the workers issued.
 void World::CheckAudit(RunResult& r) {
   // Worker node id -> rank, and issued pushes by (node, seq).
+  // (By the coordinator's records: a worker may die before it learns its id.)
   std::map<uint32_t, uint32_t> rank_of;
-  for (WorkerProc* w : workers_) rank_of[w->node_id()] = w->rank();
-  std::map<std::pair<uint32_t, uint64_t>, const IssuedPush*> issued;
-  for (const IssuedPush& p : pushes_) issued[{p.worker_node, p.seq}] = &p;
+  for (const auto& [id, n] : coordinator_->core().nodes())
+    if (n.info.role() == proto::WORKER) rank_of[id] = n.info.rank();
+  std::map<std::tuple<uint32_t, uint32_t, uint64_t>, const IssuedPush*> issued;  // (node, incarnation, seq)
+  for (const IssuedPush& p : pushes_) issued[{p.worker_node, p.incarnation, p.seq}] = &p;
 
   struct Row {
     bool primary;
@@ -1003,13 +1104,16 @@ void World::CheckAudit(RunResult& r) {
       }
       for (size_t i = 5; i < f.size(); ++i) {
         std::vector<absl::string_view> parts = absl::StrSplit(f[i], ':');
-        uint32_t node = 0;
+        uint32_t node = 0, incarnation = 0;
         uint64_t seq = 0;
-        if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &node) || !absl::SimpleAtoi(parts[2], &seq)) continue;
+        if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &node) || !absl::SimpleAtoi(parts[1], &incarnation) ||
+            !absl::SimpleAtoi(parts[2], &seq)) {
+          continue;
+        }
         const std::string where = absl::StrCat(s->address, " key ", key);
         if (row.entries.count(std::string(f[i])) > 0) Violation(absl::StrCat("push ", f[i], " applied twice to ", where));
         row.entries.insert(std::string(f[i]));
-        auto it = issued.find({node, seq});
+        auto it = issued.find({node, incarnation, seq});
         if (it == issued.end() || std::find(it->second->keys.begin(), it->second->keys.end(), key) == it->second->keys.end()) {
           Violation(absl::StrCat("push ", f[i], " applied to ", where, " was never issued for that key"));
         }
@@ -1048,7 +1152,7 @@ void World::CheckAudit(RunResult& r) {
     for (Key k : p.keys) {
       const uint32_t primary = final_map->ServerRankOfKey(kTable, k);
       if (!readable[primary]) continue;
-      const std::string entry = absl::StrCat(p.worker_node, ":0:", p.seq);
+      const std::string entry = absl::StrCat(p.worker_node, ":", p.incarnation, ":", p.seq);
       auto it = rows[primary].find(k);
       if (it == rows[primary].end() || it->second.entries.count(entry) == 0) {
         Violation(absl::StrCat("acknowledged push ", entry, " (worker ", p.worker_rank, ") is missing from key ", k,
@@ -1122,6 +1226,12 @@ Scenario Scenario::FromSeed(uint64_t seed) {
   s.restart_crashed = rng.Chance(0.7);
   if (rng.Chance(0.2)) s.pauses = 1;
   s.partitions = static_cast<uint32_t>(rng.Chance(0.25)) + static_cast<uint32_t>(rng.Chance(0.25));
+  // (Drawn last: the draws above give the same scenarios as before workers crashed.)
+  const uint64_t policy = rng.Below(3);
+  s.worker_loss = policy == 0 ? WorkerLossPolicy::kStopJob
+                  : policy == 1 ? WorkerLossPolicy::kContinue
+                                : WorkerLossPolicy::kWait;
+  if (rng.Chance(0.2)) s.worker_crashes = 1;
   return s;
 }
 
@@ -1129,11 +1239,13 @@ std::string Scenario::Describe() const {
   const char* model = consistency == proto::BSP ? "BSP" : consistency == proto::SSP ? "SSP" : "ASP";
   return absl::StrFormat(
       "%u servers, %u workers, %u vshards, replication %u, %s%s, %u clocks, %u keys%s; delay %.2f-%.2f ms, drop %.3f, "
-      "duplicate %.3f, reorder %.2f; %u crashes%s, %u pauses, %u partitions%s",
+      "duplicate %.3f, reorder %.2f; %u crashes%s, %u pauses, %u partitions, %u worker crashes (on loss: %s)%s",
       servers, workers, vshards, replication, model, consistency == proto::SSP ? absl::StrCat("(", staleness, ")") : "",
       clocks, keys, apply_after_ack ? ", apply after ack" : "", static_cast<double>(min_delay_ns) / kMs,
       static_cast<double>(max_delay_ns) / kMs, drop, duplicate, reorder, server_crashes,
       server_crashes > 0 ? (restart_crashed ? " (restarted)" : " (not restarted)") : "", pauses, partitions,
+      worker_crashes,
+      worker_loss == WorkerLossPolicy::kStopJob ? "stop" : worker_loss == WorkerLossPolicy::kContinue ? "continue" : "wait",
       breakage == Breakage::kNone ? "" : absl::StrCat("; BROKEN: ", BreakageName(breakage)));
 }
 

@@ -18,14 +18,19 @@
 //   the ACCUMULATE optimizer (one column per worker), then at every clock
 //   pushes +1 into its own column of random keys, pulls random keys (all
 //   pipelined: nothing waits for an earlier push), and calls Clock: the
-//   exact answer of every pull is known.
-// - Checkers run after every run (CheckRun): I1-I4 on the recorded events;
+//   exact answer of every pull is known. Workers crash too; under the
+//   wait policy a replacement asks the servers for its predecessor's clock
+//   (ClockQuery) and goes on from there, as the Worker shell does.
+// - Checkers run after every run (CheckRun): I1-I4 on the recorded events
+//   (a push never acknowledged may be missing; a worker the coordinator
+//   announced as left is not waited for from then on);
 //   per row: no push applied twice, values equal to the pushes applied,
 //   nothing applied that was not issued, every acknowledged push applied
 //   (when the job ended well), replicas equal to their primary; map epochs
 //   only increase at every node; one map per epoch (so one primary per shard
-//   per epoch); every operation a worker started completed, OK or with an
-//   error (no hang), and the job ended.
+//   per epoch); every operation a live worker started completed, OK or
+//   with an error (no hang), and the job ended; it ended well unless a fault
+//   could end it (a worker crash under the stop policy must, naming it).
 // - A violation is reported with the seed; `tessera-sim --seed N --trace F`
 //   replays the run and writes every message and fault.
 #include <cstdint>
@@ -33,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/coordinator_core.h"
 #include "proto/tessera.pb.h"
 
 namespace tessera::sim {
@@ -71,6 +77,11 @@ struct Scenario {
   bool restart_crashed = true;   // a new process takes the rank over one lease or more later
   uint32_t pauses = 0;           // a random node stops for up to two leases
   uint32_t partitions = 0;       // a random node cut off from the rest, or from the coordinator only, for up to two leases
+  uint32_t worker_crashes = 0;   // each at a random time, of a random live worker
+  // What the job does about a lost worker. Under kWait a new process takes
+  // a crashed worker's place one lease or more later and resumes at its
+  // predecessor's clock.
+  WorkerLossPolicy worker_loss = WorkerLossPolicy::kStopJob;
   Breakage breakage = Breakage::kNone;
   // Timings of the membership protocol.
   int64_t heartbeat_ns = 100'000'000;  // node -> coordinator
