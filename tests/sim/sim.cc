@@ -256,10 +256,12 @@ class World {
   std::vector<uint32_t> server_incarnations_;
   std::vector<class WorkerProc*> workers_;    // current process of each rank
   std::vector<uint32_t> worker_incarnations_;
-  // Partitions: (node, from, until): that node reaches nobody in between.
+  // Partitions: between `from` and `until`, no message crosses between
+  // the nodes in `side` and the others (peer ""), or between the nodes in
+  // `side` and `peer` only.
   struct Partition {
-    std::string node;
-    std::string peer;  // "" = everyone
+    std::set<std::string> side;
+    std::string peer;
     Nanos from, until;
   };
   std::vector<Partition> partitions_;
@@ -744,8 +746,8 @@ void World::NoteMap(const proto::ShardMap& map, Nanos now) {
 bool World::Cut(const std::string& a, const std::string& b, Nanos now) const {
   for (const Partition& p : partitions_) {
     if (now < p.from || now >= p.until) continue;
-    if (p.peer.empty() ? (a == p.node) != (b == p.node)
-                       : (a == p.node && b == p.peer) || (a == p.peer && b == p.node)) {
+    if (p.peer.empty() ? p.side.contains(a) != p.side.contains(b)
+                       : (p.side.contains(a) && b == p.peer) || (a == p.peer && p.side.contains(b))) {
       return true;
     }
   }
@@ -864,9 +866,28 @@ void World::ScheduleFaults() {
     // stay in the job).
     const Nanos length = static_cast<Nanos>(
         rng_.Below(pick >= sc_.servers && from_coordinator_only ? sc_.lease_ns * 4 / 5 : 2 * sc_.lease_ns));
-    At(at, [this, pick, length, from_coordinator_only](Nanos now) {
-      Proc* p = pick < sc_.servers ? static_cast<Proc*>(servers_[pick]) : workers_[pick - sc_.servers];
-      partitions_.push_back({p->address, from_coordinator_only ? kCoordinator : "", now, now + length});
+    // Or two sets of nodes, the coordinator on either side: a non-empty
+    // proper subset of the servers, the workers and the coordinator (bit
+    // i: node i in that order) cannot reach the rest.
+    const uint32_t nodes = sc_.servers + sc_.workers + 1;
+    const uint64_t split = !from_coordinator_only && rng_.Chance(0.5) ? 1 + rng_.Below((uint64_t{1} << nodes) - 2) : 0;
+    At(at, [this, pick, length, from_coordinator_only, split, nodes](Nanos now) {
+      auto node = [&](uint64_t i) -> Proc* {
+        return i < sc_.servers                ? static_cast<Proc*>(servers_[i])
+               : i < sc_.servers + sc_.workers ? static_cast<Proc*>(workers_[i - sc_.servers])
+                                               : static_cast<Proc*>(coordinator_);
+      };
+      if (split != 0) {
+        Partition cut{{}, "", now, now + length};
+        for (uint32_t i = 0; i < nodes; ++i)
+          if (split >> i & 1) cut.side.insert(node(i)->address);
+        Trace(now, absl::StrCat("partition {", absl::StrJoin(cut.side, " "), "} from the rest for ", length / kMs,
+                                " ms"));
+        partitions_.push_back(std::move(cut));
+        return;
+      }
+      Proc* p = node(pick);
+      partitions_.push_back({{p->address}, from_coordinator_only ? kCoordinator : "", now, now + length});
       Trace(now, absl::StrCat("partition ", p->address, " from ", from_coordinator_only ? "the coordinator" : "everyone",
                               " for ", length / kMs, " ms"));
     });

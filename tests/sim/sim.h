@@ -76,7 +76,7 @@ struct Scenario {
   uint32_t server_crashes = 0;   // each at a random time, of a random live server
   bool restart_crashed = true;   // a new process takes the rank over one lease or more later
   uint32_t pauses = 0;           // a random node stops for up to two leases
-  uint32_t partitions = 0;       // a random node cut off from the rest, or from the coordinator only, for up to two leases
+  uint32_t partitions = 0;       // a random node cut off from the rest or from the coordinator only, or two random node sets, for up to two leases
   uint32_t worker_crashes = 0;   // each at a random time, of a random live worker
   // What the job does about a lost worker. Under kWait a new process takes
   // a crashed worker's place one lease or more later and resumes at its
