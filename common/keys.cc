@@ -1,6 +1,8 @@
 #include "common/keys.h"
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -9,9 +11,48 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace tessera {
+namespace {
+
+// Each server rank's weight in `map` (ShardMap.server_weights); all 1 when
+// the map has none (or not one per server: ShardMapView::Create rejects it).
+std::vector<double> WeightsOf(const proto::ShardMap& map) {
+  const size_t n = static_cast<size_t>(map.servers_size());
+  if (map.server_weights_size() != static_cast<int>(n)) return std::vector<double>(n, 1.0);
+  return std::vector<double>(map.server_weights().begin(), map.server_weights().end());
+}
+
+// Whether server a, given one more copy, would hold fewer copies per unit of
+// weight than server b given one more: (load_a + 1) / w_a < (load_b + 1) / w_b,
+// compared without division. With equal weights: load_a < load_b.
+bool FewerPerWeight(uint64_t load_a, double w_a, uint64_t load_b, double w_b) {
+  return static_cast<double>(load_a + 1) * w_b < static_cast<double>(load_b + 1) * w_a;
+}
+
+}  // namespace
+
+absl::Status ValidateServerWeights(std::span<const float> weights, size_t servers) {
+  if (weights.empty()) return absl::OkStatus();
+  if (weights.size() != servers) {
+    return absl::InvalidArgumentError(absl::StrCat(weights.size(), " server weights for ", servers,
+                                                   " servers: give one weight per server rank, or none"));
+  }
+  for (size_t rank = 0; rank < weights.size(); ++rank) {
+    if (!std::isfinite(weights[rank]) || !(weights[rank] > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("server weight ", weights[rank], " (server rank ", rank,
+                                                     ") must be a positive, finite number"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<ShardMapView> ShardMapView::Create(const proto::ShardMap& map) {
   if (map.servers_size() == 0) return absl::InvalidArgumentError("shard map has no servers");
+  if (absl::Status weights = ValidateServerWeights(
+          std::span<const float>(map.server_weights().data(), static_cast<size_t>(map.server_weights_size())),
+          static_cast<size_t>(map.servers_size()));
+      !weights.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map: ", weights.message()));
+  }
   if (map.num_vshards() == 0 || map.vshard_server_rank_size() != static_cast<int>(map.num_vshards())) {
     return absl::InvalidArgumentError(absl::StrCat("shard map has ", map.vshard_server_rank_size(),
                                                    " owners for ", map.num_vshards(), " virtual shards"));
@@ -46,10 +87,17 @@ absl::StatusOr<ShardMapView> ShardMapView::Create(const proto::ShardMap& map) {
     return absl::InvalidArgumentError(absl::StrCat("shard map's backup counts add up to ", listed, " but it lists ",
                                                    map.backup_ranks_size(), " backup ranks"));
   }
-  BackupLists lists = BackupListsOf(map);
-  for (uint32_t v = 0; v < static_cast<uint32_t>(lists.size()); ++v) {
-    std::vector<uint32_t>& backups = lists[v];
-    std::vector<uint32_t> all = backups;
+  // Flat, as in the map: every node builds a view of every map it gets.
+  view.backup_ranks_.assign(map.backup_ranks().begin(), map.backup_ranks().end());
+  if (map.backup_counts_size() > 0) {
+    view.backup_start_.reserve(map.num_vshards() + 1);
+    view.backup_start_.push_back(0);
+    for (uint32_t c : map.backup_counts()) view.backup_start_.push_back(view.backup_start_.back() + c);
+  }
+  std::vector<uint32_t> all;
+  for (uint32_t v = 0; v + 1 < static_cast<uint32_t>(view.backup_start_.size()); ++v) {
+    const std::span<const uint32_t> backups = view.BackupsOf(v);
+    all.assign(backups.begin(), backups.end());
     all.push_back(view.owner_[v]);
     for (size_t i = 0; i < all.size(); ++i) {
       if (all[i] >= view.servers_.size() || view.dead_[all[i]] ||
@@ -59,7 +107,6 @@ absl::StatusOr<ShardMapView> ShardMapView::Create(const proto::ShardMap& map) {
                                                        ", backups ", absl::StrJoin(backups, ","), ")"));
       }
     }
-    view.backups_.push_back(std::move(backups));
   }
   for (uint32_t v = 0; v < view.owner_.size(); ++v) {
     if (view.dead_[view.owner_[v]]) {
@@ -143,6 +190,7 @@ absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32
     const uint32_t n = static_cast<uint32_t>(next.servers_size());
     std::vector<bool> dead(n, false);
     for (uint32_t d : next.dead_server_ranks()) dead[d] = true;
+    const std::vector<double> weight = WeightsOf(next);
     std::vector<uint32_t> load(n, 0);
     for (uint32_t v = 0; v < next.num_vshards(); ++v) {
       if (next.vshard_server_rank(v) != rank) load[next.vshard_server_rank(v)]++;
@@ -153,7 +201,7 @@ absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32
       const uint32_t v = static_cast<uint32_t>(std::stoul(o));
       uint32_t best = n;
       for (uint32_t r = 0; r < n; ++r)
-        if (!dead[r] && (best == n || load[r] < load[best])) best = r;
+        if (!dead[r] && (best == n || FewerPerWeight(load[r], weight[r], load[best], weight[best]))) best = r;
       if (best == n) break;
       next.set_vshard_server_rank(v, best);
       if (replicated) {  // (a backup that never got the state may be chosen)
@@ -193,6 +241,7 @@ proto::ShardMap WithBackupsFilled(const proto::ShardMap& map, uint32_t* added) {
     if (d < n) dead[d] = true;
   BackupLists lists = BackupListsOf(next);
   lists.resize(map.num_vshards());
+  const std::vector<double> weight = WeightsOf(next);
   std::vector<uint32_t> load(n, 0);
   for (uint32_t v = 0; v < next.num_vshards(); ++v) {
     load[next.vshard_server_rank(v)]++;
@@ -207,7 +256,7 @@ proto::ShardMap WithBackupsFilled(const proto::ShardMap& map, uint32_t* added) {
       uint32_t best = n;
       for (uint32_t rank = 0; rank < n; ++rank) {
         if (dead[rank] || holds(rank)) continue;
-        if (best == n || load[rank] < load[best]) best = rank;
+        if (best == n || FewerPerWeight(load[rank], weight[rank], load[best], weight[best])) best = rank;
       }
       if (best == n) break;  // fewer live servers than copies
       backups.push_back(best);
@@ -248,6 +297,93 @@ proto::ShardMap RoundRobinShardMap(uint64_t epoch, uint32_t num_vshards,
       map.add_backup_counts(r - 1);
       for (uint32_t i = 1; i < r; ++i) map.add_backup_ranks((v + i) % n);
     }
+  }
+  return map;
+}
+
+absl::StatusOr<proto::ShardMap> WeightedShardMap(uint64_t epoch, uint32_t num_vshards,
+                                                 std::span<const proto::NodeInfo> servers, uint32_t replication,
+                                                 std::span<const float> weights) {
+  if (absl::Status valid = ValidateServerWeights(weights, servers.size()); !valid.ok()) return valid;
+  if (weights.empty() || std::all_of(weights.begin(), weights.end(), [&](float w) { return w == weights[0]; })) {
+    return RoundRobinShardMap(epoch, num_vshards, servers, replication);
+  }
+  const uint32_t n = static_cast<uint32_t>(servers.size());  // >= 2: the weights differ
+  const uint32_t r = std::clamp<uint32_t>(replication, 1, n);
+  proto::ShardMap map;
+  map.set_epoch(epoch);
+  map.set_num_vshards(num_vshards);
+  map.set_replication(r);
+  for (const auto& s : servers) *map.add_servers() = s;
+  for (float w : weights) map.add_server_weights(w);
+
+  // How many primaries each server gets: the largest-remainder share of
+  // num_vshards. In exact arithmetic the floors of the quotas add up to
+  // num_vshards - k with 0 <= k < n, and the k largest remainders get one
+  // more, so each count is its quota rounded down or up. (The loops also
+  // settle a floor that rounding put one off either way.)
+  const double total = std::accumulate(weights.begin(), weights.end(), 0.0);
+  std::vector<uint64_t> count(n);
+  std::vector<double> remainder(n);
+  uint64_t given = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const double quota = static_cast<double>(num_vshards) * weights[i] / total;
+    count[i] = static_cast<uint64_t>(std::floor(quota));
+    remainder[i] = quota - std::floor(quota);
+    given += count[i];
+  }
+  std::vector<uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return remainder[a] > remainder[b]; });
+  while (given < num_vshards) {
+    for (uint32_t i : order) {
+      if (given == num_vshards) break;
+      count[i]++, given++;
+    }
+  }
+  while (given > num_vshards) {
+    for (auto it = order.rbegin(); it != order.rend() && given > num_vshards; ++it) {
+      if (count[*it] > 0) count[*it]--, given--;
+    }
+  }
+
+  // Interleave: smooth weighted round robin over the counts. Each step every
+  // server gains its count in credit and the one with the most (ties: the
+  // lowest rank) takes the shard and pays num_vshards. Credits add up to 0
+  // before each step and to num_vshards after the gain, so the taker has a
+  // positive credit and ends above -num_vshards; after num_vshards steps
+  // server i's credit is num_vshards * (count[i] - taken[i]) > -num_vshards,
+  // so taken[i] <= count[i], and as both add up to num_vshards, each server
+  // takes exactly its count.
+  std::vector<int64_t> credit(n, 0);
+  std::vector<uint64_t> copies(n, 0);
+  for (uint32_t v = 0; v < num_vshards; ++v) {
+    uint32_t best = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      credit[i] += static_cast<int64_t>(count[i]);
+      if (credit[i] > credit[best]) best = i;
+    }
+    credit[best] -= static_cast<int64_t>(num_vshards);
+    map.add_vshard_server_rank(best);
+    copies[best]++;
+  }
+
+  if (r > 1) {
+    BackupLists lists(num_vshards);
+    for (uint32_t v = 0; v < num_vshards; ++v) {
+      std::vector<uint32_t>& backups = lists[v];
+      const uint32_t primary = map.vshard_server_rank(static_cast<int>(v));
+      while (backups.size() + 1 < r) {
+        uint32_t best = n;
+        for (uint32_t i = 0; i < n; ++i) {
+          if (i == primary || std::find(backups.begin(), backups.end(), i) != backups.end()) continue;
+          if (best == n || FewerPerWeight(copies[i], weights[i], copies[best], weights[best])) best = i;
+        }
+        backups.push_back(best);  // r <= n: some server is always left
+        copies[best]++;
+      }
+    }
+    SetBackupLists(&map, lists);
   }
   return map;
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/tessera.pb.h"
 
@@ -36,7 +37,8 @@ inline uint32_t VirtualShardOf(uint32_t table_id, Key key, uint32_t num_vshards)
 
 // Read-only view of a proto::ShardMap with fast lookup.
 // Invariants: vshard_server_rank has num_vshards entries, each < servers.size();
-// every shard's replicas (primary, then backups) are distinct live ranks.
+// every shard's replicas (primary, then backups) are distinct live ranks;
+// server_weights is empty or one positive, finite weight per server.
 class ShardMapView {
  public:
   // Validates the map; an inconsistent map is an error, never a crash.
@@ -53,8 +55,9 @@ class ShardMapView {
   uint32_t VShardOfKey(uint32_t table_id, Key key) const { return VirtualShardOf(table_id, key, num_vshards()); }
   // The backups of a shard, in promotion order (empty without replication).
   std::span<const uint32_t> BackupsOf(uint32_t vshard) const {
-    if (backups_.empty()) return {};
-    return std::span<const uint32_t>(backups_[vshard]);
+    if (backup_start_.empty()) return {};
+    return std::span<const uint32_t>(backup_ranks_.data() + backup_start_[vshard],
+                                     backup_start_[vshard + 1] - backup_start_[vshard]);
   }
   // Whether `rank` holds a copy of the shard (as primary or backup).
   bool Holds(uint32_t rank, uint32_t vshard) const;
@@ -69,7 +72,10 @@ class ShardMapView {
   uint32_t replication_ = 1;
   std::vector<proto::NodeInfo> servers_;
   std::vector<uint32_t> owner_;
-  std::vector<std::vector<uint32_t>> backups_;  // empty, or one list per shard
+  // Shard v's backups are backup_ranks_[backup_start_[v], backup_start_[v + 1]);
+  // backup_start_ is empty (no backups) or has num_vshards + 1 entries.
+  std::vector<uint32_t> backup_start_;
+  std::vector<uint32_t> backup_ranks_;
   std::vector<bool> dead_;                      // by rank
 };
 
@@ -88,6 +94,27 @@ void SetBackupLists(proto::ShardMap* map, const BackupLists& lists);
 proto::ShardMap RoundRobinShardMap(uint64_t epoch, uint32_t num_vshards,
                                    std::span<const proto::NodeInfo> servers, uint32_t replication = 1);
 
+// OK when `weights` can weigh `servers` servers (ShardMap.server_weights):
+// empty, or one positive, finite weight per server rank. Otherwise
+// InvalidArgument naming the count or the first bad weight and its rank.
+absl::Status ValidateServerWeights(std::span<const float> weights, size_t servers);
+
+// The initial placement weighed by server capacity. With empty or all-equal
+// weights: exactly RoundRobinShardMap (no weights stored). Otherwise the map
+// stores the weights and
+// - server i is primary of n_i shards, |n_i - num_vshards * w_i / sum(w)| < 1
+//   (largest remainders), interleaved over the shards (smooth weighted round
+//   robin over the n_i), so consecutive shards spread over the servers;
+// - each shard's r - 1 backups (r capped at the server count) are distinct
+//   servers other than its primary, chosen shard by shard: the server whose
+//   copies (primaries and backups so far), with this one, are fewest per
+//   unit of weight (ties: the lowest rank). So each server's copies stay in
+//   proportion to its weight as far as one copy per server and shard allows.
+// Deterministic. Fails (InvalidArgument) where ValidateServerWeights does.
+absl::StatusOr<proto::ShardMap> WeightedShardMap(uint64_t epoch, uint32_t num_vshards,
+                                                 std::span<const proto::NodeInfo> servers, uint32_t replication,
+                                                 std::span<const float> weights);
+
 // The map after server `rank` is lost: the next epoch; the rank is dead and
 // out of every replica list; each shard it was primary of is taken over by
 // its first backup. Fails (FailedPrecondition, naming the shards and the
@@ -95,7 +122,9 @@ proto::ShardMap RoundRobinShardMap(uint64_t epoch, uint32_t num_vshards,
 // With `orphans`, a shard left with no copy does not fail: it is given to
 // the least-loaded live server as primary (to be restored from a
 // checkpoint) and listed in *orphans; only a map with no live server left
-// fails.
+// fails. Least-loaded: the fewest copies, with this one, per unit of weight
+// (ShardMap.server_weights; without weights, the fewest copies); ties: the
+// lowest rank.
 // `in_sync(v, b)` says whether backup b of shard v has the shard's state (a
 // backup recruited by WithBackupsFilled has it only once its state transfer
 // is acknowledged); only such a backup is promoted, else the shard counts as
@@ -105,9 +134,11 @@ absl::StatusOr<proto::ShardMap> WithoutServer(
     const std::function<bool(uint32_t, uint32_t)>& in_sync = nullptr);
 
 // The map with every shard brought back to map.replication() copies where
-// live servers allow: each missing backup is the live server that holds the
-// fewest shards so far and none of this one (ties: the lowest rank). The
-// epoch is not changed. Returns how many backups were added in *added.
+// live servers allow: each missing backup is the live server that holds
+// none of this shard and the fewest copies so far, with this one, per unit
+// of weight (ShardMap.server_weights; without weights, simply the fewest
+// copies); ties: the lowest rank. The epoch is not changed. Returns how many
+// backups were added in *added.
 proto::ShardMap WithBackupsFilled(const proto::ShardMap& map, uint32_t* added = nullptr);
 
 // The map with a process back at a dead rank (a restarted server): the rank

@@ -1,6 +1,12 @@
 #include "common/keys.h"
 
+#include <cmath>
+#include <limits>
+#include <numeric>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -241,6 +247,198 @@ TEST(KeysTest, ARestartedServerComesBackEmptyAndIsRecruitedWhereCopiesAreMissing
   }
   // Only a dead rank can come back.
   EXPECT_EQ(WithServerBack(*returned, back).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Primaries per server rank.
+std::vector<uint32_t> PrimaryCounts(const proto::ShardMap& map) {
+  std::vector<uint32_t> counts(static_cast<size_t>(map.servers_size()), 0);
+  for (uint32_t rank : map.vshard_server_rank()) counts[rank]++;
+  return counts;
+}
+
+// Copies (primaries and backups) per server rank.
+std::vector<uint32_t> CopyCounts(const proto::ShardMap& map) {
+  std::vector<uint32_t> counts = PrimaryCounts(map);
+  for (uint32_t rank : map.backup_ranks()) counts[rank]++;
+  return counts;
+}
+
+std::vector<proto::NodeInfo> Servers(uint32_t n) {
+  std::vector<proto::NodeInfo> servers;
+  for (uint32_t r = 0; r < n; ++r) servers.push_back(Server(r));
+  return servers;
+}
+
+TEST(KeysTest, WeightedMapGivesTheHeavierServerTwiceThePrimaries) {
+  const std::vector<float> weights = {1, 1, 2};
+  absl::StatusOr<proto::ShardMap> map = WeightedShardMap(1, kShards, Servers(3), 1, weights);
+  ASSERT_TRUE(map.ok()) << map.status();
+  ASSERT_TRUE(ShardMapView::Create(*map).ok()) << ShardMapView::Create(*map).status();
+  EXPECT_THAT(map->server_weights(), ElementsAre(1, 1, 2));
+  // The bound: each count within 1 of 64 * w / 4 = 16, 16, 32; these quotas
+  // are whole numbers, so the counts are exactly them.
+  EXPECT_EQ(PrimaryCounts(*map), (std::vector<uint32_t>{16, 16, 32}));
+  EXPECT_THAT(std::vector<uint32_t>(map->vshard_server_rank().begin(), map->vshard_server_rank().begin() + 8),
+              ElementsAre(2, 0, 1, 2, 2, 0, 1, 2));
+  // Interleaved, not in blocks: every prefix of the shards is within 1 of
+  // its share too (rank 2 takes two of every four shards).
+  std::vector<uint32_t> taken(3, 0);
+  for (uint32_t v = 0; v < kShards; ++v) {
+    taken[map->vshard_server_rank(static_cast<int>(v))]++;
+    for (uint32_t r = 0; r < 3; ++r) {
+      EXPECT_LT(std::abs(taken[r] - (v + 1) * weights[r] / 4.0), 1.0) << "shards 0.." << v << ", rank " << r;
+    }
+  }
+}
+
+TEST(KeysTest, WeightedMapPrimaryCountsAreWithinOneOfTheirShare) {
+  const std::vector<std::vector<float>> weight_sets = {
+      {1, 3}, {3, 1}, {1, 2, 3, 4}, {1, 1, 1, 5}, {0.5f, 1.5f, 7}, {3, 1, 2}, {1, 1, 2, 1, 1},
+      {19, 2, 19, 7, 19, 15}, {4, 1, 13, 16, 1, 10, 16, 16}, {1e-3f, 1, 1e3f},
+      // Smooth weighted round robin over the weights themselves ends 1 off
+      // the share here (13 shards: 4, 1, 4, 1, 3 for 4, 0.5, 4, 0.5, 4; 35
+      // shards: rank 6 gets 6 for 7).
+      {8, 1, 8, 1, 8}, {15, 3, 1, 13, 3, 17, 13}};
+  for (const auto& weights : weight_sets) {
+    const double total = std::accumulate(weights.begin(), weights.end(), 0.0);
+    const uint32_t n = static_cast<uint32_t>(weights.size());
+    for (uint32_t shards : {n, 7u, 13u, 16u, 35u, 64u, 100u, 1000u}) {
+      for (uint32_t replication : {1u, 2u, 3u}) {
+        const std::string what =
+            absl::StrCat("weights ", absl::StrJoin(weights, ","), ", ", shards, " shards, replication ", replication);
+        absl::StatusOr<proto::ShardMap> map = WeightedShardMap(1, shards, Servers(n), replication, weights);
+        ASSERT_TRUE(map.ok()) << what << ": " << map.status();
+        // Valid: every shard's copies are on distinct servers.
+        absl::StatusOr<ShardMapView> view = ShardMapView::Create(*map);
+        ASSERT_TRUE(view.ok()) << what << ": " << view.status();
+        const std::vector<uint32_t> counts = PrimaryCounts(*map);
+        for (uint32_t r = 0; r < n; ++r) {
+          EXPECT_LT(std::abs(counts[r] - shards * weights[r] / total), 1.0) << what << ", rank " << r;
+        }
+        for (uint32_t v = 0; v < shards; ++v) {
+          EXPECT_EQ(view->BackupsOf(v).size() + 1, std::min(replication, n)) << what << ", shard " << v;
+        }
+        // Deterministic.
+        EXPECT_EQ(ShardMapDigest(*map), ShardMapDigest(*WeightedShardMap(1, shards, Servers(n), replication, weights)));
+      }
+    }
+  }
+}
+
+TEST(KeysTest, WeightedMapKeepsEachServersCopiesInProportion) {
+  const std::vector<float> weights = {1, 1, 2};
+  absl::StatusOr<proto::ShardMap> map = WeightedShardMap(1, kShards, Servers(3), 2, weights);
+  ASSERT_TRUE(map.ok()) << map.status();
+  absl::StatusOr<ShardMapView> view = ShardMapView::Create(*map);
+  ASSERT_TRUE(view.ok()) << view.status();  // each shard's two copies are on distinct servers
+  EXPECT_EQ(view->replication(), 2u);
+  for (uint32_t v = 0; v < kShards; ++v) {
+    ASSERT_EQ(view->BackupsOf(v).size(), 1u) << v;
+    EXPECT_NE(view->BackupsOf(v)[0], view->ServerRankOf(v)) << v;
+  }
+  EXPECT_EQ(PrimaryCounts(*map), (std::vector<uint32_t>{16, 16, 32}));
+  const std::vector<uint32_t> copies = CopyCounts(*map);
+  EXPECT_EQ(copies[0] + copies[1] + copies[2], 2 * kShards);
+  // Rank 2 holds twice the copies of each other server, within 2.
+  for (uint32_t other : {0u, 1u}) {
+    EXPECT_LE(std::abs(static_cast<int>(copies[2]) - 2 * static_cast<int>(copies[other])), 2)
+        << copies[2] << " copies on rank 2, " << copies[other] << " on rank " << other;
+  }
+  EXPECT_EQ(copies, (std::vector<uint32_t>{32, 32, 64}));  // here exactly (docs/design.md, "Placement")
+
+  // Weights 1 and 3 over two servers: a quarter of the primaries; with
+  // replication 2 both servers hold every shard, whatever the weights.
+  absl::StatusOr<proto::ShardMap> two = WeightedShardMap(1, kShards, Servers(2), 1, std::vector<float>{1, 3});
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(PrimaryCounts(*two), (std::vector<uint32_t>{16, 48}));
+  two = WeightedShardMap(1, kShards, Servers(2), 2, std::vector<float>{1, 3});
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(PrimaryCounts(*two), (std::vector<uint32_t>{16, 48}));
+  EXPECT_EQ(CopyCounts(*two), (std::vector<uint32_t>{kShards, kShards}));
+}
+
+TEST(KeysTest, EqualOrNoWeightsGiveTheRoundRobinMap) {
+  for (uint32_t replication : {1u, 2u, 3u}) {
+    const proto::ShardMap round_robin = RoundRobinShardMap(7, kShards, Servers(3), replication);
+    for (const std::vector<float>& weights :
+         {std::vector<float>{}, std::vector<float>{1, 1, 1}, std::vector<float>{2.5f, 2.5f, 2.5f}}) {
+      absl::StatusOr<proto::ShardMap> map = WeightedShardMap(7, kShards, Servers(3), replication, weights);
+      ASSERT_TRUE(map.ok()) << map.status();
+      EXPECT_EQ(map->SerializeAsString(), round_robin.SerializeAsString())
+          << "weights " << absl::StrJoin(weights, ",") << ", replication " << replication;
+      EXPECT_EQ(map->server_weights_size(), 0);
+    }
+  }
+}
+
+TEST(KeysTest, CopiesReMadeAfterALossGoWhereCopiesPerWeightAreFewest) {
+  // Four servers, rank 3 weighing 3; one copy each of shards 0-3 per server:
+  //   shard 0: 0, 1   shard 1: 1, 0   shard 2: 2, 3   shard 3: 3, 2
+  proto::ShardMap map = RoundRobinShardMap(1, 4, Servers(4), 2);
+  SetBackupLists(&map, {{1}, {0}, {3}, {2}});
+  for (float w : {1.0f, 1.0f, 1.0f, 3.0f}) map.add_server_weights(w);
+  ASSERT_TRUE(ShardMapView::Create(map).ok()) << ShardMapView::Create(map).status();
+  // Losing 0: shard 0 goes to 1 (its backup) and shards 0 and 1 each need a
+  // backup, on 2 or 3 (loads 2 and 2). Shard 0: 2 would hold (2+1)/1 = 3
+  // copies per unit of weight, 3 (2+1)/3 = 1: 3. Shard 1: 2 still 3, 3
+  // (3+1)/3 = 1.33: 3 again. (Without weights: 2, then 3.)
+  absl::StatusOr<proto::ShardMap> lost = WithoutServer(map, 0);
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  uint32_t added = 0;
+  const proto::ShardMap filled = WithBackupsFilled(*lost, &added);
+  EXPECT_EQ(added, 2u);
+  ASSERT_TRUE(ShardMapView::Create(filled).ok()) << ShardMapView::Create(filled).status();
+  EXPECT_EQ(BackupListsOf(filled), (BackupLists{{3}, {3}, {3}, {2}}));
+  EXPECT_THAT(filled.server_weights(), ElementsAre(1, 1, 1, 3));
+  EXPECT_EQ(CopyCounts(filled), (std::vector<uint32_t>{0, 2, 2, 4}));
+  // The same map without weights: the fewest copies, ties to the lowest rank.
+  proto::ShardMap unweighted = *lost;
+  unweighted.clear_server_weights();
+  EXPECT_EQ(BackupListsOf(WithBackupsFilled(unweighted)), (BackupLists{{2}, {3}, {3}, {2}}));
+
+  // A shard that lost its only copy (orphans) goes by weight too: ranks 1
+  // and 2 hold 1 and 2 primaries; 2 weighs 4: (1+1)/1 = 2 > (2+1)/4.
+  proto::ShardMap single = RoundRobinShardMap(1, 4, Servers(3), 1);
+  single.set_vshard_server_rank(3, 2);  // shards: 0, 1, 2, 2
+  for (float w : {1.0f, 1.0f, 4.0f}) single.add_server_weights(w);
+  std::vector<uint32_t> orphans;
+  absl::StatusOr<proto::ShardMap> restored = WithoutServer(single, 0, &orphans);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(orphans, (std::vector<uint32_t>{0}));
+  EXPECT_EQ(restored->vshard_server_rank(0), 2u);
+  single.clear_server_weights();
+  orphans.clear();
+  restored = WithoutServer(single, 0, &orphans);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->vshard_server_rank(0), 1u);  // without weights: the fewest primaries
+}
+
+TEST(KeysTest, BadServerWeightsAreRefused) {
+  const proto::ShardMap good = *WeightedShardMap(1, 8, Servers(3), 2, std::vector<float>{1, 1, 2});
+  ASSERT_TRUE(ShardMapView::Create(good).ok());
+  auto with_weights = [&](std::vector<float> weights) {
+    proto::ShardMap map = good;
+    map.clear_server_weights();
+    for (float w : weights) map.add_server_weights(w);
+    return ShardMapView::Create(map).status();
+  };
+  EXPECT_TRUE(with_weights({}).ok());
+  EXPECT_EQ(with_weights({1, 2}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(with_weights({1, 2}).message(), HasSubstr("2 server weights for 3 servers"));
+  EXPECT_THAT(with_weights({1, 1, 1, 1}).message(), HasSubstr("4 server weights for 3 servers"));
+  EXPECT_THAT(with_weights({1, 0, 2}).message(), HasSubstr("server weight 0 (server rank 1) must be a positive"));
+  EXPECT_THAT(with_weights({1, 1, -2}).message(), HasSubstr("server weight -2 (server rank 2)"));
+  EXPECT_THAT(with_weights({std::nanf(""), 1, 1}).message(), HasSubstr("server weight nan (server rank 0)"));
+  EXPECT_THAT(with_weights({1, std::numeric_limits<float>::infinity(), 1}).message(),
+              HasSubstr("server weight inf (server rank 1)"));
+  EXPECT_EQ(with_weights({1, 0, 2}).code(), absl::StatusCode::kInvalidArgument);
+  // The map maker refuses them the same way.
+  absl::StatusOr<proto::ShardMap> bad = WeightedShardMap(1, 8, Servers(3), 1, std::vector<float>{1, 0, 2});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("server weight 0 (server rank 1)"));
+  EXPECT_THAT(WeightedShardMap(1, 8, Servers(3), 1, std::vector<float>{1, 1}).status().message(),
+              HasSubstr("2 server weights for 3 servers"));
+  EXPECT_TRUE(ValidateServerWeights({}, 3).ok());
 }
 
 }  // namespace

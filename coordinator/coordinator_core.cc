@@ -271,7 +271,13 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
     std::vector<proto::NodeInfo> servers(options_.servers);
     for (const auto& [id, n] : nodes_)
       if (n.info.role() == proto::SERVER) servers[n.info.rank()] = n.info;
-    shard_map_ = RoundRobinShardMap(1, options_.vshards, servers, options_.replication);
+    absl::StatusOr<proto::ShardMap> first =
+        WeightedShardMap(1, options_.vshards, servers, options_.replication, options_.server_weights);
+    if (!first.ok()) {
+      Fail(absl::StrCat("cannot place the shards: ", first.status().message()), out);
+      return;
+    }
+    shard_map_ = *std::move(first);
     phase_ = Phase::kRunning;
     Broadcast(JobReadyEnvelope(), out);
   }

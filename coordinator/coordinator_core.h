@@ -4,7 +4,7 @@
 // messages to send; the tessera-coordinator binary is a thin shell.
 //
 // Lifecycle: kAssembling (nodes register) -> kRunning (everyone registered;
-// JobReady with the shard map sent to every node) -> kDone (every worker sent
+// JobReady with the shard map, weighed by server_weights, sent to every node) -> kDone (every worker sent
 // WorkerDone; Shutdown{ok} sent to all) or kFailed (Shutdown{ok=false,
 // reason} sent to every registered node). kDone and kFailed are final.
 //
@@ -24,7 +24,8 @@
 //   A recruited backup is promoted only once its primary reported its state
 //   transfer acknowledged (ShardsInSync); until then a shard whose other
 //   copies are lost counts as lost. The same map
-//   re-makes lost copies on the least-loaded live servers (WithBackupsFilled;
+//   re-makes lost copies on the least-loaded live servers, per unit of
+//   server weight (WithBackupsFilled;
 //   their primaries send them the state). A process that registers for a
 //   dead server rank while the job runs takes the rank over as a new node
 //   (incarnation + 1), empty, and is recruited where copies are missing. A lost worker
@@ -91,6 +92,12 @@ struct CoordinatorOptions {
   // how many applied pushes that checkpoint may miss.
   bool restore_lost_shards = false;
   Nanos heartbeat_interval = 0;              // told to registering nodes (RegisterReply); 0 = not told
+  // Capacity of each server rank (empty: all equal): the first map gives
+  // each server primaries and copies in proportion (WeightedShardMap in
+  // common/keys.h), and re-made copies follow them. Weights that
+  // ValidateServerWeights refuses fail the job once it has assembled, naming
+  // the bad weight; tessera-coordinator refuses them at start.
+  std::vector<float> server_weights;
 };
 
 class CoordinatorCore {

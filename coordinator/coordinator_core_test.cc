@@ -100,6 +100,42 @@ TEST_F(CoordinatorCoreTest, AssemblesAndPublishesTheShardMap) {
   EXPECT_EQ(ready, 4u);
 }
 
+TEST_F(CoordinatorCoreTest, ServerWeightsWeighTheFirstMap) {
+  CoordinatorOptions o = Replicated(3, 1);
+  o.vshards = 64;
+  o.server_weights = {1, 1, 2};
+  CoordinatorCore core(o, 0);
+  auto out = Assemble(core, 3, 1);
+  ASSERT_EQ(core.phase(), CoordinatorCore::Phase::kRunning) << core.failure_reason();
+  size_t ready = 0;
+  for (const auto& m : out) {
+    if (!m.message.header.has_job_ready()) continue;
+    ++ready;
+    const proto::ShardMap& map = m.message.header.job_ready().shard_map();
+    ASSERT_TRUE(ShardMapView::Create(map).ok()) << ShardMapView::Create(map).status();
+    ASSERT_EQ(map.server_weights_size(), 3);
+    EXPECT_EQ(map.server_weights(2), 2.0f);
+    std::vector<uint32_t> primaries(3, 0);
+    for (uint32_t rank : map.vshard_server_rank()) primaries[rank]++;
+    EXPECT_EQ(primaries, (std::vector<uint32_t>{16, 16, 32}));  // 64 shards by weights 1, 1, 2
+    EXPECT_EQ(BackupListsOf(map).size(), 64u);
+  }
+  EXPECT_EQ(ready, 4u);
+}
+
+TEST_F(CoordinatorCoreTest, BadServerWeightsFailTheJobOnceItAssembles) {
+  CoordinatorOptions o = Options(3, 1);
+  o.server_weights = {1, 0, 2};
+  CoordinatorCore core(o, 0);
+  auto out = Assemble(core, 3, 1);
+  ASSERT_EQ(core.phase(), CoordinatorCore::Phase::kFailed);
+  EXPECT_NE(core.failure_reason().find("server weight 0 (server rank 1) must be a positive"), std::string::npos)
+      << core.failure_reason();
+  size_t shutdowns = 0;
+  for (const auto& m : out) shutdowns += m.message.header.has_shutdown() && !m.message.header.shutdown().ok();
+  EXPECT_EQ(shutdowns, 4u);
+}
+
 TEST_F(CoordinatorCoreTest, RanksAreAssignedAndChecked) {
   CoordinatorCore core(Options(2, 1), 0);
   auto out = core.Step(Register("a", proto::SERVER, -1), 0);

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "CLI/CLI.hpp"
+#include "common/keys.h"
 #include "common/logging.h"
 #include "coordinator/coordinator_node.h"
 #include "common/metrics.h"
@@ -69,6 +70,11 @@ int main(int argc, char** argv) {
                  "Copies of each virtual shard (a primary and replication-1 backups on other servers; capped at "
                  "--servers). With 2 or more, a lost server fails over to its backups instead of failing the job")
       ->check(CLI::PositiveNumber);
+  app.add_option("--server-weights", options.server_weights,
+                 "Capacity of each server rank, comma-separated (e.g. 1,1,2; one positive number per server; "
+                 "default: all equal): the first shard map gives each server primaries and copies in proportion, "
+                 "and copies re-made after a loss go where copies per unit of weight are fewest")
+      ->delimiter(',');
   app.add_option("--server-lease", server_lease,
                  "With replication: seconds of silence after which a server is lost and its shards fail over "
                  "(servers heartbeat every 0.1 s by default); without replication servers get --lease")
@@ -109,6 +115,10 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   if (options.vshards < options.servers) {
     TLOG_ERROR("--vshards ({}) must be at least --servers ({})", options.vshards, options.servers);
+    return 2;
+  }
+  if (absl::Status weights = tessera::ValidateServerWeights(options.server_weights, options.servers); !weights.ok()) {
+    TLOG_ERROR("--server-weights: {}", weights.message());
     return 2;
   }
   options.assemble_timeout = static_cast<tessera::Nanos>(assemble_timeout * 1e9);

@@ -24,6 +24,7 @@ import difflib
 import json
 import math
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -76,6 +77,7 @@ class ClusterSection:
     servers: int = 1
     workers: int = 1
     vshards: int = 64
+    server_weights: list = dataclasses.field(default_factory=list)  # empty: all equal
     transport: str = "tcp"
     host: str = "127.0.0.1"
     on_worker_loss: str = "stop"
@@ -330,6 +332,26 @@ def _non_negative_number(value: Any) -> Optional[str]:
     return None
 
 
+def _number_list(value: Any) -> Optional[str]:
+    # The entries and the length are checked by _Validator.server_weights,
+    # which can name the entry that is wrong.
+    if not isinstance(value, list):
+        return "must be a list of positive numbers, one per server (empty: all servers weigh the same)"
+    return None
+
+
+def _is_float32_weight(value: Any) -> bool:
+    """Whether `value` is a positive number that stays positive and finite
+    as the 32-bit float the coordinator keeps it in."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        return False
+    try:
+        as_float32 = struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return False
+    return 0 < as_float32 < math.inf
+
+
 def _job_name(value: Any) -> Optional[str]:
     if not isinstance(value, str) or not _NAME_RE.match(value):
         return "must be a name of letters, digits, '.', '_' and '-' (it names the run directory)"
@@ -417,6 +439,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "servers": Field(_positive_int, 1, "number of tessera-server processes"),
         "workers": Field(_positive_int, 1, "number of worker processes"),
         "vshards": Field(_positive_int, 64, "virtual shards the key space is hashed onto"),
+        "server_weights": Field(_number_list, [],
+                                "capacity of each server rank, one positive number per server (empty: all equal): "
+                                "the first shard map gives each server primaries and copies in proportion"),
         "transport": Field(_transport, "tcp",
                            "tcp | ipc (ZeroMQ) | zmq (= tcp) | rdma | auto (RDMA where usable, else ZeroMQ over "
                            "tcp)"),
@@ -590,6 +615,16 @@ class _MarkedList(list):
         clone = _MarkedList(copy.deepcopy(v, memo) for v in self)
         clone.item_lines = list(self.item_lines)
         return clone
+
+
+def _plain(value: Any) -> Any:
+    """`value` with every _MarkedDict and _MarkedList made a plain dict and
+    list (the resolved config holds plain data, which yaml.safe_dump writes)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -803,7 +838,7 @@ class _Validator:
             if problem:
                 self.error(path, f"{name}.{key} {problem}, got {_render(value)}")
             else:
-                values[key] = value
+                values[key] = _plain(value)
         return values
 
     def worker_args(self, args: dict) -> dict:
@@ -858,6 +893,24 @@ class _Validator:
                        f"shm.ring_bytes ({shm['ring_bytes']}) must be at least 2 * shm.min_frame_bytes "
                        f"({2 * shm['min_frame_bytes']})")
 
+    def server_weights(self, cluster: dict) -> None:
+        """cluster.server_weights: each entry a positive number the
+        coordinator can hold (a 32-bit float), one per server or none."""
+        weights = cluster.get("server_weights")
+        if not weights:
+            return
+        bad = False
+        for i, w in enumerate(weights):
+            if not _is_float32_weight(w):
+                self.error(("cluster", "server_weights", i),
+                           f"cluster.server_weights[{i}] must be a positive number (a server's weight, at most "
+                           f"3.4e38), got {_render(w)}")
+                bad = True
+        if not bad and "servers" in cluster and len(weights) != cluster["servers"]:
+            self.error(("cluster", "server_weights"),
+                       f"cluster.server_weights has {len(weights)} weights for cluster.servers {cluster['servers']}: "
+                       "give one per server rank, or none (all equal)")
+
     def cross_checks(self, cluster: dict, timeouts: dict) -> None:
         if "vshards" in cluster and "servers" in cluster and cluster["vshards"] < cluster["servers"]:
             self.error(
@@ -896,6 +949,7 @@ def validate(data: Any, source: str, overrides: list = ()) -> JobConfig:
     if "args" in sections["worker"]:
         sections["worker"]["args"] = checker.worker_args(sections["worker"]["args"])
     checker.cross_checks(sections["cluster"], sections["timeouts"])
+    checker.server_weights(sections["cluster"])
     checker.transport_checks(sections["cluster"], sections["rdma"], sections["shm"])
     if sections["coordinator"].get("standbys") and not sections["coordinator"].get("etcd"):
         checker.error(("coordinator", "standbys"),

@@ -253,6 +253,15 @@ def coordinator_names(config: JobConfig) -> list:
     return ["coordinator"] + [f"coordinator-{i}" for i in range(1, config.coordinator.standbys + 1)]
 
 
+def server_weights_flag(config: JobConfig) -> list:
+    """`--server-weights W0,W1,...` from cluster.server_weights (whole
+    numbers as integers), or nothing when it is empty (all servers equal)."""
+    weights = config.cluster.server_weights
+    if not weights:
+        return []
+    return ["--server-weights", ",".join(str(int(w)) if float(w).is_integer() else repr(float(w)) for w in weights)]
+
+
 def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, debug: bool,
                      host: Optional[str] = None, name: str = "coordinator") -> list:
     t = config.timeouts
@@ -269,6 +278,7 @@ def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, d
         "--on-worker-loss", config.cluster.on_worker_loss,
         "--rejoin-timeout", _seconds(t.rejoin_seconds),
         "--replication", str(config.cluster.replication),
+        *server_weights_flag(config),
         "--server-lease", _seconds(t.server_lease_seconds),
         "--on-shard-loss", config.cluster.on_shard_loss,
         "--summary-file", str(layout.coordinator_summary),

@@ -119,6 +119,7 @@ def coordinator(argv):
     p.add_argument("--on-worker-loss", choices=("stop", "continue", "wait"), default="stop")
     p.add_argument("--rejoin-timeout", type=float, default=60)
     p.add_argument("--replication", type=int, default=2)
+    p.add_argument("--server-weights", default="")
     p.add_argument("--server-lease", type=float, default=0.5)
     p.add_argument("--on-shard-loss", default="stop")
     p.add_argument("--state-file", default="")
@@ -131,6 +132,8 @@ def coordinator(argv):
     server, address = listen(a.bind)
     write_atomically(a.address_file, address + "\n")
     log(f"INFO coordinator listening on {address}")
+    if a.server_weights:
+        log(f"INFO server weights {a.server_weights}")
 
     def finish(status, reason, workers=(), code=0):
         summary = {"status": status, "reason": reason, "workers": list(workers),

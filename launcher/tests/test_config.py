@@ -105,7 +105,8 @@ def test_unknown_key_names_path_and_suggests(tmp_path):
     path = write(tmp_path, MINIMAL + "cluster:\n  srevers: 2\n")
     assert error_of(path) == (
         f"{path}:4: unknown key cluster.srevers; did you mean cluster.servers? "
-        "(known: servers, workers, vshards, transport, host, replication, on_shard_loss, on_worker_loss)")
+        "(known: servers, workers, vshards, server_weights, transport, host, replication, on_shard_loss, "
+        "on_worker_loss)")
 
 
 def test_unknown_section(tmp_path):
@@ -218,6 +219,43 @@ def test_cross_field_checks(tmp_path):
     message = error_of(path)
     assert "cluster.vshards (4) must be at least cluster.servers (8)" in message
     assert "timeouts.lease_seconds (2) must be greater than timeouts.heartbeat_seconds (2)" in message
+
+
+def test_server_weights_are_one_positive_number_per_server(tmp_path):
+    path = write(tmp_path, MINIMAL + "cluster:\n  servers: 3\n  server_weights: [1, 1, 2.5]\n")
+    config = load_config(path)
+    assert config.cluster.server_weights == [1, 1, 2.5]
+    assert load_config(write(tmp_path, MINIMAL, "plain.yaml")).cluster.server_weights == []  # all equal
+    # The resolved config (written to the run directory) reads back the same.
+    again = load_config(write(tmp_path, config.to_yaml(), "resolved.yaml"))
+    assert again.cluster.server_weights == [1, 1, 2.5] and again.to_dict() == config.to_dict()
+
+
+@pytest.mark.parametrize("weights, problem", [
+    ("[1, 2]", ":5: cluster.server_weights has 2 weights for cluster.servers 3: give one per server rank"),
+    ("[1, 2, 3, 4]", ":5: cluster.server_weights has 4 weights for cluster.servers 3"),
+    ("[1, 0, 2]", ":5: cluster.server_weights[1] must be a positive number (a server's weight, at most 3.4e38), "
+                  "got 0"),
+    ("[1, 1, -2]", ":5: cluster.server_weights[2] must be a positive number"),
+    ("[.nan, 1, 1]", ":5: cluster.server_weights[0] must be a positive number"),
+    ("[1, .inf, 1]", ":5: cluster.server_weights[1] must be a positive number"),
+    ("[1, 1, 1.0e+39]", ":5: cluster.server_weights[2] must be a positive number"),  # no 32-bit float
+    ("[1, true, 1]", ":5: cluster.server_weights[1] must be a positive number"),
+    ("[1, two, 1]", ':5: cluster.server_weights[1] must be a positive number (a server\'s weight, at most 3.4e38), '
+                    'got "two"'),
+    ("2", ":5: cluster.server_weights must be a list of positive numbers, one per server (empty: all servers "
+          "weigh the same), got 2"),
+])
+def test_bad_server_weights_are_named(tmp_path, weights, problem):
+    path = write(tmp_path, MINIMAL + f"cluster:\n  servers: 3\n  server_weights: {weights}\n")
+    assert f"{path}{problem}" in error_of(path)
+
+
+def test_a_bad_server_weight_is_placed_on_its_line(tmp_path):
+    path = write(tmp_path, MINIMAL + "cluster:\n  servers: 2\n  server_weights:\n    - 1\n    - 0\n")
+    assert error_of(path).startswith(f"{path}:7: cluster.server_weights[1] must be a positive number")
+    assert error_of(path, ["cluster.server_weights=[1]"]).startswith(
+        "--set cluster.server_weights=[1]: cluster.server_weights has 1 weights for cluster.servers 2")
 
 
 # -- --set overrides ---------------------------------------------------------

@@ -17,7 +17,7 @@ import yaml
 from conftest import LAUNCHER_DIR
 from tessera_launch.config import load_config
 from tessera_launch.local import (Binaries, LocalOptions, RunLayout, SetupError, coordinator_argv,
-                                  run_local, server_argv, worker_argv)
+                                  process_argv, run_local, server_argv, worker_argv)
 from tessera_launch.summary import build_summary, format_report, merge_worker_reports
 from tessera_launch.supervisor import Outcome
 
@@ -229,6 +229,30 @@ def test_command_lines_follow_the_contract(tmp_path, job_file):
     assert worker_argv(config, binaries, layout, 0, "tcp://h:1") == [
         str(tmp_path / "build/examples/fake-worker"), "--coordinator", "tcp://h:1", "--rank", "0",
         "--name", "worker-0", "--epochs", "1", "--learning_rate", "0.5", "--verbose", "true"]
+
+
+def test_a_job_with_server_weights_in_its_file_runs(tmp_path, fake_build):
+    path = tmp_path / "weighted.yaml"
+    path.write_text(JOB.replace("  vshards: 8\n", "  vshards: 8\n  server_weights: [1, 3]\n"))
+    run_dir = tmp_path / "run"
+    code, summary, terminal = launch(path, fake_build, run_dir)
+    assert code == 0, terminal
+    assert "server_weights:\n  - 1\n  - 3\n" in (run_dir / "config.yaml").read_text()
+    logs = "".join(p.read_text() for p in run_dir.rglob("coordinator*.log"))
+    assert "server weights 1,3" in logs
+
+
+def test_server_weights_reach_the_coordinator(tmp_path, job_file):
+    binaries = Binaries.locate(tmp_path / "build", "fake-worker")
+    layout = RunLayout(tmp_path / "run")
+    config = load_config(job_file, ["cluster.server_weights=[1, 2.5]"])
+    argv = coordinator_argv(config, binaries, layout, debug=False)
+    assert argv[argv.index("--server-weights") + 1] == "1,2.5"
+    assert argv.index("--server-weights") == argv.index("--replication") + 2
+    # Every back-end builds its command lines through process_argv.
+    assert "--server-weights" in process_argv(config, binaries, layout, "coordinator", "", debug=False)
+    # Without weights (all servers equal) the flag is left out.
+    assert "--server-weights" not in coordinator_argv(load_config(job_file), binaries, layout, debug=False)
 
 
 def test_ipc_addresses_and_program_paths(tmp_path, job_file):
