@@ -115,7 +115,13 @@ std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
       Message reply = Reply(m);
       reply.header.mutable_heartbeat_ack();
       reply_to(std::move(reply));
-      if (phase_ == Phase::kRunning && node.info.role() == proto::SERVER) ResendWorkersLeft(node, hb, out);
+      if (phase_ == Phase::kRunning && node.info.role() == proto::SERVER) {
+        ResendWorkersLeft(node, hb, out);
+        const uint32_t rank = node.info.rank();
+        load_.OnHeartbeat(rank, node.info.node_id(), hb, now, [&](uint32_t v) {
+          return v < shard_map_.num_vshards() && shard_map_.vshard_server_rank(static_cast<int>(v)) == rank;
+        });
+      }
       // A node behind on the map (it missed an update) gets it again, with
       // the restores it was to make; one that has the map has them.
       if (phase_ == Phase::kRunning && h.epoch() != 0 && h.epoch() < shard_map_.epoch()) {

@@ -42,6 +42,8 @@
 //   earlier incarnation already passed is released to the replacement at
 //   once. No replacement in time fails the job, naming the worker.
 // - Membership changes are also reported as lines by TakeEvents(), for logs.
+// - Load: every server heartbeat while the job runs feeds load() (see
+//   coordinator/load_tracker.h), the smoothed view placement decisions read.
 // - Barriers release when every worker reached them; a barrier cannot hang
 //   without a message: a lost worker fails the job, which releases everyone
 //   with the reason.
@@ -66,6 +68,7 @@
 #include "absl/status/status.h"
 #include "common/clock.h"
 #include "common/message.h"
+#include "coordinator/load_tracker.h"
 
 namespace tessera {
 
@@ -158,6 +161,8 @@ class CoordinatorCore {
     uint64_t barriers_released = 0;
   };
   const Stats& stats() const { return stats_; }
+  // The servers' and shards' load, smoothed, from server heartbeats.
+  const LoadTracker& load() const { return load_; }
   size_t syncing_copies() const { return syncing_.size(); }
 
   // Human name of a node: "server 1", "worker 0".
@@ -206,6 +211,7 @@ class CoordinatorCore {
   absl::flat_hash_map<std::string, absl::flat_hash_set<uint32_t>> barriers_;
   std::vector<std::string> events_;
   Stats stats_;
+  LoadTracker load_;
   // vshard -> pushes applied to it, as its primary last reported (heartbeats).
   absl::flat_hash_map<uint32_t, uint64_t> last_applied_;
   // (vshard, backup rank) recruited but not yet in sync (its primary has not

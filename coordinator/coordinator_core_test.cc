@@ -3,6 +3,8 @@
 
 #include "absl/status/status.h"
 
+#include <cmath>
+
 #include <gtest/gtest.h>
 
 namespace tessera {
@@ -380,6 +382,31 @@ TEST_F(CoordinatorCoreTest, AServerThatMissedWorkersLeftGetsItAgain) {
   EXPECT_NE(left.reason().find("server 1 knows of 1 of the 2 workers that left"), std::string::npos) << left.reason();
   EXPECT_EQ(heartbeat("s0", 2).size(), 1u) << "only the heartbeat ack: it knows them all";
   EXPECT_EQ(heartbeat("w1", 0).size(), 1u) << "workers are not told";
+}
+
+// Server heartbeats feed the load view: a shard counts from its primary.
+TEST_F(CoordinatorCoreTest, ServerHeartbeatsFeedTheLoadView) {
+  CoordinatorCore core(Options(2, 1), 0);
+  Assemble(core, 2, 1);
+  const uint32_t mine = core.shard_map().vshard_server_rank(0) == 0 ? 0 : 1;  // a shard of server 0
+  auto beat = [&](Nanos now, uint64_t requests, double cpu) {
+    Message m = From("s0");
+    proto::Heartbeat* hb = m.header.mutable_heartbeat();
+    hb->set_cpu_seconds(cpu);
+    hb->set_rows(77);
+    proto::ShardLoad* l = hb->add_shard_loads();
+    l->set_vshard(mine);
+    l->set_requests(requests);
+    core.Step(m, now);
+  };
+  beat(1 * kSeconds, 100, 1.0);
+  beat(11 * kSeconds, 1100, 6.0);  // 100 requests/s, half a core, over 10 s
+  const double moved = 1 - std::exp(-1.0);  // tau 10 s
+  ASSERT_GE(core.load().servers().size(), 1u);
+  EXPECT_NEAR(core.load().servers()[0].cpu_cores, 0.5 * moved, 1e-9);
+  EXPECT_NEAR(core.load().servers()[0].requests_per_s, 100 * moved, 1e-9);
+  EXPECT_EQ(core.load().servers()[0].rows, 77u);
+  EXPECT_NEAR(core.load().shards().at(mine).requests_per_s, 100 * moved, 1e-9);
 }
 
 TEST_F(CoordinatorCoreTest, WaitPolicyFailsTheJobWhenNoReplacementComes) {

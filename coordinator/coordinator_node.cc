@@ -176,6 +176,8 @@ void CoordinatorNode::TakeFigures(const CoordinatorCore& core, uint64_t state_sa
   f.phase = static_cast<uint32_t>(core.phase());
   f.syncing = core.syncing_copies();
   f.state_saves = state_saves;
+  f.load = core.load().servers();
+  for (auto& l : f.load) l.last.Clear();  // (only the rates are shown)
   for (const auto& [id, n] : core.nodes()) {
     const int role = n.info.role() == proto::WORKER ? 1 : 0;
     const int state = n.done ? 3 : n.lost ? 1 : n.away ? 2 : 0;
@@ -213,6 +215,22 @@ std::string CoordinatorNode::MetricsText() const {
   w.Counter("tessera_coordinator_map_updates_total", "Shard map updates published", f.stats.maps_published);
   w.Counter("tessera_coordinator_barriers_released_total", "Barriers released", f.stats.barriers_released);
   w.Counter("tessera_coordinator_state_saves_total", "Coordinator state saves (file or etcd)", f.state_saves);
+  for (size_t r = 0; r < f.load.size(); ++r) {
+    const LoadTracker::ServerLoad& l = f.load[r];
+    if (l.last_at == 0) continue;
+    const metrics::Labels server = {{"server", std::to_string(r)}};
+    w.Gauge("tessera_coordinator_server_cpu_cores", "A server's CPU use, smoothed (heartbeats)", l.cpu_cores, server);
+    w.Gauge("tessera_coordinator_server_net_bytes_per_second", "A server's network traffic, smoothed (heartbeats)",
+            l.net_in_bytes_per_s, {{"server", std::to_string(r)}, {"direction", "in"}});
+    w.Gauge("tessera_coordinator_server_net_bytes_per_second", "A server's network traffic, smoothed (heartbeats)",
+            l.net_out_bytes_per_s, {{"server", std::to_string(r)}, {"direction", "out"}});
+    w.Gauge("tessera_coordinator_server_requests_per_second",
+            "Pushes and pulls a server serves as primary, counted once per shard they touch, smoothed (heartbeats)",
+            l.requests_per_s, server);
+    w.Gauge("tessera_coordinator_server_rows", "Rows in a server's tables", static_cast<double>(l.rows), server);
+    w.Gauge("tessera_coordinator_server_memory_bytes", "Memory of a server's tables",
+            static_cast<double>(l.memory_bytes), server);
+  }
   WriteTransportMetrics(w, transport_->stats());
   return w.text();
 }

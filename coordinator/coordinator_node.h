@@ -85,6 +85,7 @@ class CoordinatorNode {
     uint64_t state_saves = 0;
     // [role][state]: role 0 server, 1 worker; state 0 alive, 1 lost, 2 away, 3 done.
     uint32_t nodes[2][4] = {};
+    std::vector<LoadTracker::ServerLoad> load;  // by server rank
   };
   void TakeFigures(const CoordinatorCore& core, uint64_t state_saves);
   mutable std::mutex figures_mu_;

@@ -1,6 +1,8 @@
 // ServerCore under BSP, SSP and ASP, message by message.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "server/server_core.h"
 
 namespace tessera {
@@ -168,6 +170,30 @@ TEST_F(ConsistencyCoreTest, WorkersThatLeftAreNotWaitedFor) {
     EXPECT_NE(ErrorOf(refused).find("worker 1 has left the job"), std::string::npos) << ErrorOf(refused);
   }
   EXPECT_EQ(ErrorOf(Push(kW0, 1, 1.0f)), "");
+}
+
+// Load accounting: each request's keys count against their shards, and
+// the heartbeat carries the counters, rows and memory.
+TEST_F(ConsistencyCoreTest, HeartbeatsCarryTheTrafficOfEachShard) {
+  Init(proto::ASP, 0);
+  const uint32_t a = VirtualShardOf(1, 42, 4), b = VirtualShardOf(1, 7, 4);
+  ASSERT_NE(a, b) << "the test wants two shards";
+  PushKeys(kW0, 0, {42, 7}, 1.0f);
+  PushKeys(kW1, 0, {42}, 1.0f);
+  Pull(kW0, 0, 9);  // key 42
+  proto::Heartbeat hb;
+  core_->FillHeartbeat(&hb);
+  std::map<uint32_t, proto::ShardLoad> by_shard;
+  for (const proto::ShardLoad& l : hb.shard_loads()) by_shard[l.vshard()] = l;
+  ASSERT_EQ(by_shard.size(), 2u);
+  EXPECT_EQ(by_shard[a].requests(), 3u);  // two pushes and the pull
+  EXPECT_EQ(by_shard[a].bytes_in(), 3 * sizeof(Key) + 2 * sizeof(float));
+  EXPECT_EQ(by_shard[a].bytes_out(), sizeof(float));
+  EXPECT_EQ(by_shard[b].requests(), 1u);
+  EXPECT_EQ(by_shard[b].bytes_in(), sizeof(Key) + sizeof(float));
+  EXPECT_EQ(by_shard[b].bytes_out(), 0u);
+  EXPECT_EQ(hb.rows(), 2u);
+  EXPECT_GT(hb.memory_bytes(), 2 * sizeof(float));
 }
 
 TEST_F(ConsistencyCoreTest, HeldRequestsTimeOutNamingTheLaggards) {

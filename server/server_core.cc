@@ -699,6 +699,41 @@ void ServerCore::FillHeartbeat(proto::Heartbeat* hb) const {
   uint32_t left = 0;
   clocks_.ForEach([&](uint32_t, uint64_t, bool live) { left += !live; });
   hb->set_workers_left(left);
+  if (map_ && !deposed()) {
+    for (uint32_t v = 0; v < traffic_.size(); ++v) {
+      const ShardTraffic& t = traffic_[v];
+      if (t.requests == 0 || v >= map_->num_vshards() || map_->ServerRankOf(v) != my_rank_) continue;
+      proto::ShardLoad* l = hb->add_shard_loads();
+      l->set_vshard(v);
+      l->set_requests(t.requests);
+      l->set_bytes_in(t.bytes_in);
+      l->set_bytes_out(t.bytes_out);
+    }
+  }
+  uint64_t rows = 0, memory = 0;
+  for (const auto& [id, table] : tables_) {
+    rows += table->num_rows();
+    memory += table->num_rows() * Table::RowBytes(table->config());
+  }
+  hb->set_rows(rows);
+  hb->set_memory_bytes(memory);
+}
+
+void ServerCore::NoteTraffic(uint32_t table_id, std::span<const Key> keys, size_t value_bytes, bool push) {
+  if (!map_) return;
+  if (traffic_.size() != map_->num_vshards()) traffic_.resize(map_->num_vshards());
+  const uint64_t request = ++traffic_requests_;
+  for (Key k : keys) {
+    const uint32_t v = map_->VShardOfKey(table_id, k);
+    if (map_->ServerRankOf(v) != my_rank_) continue;
+    ShardTraffic& t = traffic_[v];
+    if (t.last_request != request) {
+      t.last_request = request;
+      t.requests++;
+    }
+    t.bytes_in += sizeof(Key) + (push ? value_bytes : 0);
+    if (!push) t.bytes_out += value_bytes;
+  }
 }
 
 ShardSnapshot ServerCore::SnapshotPrimaryShards() const {
@@ -920,6 +955,7 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
                                                    " keys of width ", table->width()));
   }
   if (auto s = CheckGrowth(*table, keys); !s.ok()) return s;
+  NoteTraffic(req.table_id(), keys, keys.empty() ? 0 : m.frames[1].size() / keys.size(), /*push=*/true);
   // Each key's shard; which keys are this server's to take.
   std::vector<uint32_t> vshard(keys.size());
   bool all_mine = true;
@@ -1273,6 +1309,7 @@ absl::StatusOr<Buffer> ServerCore::HandlePull(const proto::Pull& req, const Mess
   auto keys = KeysFrame(m, req.num_keys(), req.table_id(), true);
   if (!keys.ok()) return keys.status();
   if (auto s = CheckGrowth(**table, *keys); !s.ok()) return s;
+  NoteTraffic(req.table_id(), *keys, size_t{(*table)->width()} * sizeof(float), /*push=*/false);
   // Large rows go out as views of table memory (copy-on-write protects them
   // from later pushes while the reply is in flight); the rest is copied.
   return (*table)->ReadRowsShared(*keys, options_.pool);

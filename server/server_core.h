@@ -198,8 +198,19 @@ class ServerCore {
   // Pushes applied to each shard this server is primary of: (vshard, count).
   std::vector<std::pair<uint32_t, uint64_t>> AppliedByPrimaryShard() const;
   // What this server tells the coordinator in each heartbeat: the pushes
-  // applied per primary shard, and how many workers it knows have left.
+  // applied per primary shard, how many workers it knows have left, and
+  // its load (traffic per primary shard, rows and memory of its tables;
+  // the shell adds CPU and network).
   void FillHeartbeat(proto::Heartbeat* hb) const;
+  // Traffic of each shard while this server was its primary, since the
+  // core started: the pushes and pulls that touched it, bytes in (keys and
+  // pushed values, as received) and out (pulled values, before any pull
+  // compression). Indexed by vshard (empty before the first request).
+  struct ShardTraffic {
+    uint64_t requests = 0, bytes_in = 0, bytes_out = 0;
+    uint64_t last_request = 0;  // (counts each request once per shard)
+  };
+  const std::vector<ShardTraffic>& traffic() const { return traffic_; }
   uint64_t applied(uint32_t vshard) const {
     auto it = applied_.find(vshard);
     return it == applied_.end() ? 0 : it->second;
@@ -376,6 +387,12 @@ class ServerCore {
   uint64_t next_push_id_ = 1;
   std::vector<proto::ShardsInSync> in_sync_;  // acknowledged transfers, for TakeShardsInSync
   absl::flat_hash_map<uint32_t, uint64_t> applied_;  // vshard -> pushes applied to it (here or, before, elsewhere)
+  // Load accounting: counts `keys` of one request against their shards
+  // (those this server is primary of); `value_bytes` per key in, or out
+  // for a pull.
+  void NoteTraffic(uint32_t table_id, std::span<const Key> keys, size_t value_bytes, bool push);
+  std::vector<ShardTraffic> traffic_;
+  uint64_t traffic_requests_ = 0;
   absl::flat_hash_map<uint32_t, compress::Codec> pull_codecs_;  // tables with pull_compression
   uint64_t pull_encodes_ = 0;                                   // tensor ids of encoded pull replies
   ServerStats stats_;

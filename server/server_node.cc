@@ -2,6 +2,7 @@
 
 #include "common/metrics.h"
 
+#include <sys/resource.h>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -220,6 +221,15 @@ absl::Status ServerNode::Run() {
   session_.set_heartbeat_filler([this](proto::Heartbeat* hb) {
     std::lock_guard lock(mu_);
     if (core_ != nullptr) core_->FillHeartbeat(hb);
+    // The process's own use, for the coordinator's load view.
+    struct rusage usage {};
+    if (getrusage(RUSAGE_SELF, &usage) == 0) {
+      hb->set_cpu_seconds(static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+                          static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6);
+    }
+    const TransportStats net = transport_->stats();
+    hb->set_net_bytes_in(net.bytes_received);
+    hb->set_net_bytes_out(net.bytes_sent);
   });
   auto ready = session_.Join();
   if (!ready.ok()) {
