@@ -432,7 +432,7 @@ absl::StatusOr<Table*> ServerCore::FindTable(uint32_t id) {
 }
 
 absl::StatusOr<std::span<const Key>> ServerCore::KeysFrame(const Message& m, uint64_t num_keys, uint32_t table_id,
-                                                            bool primary_only) {
+                                                            bool primary_only, std::vector<uint32_t>* shards) {
   if (num_keys > options_.max_keys_per_request) {
     return absl::ResourceExhaustedError(absl::StrCat("a request of ", num_keys, " keys; this server takes at most ",
                                                      options_.max_keys_per_request,
@@ -445,9 +445,12 @@ absl::StatusOr<std::span<const Key>> ServerCore::KeysFrame(const Message& m, uin
   }
   auto keys = f.As<Key>();
   if (!primary_only) return keys;
-  for (Key k : keys) {
-    uint32_t owner = map_->ServerRankOfKey(table_id, k);
-    if (owner != my_rank_) return NotPrimary(table_id, k, owner);
+  if (shards != nullptr) shards->resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t v = map_->VShardOfKey(table_id, keys[i]);
+    const uint32_t owner = map_->ServerRankOf(v);
+    if (owner != my_rank_) return NotPrimary(table_id, keys[i], owner);
+    if (shards != nullptr) (*shards)[i] = v;
   }
   return keys;
 }
@@ -719,13 +722,12 @@ void ServerCore::FillHeartbeat(proto::Heartbeat* hb) const {
   hb->set_memory_bytes(memory);
 }
 
-void ServerCore::NoteTraffic(uint32_t table_id, std::span<const Key> keys, size_t value_bytes, bool push) {
+void ServerCore::NoteTraffic(std::span<const uint32_t> shards, size_t value_bytes, bool push) {
   if (!map_) return;
   if (traffic_.size() != map_->num_vshards()) traffic_.resize(map_->num_vshards());
   const uint64_t request = ++traffic_requests_;
-  for (Key k : keys) {
-    const uint32_t v = map_->VShardOfKey(table_id, k);
-    if (map_->ServerRankOf(v) != my_rank_) continue;
+  for (uint32_t v : shards) {
+    if (v >= traffic_.size() || map_->ServerRankOf(v) != my_rank_) continue;
     ShardTraffic& t = traffic_[v];
     if (t.last_request != request) {
       t.last_request = request;
@@ -955,7 +957,6 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
                                                    " keys of width ", table->width()));
   }
   if (auto s = CheckGrowth(*table, keys); !s.ok()) return s;
-  NoteTraffic(req.table_id(), keys, keys.empty() ? 0 : m.frames[1].size() / keys.size(), /*push=*/true);
   // Each key's shard; which keys are this server's to take.
   std::vector<uint32_t> vshard(keys.size());
   bool all_mine = true;
@@ -967,6 +968,7 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
       all_mine = false;
     }
   }
+  NoteTraffic(vshard, keys.empty() ? 0 : m.frames[1].size() / keys.size(), /*push=*/true);
   // The distinct shards this server takes keys of.
   const std::vector<uint32_t> shards = DistinctShards(
       vshard, map_->num_vshards(), [&](uint32_t v) { return map_->ServerRankOf(v) == my_rank_; });
@@ -1306,10 +1308,10 @@ absl::StatusOr<Buffer> ServerCore::HandlePull(const proto::Pull& req, const Mess
   stats_.bytes_in += m.FrameBytes();
   auto table = FindTable(req.table_id());
   if (!table.ok()) return table.status();
-  auto keys = KeysFrame(m, req.num_keys(), req.table_id(), true);
+  auto keys = KeysFrame(m, req.num_keys(), req.table_id(), true, &shard_scratch_);
   if (!keys.ok()) return keys.status();
   if (auto s = CheckGrowth(**table, *keys); !s.ok()) return s;
-  NoteTraffic(req.table_id(), *keys, size_t{(*table)->width()} * sizeof(float), /*push=*/false);
+  NoteTraffic(shard_scratch_, size_t{(*table)->width()} * sizeof(float), /*push=*/false);
   // Large rows go out as views of table memory (copy-on-write protects them
   // from later pushes while the reply is in flight); the rest is copied.
   return (*table)->ReadRowsShared(*keys, options_.pool);

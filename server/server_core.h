@@ -301,8 +301,9 @@ class ServerCore {
   absl::StatusOr<Table*> FindTable(uint32_t id);
   // The keys frame, checked against num_keys; with primary_only, every key
   // must be in a shard this server is primary of (else NotPrimary).
+  // (With primary_only and `shards`, each key's shard goes to *shards.)
   absl::StatusOr<std::span<const Key>> KeysFrame(const Message& m, uint64_t num_keys, uint32_t table_id,
-                                                 bool primary_only);
+                                                 bool primary_only, std::vector<uint32_t>* shards = nullptr);
   absl::Status NotPrimary(uint32_t table_id, Key key, uint32_t owner) const;
   // ResourceExhausted when the keys' new rows would take `table` past options.max_table_bytes.
   absl::Status CheckGrowth(const Table& table, std::span<const Key> keys) const;
@@ -387,10 +388,11 @@ class ServerCore {
   uint64_t next_push_id_ = 1;
   std::vector<proto::ShardsInSync> in_sync_;  // acknowledged transfers, for TakeShardsInSync
   absl::flat_hash_map<uint32_t, uint64_t> applied_;  // vshard -> pushes applied to it (here or, before, elsewhere)
-  // Load accounting: counts `keys` of one request against their shards
-  // (those this server is primary of); `value_bytes` per key in, or out
-  // for a pull.
-  void NoteTraffic(uint32_t table_id, std::span<const Key> keys, size_t value_bytes, bool push);
+  // Load accounting: counts the keys of one request against their shards
+  // (`shards`, one per key; those this server is primary of count);
+  // `value_bytes` per key in, or out for a pull.
+  void NoteTraffic(std::span<const uint32_t> shards, size_t value_bytes, bool push);
+  std::vector<uint32_t> shard_scratch_;  // a pull's shards, per key
   std::vector<ShardTraffic> traffic_;
   uint64_t traffic_requests_ = 0;
   absl::flat_hash_map<uint32_t, compress::Codec> pull_codecs_;  // tables with pull_compression
