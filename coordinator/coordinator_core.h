@@ -225,4 +225,26 @@ class CoordinatorCore {
   void NoteRecruits(const proto::ShardMap& previous, const proto::ShardMap& next);
 };
 
+// When a coordinator's shell writes its state (its --state-file, or etcd):
+// write-ahead, after each step and before it sends what the step produced,
+// whenever the state changed, and every `counts_every` for the applied
+// counts alone (they change with every heartbeat). The tessera-coordinator
+// shell and the cluster simulator use the same rule.
+class CoordinatorStateSaver {
+ public:
+  explicit CoordinatorStateSaver(Nanos counts_every) : counts_every_(counts_every) {}
+  // The bytes to write now (the state with the counts, serialized
+  // deterministically), or nothing when no write is due.
+  std::optional<std::string> Due(const CoordinatorCore& core, Nanos now);
+  // The bytes Due gave were written (at `now`); until then Due gives them again.
+  void Written(Nanos now);
+
+ private:
+  const Nanos counts_every_;
+  std::string saved_;    // the last state written, without the counts
+  std::string pending_;  // the state Due gave, without the counts
+  Nanos counts_written_at_ = 0;
+  bool written_once_ = false;
+};
+
 }  // namespace tessera

@@ -409,6 +409,26 @@ TEST_F(CoordinatorCoreTest, ServerHeartbeatsFeedTheLoadView) {
   EXPECT_NEAR(core.load().shards().at(mine).requests_per_s, 100 * moved, 1e-9);
 }
 
+// The write-ahead rule both the shell and the simulator save state by.
+TEST_F(CoordinatorCoreTest, TheStateIsSavedWhenItChangesAndForTheCountsNowAndThen) {
+  CoordinatorCore core(Options(1, 1), 0);
+  CoordinatorStateSaver saver(5 * kSeconds);
+  auto first = saver.Due(core, 0);
+  ASSERT_TRUE(first.has_value()) << "the first state is always written";
+  EXPECT_TRUE(saver.Due(core, 0).has_value()) << "until it was written, it is due again";
+  saver.Written(0);
+  EXPECT_FALSE(saver.Due(core, 1 * kSeconds).has_value()) << "nothing changed";
+  core.Step(Register("s0", proto::SERVER, 0), 1 * kSeconds);
+  auto changed = saver.Due(core, 1 * kSeconds);
+  ASSERT_TRUE(changed.has_value());
+  proto::CoordinatorState state;
+  ASSERT_TRUE(state.ParseFromString(*changed));
+  EXPECT_EQ(state.nodes_size(), 1);
+  saver.Written(1 * kSeconds);
+  EXPECT_FALSE(saver.Due(core, 5 * kSeconds).has_value());
+  EXPECT_TRUE(saver.Due(core, 6 * kSeconds).has_value()) << "the applied counts, every 5 s";
+}
+
 TEST_F(CoordinatorCoreTest, WaitPolicyFailsTheJobWhenNoReplacementComes) {
   CoordinatorOptions o = Options(1, 2);
   o.on_worker_loss = WorkerLossPolicy::kWait;

@@ -82,28 +82,18 @@ absl::Status CoordinatorNode::Run() {
       return s;
     }
   }
-  std::string saved;             // the last state saved, without the applied counts
-  Nanos counts_saved_at = 0;
+  CoordinatorStateSaver saver(kCountsEvery);
   uint64_t state_saves = 0;
-  auto serialize = [](const proto::CoordinatorState& state) {
-    std::string bytes;
-    google::protobuf::io::StringOutputStream out(&bytes);
-    google::protobuf::io::CodedOutputStream coded(&out);
-    coded.SetSerializationDeterministic(true);
-    state.SerializeToCodedStream(&coded);
-    return bytes;
-  };
   // Saves a changed state (and, every few seconds, the applied counts that
   // change with each heartbeat); false when this coordinator may no longer act.
   auto save = [&] {
     if (!save_state_) return true;
-    std::string now = serialize(core.SaveState(/*with_counts=*/false));
-    const bool counts_due = MonotonicNow() - counts_saved_at >= kCountsEvery;
-    if (now == saved && !counts_due) return true;
-    if (!save_state_(serialize(core.SaveState(/*with_counts=*/true)))) return false;
+    const Nanos now = MonotonicNow();
+    std::optional<std::string> due = saver.Due(core, now);
+    if (!due) return true;
+    if (!save_state_(*due)) return false;
     ++state_saves;
-    saved = std::move(now);
-    counts_saved_at = MonotonicNow();
+    saver.Written(now);
     return true;
   };
   auto leads = [&] { return !holds_ || holds_(); };

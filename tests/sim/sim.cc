@@ -272,14 +272,23 @@ class World {
   uint64_t delivered_ = 0, dropped_ = 0;
   Nanos job_end_at_ = 0;
   bool worker_crashed_assembling_ = false;
+  CoordinatorOptions coordinator_options_;
+  std::vector<std::unique_ptr<Proc>> graveyard_;  // replaced processes (timers may still point at them)
+
+ public:
+  std::string coordinator_state_;  // the coordinator's saved state (its state file)
 };
 
 class CoordProc final : public Proc {
  public:
-  CoordProc(World* world, const CoordinatorOptions& o) : world_(world), core_(o, 0) { address = kCoordinator; }
+  CoordProc(World* world, const CoordinatorOptions& o, Nanos now = 0)
+      : world_(world), core_(o, now), saver_(5 * kSeconds) {
+    address = kCoordinator;
+  }
   void Deliver(Message m, Nanos now) override { Timed([&] { return core_.Step(m, now); }, now, true); }
   void Tick(Nanos now) override { Timed([&] { return core_.Tick(now); }, now, false); }
   const CoordinatorCore& core() const { return core_; }
+  CoordinatorCore& mutable_core() { return core_; }
 
  private:
   // Runs a step of the core and, for scale mode, counts it and its CPU time
@@ -299,6 +308,14 @@ class CoordProc final : public Proc {
     }
     if (message) ++sc.coordinator_msgs;
     if (core_.stats().maps_published > maps_before) sc.failover_cpu_s = std::max(sc.failover_cpu_s, cpu);
+    // Write-ahead, as the shell does: the state these messages follow from
+    // is saved before they leave (only where the coordinator may crash).
+    if (scenario.coordinator_crashes > 0) {
+      if (std::optional<std::string> due = saver_.Due(core_, now)) {
+        world_->coordinator_state_ = std::move(*due);
+        saver_.Written(now);
+      }
+    }
     Emit(std::move(out), now);
   }
   void Emit(std::vector<Outgoing> out, Nanos now) {
@@ -311,6 +328,7 @@ class CoordProc final : public Proc {
   }
   World* world_;
   CoordinatorCore core_;
+  CoordinatorStateSaver saver_;
 };
 
 class ServerProc final : public Proc {
@@ -892,6 +910,30 @@ void World::ScheduleFaults() {
                               " for ", length / kMs, " ms"));
     });
   }
+  for (uint32_t i = 0; i < sc_.coordinator_crashes; ++i) {
+    const Nanos at = when();
+    const Nanos restart = at + rng_.Between(100 * kMs, 1500 * kMs);
+    At(at, [this, restart](Nanos now) {
+      if (coordinator_->crashed || coordinator_->core().finished()) return;
+      coordinator_->crashed = true;
+      Trace(now, "crash " + coordinator_->address);
+      At(restart, [this](Nanos t) {
+        auto next = std::make_unique<CoordProc>(this, coordinator_options_, t);
+        proto::CoordinatorState state;
+        if (!state.ParseFromString(coordinator_state_)) {
+          Violation("the coordinator's saved state does not parse");
+        } else if (absl::Status s = next->mutable_core().RestoreState(state, t, "the saved state"); !s.ok()) {
+          Violation(absl::StrCat("a new coordinator cannot take the job over: ", s.message()));
+        }
+        Trace(t, absl::StrCat("restart the coordinator from its saved state (map epoch ",
+                              next->core().shard_map().epoch(), ")"));
+        graveyard_.push_back(std::move(procs_[kCoordinator]));
+        coordinator_ = next.get();
+        procs_[kCoordinator] = std::move(next);
+        ScheduleTick(coordinator_, t + kTickEvery);
+      });
+    });
+  }
   for (uint32_t i = 0; i < sc_.worker_crashes; ++i) {
     const Nanos at = when();
     const uint32_t rank = static_cast<uint32_t>(rng_.Below(sc_.workers));
@@ -928,6 +970,7 @@ RunResult World::Run() {
   co.heartbeat_interval = sc_.heartbeat_ns;
   co.on_worker_loss = sc_.worker_loss;
   co.rejoin_timeout = 10 * kSeconds;
+  coordinator_options_ = co;
   auto coordinator = std::make_unique<CoordProc>(this, co);
   coordinator_ = coordinator.get();
   procs_[kCoordinator] = std::move(coordinator);
@@ -1253,6 +1296,7 @@ Scenario Scenario::FromSeed(uint64_t seed) {
                   : policy == 1 ? WorkerLossPolicy::kContinue
                                 : WorkerLossPolicy::kWait;
   if (rng.Chance(0.2)) s.worker_crashes = 1;
+  if (rng.Chance(0.15)) s.coordinator_crashes = 1;
   return s;
 }
 
@@ -1260,13 +1304,15 @@ std::string Scenario::Describe() const {
   const char* model = consistency == proto::BSP ? "BSP" : consistency == proto::SSP ? "SSP" : "ASP";
   return absl::StrFormat(
       "%u servers, %u workers, %u vshards, replication %u, %s%s, %u clocks, %u keys%s; delay %.2f-%.2f ms, drop %.3f, "
-      "duplicate %.3f, reorder %.2f; %u crashes%s, %u pauses, %u partitions, %u worker crashes (on loss: %s)%s",
+      "duplicate %.3f, reorder %.2f; %u crashes%s, %u pauses, %u partitions, %u worker crashes (on loss: %s), "
+      "%u coordinator crashes%s",
       servers, workers, vshards, replication, model, consistency == proto::SSP ? absl::StrCat("(", staleness, ")") : "",
       clocks, keys, apply_after_ack ? ", apply after ack" : "", static_cast<double>(min_delay_ns) / kMs,
       static_cast<double>(max_delay_ns) / kMs, drop, duplicate, reorder, server_crashes,
       server_crashes > 0 ? (restart_crashed ? " (restarted)" : " (not restarted)") : "", pauses, partitions,
       worker_crashes,
       worker_loss == WorkerLossPolicy::kStopJob ? "stop" : worker_loss == WorkerLossPolicy::kContinue ? "continue" : "wait",
+      coordinator_crashes,
       breakage == Breakage::kNone ? "" : absl::StrCat("; BROKEN: ", BreakageName(breakage)));
 }
 

@@ -12,8 +12,10 @@
 // - The network delays each message by a seeded amount, keeps each link in
 //   order unless a reorder fault lets a message overtake, and drops,
 //   duplicates, partitions (node sets that cannot reach each other for a
-//   while), pauses nodes (nothing delivered, no timers) and crashes servers,
-//   which a new process for the same rank may replace later.
+//   while), pauses nodes (nothing delivered, no timers) and crashes
+//   servers and workers, which a new process for the same rank may replace
+//   later, and the coordinator, which a new process replaces from its
+//   saved state.
 // - Workloads: every worker creates one SPARSE table of integer counts with
 //   the ACCUMULATE optimizer (one column per worker), then at every clock
 //   pushes +1 into its own column of random keys, pulls random keys (all
@@ -78,6 +80,10 @@ struct Scenario {
   uint32_t pauses = 0;           // a random node stops for up to two leases
   uint32_t partitions = 0;       // a random node cut off from the rest or from the coordinator only, or two random node sets, for up to two leases
   uint32_t worker_crashes = 0;   // each at a random time, of a random live worker
+  // The coordinator crashes at a random time and a new process takes the
+  // job over from its saved state (write-ahead, as tessera-coordinator
+  // --state-file does) 0.1-1.5 s later, within the nodes' lease on it.
+  uint32_t coordinator_crashes = 0;
   // What the job does about a lost worker. Under kWait a new process takes
   // a crashed worker's place one lease or more later and resumes at its
   // predecessor's clock.
