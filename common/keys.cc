@@ -7,8 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "common/proto_bytes.h"
 
 namespace tessera {
 namespace {
@@ -389,13 +388,7 @@ absl::StatusOr<proto::ShardMap> WeightedShardMap(uint64_t epoch, uint32_t num_vs
 }
 
 std::string ShardMapDigest(const proto::ShardMap& map) {
-  std::string bytes;
-  {
-    google::protobuf::io::StringOutputStream out(&bytes);
-    google::protobuf::io::CodedOutputStream coded(&out);
-    coded.SetSerializationDeterministic(true);
-    map.SerializeToCodedStream(&coded);
-  }
+  const std::string bytes = DeterministicBytes(map);
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
   for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
   return absl::StrFormat("%08x", static_cast<uint32_t>(Mix64(h)));

@@ -5,8 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/keys.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "common/proto_bytes.h"
 
 namespace tessera {
 namespace {
@@ -776,26 +775,11 @@ std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {
   return out;
 }
 
-}  // namespace tessera
-
-namespace tessera {
-
-namespace {
-std::string Deterministic(const proto::CoordinatorState& state) {
-  std::string bytes;
-  google::protobuf::io::StringOutputStream out(&bytes);
-  google::protobuf::io::CodedOutputStream coded(&out);
-  coded.SetSerializationDeterministic(true);
-  state.SerializeToCodedStream(&coded);
-  return bytes;
-}
-}  // namespace
-
 std::optional<std::string> CoordinatorStateSaver::Due(const CoordinatorCore& core, Nanos now) {
-  pending_ = Deterministic(core.SaveState(/*with_counts=*/false));
+  pending_ = DeterministicBytes(core.SaveState(/*with_counts=*/false));
   const bool counts_due = !written_once_ || now - counts_written_at_ >= counts_every_;
   if (pending_ == saved_ && !counts_due) return std::nullopt;
-  return Deterministic(core.SaveState(/*with_counts=*/true));
+  return DeterministicBytes(core.SaveState(/*with_counts=*/true));
 }
 
 void CoordinatorStateSaver::Written(Nanos now) {

@@ -7,8 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/metrics.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "transport/transport_metrics.h"
 
 namespace tessera {
