@@ -165,7 +165,6 @@ void CoordinatorNode::TakeFigures(const CoordinatorCore& core, uint64_t state_sa
   f.syncing = core.syncing_copies();
   f.state_saves = state_saves;
   f.load = core.load().servers();
-  for (auto& l : f.load) l.last.Clear();  // (only the rates are shown)
   for (const auto& [id, n] : core.nodes()) {
     const int role = n.info.role() == proto::WORKER ? 1 : 0;
     const int state = n.done ? 3 : n.lost ? 1 : n.away ? 2 : 0;

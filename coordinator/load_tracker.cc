@@ -7,6 +7,45 @@
 
 namespace tessera {
 
+namespace {
+void Move(double& average, double sample, double weight) { average += weight * (sample - average); }
+double Double(uint64_t x) { return static_cast<double>(x); }
+}  // namespace
+
+void LoadTracker::OnHeartbeat(uint32_t rank, uint32_t node_id, const proto::Heartbeat& hb, Nanos now,
+                              const std::function<bool(uint32_t)>& is_primary) {
+  if (servers_.size() <= rank) servers_.resize(rank + 1);
+  ServerLoad& s = servers_[rank];
+  const bool same_process = s.have_baseline && s.node_id == node_id;
+  if (same_process && now > s.last_at) {
+    const double dt = static_cast<double>(now - s.last_at) / kSeconds;
+    const double a = Weight(now - s.last_at);
+    if (hb.cpu_seconds() >= s.cpu_seconds) Move(s.cpu_cores, (hb.cpu_seconds() - s.cpu_seconds) / dt, a);
+    if (hb.net_bytes_in() >= s.net_bytes_in) Move(s.net_in_bytes_per_s, Double(hb.net_bytes_in() - s.net_bytes_in) / dt, a);
+    if (hb.net_bytes_out() >= s.net_bytes_out)
+      Move(s.net_out_bytes_per_s, Double(hb.net_bytes_out() - s.net_bytes_out) / dt, a);
+  }
+  s.node_id = node_id;
+  s.cpu_seconds = hb.cpu_seconds();
+  s.net_bytes_in = hb.net_bytes_in();
+  s.net_bytes_out = hb.net_bytes_out();
+  s.rows = hb.rows();
+  s.memory_bytes = hb.memory_bytes();
+  s.last_at = now;
+  s.have_baseline = true;
+  // The server's data rates: the sum over the shards it reports and is
+  // primary of (a shard with traffic is reported in every heartbeat).
+  s.requests_per_s = s.bytes_in_per_s = s.bytes_out_per_s = 0;
+  for (const proto::ShardLoad& l : hb.shard_loads()) {
+    if (!is_primary(l.vshard())) continue;
+    NoteShard(rank, same_process, l, now);
+    const ShardLoad& shard = shards_.at(l.vshard());
+    s.requests_per_s += shard.requests_per_s;
+    s.bytes_in_per_s += shard.bytes_in_per_s;
+    s.bytes_out_per_s += shard.bytes_out_per_s;
+  }
+}
+
 double LoadTracker::Weight(Nanos dt) const {
   if (dt <= 0) return 0;
   if (tau_ <= 0) return 1;

@@ -19,6 +19,7 @@
 //   primary starts a new baseline.
 // - Rows and memory are the latest values reported (not smoothed).
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,8 @@ class LoadTracker {
     uint64_t memory_bytes = 0;
     Nanos last_at = 0;              // its last heartbeat (0: never heard)
     bool have_baseline = false;
-    proto::Heartbeat last;          // the counters of the last heartbeat
+    double cpu_seconds = 0;         // counters of the last heartbeat
+    uint64_t net_bytes_in = 0, net_bytes_out = 0;
   };
   struct ShardLoad {
     uint32_t primary = 0;           // server rank the counters come from
@@ -58,40 +60,8 @@ class LoadTracker {
 
   // A heartbeat from server `rank` (process `node_id`). `is_primary(v)`
   // says whether the map makes `rank` the primary of shard v.
-  template <typename IsPrimary>
-  void OnHeartbeat(uint32_t rank, uint32_t node_id, const proto::Heartbeat& hb, Nanos now, IsPrimary&& is_primary) {
-    ServerLoad& s = Server(rank);
-    const bool same_process = s.have_baseline && s.node_id == node_id;
-    s.node_id = node_id;
-    const double a = same_process ? Weight(now - s.last_at) : 0;
-    const double dt = same_process ? static_cast<double>(now - s.last_at) / kSeconds : 0;
-    if (same_process && dt > 0) {
-      auto rate = [&](double now_value, double before) { return (now_value - before) / dt; };
-      if (hb.cpu_seconds() >= s.last.cpu_seconds()) Move(s.cpu_cores, rate(hb.cpu_seconds(), s.last.cpu_seconds()), a);
-      if (hb.net_bytes_in() >= s.last.net_bytes_in())
-        Move(s.net_in_bytes_per_s, rate(Double(hb.net_bytes_in()), Double(s.last.net_bytes_in())), a);
-      if (hb.net_bytes_out() >= s.last.net_bytes_out())
-        Move(s.net_out_bytes_per_s, rate(Double(hb.net_bytes_out()), Double(s.last.net_bytes_out())), a);
-    }
-    s.rows = hb.rows();
-    s.memory_bytes = hb.memory_bytes();
-    s.last = hb;
-    s.last.clear_shard_loads();
-    s.last_at = now;
-    s.have_baseline = true;
-    for (const proto::ShardLoad& l : hb.shard_loads()) {
-      if (!is_primary(l.vshard())) continue;
-      NoteShard(rank, same_process, l, now);
-    }
-    // The server's data rates: the sum over the shards it is primary of.
-    s.requests_per_s = s.bytes_in_per_s = s.bytes_out_per_s = 0;
-    for (const auto& [v, shard] : shards_) {
-      if (shard.primary != rank || !is_primary(v)) continue;
-      s.requests_per_s += shard.requests_per_s;
-      s.bytes_in_per_s += shard.bytes_in_per_s;
-      s.bytes_out_per_s += shard.bytes_out_per_s;
-    }
-  }
+  void OnHeartbeat(uint32_t rank, uint32_t node_id, const proto::Heartbeat& hb, Nanos now,
+                   const std::function<bool(uint32_t)>& is_primary);
 
   const std::vector<ServerLoad>& servers() const { return servers_; }
   const absl::flat_hash_map<uint32_t, ShardLoad>& shards() const { return shards_; }
@@ -101,14 +71,8 @@ class LoadTracker {
   std::string Describe() const;
 
  private:
-  ServerLoad& Server(uint32_t rank) {
-    if (servers_.size() <= rank) servers_.resize(rank + 1);
-    return servers_[rank];
-  }
   void NoteShard(uint32_t rank, bool same_process, const proto::ShardLoad& l, Nanos now);
   double Weight(Nanos dt) const;
-  static void Move(double& average, double sample, double weight) { average += weight * (sample - average); }
-  static double Double(uint64_t x) { return static_cast<double>(x); }
 
   const Nanos tau_;
   std::vector<ServerLoad> servers_;                 // by rank
