@@ -107,6 +107,20 @@ absl::StatusOr<ShardMapView> ShardMapView::Create(const proto::ShardMap& map) {
       }
     }
   }
+  if (map.moving_vshards_size() != map.moving_to_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map lists ", map.moving_vshards_size(),
+                                                   " moving shards but ", map.moving_to_size(), " destinations"));
+  }
+  for (int i = 0; i < map.moving_vshards_size(); ++i) {
+    const uint32_t v = map.moving_vshards(i), to = map.moving_to(i);
+    const bool twice = std::count(map.moving_vshards().begin(), map.moving_vshards().end(), v) != 1;
+    if (v >= view.owner_.size() || twice || to >= view.servers_.size() || view.owner_[v] == to ||
+        !view.Holds(to, v)) {
+      return absl::InvalidArgumentError(absl::StrCat("shard map: bad move of virtual shard ", v, " to server ", to,
+                                                     " (a destination must hold the shard as a backup)"));
+    }
+    view.moving_.push_back({v, to});
+  }
   for (uint32_t v = 0; v < view.owner_.size(); ++v) {
     if (view.dead_[view.owner_[v]]) {
       return absl::InvalidArgumentError(absl::StrCat("shard map: virtual shard ", v, " has dead server ",
@@ -164,6 +178,16 @@ absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32
   if (std::find(map.dead_server_ranks().begin(), map.dead_server_ranks().end(), rank) ==
       map.dead_server_ranks().end()) {
     next.add_dead_server_ranks(rank);
+  }
+  // Moves from or to the lost server end (the destination stays a backup).
+  next.clear_moving_vshards();
+  next.clear_moving_to();
+  for (int i = 0; i < map.moving_vshards_size() && i < map.moving_to_size(); ++i) {
+    const uint32_t v = map.moving_vshards(i);
+    if (map.moving_to(i) == rank || (v < map.num_vshards() && map.vshard_server_rank(static_cast<int>(v)) == rank))
+      continue;
+    next.add_moving_vshards(v);
+    next.add_moving_to(map.moving_to(i));
   }
   std::vector<std::string> orphans;
   BackupLists lists = BackupListsOf(next);
@@ -265,6 +289,102 @@ proto::ShardMap WithBackupsFilled(const proto::ShardMap& map, uint32_t* added) {
   }
   SetBackupLists(&next, lists);
   return next;
+}
+
+namespace {
+
+// The backup lists of `map` with one list per shard, checked for a move of `vshard`.
+absl::StatusOr<BackupLists> ListsForMove(const proto::ShardMap& map, uint32_t vshard) {
+  if (vshard >= map.num_vshards() || map.vshard_server_rank_size() != static_cast<int>(map.num_vshards())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no virtual shard ", vshard, " in a map of ", map.num_vshards(), " shards"));
+  }
+  BackupLists lists = BackupListsOf(map);
+  lists.resize(map.num_vshards());
+  return lists;
+}
+
+// The map with `lists` as its backups (none stored when every list is
+// empty), without the move of `vshard` (if `end_move`), at the next epoch.
+proto::ShardMap NextWithBackups(const proto::ShardMap& map, const BackupLists& lists, uint32_t vshard, bool end_move) {
+  proto::ShardMap next = map;
+  const bool any = std::any_of(lists.begin(), lists.end(), [](const auto& l) { return !l.empty(); });
+  if (any) {
+    SetBackupLists(&next, lists);
+  } else {
+    next.clear_backup_counts();
+    next.clear_backup_ranks();
+  }
+  if (end_move) {
+    next.clear_moving_vshards();
+    next.clear_moving_to();
+    for (int i = 0; i < map.moving_vshards_size() && i < map.moving_to_size(); ++i) {
+      if (map.moving_vshards(i) == vshard) continue;
+      next.add_moving_vshards(map.moving_vshards(i));
+      next.add_moving_to(map.moving_to(i));
+    }
+  }
+  next.set_epoch(map.epoch() + 1);
+  return next;
+}
+
+}  // namespace
+
+uint32_t MovingTo(const proto::ShardMap& map, uint32_t vshard) {
+  for (int i = 0; i < map.moving_vshards_size() && i < map.moving_to_size(); ++i)
+    if (map.moving_vshards(i) == vshard) return map.moving_to(i);
+  return ShardMapView::kNotMoving;
+}
+
+absl::StatusOr<proto::ShardMap> WithMoveStarted(const proto::ShardMap& map, uint32_t vshard, uint32_t to) {
+  absl::StatusOr<BackupLists> lists = ListsForMove(map, vshard);
+  if (!lists.ok()) return lists.status();
+  if (to >= static_cast<uint32_t>(map.servers_size()) ||
+      std::find(map.dead_server_ranks().begin(), map.dead_server_ranks().end(), to) != map.dead_server_ranks().end()) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot move shard ", vshard, " to server ", to,
+                                                      ": no such live server in the map"));
+  }
+  if (map.vshard_server_rank(static_cast<int>(vshard)) == to) {
+    return absl::FailedPreconditionError(absl::StrCat("shard ", vshard, " is already on server ", to));
+  }
+  if (const uint32_t already = MovingTo(map, vshard); already != ShardMapView::kNotMoving) {
+    return absl::FailedPreconditionError(absl::StrCat("shard ", vshard, " is already moving to server ", already));
+  }
+  std::vector<uint32_t>& backups = (*lists)[vshard];
+  if (std::find(backups.begin(), backups.end(), to) == backups.end()) backups.push_back(to);
+  proto::ShardMap next = NextWithBackups(map, *lists, vshard, false);
+  next.add_moving_vshards(vshard);
+  next.add_moving_to(to);
+  return next;
+}
+
+absl::StatusOr<proto::ShardMap> WithMoveFinished(const proto::ShardMap& map, uint32_t vshard) {
+  absl::StatusOr<BackupLists> lists = ListsForMove(map, vshard);
+  if (!lists.ok()) return lists.status();
+  const uint32_t to = MovingTo(map, vshard);
+  if (to == ShardMapView::kNotMoving) return absl::FailedPreconditionError(absl::StrCat("shard ", vshard, " is not moving"));
+  const uint32_t from = map.vshard_server_rank(static_cast<int>(vshard));
+  std::vector<uint32_t>& backups = (*lists)[vshard];
+  auto it = std::find(backups.begin(), backups.end(), to);
+  if (it == backups.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("shard ", vshard, " moves to server ", to, ", which holds no copy"));
+  }
+  backups.erase(it);
+  if (backups.size() + 1 < std::max<uint32_t>(1, map.replication())) backups.push_back(from);
+  proto::ShardMap next = NextWithBackups(map, *lists, vshard, true);
+  next.set_vshard_server_rank(static_cast<int>(vshard), to);
+  return next;
+}
+
+absl::StatusOr<proto::ShardMap> WithMoveCancelled(const proto::ShardMap& map, uint32_t vshard) {
+  absl::StatusOr<BackupLists> lists = ListsForMove(map, vshard);
+  if (!lists.ok()) return lists.status();
+  const uint32_t to = MovingTo(map, vshard);
+  if (to == ShardMapView::kNotMoving) return absl::FailedPreconditionError(absl::StrCat("shard ", vshard, " is not moving"));
+  std::vector<uint32_t>& backups = (*lists)[vshard];
+  if (backups.size() + 1 > std::max<uint32_t>(1, map.replication()))
+    backups.erase(std::remove(backups.begin(), backups.end(), to), backups.end());
+  return NextWithBackups(map, *lists, vshard, true);
 }
 
 absl::StatusOr<proto::ShardMap> WithServerBack(const proto::ShardMap& map, const proto::NodeInfo& server) {

@@ -66,6 +66,16 @@ class ShardMapView {
   std::vector<uint32_t> LiveServers() const;
   // Copies per shard the job asked for (>= 1).
   uint32_t replication() const { return replication_; }
+  // The server a moving shard goes to (see "Moving a shard" below), or
+  // kNotMoving.
+  static constexpr uint32_t kNotMoving = UINT32_MAX;
+  uint32_t MovingTo(uint32_t vshard) const {
+    for (const auto& [v, to] : moving_)
+      if (v == vshard) return to;
+    return kNotMoving;
+  }
+  // (vshard, destination) of every moving shard.
+  const std::vector<std::pair<uint32_t, uint32_t>>& moving() const { return moving_; }
 
  private:
   uint64_t epoch_ = 0;
@@ -77,6 +87,7 @@ class ShardMapView {
   std::vector<uint32_t> backup_start_;
   std::vector<uint32_t> backup_ranks_;
   std::vector<bool> dead_;                      // by rank
+  std::vector<std::pair<uint32_t, uint32_t>> moving_;  // (vshard, destination), few
 };
 
 // The backups of every shard, one list per shard in promotion order (empty:
@@ -145,6 +156,33 @@ proto::ShardMap WithBackupsFilled(const proto::ShardMap& map, uint32_t* added = 
 // is live again, at `server`'s address and node id, and holds nothing until
 // WithBackupsFilled recruits it. The epoch is not changed.
 absl::StatusOr<proto::ShardMap> WithServerBack(const proto::ShardMap& map, const proto::NodeInfo& server);
+
+// Moving a shard (live migration; coordinator/rebalancer.h). The map lists
+// the moving shards and their destinations (ShardMap.moving_vshards and
+// moving_to), so every node, and a restarted coordinator, knows them. The
+// destination is always a backup of the shard: one added for the move (the
+// last in the list; its primary fills it by a state transfer), or one it
+// had. While a shard moves, its primary answers a pull of it only with what
+// the destination has acknowledged, and tells the coordinator once the
+// destination has everything it had sent it when the move began (Heartbeat
+// moves_in_sync); then the roles switch. Each of these returns the next
+// epoch's map, or an error that says why the step is not possible and
+// changes nothing:
+// - WithMoveStarted(v, to): `to` (live, not v's primary) becomes v's
+//   destination, added as its last backup if it holds no copy. A shard
+//   already moving cannot start another move.
+// - WithMoveFinished(v): the destination becomes the primary (out of the
+//   backups); the old primary stays as the last backup if the shard would
+//   otherwise have fewer copies than the replication asks for (a move to a
+//   backup: the roles swap), else it lets the shard go.
+// - WithMoveCancelled(v): the shard is no longer moving; a destination
+//   added for the move (one copy more than the replication asks for) is
+//   dropped.
+// WithoutServer ends the moves from or to the lost server.
+uint32_t MovingTo(const proto::ShardMap& map, uint32_t vshard);  // or ShardMapView::kNotMoving
+absl::StatusOr<proto::ShardMap> WithMoveStarted(const proto::ShardMap& map, uint32_t vshard, uint32_t to);
+absl::StatusOr<proto::ShardMap> WithMoveFinished(const proto::ShardMap& map, uint32_t vshard);
+absl::StatusOr<proto::ShardMap> WithMoveCancelled(const proto::ShardMap& map, uint32_t vshard);
 
 // Eight hex digits that name the map's content (assignment, backups,
 // servers, epoch): two nodes that log the same epoch with different digests

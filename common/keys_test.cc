@@ -461,5 +461,116 @@ TEST(KeysTest, AShardMapDigestNamesItsContent) {
   EXPECT_NE(ShardMapDigest(map), ShardMapDigest(moved));
 }
 
+TEST(KeysTest, AMoveAddsTheDestinationAsAnExtraCopyThenMakesItPrimary) {
+  for (uint32_t replication : {1u, 2u}) {
+    SCOPED_TRACE(replication);
+    const proto::ShardMap map = RoundRobinShardMap(4, 8, Servers(4), replication);
+    // Shard 1: primary 1 (backup 2 with replication 2); move it to server 3.
+    absl::StatusOr<proto::ShardMap> started = WithMoveStarted(map, 1, 3);
+    ASSERT_TRUE(started.ok()) << started.status();
+    EXPECT_EQ(started->epoch(), 5u);
+    auto view = ShardMapView::Create(*started);
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_EQ(view->ServerRankOf(1), 1u);
+    EXPECT_EQ(view->MovingTo(1), 3u);
+    EXPECT_TRUE(view->Holds(3, 1));
+    for (uint32_t v = 0; v < 8; ++v)
+      if (v != 1) EXPECT_EQ(view->MovingTo(v), ShardMapView::kNotMoving) << v;
+    EXPECT_EQ(view->BackupsOf(1).back(), 3u) << "the destination is the last backup";
+    // A second move of the same shard waits for this one.
+    EXPECT_EQ(WithMoveStarted(*started, 1, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+
+    absl::StatusOr<proto::ShardMap> finished = WithMoveFinished(*started, 1);
+    ASSERT_TRUE(finished.ok()) << finished.status();
+    EXPECT_EQ(finished->epoch(), 6u);
+    view = ShardMapView::Create(*finished);
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_EQ(view->ServerRankOf(1), 3u);
+    EXPECT_FALSE(view->Holds(1, 1)) << "the old primary lets the shard go";
+    EXPECT_EQ(view->MovingTo(1), ShardMapView::kNotMoving);
+    if (replication == 2) {
+      EXPECT_EQ(std::vector<uint32_t>(view->BackupsOf(1).begin(), view->BackupsOf(1).end()),
+                std::vector<uint32_t>{2});
+    } else {
+      EXPECT_EQ(finished->backup_counts_size(), 0) << "no backups stored without replication";
+    }
+    // Every other shard is as it was.
+    for (uint32_t v = 0; v < 8; ++v) {
+      if (v == 1) continue;
+      EXPECT_EQ(finished->vshard_server_rank(v), map.vshard_server_rank(v));
+    }
+    EXPECT_EQ(WithMoveFinished(*finished, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+TEST(KeysTest, AMoveToABackupSwapsTheRolesWhenItFinishes) {
+  const proto::ShardMap map = RoundRobinShardMap(1, 6, Servers(3), 2);  // shard 0: primary 0, backup 1
+  absl::StatusOr<proto::ShardMap> started = WithMoveStarted(map, 0, 1);
+  ASSERT_TRUE(started.ok()) << started.status();
+  auto view = ShardMapView::Create(*started);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->ServerRankOf(0), 0u);
+  EXPECT_EQ(view->MovingTo(0), 1u);
+  EXPECT_EQ(view->BackupsOf(0).size(), 1u) << "no copy to add";
+  absl::StatusOr<proto::ShardMap> finished = WithMoveFinished(*started, 0);
+  ASSERT_TRUE(finished.ok()) << finished.status();
+  view = ShardMapView::Create(*finished);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->ServerRankOf(0), 1u);
+  EXPECT_EQ(std::vector<uint32_t>(view->BackupsOf(0).begin(), view->BackupsOf(0).end()), std::vector<uint32_t>{0})
+      << "the old primary keeps a copy: replication 2";
+  EXPECT_EQ(view->MovingTo(0), ShardMapView::kNotMoving);
+  // Cancelled instead, it leaves the backup where it was.
+  absl::StatusOr<proto::ShardMap> cancelled = WithMoveCancelled(*started, 0);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  proto::ShardMap expected = map;
+  expected.set_epoch(3);
+  EXPECT_EQ(ShardMapDigest(*cancelled), ShardMapDigest(expected));
+}
+
+TEST(KeysTest, LosingTheSourceOrTheDestinationEndsTheMove) {
+  const proto::ShardMap map = RoundRobinShardMap(1, 6, Servers(3), 2);  // shard 0: primary 0, backup 1
+  absl::StatusOr<proto::ShardMap> started = WithMoveStarted(map, 0, 2);
+  ASSERT_TRUE(started.ok()) << started.status();
+  for (uint32_t lost : {0u, 2u}) {
+    absl::StatusOr<proto::ShardMap> next = WithoutServer(*started, lost);
+    ASSERT_TRUE(next.ok()) << next.status();
+    auto view = ShardMapView::Create(*next);
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_EQ(view->MovingTo(0), ShardMapView::kNotMoving) << lost;
+  }
+  // A map that names a destination holding no copy is refused.
+  proto::ShardMap bad = map;
+  bad.add_moving_vshards(0);
+  bad.add_moving_to(2);
+  EXPECT_FALSE(ShardMapView::Create(bad).ok());
+}
+
+TEST(KeysTest, ACancelledMoveDropsOnlyTheDestination) {
+  const proto::ShardMap map = RoundRobinShardMap(1, 6, Servers(3), 2);
+  absl::StatusOr<proto::ShardMap> started = WithMoveStarted(map, 0, 2);
+  ASSERT_TRUE(started.ok()) << started.status();
+  absl::StatusOr<proto::ShardMap> cancelled = WithMoveCancelled(*started, 0);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->epoch(), 3u);
+  proto::ShardMap expected = map;
+  expected.set_epoch(3);
+  EXPECT_EQ(ShardMapDigest(*cancelled), ShardMapDigest(expected));
+}
+
+TEST(KeysTest, MovesRefuseBadShardsAndServers) {
+  proto::ShardMap map = RoundRobinShardMap(1, 6, Servers(3), 1);
+  EXPECT_EQ(WithMoveStarted(map, 6, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WithMoveStarted(map, 0, 3).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(WithMoveStarted(map, 0, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  map.add_dead_server_ranks(2);
+  map.set_vshard_server_rank(2, 0);
+  map.set_vshard_server_rank(5, 1);
+  absl::Status dead = WithMoveStarted(map, 0, 2).status();
+  EXPECT_EQ(dead.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(dead.message().find("no such live server"), std::string::npos) << dead;
+  EXPECT_EQ(WithMoveCancelled(map, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace tessera

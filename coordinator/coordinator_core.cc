@@ -122,6 +122,12 @@ std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
         load_.OnHeartbeat(rank, node.info.node_id(), hb, now, [&](uint32_t v) {
           return v < shard_map_.num_vshards() && shard_map_.vshard_server_rank(static_cast<int>(v)) == rank;
         });
+        // Moves whose copy the primary reports in sync (by the same map).
+        if (h.epoch() == shard_map_.epoch()) {
+          for (uint32_t v : hb.moves_in_sync())
+            if (v < shard_map_.num_vshards() && shard_map_.vshard_server_rank(static_cast<int>(v)) == rank)
+              FinishMove(v, out);
+        }
       }
       // A node behind on the map (it missed an update) gets it again, with
       // the restores it was to make; one that has the map has them.
@@ -163,6 +169,7 @@ std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
                                        NodeName(proto::SERVER, node.info.rank()), " on ", done.size(),
                                        " shard copies (map epoch ", shard_map_.epoch(), ")"));
       }
+
       break;
     }
     default: {
@@ -770,9 +777,119 @@ std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {
     Fail(absl::StrCat("lost ", absl::StrJoin(fatal, "; ")), out);
     return out;
   }
+  if (phase_ == Phase::kRunning) {
+    CheckMoves(now, out);
+    MaybeRebalance(now, out);
+  }
   ReleaseBarriers(out);
   MaybeFinish(out);
   return out;
+}
+
+absl::StatusOr<std::vector<Outgoing>> CoordinatorCore::StartMove(uint32_t vshard, uint32_t to, Nanos now,
+                                                                 const std::string& why) {
+  if (phase_ != Phase::kRunning) return absl::FailedPreconditionError("a shard moves only while the job runs");
+  if (shard_map_.moving_vshards_size() > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", shard_map_.moving_vshards(0), " is moving; one move at a time"));
+  }
+  if (syncing_.contains({vshard, to})) {
+    return absl::FailedPreconditionError(absl::StrCat("server ", to, " is a backup of shard ", vshard,
+                                                      " that does not have its state yet"));
+  }
+  absl::StatusOr<proto::ShardMap> next = WithMoveStarted(shard_map_, vshard, to);
+  if (!next.ok()) return next.status();
+  const uint32_t from = shard_map_.vshard_server_rank(static_cast<int>(vshard));
+  const bool copy = !ShardMapView::Create(shard_map_)->Holds(to, vshard);
+  shard_map_ = *std::move(next);
+  ++stats_.moves_started;
+  if (copy) syncing_.insert({vshard, to});
+  move_deadline_[vshard] = now + options_.move_timeout;
+  const std::string reason = absl::StrCat("moving shard ", vshard, " from ", NodeName(proto::SERVER, from), " to ",
+                                          NodeName(proto::SERVER, to), copy ? "" : " (a backup of it)");
+  events_.push_back(
+      absl::StrCat(reason, " (map epoch ", shard_map_.epoch(), ")", why.empty() ? "" : ": ", why));
+  std::vector<Outgoing> out;
+  PublishMap(reason, out);
+  return out;
+}
+
+void CoordinatorCore::FinishMove(uint32_t vshard, std::vector<Outgoing>& out) {
+  const uint32_t to = MovingTo(shard_map_, vshard);
+  if (to == ShardMapView::kNotMoving) return;
+  const uint32_t from = shard_map_.vshard_server_rank(static_cast<int>(vshard));
+  absl::StatusOr<proto::ShardMap> next = WithMoveFinished(shard_map_, vshard);
+  if (!next.ok()) return;  // (checked above)
+  shard_map_ = *std::move(next);
+  syncing_.erase({vshard, to});
+  move_deadline_.erase(vshard);
+  ++stats_.moves_finished;
+  const std::string reason = absl::StrCat("moved shard ", vshard, " from ", NodeName(proto::SERVER, from), " to ",
+                                          NodeName(proto::SERVER, to));
+  events_.push_back(absl::StrCat(reason, " (map epoch ", shard_map_.epoch(), ")"));
+  PublishMap(reason, out);
+}
+
+void CoordinatorCore::CheckMoves(Nanos now, std::vector<Outgoing>& out) {
+  auto moving = [&](uint32_t v) { return MovingTo(shard_map_, v) != ShardMapView::kNotMoving; };
+  // A failover may have ended a move (a lost source or destination); a
+  // restored coordinator finds moves in the map without deadlines.
+  for (auto it = move_deadline_.begin(); it != move_deadline_.end();) {
+    if (!moving(it->first)) {
+      ++stats_.moves_cancelled;
+      events_.push_back(absl::StrCat("the move of shard ", it->first, " ended with a lost server (map epoch ",
+                                     shard_map_.epoch(), ")"));
+      move_deadline_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  for (uint32_t v : shard_map_.moving_vshards())
+    if (!move_deadline_.contains(v)) move_deadline_[v] = now + options_.move_timeout;
+  std::vector<uint32_t> late;
+  for (const auto& [v, deadline] : move_deadline_)
+    if (now >= deadline) late.push_back(v);
+  std::sort(late.begin(), late.end());
+  for (uint32_t v : late) {
+    const uint32_t to = MovingTo(shard_map_, v);
+    absl::StatusOr<proto::ShardMap> next = WithMoveCancelled(shard_map_, v);
+    if (!next.ok()) continue;
+    shard_map_ = *std::move(next);
+    if (!ShardMapView::Create(shard_map_)->Holds(to, v)) syncing_.erase({v, to});
+    move_deadline_.erase(v);
+    ++stats_.moves_cancelled;
+    const std::string reason =
+        absl::StrCat("gave up moving shard ", v, " to ", NodeName(proto::SERVER, to), ": its copy was not in sync within ",
+                     Seconds(options_.move_timeout));
+    events_.push_back(absl::StrCat(reason, " (map epoch ", shard_map_.epoch(), ")"));
+    PublishMap(reason, out);
+  }
+}
+
+void CoordinatorCore::MaybeRebalance(Nanos now, std::vector<Outgoing>& out) {
+  const RebalanceOptions& o = options_.rebalance;
+  if (o.threshold <= 0) return;
+  if (last_rebalance_at_ < 0) last_rebalance_at_ = now;  // the first interval measures
+  if (now - last_rebalance_at_ < o.interval || !move_deadline_.empty()) return;
+  // Every live server must have reported its load.
+  const auto& servers = load_.servers();
+  for (uint32_t r = 0; r < static_cast<uint32_t>(shard_map_.servers_size()); ++r) {
+    const bool dead = std::find(shard_map_.dead_server_ranks().begin(), shard_map_.dead_server_ranks().end(), r) !=
+                      shard_map_.dead_server_ranks().end();
+    if (!dead && (r >= servers.size() || !servers[r].have_baseline)) return;
+  }
+  last_rebalance_at_ = now;
+  std::vector<double> cost(shard_map_.num_vshards(), 0.0);
+  for (const auto& [v, l] : load_.shards())
+    if (v < cost.size()) cost[v] = l.bytes_in_per_s + l.bytes_out_per_s + l.requests_per_s * o.request_cost_bytes;
+  const MovePlan plan = PlanMove(shard_map_, cost, o.threshold);
+  if (!plan.move) return;
+  absl::StatusOr<std::vector<Outgoing>> moved = StartMove(plan.vshard, plan.to, now, plan.why);
+  if (!moved.ok()) {
+    events_.push_back(absl::StrCat("rebalancer: ", plan.why, "; not started: ", moved.status().message()));
+    return;
+  }
+  for (Outgoing& o2 : *moved) out.push_back(std::move(o2));
 }
 
 std::optional<std::string> CoordinatorStateSaver::Due(const CoordinatorCore& core, Nanos now) {

@@ -41,6 +41,25 @@
 //   the old address are refused from then on. A barrier that the rank's
 //   earlier incarnation already passed is released to the replacement at
 //   once. No replacement in time fails the job, naming the worker.
+// - Moves (live migration of a virtual shard between live servers; the
+//   rebalancer's, or StartMove's): the map of the next epoch adds the
+//   destination as one backup more than the replication asks for
+//   (WithMoveStarted in common/keys.h); the primary sends it the shard's
+//   state and forwards every push from then on; once the primary reports
+//   the copy in sync (ShardsInSync, or moves_in_sync in its heartbeats)
+//   the next map makes the destination primary and the source lets the
+//   shard go (WithMoveFinished). Every push acknowledged before the switch
+//   was acknowledged by the destination too; pushes still waiting at the
+//   source are answered Aborted there and sent again by their workers to
+//   the new primary, which applies each once. A destination that is
+//   already an in-sync backup swaps roles with the primary in one map. A
+//   move not finished within move_timeout is cancelled (the destination
+//   drops the copy); a lost source or destination ends it as a failover
+//   does. At most one move at a time.
+// - Rebalancing (options.rebalance.threshold > 0; coordinator/rebalancer.h):
+//   every rebalance.interval, once every live server has reported its
+//   load and no move is under way, PlanMove on the smoothed shard loads
+//   picks at most one shard to move, and StartMove moves it.
 // - Membership changes are also reported as lines by TakeEvents(), for logs.
 // - Load: every server heartbeat while the job runs feeds load() (see
 //   coordinator/load_tracker.h), the smoothed view placement decisions read.
@@ -66,9 +85,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "common/message.h"
 #include "coordinator/load_tracker.h"
+#include "coordinator/rebalancer.h"
 
 namespace tessera {
 
@@ -101,6 +122,8 @@ struct CoordinatorOptions {
   // ValidateServerWeights refuses fail the job once it has assembled, naming
   // the bad weight; tessera-coordinator refuses them at start.
   std::vector<float> server_weights;
+  RebalanceOptions rebalance;               // threshold 0: no automatic moves
+  Nanos move_timeout = 60 * kSeconds;       // a move not finished by then is cancelled
 };
 
 class CoordinatorCore {
@@ -147,6 +170,16 @@ class CoordinatorCore {
   absl::Status RestoreState(const proto::CoordinatorState& state, Nanos now,
                             std::string_view source = "the state file");
 
+  // Starts moving `vshard` to server rank `to` (see Moves above), or says
+  // why not: the job is not running, a move is under way, the shard or the
+  // server is not valid, the server already is the primary, or it is a
+  // backup not yet in sync. `why` goes into the event line and the map
+  // update's reason.
+  absl::StatusOr<std::vector<Outgoing>> StartMove(uint32_t vshard, uint32_t to, Nanos now,
+                                                  const std::string& why = "");
+  // Shards moving now (0 or 1).
+  size_t moves_in_progress() const { return move_deadline_.size(); }
+
   // Membership lines since the last call ("worker 1 (...) was lost: ..."), for logs.
   std::vector<std::string> TakeEvents() { return std::exchange(events_, {}); }
 
@@ -159,6 +192,9 @@ class CoordinatorCore {
     uint64_t rejoins = 0;            // processes that took a lost node's place
     uint64_t maps_published = 0;     // shard map updates broadcast (each a new epoch)
     uint64_t barriers_released = 0;
+    uint64_t moves_started = 0;      // StartMove (and the rebalancer) began a move
+    uint64_t moves_finished = 0;     // the destination became primary
+    uint64_t moves_cancelled = 0;    // timed out, or ended by a lost server
   };
   const Stats& stats() const { return stats_; }
   // The servers' and shards' load, smoothed, from server heartbeats.
@@ -221,6 +257,15 @@ class CoordinatorCore {
   // heartbeats' map epoch): vshard -> (the restore, the map epoch that asked
   // for it). A heartbeat catch-up map to that primary carries them again.
   absl::flat_hash_map<uint32_t, std::pair<proto::ShardRestore, uint64_t>> pending_restores_;
+  // The destination of moving shard v is in sync: the next map makes it
+  // primary. A no-op for a shard that is not moving (any more).
+  void FinishMove(uint32_t vshard, std::vector<Outgoing>& out);
+  // Moves past their deadline are cancelled; moves a failover ended are forgotten.
+  void CheckMoves(Nanos now, std::vector<Outgoing>& out);
+  void MaybeRebalance(Nanos now, std::vector<Outgoing>& out);
+  // vshard -> when its move is given up (shards moving in the map).
+  absl::flat_hash_map<uint32_t, Nanos> move_deadline_;
+  Nanos last_rebalance_at_ = -1;  // -1: not yet running
   // Marks the backups `next` has that `previous` did not as syncing.
   void NoteRecruits(const proto::ShardMap& previous, const proto::ShardMap& next);
 };

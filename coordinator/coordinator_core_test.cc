@@ -761,5 +761,131 @@ TEST_F(CoordinatorCoreTest, RegisteringNodesAreToldTheJobsHeartbeatInterval) {
   EXPECT_EQ(out[0].message.header.register_reply().heartbeat_interval_ms(), 200u);
 }
 
+// The map updates in `out` (one broadcast: the map sent to each node).
+static std::vector<proto::ShardMap> MapsIn(const std::vector<Outgoing>& out, const std::string& to) {
+  std::vector<proto::ShardMap> maps;
+  for (const Outgoing& o : out)
+    if (o.to == to && o.message.header.has_shard_map_update()) maps.push_back(o.message.header.shard_map_update().shard_map());
+  return maps;
+}
+
+TEST_F(CoordinatorCoreTest, AMoveCopiesTheShardThenSwitchesItsPrimary) {
+  CoordinatorCore core(Options(3, 1), 0);  // no replication: a move still copies first
+  Assemble(core, 3, 1);
+  const uint32_t v = 0, from = core.shard_map().vshard_server_rank(0), to = (from + 1) % 3;
+  auto started = core.StartMove(v, to, 1 * kSeconds, "a test");
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::vector<proto::ShardMap> maps = MapsIn(*started, "w0");
+  ASSERT_EQ(maps.size(), 1u);
+  auto view = ShardMapView::Create(maps[0]);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->ServerRankOf(v), from);
+  EXPECT_EQ(view->MovingTo(v), to);
+  EXPECT_EQ(core.moves_in_progress(), 1u);
+  EXPECT_EQ(core.StartMove(1, to, 1 * kSeconds).status().code(), absl::StatusCode::kFailedPrecondition)
+      << "one move at a time";
+  // The primary's heartbeat under an older map does not count; under this one it does.
+  Message old = From("s" + std::to_string(from));
+  old.header.set_epoch(maps[0].epoch() - 1);
+  old.header.mutable_heartbeat()->add_moves_in_sync(v);
+  EXPECT_TRUE(MapsIn(core.Step(old, 2 * kSeconds), "w0").empty());
+  Message hb = From("s" + std::to_string(from));
+  hb.header.set_epoch(maps[0].epoch());
+  hb.header.mutable_heartbeat()->add_moves_in_sync(v);
+  maps = MapsIn(core.Step(hb, 2 * kSeconds), "w0");
+  ASSERT_EQ(maps.size(), 1u);
+  view = ShardMapView::Create(maps[0]);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->ServerRankOf(v), to);
+  EXPECT_FALSE(view->Holds(from, v));
+  EXPECT_EQ(core.moves_in_progress(), 0u);
+  EXPECT_EQ(core.stats().moves_started, 1u);
+  EXPECT_EQ(core.stats().moves_finished, 1u);
+  bool said = false;
+  for (const std::string& e : core.TakeEvents()) said |= e.find("moved shard 0 from server") != std::string::npos;
+  EXPECT_TRUE(said);
+}
+
+TEST_F(CoordinatorCoreTest, AMoveThatDoesNotSyncIsCancelledAndBadMovesAreRefused) {
+  CoordinatorOptions o = Options(3, 1);
+  o.move_timeout = 5 * kSeconds;
+  o.lease = 100 * kSeconds;
+  CoordinatorCore core(o, 0);
+  EXPECT_EQ(core.StartMove(0, 1, 0).status().code(), absl::StatusCode::kFailedPrecondition) << "not running yet";
+  Assemble(core, 3, 1);
+  const uint32_t from = core.shard_map().vshard_server_rank(0);
+  EXPECT_EQ(core.StartMove(0, from, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(core.StartMove(0, 9, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(core.StartMove(99, 1, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(core.StartMove(0, (from + 1) % 3, 1 * kSeconds).ok());
+  EXPECT_TRUE(MapsIn(core.Tick(5 * kSeconds), "w0").empty());
+  std::vector<proto::ShardMap> maps = MapsIn(core.Tick(6 * kSeconds), "w0");
+  ASSERT_EQ(maps.size(), 1u);
+  auto view = ShardMapView::Create(maps[0]);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->ServerRankOf(0), from);
+  EXPECT_EQ(view->MovingTo(0), ShardMapView::kNotMoving);
+  EXPECT_FALSE(view->Holds((from + 1) % 3, 0));
+  EXPECT_EQ(core.stats().moves_cancelled, 1u);
+  EXPECT_EQ(core.moves_in_progress(), 0u);
+}
+
+TEST_F(CoordinatorCoreTest, ARestartedCoordinatorFinishesOrCancelsAMoveItFindsInTheMap) {
+  CoordinatorOptions o = Options(3, 1);
+  o.move_timeout = 5 * kSeconds;
+  o.lease = 100 * kSeconds;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 3, 1);
+  const uint32_t from = core.shard_map().vshard_server_rank(0);
+  ASSERT_TRUE(core.StartMove(0, (from + 1) % 3, 1 * kSeconds).ok());
+  const proto::CoordinatorState saved = core.SaveState();
+  CoordinatorCore again(o, 10 * kSeconds);
+  ASSERT_TRUE(again.RestoreState(saved, 10 * kSeconds).ok());
+  EXPECT_TRUE(MapsIn(again.Tick(10 * kSeconds), "w0").empty()) << "the move gets a new deadline";
+  EXPECT_EQ(again.moves_in_progress(), 1u);
+  EXPECT_EQ(MapsIn(again.Tick(16 * kSeconds), "w0").size(), 1u) << "and is cancelled after it";
+  EXPECT_EQ(again.stats().moves_cancelled, 1u);
+}
+
+TEST_F(CoordinatorCoreTest, TheRebalancerMovesAShardOffAServerThatCarriesTooMuch) {
+  CoordinatorOptions o = Options(3, 1);
+  o.vshards = 12;
+  o.lease = 100 * kSeconds;
+  o.rebalance.threshold = 1.25;
+  o.rebalance.interval = 5 * kSeconds;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 3, 1);
+  const proto::ShardMap first = core.shard_map();
+  // Every shard of server 0 takes 300 requests/s, the others 100.
+  auto beat = [&](uint32_t rank, Nanos now) {
+    Message m = From("s" + std::to_string(rank));
+    m.header.set_epoch(core.shard_map().epoch());
+    proto::Heartbeat* hb = m.header.mutable_heartbeat();
+    for (uint32_t v = 0; v < 12; ++v) {
+      if (core.shard_map().vshard_server_rank(v) != rank) continue;
+      proto::ShardLoad* l = hb->add_shard_loads();
+      l->set_vshard(v);
+      l->set_requests(static_cast<uint64_t>((first.vshard_server_rank(v) == 0 ? 300 : 100) * (now / kSeconds)));
+    }
+    return core.Step(m, now);
+  };
+  std::vector<proto::ShardMap> maps;
+  for (Nanos t = 1 * kSeconds; t <= 60 * kSeconds && maps.empty(); t += 1 * kSeconds) {
+    for (uint32_t r = 0; r < 3; ++r) beat(r, t);
+    maps = MapsIn(core.Tick(t), "w0");
+  }
+  ASSERT_EQ(maps.size(), 1u) << "a move started";
+  auto view = ShardMapView::Create(maps[0]);
+  ASSERT_TRUE(view.ok());
+  uint32_t moving = 0, dest = 0;
+  for (uint32_t v = 0; v < 12; ++v)
+    if (view->MovingTo(v) != ShardMapView::kNotMoving) moving = v, dest = view->MovingTo(v);
+  EXPECT_EQ(view->ServerRankOf(moving), 0u) << "off the busiest";
+  EXPECT_NE(dest, 0u);
+  bool said = false;
+  for (const std::string& e : core.TakeEvents()) said |= e.find("mean load per unit of weight") != std::string::npos;
+  EXPECT_TRUE(said) << "the event line says why";
+}
+
 }  // namespace
 }  // namespace tessera

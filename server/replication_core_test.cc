@@ -83,6 +83,7 @@ class ReplicationTest : public ::testing::Test {
     p->set_seq(seq);
     p->set_incarnation(incarnation);
     p->set_resend(resend);
+    if (resend) m.header.set_epoch(map_.epoch());  // as workers stamp their resends
     std::vector<float> values(keys.size() * 2, value);
     m.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
     m.frames.push_back(Buffer::CopyOf(values.data(), values.size() * sizeof(float)));
@@ -469,6 +470,33 @@ TEST_F(ReplicationTest, AResendSpanningServersIsSplitByTheNewMap) {
   for (const Message& m : inbox_) EXPECT_TRUE(m.header.has_ack()) << m.header.ShortDebugString();
   EXPECT_EQ(PullFrom(1, keys), std::vector<float>(6, 1.0f));
   EXPECT_EQ(PullFrom(2, other), std::vector<float>(6, 1.0f));
+}
+
+TEST_F(ReplicationTest, AResendOfAnOlderMapWithAKeyThatMovedIsAbortedWhole) {
+  auto keys = KeysOf(0, 2, map_);
+  auto other = KeysOf(2, 2, map_);
+  std::vector<Key> all = keys;
+  all.insert(all.end(), other.begin(), other.end());
+  Message stale = Push(1, all, 1.0f, 1, true);  // stamped with this map: server 0 is primary of `keys`
+  // A shard of `keys` moves to server 2 (the map of the next epoch).
+  const uint32_t v = VirtualShardOf(kTable, keys[0], map_.num_vshards());
+  auto next = WithMoveStarted(map_, v, 2);
+  ASSERT_TRUE(next.ok()) << next.status();
+  next = WithMoveFinished(*next, v);
+  ASSERT_TRUE(next.ok()) << next.status();
+  Publish(*next);
+  DeliverAll();
+  inbox_.clear();
+  // Server 2 gets the resend of the older map: by its map keys[0] is its own
+  // now, but by the worker's it was server 0's, and server 0 was sent the same
+  // push; it must not take part of it.
+  Send(ServerAddress(2), stale);
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_EQ(inbox_[0].header.error().code(), static_cast<int>(absl::StatusCode::kAborted))
+      << inbox_[0].header.ShortDebugString();
+  EXPECT_EQ(inbox_[0].header.epoch(), next->epoch()) << "the worker resends once it has this map";
+  EXPECT_EQ(PullFrom(2, other), std::vector<float>(4, 0.0f)) << "nothing applied";
 }
 
 TEST_F(ReplicationTest, AnOlderIncarnationOfAWorkerIsRefused) {

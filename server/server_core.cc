@@ -83,6 +83,84 @@ Message ServerCore::Reply(const Message& request) const {
   return reply;
 }
 
+uint64_t ServerCore::AckedThrough(uint32_t rank, uint64_t stream_id) const {
+  auto it = streams_.find(rank);
+  if (it == streams_.end() || it->second.id != stream_id) return UINT64_MAX;  // that stream ended: nothing to wait for
+  const BackupStream& s = it->second;
+  return s.unacked.empty() ? s.next_position - 1 : s.unacked.front().position - 1;
+}
+
+void ServerCore::NoteMoves() {
+  absl::erase_if(moving_out_, [&](const auto& e) {
+    return map_->ServerRankOf(e.first) != my_rank_ || map_->MovingTo(e.first) != e.second.to;
+  });
+  for (const auto& [v, to] : map_->moving()) {
+    if (map_->ServerRankOf(v) != my_rank_ || moving_out_.contains(v)) continue;
+    auto it = streams_.find(to);
+    moving_out_[v] = it == streams_.end() ? MoveOut{to, 0, 0} : MoveOut{to, it->second.id, it->second.next_position - 1};
+  }
+}
+
+void ServerCore::SendAnswer(std::vector<Outgoing>& out, std::string to, Message reply, bool pull) {
+  if (!pull || moving_out_.empty() || reply.header.has_error()) {
+    Emit(out, std::move(to), std::move(reply));
+    return;
+  }
+  // shard_scratch_: the shards of this pull's keys (HandlePull).
+  HeldReply held;
+  for (uint32_t v : shard_scratch_) {
+    auto m = moving_out_.find(v);
+    if (m == moving_out_.end() || std::find(held.vshards.begin(), held.vshards.end(), v) != held.vshards.end()) continue;
+    auto s = streams_.find(m->second.to);
+    if (s == streams_.end()) continue;
+    const uint64_t sent = s->second.next_position - 1;
+    if (AckedThrough(m->second.to, s->second.id) >= sent) continue;
+    held.vshards.push_back(v);
+    held.waits.push_back(StreamWait{m->second.to, s->second.id, sent});
+  }
+  if (held.waits.empty()) {
+    Emit(out, std::move(to), std::move(reply));
+    return;
+  }
+  held.header = reply.header;
+  held.to = to;
+  Emit(held.pieces, std::move(to), std::move(reply));
+  stats_.replies_held_for_moves++;
+  held_replies_.push_back(std::move(held));
+}
+
+void ServerCore::ReleaseHeldReplies(std::vector<Outgoing>& out) {
+  for (auto it = held_replies_.begin(); it != held_replies_.end();) {
+    const bool ready = std::all_of(it->waits.begin(), it->waits.end(),
+                                   [&](const StreamWait& w) { return AckedThrough(w.rank, w.stream) >= w.position; });
+    if (!ready) {
+      ++it;
+      continue;
+    }
+    for (Outgoing& o : it->pieces) out.push_back(std::move(o));
+    it = held_replies_.erase(it);
+  }
+}
+
+void ServerCore::AbortHeldReplies(const std::function<bool(uint32_t)>& moved, std::vector<Outgoing>& out) {
+  for (auto it = held_replies_.begin(); it != held_replies_.end();) {
+    auto hit = std::find_if(it->vshards.begin(), it->vshards.end(), moved);
+    if (hit == it->vshards.end()) {
+      ++it;
+      continue;
+    }
+    Message reply;
+    reply.header = it->header;
+    reply.header.clear_pull_reply();
+    reply.header.set_epoch(map_->epoch());
+    SetError(reply, absl::AbortedError(absl::StrCat("shard ", *hit, " moved from server ", my_rank_,
+                                                    " at map epoch ", map_->epoch(),
+                                                    " before its new primary had what this pull read")));
+    out.push_back(Outgoing{std::move(it->to), std::move(reply)});
+    it = held_replies_.erase(it);
+  }
+}
+
 void ServerCore::Emit(std::vector<Outgoing>& out, std::string to, Message reply) const {
   const size_t piece = options_.pull_reply_piece_bytes;
   if (piece == 0 || !reply.header.has_pull_reply() || reply.header.pull_reply().value_parts() > 0 ||
@@ -197,6 +275,7 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
       return out;
     case proto::Envelope::kReplicateAck:
       HandleReplicateAck(request, out);
+      ReleaseHeldReplies(out);
       return out;
     default:
       break;
@@ -245,7 +324,10 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
     }
   }
   const bool is_workers_left = h.has_workers_left();
-  if (!is_workers_left) send(Answer(std::move(request), 0));
+  if (!is_workers_left && wants_reply) {
+    const bool pull = h.has_pull();
+    SendAnswer(out, reply_to, Answer(std::move(request), 0), pull);
+  }
   if (clocks_moved) ReleaseHeld(now, out);
   return out;
 }
@@ -256,7 +338,8 @@ void ServerCore::ReleaseHeld(Nanos now, std::vector<Outgoing>& out) {
     if (it->required_min_clock <= min) {
       std::string to = it->request.header.sender_address();
       Nanos held_for = now - it->arrived;
-      Emit(out, std::move(to), Answer(std::move(it->request), held_for));
+      const bool pull = it->request.header.has_pull();
+      SendAnswer(out, std::move(to), Answer(std::move(it->request), held_for), pull);
       it = held_.erase(it);
     } else {
       ++it;
@@ -583,8 +666,8 @@ void ServerCore::SendTransfer(uint32_t rank, const std::vector<uint32_t>& vshard
     c->set_clock(clock);
     c->set_live(live);
   });
-  BackupStream& stream = streams_[rank];
-  stream.node_id = map_->server(rank).node_id();
+  BackupStream& stream = StreamTo(rank);
+  r->set_stream(stream.id);
   r->set_position(stream.next_position++);
   Message wire = f;
   wire.header.set_epoch(map_->epoch());
@@ -712,6 +795,9 @@ void ServerCore::FillHeartbeat(proto::Heartbeat* hb) const {
       l->set_bytes_in(t.bytes_in);
       l->set_bytes_out(t.bytes_out);
     }
+    for (const auto& [v, m] : moving_out_)
+      if (map_->ServerRankOf(v) == my_rank_ && AckedThrough(m.to, m.stream) >= m.position) hb->add_moves_in_sync(v);
+    std::sort(hb->mutable_moves_in_sync()->begin(), hb->mutable_moves_in_sync()->end());
   }
   uint64_t rows = 0, memory = 0;
   for (const auto& [id, table] : tables_) {
@@ -896,6 +982,39 @@ void ServerCore::RecordApplied(uint32_t vshard, const Origin& origin) {
   if (origin.seq >= w.floor) w.seqs.insert(origin.seq);
 }
 
+void ServerCore::RescopeForwards(uint32_t rank, BackupStream& stream) {
+  for (Forward& f : stream.unacked) {
+    proto::Replicate& r = *f.message.header.mutable_replicate();
+    if (r.has_transfer() || r.num_keys() == 0 || f.message.frames.size() != 2) continue;
+    auto table = tables_.find(r.table_id());
+    if (table == tables_.end()) continue;
+    const size_t row_bytes = size_t{table->second->width()} * sizeof(float);
+    const auto keys = f.message.frames[0].As<Key>();
+    std::vector<uint32_t> idx;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const uint32_t v = map_->VShardOfKey(r.table_id(), keys[i]);
+      const auto bs = map_->BackupsOf(v);
+      if (map_->ServerRankOf(v) == my_rank_ && std::find(bs.begin(), bs.end(), rank) != bs.end()) {
+        idx.push_back(static_cast<uint32_t>(i));
+      }
+    }
+    if (idx.size() == keys.size()) continue;
+    Buffer k, values;
+    GatherRows(f.message.frames[0], f.message.frames[1], idx, row_bytes, &k, &values);
+    f.message.frames = {std::move(k), std::move(values)};
+    r.set_num_keys(idx.size());
+  }
+}
+
+ServerCore::BackupStream& ServerCore::StreamTo(uint32_t rank) {
+  BackupStream& stream = streams_[rank];
+  if (stream.id == 0) {
+    stream.id = next_stream_id_++;
+    stream.node_id = map_->server(rank).node_id();
+  }
+  return stream;
+}
+
 void ServerCore::SendForwards(uint32_t rank, BackupStream& stream, Nanos now, std::vector<Outgoing>& out) {
   for (Forward& f : stream.unacked) {
     Message m = f.message;  // shares the frames
@@ -917,7 +1036,8 @@ void ServerCore::HandlePush(Message request, Nanos now, std::vector<Outgoing>& o
   absl::Status status;
   if (req.value_parts() > 0) status = DecodePushValues(req, request);  // then handled like any push
   const uint64_t push_id = next_push_id_++;
-  absl::StatusOr<uint32_t> forwards = status.ok() ? AcceptPush(req, request, push_id, now, out) : status;
+  std::vector<uint32_t> shards;
+  absl::StatusOr<uint32_t> forwards = status.ok() ? AcceptPush(req, request, push_id, now, out, &shards) : status;
   if (!forwards.ok()) {
     if (forwards.status().code() != absl::StatusCode::kAborted) stats_.bad_requests++;
     SetError(reply, forwards.status());
@@ -929,11 +1049,12 @@ void ServerCore::HandlePush(Message request, Nanos now, std::vector<Outgoing>& o
     if (wants_reply) out.push_back(Outgoing{reply_to, std::move(reply)});
     return;
   }
-  waiting_.emplace(push_id, WaitingAck{wants_reply ? reply_to : std::string(), std::move(reply), *forwards, {}});
+  waiting_.emplace(push_id,
+                   WaitingAck{wants_reply ? reply_to : std::string(), std::move(reply), *forwards, {}, std::move(shards)});
 }
 
 absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message& m, uint64_t push_id, Nanos now,
-                                                std::vector<Outgoing>& out) {
+                                                std::vector<Outgoing>& out, std::vector<uint32_t>* shards_out) {
   if (m.frames.size() != 2) {
     return absl::InvalidArgumentError(absl::StrCat("push needs 2 frames (keys, values), got ", m.frames.size()));
   }
@@ -964,7 +1085,10 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
     vshard[i] = map_->VShardOfKey(req.table_id(), keys[i]);
     const uint32_t owner = map_->ServerRankOf(vshard[i]);
     if (owner != my_rank_) {
-      if (!req.resend()) return NotPrimary(req.table_id(), keys[i], owner);
+      // A resend of an older map went to the servers of that map: keys it
+      // gives others may now be this server's, or neither's (a shard that
+      // moved); the worker sends it again by this map.
+      if (!req.resend() || m.header.epoch() < map_->epoch()) return NotPrimary(req.table_id(), keys[i], owner);
       all_mine = false;
     }
   }
@@ -1028,9 +1152,9 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
     }
     Message f;
     f.header.set_sender_id(options_.node_id);
-    BackupStream& stream = streams_[b];
-    if (stream.node_id == 0) stream.node_id = map_->server(b).node_id();
+    BackupStream& stream = StreamTo(b);
     auto* r = f.header.mutable_replicate();
+    r->set_stream(stream.id);
     r->set_position(stream.next_position++);
     r->set_worker_id(origin.worker);
     r->set_incarnation(origin.incarnation);
@@ -1052,6 +1176,7 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
     out.push_back(Outgoing{map_->server(b).address(), std::move(wire)});
     forwards++;
   }
+  if (forwards > 0) *shards_out = shards;
   return forwards;
 }
 
@@ -1075,6 +1200,7 @@ void ServerCore::HandleReplicateAck(const Message& m, std::vector<Outgoing>& out
   if (it == streams_.end()) return;  // a backup that is no longer one: nothing waits on it
   BackupStream& stream = it->second;
   const proto::ReplicateAck& a = m.header.replicate_ack();
+  if (a.stream() != stream.id) return;  // an ack of a stream that ended
   if (!a.rejected()) {
     while (!stream.unacked.empty() && stream.unacked.front().position <= a.position()) {
       const Forward done = std::move(stream.unacked.front());
@@ -1129,6 +1255,7 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
     reply.header.set_epoch(map_->epoch());
     auto* a = reply.header.mutable_replicate_ack();
     a->set_position(position);
+    a->set_stream(r.stream());
     if (!rejection.ok()) {
       stats_.forwards_rejected++;
       a->set_rejected(true);
@@ -1151,6 +1278,15 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
     ack(r.position(), absl::FailedPreconditionError(absl::StrCat("node ", h.sender_id(),
                                                                  " is not a server of map epoch ", map_->epoch())));
     return;
+  }
+  // A newer stream from this primary starts again at position 1; forwards
+  // of an older one are not waited for any more.
+  uint64_t& stream = stream_from_[h.sender_id()];
+  if (r.stream() < stream) return;
+  if (r.stream() > stream) {
+    stream = r.stream();
+    expected_from_[h.sender_id()] = 1;
+    early_forwards_.erase(h.sender_id());
   }
   uint64_t& expected = expected_from_.try_emplace(h.sender_id(), 1).first->second;
   if (r.position() < expected) {  // a resend of what is applied: acknowledge again
@@ -1242,12 +1378,16 @@ absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::Sh
     for (auto& [id, w] : waiting_) {
       SetError(w.reply, absl::AbortedError(absl::StrCat("server ", my_rank_, " was removed from the job at map epoch ",
                                                         map_->epoch(), " before its backups had the push")));
+      w.reply.header.set_epoch(map_->epoch());  // the worker resends once it has this map
       if (!w.to.empty()) out.push_back(Outgoing{std::move(w.to), std::move(w.reply)});
     }
     waiting_.clear();
     streams_.clear();
+    moving_out_.clear();
+    AbortHeldReplies([](uint32_t) { return true; }, out);
     return out;
   }
+  LetMovedShardsGo(old, out);
   // Per backup: the shards it holds for this server now; a stream to a
   // server that holds none any more ends (every live copy has what waited
   // on it); a server that newly holds some gets their state first.
@@ -1294,11 +1434,58 @@ absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::Sh
       it = streams_.end();
     }
     if (it != streams_.end()) {
+      RescopeForwards(rank, it->second);
       SendForwards(rank, it->second, now, out);  // with the new epoch, in case the backup refused the old one
     }
     if (!fresh.empty()) SendTransfer(rank, fresh, std::move(carried), now, out);
   }
+  NoteMoves();
+  ReleaseHeldReplies(out);
   return out;
+}
+
+void ServerCore::LetMovedShardsGo(const ShardMapView& old, std::vector<Outgoing>& out) {
+  // Shards this server was primary of and is not now (moved: it is alive).
+  absl::flat_hash_set<uint32_t> moved, released;
+  for (uint32_t v = 0; v < map_->num_vshards(); ++v) {
+    if (old.ServerRankOf(v) == my_rank_ && map_->ServerRankOf(v) != my_rank_) moved.insert(v);
+    if (old.Holds(my_rank_, v) && !map_->Holds(my_rank_, v)) released.insert(v);
+  }
+  // A push that touched a moved shard and waits for backups is not
+  // acknowledged: its forward may never reach the new primary (refused for
+  // the old epoch), so the worker must send it there again; the new primary
+  // applies it once (de-duplication) and acknowledges it when its own
+  // backups have it.
+  if (!moved.empty()) {
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      const std::vector<uint32_t>& shards = it->second.shards;
+      auto hit = std::find_if(shards.begin(), shards.end(), [&](uint32_t v) { return moved.contains(v); });
+      if (hit == shards.end()) {
+        ++it;
+        continue;
+      }
+      WaitingAck& w = it->second;
+      SetError(w.reply, absl::AbortedError(absl::StrCat("shard ", *hit, " moved from server ", my_rank_, " to server ",
+                                                        map_->ServerRankOf(*hit), " at map epoch ", map_->epoch(),
+                                                        " before its backups had the push")));
+      w.reply.header.set_epoch(map_->epoch());  // the worker resends once it has this map
+      if (!w.to.empty()) out.push_back(Outgoing{std::move(w.to), std::move(w.reply)});
+      waiting_.erase(it++);
+    }
+  }
+  if (!moved.empty()) AbortHeldReplies([&](uint32_t v) { return moved.contains(v); }, out);
+  if (released.empty()) return;
+  // The shards this server holds no copy of any more: their rows, windows
+  // and counts go (a later copy here starts from a state transfer).
+  for (auto& [id, table] : tables_) {
+    const uint32_t table_id = id;
+    table->EraseRows([&](Key k) { return released.contains(map_->VShardOfKey(table_id, k)); });
+  }
+  absl::erase_if(dedup_, [&](const auto& e) { return released.contains(static_cast<uint32_t>(e.first >> 32)); });
+  absl::erase_if(audit_,
+                 [&](const auto& e) { return released.contains(map_->VShardOfKey(e.first.first, e.first.second)); });
+  for (uint32_t v : released) applied_.erase(v);
+  stats_.shards_released += released.size();
 }
 
 absl::StatusOr<Buffer> ServerCore::HandlePull(const proto::Pull& req, const Message& m) {

@@ -40,7 +40,10 @@
 //     primary ... at map epoch E"), which tells the worker to retry with the
 //     map of the reply's epoch or newer. A resend (Push.resend) may span
 //     servers: its keys of shards this server is not primary of are ignored
-//     (Aborted only if none is left). Pulls: the same rule, no resend form.
+//     (Aborted only if none is left), if it carries this server's map
+//     epoch; a resend of an older map with such a key is Aborted whole (it
+//     went to that map's servers, and a shard may have moved since).
+//     Pulls: the same rule, no resend form.
 //   * Sequenced pushes (seq > 0) are de-duplicated per (shard, worker,
 //     incarnation, seq): the keys of a shard that already applied that push
 //     are not applied again, and the push is acknowledged all the same. A
@@ -154,6 +157,8 @@ struct ServerStats {
   uint64_t transfers_applied = 0;  // state transfers this server took as a new backup
   uint64_t rows_transferred = 0;   // rows in the transfers sent
   uint64_t behind_epoch = 0;       // pushes and pulls sent back: stamped with a newer map than this server's
+  uint64_t shards_released = 0;    // shards this server let go when a newer map moved them elsewhere
+  uint64_t replies_held_for_moves = 0;  // pull replies that waited for a moving shard's destination
 };
 
 class ServerCore {
@@ -263,7 +268,12 @@ class ServerCore {
   // The validation and update part of HandlePush; adds the forwards of
   // push_id to the streams and returns how many there are.
   absl::StatusOr<uint32_t> AcceptPush(const proto::Push& req, Message& m, uint64_t push_id, Nanos now,
-                                      std::vector<Outgoing>& out);
+                                      std::vector<Outgoing>& out, std::vector<uint32_t>* shards_out);
+  // A newer map moved shards away from this live server (a move, not a
+  // failover): pushes waiting for backups that touched a shard it no longer
+  // is primary of are answered Aborted; shards it no longer holds at all
+  // are dropped (rows, windows, audit records, applied counts).
+  void LetMovedShardsGo(const ShardMapView& old, std::vector<Outgoing>& out);
   // A backup's side: Replicate from a primary (reply in `out`), then any
   // forwards that came early and are next now.
   void HandleReplicate(const Message& m, std::vector<Outgoing>& out);
@@ -335,6 +345,7 @@ class ServerCore {
   // Every push that waits on `f` is one forward closer to its Ack.
   void ForwardsDone(const Forward& f, const absl::Status& status, std::vector<Outgoing>& out);
   struct BackupStream {
+    uint64_t id = 0;              // Replicate.stream: this server's streams, numbered from 1
     uint32_t node_id = 0;         // the process the stream goes to (a restarted rank starts a new stream)
     uint64_t next_position = 1;
     std::deque<Forward> unacked;  // position order
@@ -354,7 +365,17 @@ class ServerCore {
     Message reply;
     uint32_t outstanding = 0;  // forwards not yet acknowledged
     absl::Status status;       // the first rejection, if any
+    std::vector<uint32_t> shards = {};  // the shards of this server's the push touched
   };
+  // A newer map moved shards: the stream's unacknowledged forwards keep
+  // only the keys of shards this server is still primary of and `rank`
+  // still backs up (a forward may mix shards; the backup would refuse it
+  // whole, and the keys of the shards that stayed must reach it). A forward
+  // left with no keys keeps its position; the backup applies nothing.
+  void RescopeForwards(uint32_t rank, BackupStream& stream);
+  // The stream to backup `rank`, begun (a new id) if there is none.
+  BackupStream& StreamTo(uint32_t rank);
+  uint64_t next_stream_id_ = 1;
   // Sends the stream's unacknowledged forwards, stamped with the current epoch.
   void SendForwards(uint32_t rank, BackupStream& stream, Nanos now, std::vector<Outgoing>& out);
 
@@ -377,6 +398,7 @@ class ServerCore {
   absl::flat_hash_map<uint64_t, DedupWindow> dedup_;        // (vshard << 32 | worker node id) -> applied
   absl::flat_hash_map<uint32_t, BackupStream> streams_;     // backup rank -> forwards
   absl::flat_hash_map<uint32_t, uint64_t> expected_from_;   // primary node id -> next position (as a backup)
+  absl::flat_hash_map<uint32_t, uint64_t> stream_from_;     // primary node id -> its stream being applied
   static constexpr size_t kMaxEarlyForwards = 4096;
   absl::flat_hash_map<uint32_t, std::map<uint64_t, Message>> early_forwards_;  // primary -> position -> forward
   absl::flat_hash_map<uint64_t, WaitingAck> waiting_;       // push id -> its Ack, held for backups
@@ -387,6 +409,43 @@ class ServerCore {
   absl::flat_hash_map<std::pair<uint32_t, Key>, std::vector<AuditEntry>> audit_;  // (table, key) -> pushes applied
   uint64_t next_push_id_ = 1;
   std::vector<proto::ShardsInSync> in_sync_;  // acknowledged transfers, for TakeShardsInSync
+  // Moves (common/keys.h, "Moving a shard"). A shard this server is
+  // primary of that moves: its destination, and the stream to it and its
+  // last position when this server learned of the move. The move is in
+  // sync (Heartbeat.moves_in_sync) once the destination acknowledged that
+  // position: it then has everything this server had applied.
+  struct MoveOut {
+    uint32_t to = 0;
+    uint64_t stream = 0, position = 0;
+  };
+  absl::flat_hash_map<uint32_t, MoveOut> moving_out_;
+  void NoteMoves();  // after a new map: moves begun (recorded) and ended (dropped)
+  // The last position of stream `stream_id` to `rank` the backup has
+  // acknowledged (all before it too); UINT64_MAX if that stream ended.
+  uint64_t AckedThrough(uint32_t rank, uint64_t stream_id) const;
+  // A pull of a moving shard is answered only with what the destination
+  // has: its reply (read when it is answered) waits until the destination
+  // acknowledged every forward sent before, so that no value a pull saw
+  // is missing at the new primary after the switch.
+  struct StreamWait {
+    uint32_t rank;
+    uint64_t stream, position;
+  };
+  struct HeldReply {
+    std::string to;
+    proto::Envelope header;       // the reply's (for an Aborted answer instead)
+    std::vector<Outgoing> pieces;  // the reply, as Emit split it
+    std::vector<uint32_t> vshards;  // the moving shards it read
+    std::vector<StreamWait> waits;
+  };
+  std::deque<HeldReply> held_replies_;
+  // Sends an answer, or (a pull of a moving shard with forwards not yet
+  // acknowledged by the destination) holds it.
+  void SendAnswer(std::vector<Outgoing>& out, std::string to, Message reply, bool pull);
+  void ReleaseHeldReplies(std::vector<Outgoing>& out);
+  // Held replies that read a shard `moved` says this server lost are
+  // answered Aborted instead (the worker pulls again from the new primary).
+  void AbortHeldReplies(const std::function<bool(uint32_t)>& moved, std::vector<Outgoing>& out);
   absl::flat_hash_map<uint32_t, uint64_t> applied_;  // vshard -> pushes applied to it (here or, before, elsewhere)
   // Load accounting: counts the keys of one request against their shards
   // (`shards`, one per key; those this server is primary of count);

@@ -238,6 +238,10 @@ class World {
   bool Cut(const std::string& a, const std::string& b, Nanos now) const;
   void CheckEnd(RunResult& r);
   void CheckAudit(RunResult& r);
+  // Pulls never go backwards: a pull issued after another completed sees
+  // at least what it saw, per key and column (only in runs without
+  // failovers: there an unacknowledged push a pull saw may be lost).
+  void CheckMonotonicReads();
   void StartServer(uint32_t rank, Nanos now);
   void StartWorker(uint32_t rank, Nanos now);
 
@@ -271,6 +275,7 @@ class World {
   std::vector<IssuedPush> pushes_;
   uint64_t delivered_ = 0, dropped_ = 0;
   Nanos job_end_at_ = 0;
+  uint64_t moves_started_ = 0, moves_finished_ = 0;
   bool worker_crashed_assembling_ = false;
   CoordinatorOptions coordinator_options_;
   std::vector<std::unique_ptr<Proc>> graveyard_;  // replaced processes (timers may still point at them)
@@ -287,6 +292,18 @@ class CoordProc final : public Proc {
   }
   void Deliver(Message m, Nanos now) override { Timed([&] { return core_.Step(m, now); }, now, true); }
   void Tick(Nanos now) override { Timed([&] { return core_.Tick(now); }, now, false); }
+  // Starts moving a shard, as the rebalancer would; false if refused.
+  bool Move(uint32_t vshard, uint32_t to, Nanos now) {
+    bool started = false;
+    Timed(
+        [&] {
+          absl::StatusOr<std::vector<Outgoing>> out = core_.StartMove(vshard, to, now, "the simulator");
+          started = out.ok();
+          return out.ok() ? *std::move(out) : std::vector<Outgoing>{};
+        },
+        now, false);
+    return started;
+  }
   const CoordinatorCore& core() const { return core_; }
   CoordinatorCore& mutable_core() { return core_; }
 
@@ -732,6 +749,8 @@ std::string Placement(const proto::ShardMap& map) {
   std::string placement = absl::StrCat(absl::StrJoin(map.vshard_server_rank(), ","), " dead ",
                                        absl::StrJoin(map.dead_server_ranks(), ","));
   for (const auto& b : BackupListsOf(map)) absl::StrAppend(&placement, " [", absl::StrJoin(b, ","), "]");
+  for (int i = 0; i < map.moving_vshards_size() && i < map.moving_to_size(); ++i)
+    absl::StrAppend(&placement, " moving ", map.moving_vshards(i), "->", map.moving_to(i));
   return placement;
 }
 
@@ -752,6 +771,14 @@ void World::NoteMap(const proto::ShardMap& map, Nanos now) {
     Trace(now, absl::StrCat("map epoch ", map.epoch(), ": primaries ", Placement(map)));
     if (map.epoch() == 2 && scale_.published_at == 0) scale_.published_at = now;
     scale_.map_bytes = std::max<uint64_t>(scale_.map_bytes, map.ByteSizeLong());
+    if (auto prev = maps_.find(map.epoch() - 1); prev != maps_.end()) {
+      for (int i = 0; i < prev->second.moving_vshards_size(); ++i) {
+        const uint32_t v = prev->second.moving_vshards(i);
+        if (map.vshard_server_rank(static_cast<int>(v)) == prev->second.moving_to(i) &&
+            MovingTo(map, v) == ShardMapView::kNotMoving)
+          ++moves_finished_;
+      }
+    }
   } else if (Placement(it->second) != Placement(map)) {
     Violation(absl::StrCat("two different shard maps for epoch ", map.epoch(), ": ", Placement(it->second), " and ",
                            Placement(map)));
@@ -934,6 +961,18 @@ void World::ScheduleFaults() {
       });
     });
   }
+  for (uint32_t i = 0; i < sc_.moves; ++i) {
+    const Nanos at = when();
+    const uint32_t vshard = static_cast<uint32_t>(rng_.Below(sc_.vshards));
+    const uint32_t to = static_cast<uint32_t>(rng_.Below(sc_.servers));
+    At(at, [this, vshard, to](Nanos now) {
+      if (coordinator_->crashed || coordinator_->core().phase() != CoordinatorCore::Phase::kRunning) return;
+      if (coordinator_->Move(vshard, to, now)) {
+        ++moves_started_;
+        Trace(now, absl::StrCat("move shard ", vshard, " to server ", to));
+      }
+    });
+  }
   for (uint32_t i = 0; i < sc_.worker_crashes; ++i) {
     const Nanos at = when();
     const uint32_t rank = static_cast<uint32_t>(rng_.Below(sc_.workers));
@@ -955,6 +994,41 @@ void World::ScheduleFaults() {
   }
 }
 
+void World::CheckMonotonicReads() {
+  // Only where no server was deposed: a failover may lose a push that a
+  // pull saw but that was never acknowledged (the contract allows it).
+  if (sc_.server_crashes > 0 || sc_.pauses > 0 || sc_.partitions > 0 || sc_.coordinator_crashes > 0) return;
+  std::vector<consistency::PullEvent> pulls = recorder_.pulls();
+  std::sort(pulls.begin(), pulls.end(), [](const auto& a, const auto& b) { return a.completed_ns < b.completed_ns; });
+  // Per (key, column): the most a completed pull has seen, and when.
+  std::map<std::pair<uint32_t, uint32_t>, std::pair<float, int64_t>> seen;
+  std::vector<const consistency::PullEvent*> by_issue;
+  for (const auto& p : pulls) by_issue.push_back(&p);
+  std::sort(by_issue.begin(), by_issue.end(), [](auto* a, auto* b) { return a->issued_ns < b->issued_ns; });
+  size_t next_done = 0;
+  for (const consistency::PullEvent* p : by_issue) {
+    // Every pull completed before this one was issued has been seen.
+    for (; next_done < pulls.size() && pulls[next_done].completed_ns < p->issued_ns; ++next_done) {
+      const auto& q = pulls[next_done];
+      for (size_t i = 0; i < q.keys.size(); ++i)
+        for (uint32_t c = 0; c < sc_.workers; ++c) {
+          auto& s = seen[{q.keys[i], c}];
+          s.first = std::max(s.first, q.values[i * sc_.workers + c]);
+        }
+    }
+    for (size_t i = 0; i < p->keys.size(); ++i)
+      for (uint32_t c = 0; c < sc_.workers; ++c) {
+        auto it = seen.find({p->keys[i], c});
+        if (it != seen.end() && p->values[i * sc_.workers + c] < it->second.first) {
+          Violation(absl::StrCat("a pull by worker ", p->worker, " at clock ", p->clock, " saw key ", p->keys[i],
+                                 " column ", c, " at ", p->values[i * sc_.workers + c], ", below the ",
+                                 it->second.first, " an earlier completed pull saw"));
+          return;
+        }
+      }
+  }
+}
+
 RunResult World::Run() {
   RunResult r;
   r.seed = seed_;
@@ -970,6 +1044,7 @@ RunResult World::Run() {
   co.heartbeat_interval = sc_.heartbeat_ns;
   co.on_worker_loss = sc_.worker_loss;
   co.rejoin_timeout = 10 * kSeconds;
+  co.move_timeout = 3 * kSeconds;
   coordinator_options_ = co;
   auto coordinator = std::make_unique<CoordProc>(this, co);
   coordinator_ = coordinator.get();
@@ -1039,6 +1114,8 @@ RunResult World::Run() {
               : cc.phase() == CoordinatorCore::Phase::kFailed ? "failed: " + cc.failure_reason()
                                                               : "still running";
   r.failovers = maps_.empty() ? 0 : maps_.size() - 1;
+  r.moves_started = moves_started_;
+  r.moves_finished = moves_finished_;
   if (sc_.scale_crash_at_ns == 0) {  // (scale mode has no workload to check)
     for (WorkerProc* w : workers_) w->RecordUnreturnedClock();
     for (const IssuedPush& p : pushes_) {
@@ -1047,6 +1124,7 @@ RunResult World::Run() {
     }
     CheckEnd(r);
     CheckAudit(r);
+    CheckMonotonicReads();
     auto checked = consistency::Check(recorder_, sc_.workers,
                                       sc_.consistency == proto::ASP   ? consistency::kUnbounded
                                       : sc_.consistency == proto::SSP ? sc_.staleness
@@ -1297,6 +1375,7 @@ Scenario Scenario::FromSeed(uint64_t seed) {
                                 : WorkerLossPolicy::kWait;
   if (rng.Chance(0.2)) s.worker_crashes = 1;
   if (rng.Chance(0.15)) s.coordinator_crashes = 1;
+  if (rng.Chance(0.5)) s.moves = static_cast<uint32_t>(rng.Between(1, 4));
   return s;
 }
 
@@ -1305,14 +1384,14 @@ std::string Scenario::Describe() const {
   return absl::StrFormat(
       "%u servers, %u workers, %u vshards, replication %u, %s%s, %u clocks, %u keys%s; delay %.2f-%.2f ms, drop %.3f, "
       "duplicate %.3f, reorder %.2f; %u crashes%s, %u pauses, %u partitions, %u worker crashes (on loss: %s), "
-      "%u coordinator crashes%s",
+      "%u coordinator crashes, %u moves%s",
       servers, workers, vshards, replication, model, consistency == proto::SSP ? absl::StrCat("(", staleness, ")") : "",
       clocks, keys, apply_after_ack ? ", apply after ack" : "", static_cast<double>(min_delay_ns) / kMs,
       static_cast<double>(max_delay_ns) / kMs, drop, duplicate, reorder, server_crashes,
       server_crashes > 0 ? (restart_crashed ? " (restarted)" : " (not restarted)") : "", pauses, partitions,
       worker_crashes,
       worker_loss == WorkerLossPolicy::kStopJob ? "stop" : worker_loss == WorkerLossPolicy::kContinue ? "continue" : "wait",
-      coordinator_crashes,
+      coordinator_crashes, moves,
       breakage == Breakage::kNone ? "" : absl::StrCat("; BROKEN: ", BreakageName(breakage)));
 }
 

@@ -15,7 +15,7 @@
 //   while), pauses nodes (nothing delivered, no timers) and crashes
 //   servers and workers, which a new process for the same rank may replace
 //   later, and the coordinator, which a new process replaces from its
-//   saved state.
+//   saved state; and it moves shards between live servers (live migration).
 // - Workloads: every worker creates one SPARSE table of integer counts with
 //   the ACCUMULATE optimizer (one column per worker), then at every clock
 //   pushes +1 into its own column of random keys, pulls random keys (all
@@ -84,6 +84,11 @@ struct Scenario {
   // job over from its saved state (write-ahead, as tessera-coordinator
   // --state-file does) 0.1-1.5 s later, within the nodes' lease on it.
   uint32_t coordinator_crashes = 0;
+  // Live migrations: each at a random time, a random shard is moved to a
+  // random server (CoordinatorCore::StartMove, as the rebalancer does; one
+  // at a time, so some are refused); a move not in sync within 3 s is
+  // cancelled.
+  uint32_t moves = 0;
   // What the job does about a lost worker. Under kWait a new process takes
   // a crashed worker's place one lease or more later and resumes at its
   // predecessor's clock.
@@ -118,6 +123,8 @@ struct RunResult {
   uint64_t pulls_checked = 0;
   uint64_t pushes_acked = 0;
   uint64_t failovers = 0;           // maps published after the first
+  uint64_t moves_started = 0;       // shard moves the coordinator began
+  uint64_t moves_finished = 0;      // moves whose destination became primary
   bool ok() const { return violations.empty(); }
 };
 
