@@ -811,6 +811,7 @@ absl::StatusOr<std::vector<Outgoing>> CoordinatorCore::StartMove(uint32_t vshard
       absl::StrCat(reason, " (map epoch ", shard_map_.epoch(), ")", why.empty() ? "" : ": ", why));
   std::vector<Outgoing> out;
   PublishMap(reason, out);
+  if (options_.test_switch_before_sync) FinishMove(vshard, out);
   return out;
 }
 

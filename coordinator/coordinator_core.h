@@ -124,6 +124,7 @@ struct CoordinatorOptions {
   std::vector<float> server_weights;
   RebalanceOptions rebalance;               // threshold 0: no automatic moves
   Nanos move_timeout = 60 * kSeconds;       // a move not finished by then is cancelled
+  bool test_switch_before_sync = false;     // TEST ONLY (negative control): a move switches at once, without the copy
 };
 
 class CoordinatorCore {

@@ -75,6 +75,23 @@ int main(int argc, char** argv) {
                  "default: all equal): the first shard map gives each server primaries and copies in proportion, "
                  "and copies re-made after a loss go where copies per unit of weight are fewest")
       ->delimiter(',');
+  double rebalance_interval = 10, move_timeout = 60;
+  app.add_option("--rebalance-threshold", options.rebalance.threshold,
+                 "Move virtual shards off a server whose load per unit of weight passes this multiple of the mean "
+                 "(e.g. 1.25; 0 = never). Load: each shard's bytes in and out per second plus "
+                 "--rebalance-request-cost bytes per request, smoothed over 10 s; one shard at a time, off the "
+                 "busiest server onto the lightest, only if that lowers the larger of the two loads")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--rebalance-interval", rebalance_interval,
+                 "With --rebalance-threshold: seconds between rebalancing decisions (at most one move each)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--rebalance-request-cost", options.rebalance.request_cost_bytes,
+                 "With --rebalance-threshold: what one request costs a server, in bytes of data")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--move-timeout", move_timeout,
+                 "Seconds a shard move may take (copying the shard to its new server and catching up) before it "
+                 "is given up; the shard stays where it was")
+      ->check(CLI::PositiveNumber);
   app.add_option("--server-lease", server_lease,
                  "With replication: seconds of silence after which a server is lost and its shards fail over "
                  "(servers heartbeat every 0.1 s by default); without replication servers get --lease")
@@ -130,6 +147,8 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = static_cast<tessera::Nanos>(heartbeat_interval * 1e9);
   options.server_lease = static_cast<tessera::Nanos>(server_lease * 1e9);
   options.restore_lost_shards = on_shard_loss == "restore";
+  options.rebalance.interval = static_cast<tessera::Nanos>(rebalance_interval * 1e9);
+  options.move_timeout = static_cast<tessera::Nanos>(move_timeout * 1e9);
 
   if (!etcd.empty() && !state_file.empty()) {
     TLOG_ERROR("--etcd and --state-file both keep the coordinator's state: give one");

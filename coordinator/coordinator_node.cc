@@ -163,6 +163,7 @@ void CoordinatorNode::TakeFigures(const CoordinatorCore& core, uint64_t state_sa
   f.epoch = core.shard_map().epoch();
   f.phase = static_cast<uint32_t>(core.phase());
   f.syncing = core.syncing_copies();
+  f.moving = core.moves_in_progress();
   f.state_saves = state_saves;
   f.load = core.load().servers();
   for (const auto& [id, n] : core.nodes()) {
@@ -201,6 +202,12 @@ std::string CoordinatorNode::MetricsText() const {
   w.Counter("tessera_coordinator_rejoins_total", "Processes that took a lost node's place", f.stats.rejoins);
   w.Counter("tessera_coordinator_map_updates_total", "Shard map updates published", f.stats.maps_published);
   w.Counter("tessera_coordinator_barriers_released_total", "Barriers released", f.stats.barriers_released);
+  w.Counter("tessera_coordinator_shard_moves_total", "Shard moves (live migration) by how they ended",
+            f.stats.moves_finished, {{"outcome", "finished"}});
+  w.Counter("tessera_coordinator_shard_moves_total", "Shard moves (live migration) by how they ended",
+            f.stats.moves_cancelled, {{"outcome", "cancelled"}});
+  w.Gauge("tessera_coordinator_shard_moves_in_progress", "Shard moves under way",
+          static_cast<double>(f.moving));
   w.Counter("tessera_coordinator_state_saves_total", "Coordinator state saves (file or etcd)", f.state_saves);
   for (size_t r = 0; r < f.load.size(); ++r) {
     const LoadTracker::ServerLoad& l = f.load[r];

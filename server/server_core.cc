@@ -102,7 +102,7 @@ void ServerCore::NoteMoves() {
 }
 
 void ServerCore::SendAnswer(std::vector<Outgoing>& out, std::string to, Message reply, bool pull) {
-  if (!pull || moving_out_.empty() || reply.header.has_error()) {
+  if (!pull || moving_out_.empty() || reply.header.has_error() || options_.test_read_during_move) {
     Emit(out, std::move(to), std::move(reply));
     return;
   }
@@ -983,27 +983,63 @@ void ServerCore::RecordApplied(uint32_t vshard, const Origin& origin) {
 }
 
 void ServerCore::RescopeForwards(uint32_t rank, BackupStream& stream) {
+  auto kept = [&](uint32_t v) {
+    const auto bs = map_->BackupsOf(v);
+    return map_->ServerRankOf(v) == my_rank_ && std::find(bs.begin(), bs.end(), rank) != bs.end();
+  };
   for (Forward& f : stream.unacked) {
     proto::Replicate& r = *f.message.header.mutable_replicate();
-    if (r.has_transfer() || r.num_keys() == 0 || f.message.frames.size() != 2) continue;
+    if (r.has_transfer()) {
+      RescopeTransfer(f.message, kept);
+      continue;
+    }
+    if (r.num_keys() == 0 || f.message.frames.size() != 2) continue;
     auto table = tables_.find(r.table_id());
     if (table == tables_.end()) continue;
     const size_t row_bytes = size_t{table->second->width()} * sizeof(float);
     const auto keys = f.message.frames[0].As<Key>();
     std::vector<uint32_t> idx;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      const uint32_t v = map_->VShardOfKey(r.table_id(), keys[i]);
-      const auto bs = map_->BackupsOf(v);
-      if (map_->ServerRankOf(v) == my_rank_ && std::find(bs.begin(), bs.end(), rank) != bs.end()) {
-        idx.push_back(static_cast<uint32_t>(i));
-      }
-    }
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (kept(map_->VShardOfKey(r.table_id(), keys[i]))) idx.push_back(static_cast<uint32_t>(i));
     if (idx.size() == keys.size()) continue;
     Buffer k, values;
     GatherRows(f.message.frames[0], f.message.frames[1], idx, row_bytes, &k, &values);
     f.message.frames = {std::move(k), std::move(values)};
     r.set_num_keys(idx.size());
   }
+}
+
+void ServerCore::RescopeTransfer(Message& m, const std::function<bool(uint32_t)>& kept) const {
+  proto::Replicate& r = *m.header.mutable_replicate();
+  proto::ShardTransfer& t = *r.mutable_transfer();
+  if (std::all_of(t.vshards().begin(), t.vshards().end(), kept)) return;
+  if (m.frames.size() != 2 * size_t(t.tables_size())) return;  // (built by SendTransfer: not reached)
+  proto::ShardTransfer next;
+  for (int i = 0; i < t.vshards_size(); ++i) {
+    if (!kept(t.vshards(i))) continue;
+    next.add_vshards(t.vshards(i));
+    if (i < t.applied_size()) next.add_applied(t.applied(i));
+  }
+  std::vector<Buffer> frames;
+  for (int i = 0; i < t.tables_size(); ++i) {
+    const proto::TableConfig& c = t.tables(i);
+    *next.add_tables() = c;
+    const auto keys = m.frames[2 * i].As<Key>();
+    std::vector<uint32_t> idx;
+    for (size_t k = 0; k < keys.size(); ++k)
+      if (kept(map_->VShardOfKey(c.table_id(), keys[k]))) idx.push_back(static_cast<uint32_t>(k));
+    Buffer k, v;
+    GatherRows(m.frames[2 * i], m.frames[2 * i + 1], idx, size_t{StoredRowFloats(c)} * sizeof(float), &k, &v);
+    frames.push_back(std::move(k));
+    frames.push_back(std::move(v));
+  }
+  for (const proto::DedupWindow& d : t.dedup())
+    if (kept(d.vshard())) *next.add_dedup() = d;
+  *next.mutable_clocks() = t.clocks();
+  for (const proto::AuditRow& a : t.audit())
+    if (kept(map_->VShardOfKey(a.table_id(), a.key()))) *next.add_audit() = a;
+  t = std::move(next);
+  m.frames = std::move(frames);
 }
 
 ServerCore::BackupStream& ServerCore::StreamTo(uint32_t rank) {

@@ -113,6 +113,7 @@ struct ServerCoreOptions {
   bool test_apply_duplicates = false;        // apply a sequenced push again when it comes again
   bool test_ack_before_replication = false;  // acknowledge a push before the backups have it
   bool test_accept_old_epoch = false;        // installs older shard maps; a backup applies older forwards unchecked
+  bool test_read_during_move = false;        // answers pulls of a moving shard without waiting for its destination
   bool apply_after_ack = false;             // leave accepted pushes to ApplyPending() (see the contract)
   // Pull replies with more value bytes than this go out in pieces of at most
   // this many bytes (0 = never split); see "Pull replies in pieces" below.
@@ -373,6 +374,9 @@ class ServerCore {
   // whole, and the keys of the shards that stayed must reach it). A forward
   // left with no keys keeps its position; the backup applies nothing.
   void RescopeForwards(uint32_t rank, BackupStream& stream);
+  // The same for a transfer: only the shards `kept` accepts (their rows,
+  // windows, counts and audit rows) stay in it; the clocks stay.
+  void RescopeTransfer(Message& m, const std::function<bool(uint32_t)>& kept) const;
   // The stream to backup `rank`, begun (a new id) if there is none.
   BackupStream& StreamTo(uint32_t rank);
   uint64_t next_stream_id_ = 1;

@@ -208,6 +208,14 @@ class SecuritySection:
 
 
 @dataclass(frozen=True)
+class RebalanceSection:
+    threshold: float = 0
+    interval_seconds: float = 10
+    request_cost_bytes: float = 1024
+    move_timeout_seconds: float = 60
+
+
+@dataclass(frozen=True)
 class CoordinatorSection:
     etcd: str = ""
     standbys: int = 0
@@ -243,6 +251,7 @@ class JobConfig:
     metrics: MetricsSection = dataclasses.field(default_factory=MetricsSection)
     checkpoints: CheckpointsSection = dataclasses.field(default_factory=CheckpointsSection)
     coordinator: CoordinatorSection = dataclasses.field(default_factory=CoordinatorSection)
+    rebalance: RebalanceSection = dataclasses.field(default_factory=RebalanceSection)
     security: SecuritySection = dataclasses.field(default_factory=SecuritySection)
     limits: LimitsSection = dataclasses.field(default_factory=LimitsSection)
     rdma: RdmaSection = dataclasses.field(default_factory=RdmaSection)
@@ -329,6 +338,23 @@ def _non_negative_number(value: Any) -> Optional[str]:
         or value < 0
     ):
         return "must be a number of seconds, 0 or more"
+    return None
+
+
+def _threshold(value: Any) -> Optional[str]:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not (value == 0 or value > 1)
+    ):
+        return "must be 0 (off) or a multiple of the mean load above 1, e.g. 1.25"
+    return None
+
+
+def _byte_cost(value: Any) -> Optional[str]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return "must be a number of bytes, 0 or more"
     return None
 
 
@@ -503,6 +529,17 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "keep": Field(_positive_int, 3, "checkpoints kept per server rank"),
         "restore_from": Field(_string, "", "start the job from the checkpoints in this directory; empty: no"),
     },
+    "rebalance": {
+        "threshold": Field(_threshold, 0,
+                           "move virtual shards off a server whose load per unit of weight passes this multiple "
+                           "of the mean (e.g. 1.25), one at a time; 0: never"),
+        "interval_seconds": Field(_positive_number, 10, "time between rebalancing decisions (at most one move each)"),
+        "request_cost_bytes": Field(_byte_cost, 1024,
+                                    "what one request costs a server, in bytes of data (load = bytes in and out "
+                                    "per second + this per request)"),
+        "move_timeout_seconds": Field(_positive_number, 60,
+                                      "a shard move not finished by then is given up (the shard stays)"),
+    },
     "coordinator": {
         "etcd": Field(_etcd_endpoints, "",
                       "etcd client URLs (http://HOST:PORT, comma-separated) where the coordinator keeps its state "
@@ -566,6 +603,7 @@ _SECTION_TYPES = {
     "metrics": MetricsSection,
     "checkpoints": CheckpointsSection,
     "coordinator": CoordinatorSection,
+    "rebalance": RebalanceSection,
     "security": SecuritySection,
     "limits": LimitsSection,
     "rdma": RdmaSection,

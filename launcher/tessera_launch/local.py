@@ -281,6 +281,10 @@ def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, d
         *server_weights_flag(config),
         "--server-lease", _seconds(t.server_lease_seconds),
         "--on-shard-loss", config.cluster.on_shard_loss,
+        "--rebalance-threshold", repr(float(config.rebalance.threshold)),
+        "--rebalance-interval", _seconds(config.rebalance.interval_seconds),
+        "--rebalance-request-cost", repr(float(config.rebalance.request_cost_bytes)),
+        "--move-timeout", _seconds(config.rebalance.move_timeout_seconds),
         "--summary-file", str(layout.coordinator_summary),
     ]
     port = config.metrics.coordinator_port(config.cluster.servers, config.cluster.workers)

@@ -251,6 +251,18 @@ def test_bad_server_weights_are_named(tmp_path, weights, problem):
     assert f"{path}{problem}" in error_of(path)
 
 
+@pytest.mark.parametrize("setting, problem", [
+    ("threshold: 0.9", "rebalance.threshold must be 0 (off) or a multiple of the mean load above 1, e.g. 1.25"),
+    ("threshold: -1", "rebalance.threshold must be 0 (off)"),
+    ("interval_seconds: 0", "rebalance.interval_seconds must be a positive number"),
+    ("request_cost_bytes: -5", "rebalance.request_cost_bytes must be a number of bytes, 0 or more"),
+])
+def test_bad_rebalance_settings_are_named(tmp_path, setting, problem):
+    path = write(tmp_path, MINIMAL + f"rebalance:\n  {setting}\n")
+    assert problem in error_of(path)
+    assert load_config(write(tmp_path, MINIMAL + "rebalance:\n  threshold: 1.25\n", "ok.yaml")).rebalance.threshold == 1.25
+
+
 def test_a_bad_server_weight_is_placed_on_its_line(tmp_path):
     path = write(tmp_path, MINIMAL + "cluster:\n  servers: 2\n  server_weights:\n    - 1\n    - 0\n")
     assert error_of(path).startswith(f"{path}:7: cluster.server_weights[1] must be a positive number")

@@ -219,6 +219,8 @@ def test_command_lines_follow_the_contract(tmp_path, job_file):
         "--replication", "2",
         "--server-lease", "0.5",
         "--on-shard-loss", "stop",
+        "--rebalance-threshold", "0.0", "--rebalance-interval", "10", "--rebalance-request-cost", "1024.0",
+        "--move-timeout", "60",
         "--summary-file", str(layout.coordinator_summary), "--state-file", str(layout.root / "coordinator.state"),
         "--name", "coordinator", "--debug"]
     assert server_argv(config, binaries, layout, 1, "tcp://h:1", debug=False) == [
@@ -253,6 +255,20 @@ def test_server_weights_reach_the_coordinator(tmp_path, job_file):
     assert "--server-weights" in process_argv(config, binaries, layout, "coordinator", "", debug=False)
     # Without weights (all servers equal) the flag is left out.
     assert "--server-weights" not in coordinator_argv(load_config(job_file), binaries, layout, debug=False)
+
+
+def test_rebalancing_reaches_the_coordinator(tmp_path, job_file):
+    binaries = Binaries.locate(tmp_path / "build", "fake-worker")
+    layout = RunLayout(tmp_path / "run")
+    config = load_config(job_file, ["rebalance.threshold=1.25", "rebalance.interval_seconds=2",
+                                    "rebalance.move_timeout_seconds=30"])
+    argv = coordinator_argv(config, binaries, layout, debug=False)
+    assert argv[argv.index("--rebalance-threshold") + 1] == "1.25"
+    assert argv[argv.index("--rebalance-interval") + 1] == "2"
+    assert argv[argv.index("--move-timeout") + 1] == "30"
+    # Off by default.
+    argv = coordinator_argv(load_config(job_file), binaries, layout, debug=False)
+    assert argv[argv.index("--rebalance-threshold") + 1] == "0.0"
 
 
 def test_ipc_addresses_and_program_paths(tmp_path, job_file):

@@ -39,13 +39,16 @@ const char* BreakageName(Breakage b) {
     case Breakage::kAckBeforeReplication: return "ack-before-replication";
     case Breakage::kAnswerEarly: return "answer-early";
     case Breakage::kAcceptOldEpoch: return "accept-old-epoch";
+    case Breakage::kSwitchBeforeSync: return "switch-before-sync";
+    case Breakage::kReadDuringMove: return "read-during-move";
   }
   return "?";
 }
 
 bool ParseBreakage(const std::string& name, Breakage* out) {
   for (Breakage b : {Breakage::kNone, Breakage::kApplyDuplicates, Breakage::kAckBeforeReplication,
-                     Breakage::kAnswerEarly, Breakage::kAcceptOldEpoch}) {
+                     Breakage::kAnswerEarly, Breakage::kAcceptOldEpoch, Breakage::kSwitchBeforeSync,
+                     Breakage::kReadDuringMove}) {
     if (name == BreakageName(b)) {
       *out = b;
       return true;
@@ -242,6 +245,16 @@ class World {
   // at least what it saw, per key and column (only in runs without
   // failovers: there an unacknowledged push a pull saw may be lost).
   void CheckMonotonicReads();
+  // A server that takes a shard over by a move has at least every value a
+  // completed pull of it saw (in runs without failovers, as above).
+ public:
+  void CheckTakeovers(uint32_t rank, uint64_t old_epoch, const proto::ShardMap& map, const ServerCore& core,
+                      Nanos now);
+ private:
+  bool NoFailovers() const;
+  // Server `rank` crashes now; a new process takes the rank at `restart`
+  // (if the scenario restarts crashed servers).
+  void CrashServer(uint32_t rank, Nanos restart, Nanos now);
   void StartServer(uint32_t rank, Nanos now);
   void StartWorker(uint32_t rank, Nanos now);
 
@@ -365,11 +378,13 @@ class ServerProc final : public Proc {
         if (!early_map_ || early_map_->epoch() < map.epoch()) early_map_ = map;
         return;
       }
+      const uint64_t before = core_->epoch();
       auto out = core_->UpdateShardMap(map, now);
       if (!out.ok()) {
         world_->Violation(absl::StrCat(address, " refused a map from the coordinator: ", out.status().message()));
         return;
       }
+      if (core_->epoch() > before) world_->CheckTakeovers(rank_, before, map, *core_, now);
       session_.set_map_epoch(core_->epoch());
       After(*out, now);
       return;
@@ -412,6 +427,7 @@ class ServerProc final : public Proc {
     o.test_apply_duplicates = sc.breakage == Breakage::kApplyDuplicates;
     o.test_ack_before_replication = sc.breakage == Breakage::kAckBeforeReplication;
     o.test_accept_old_epoch = sc.breakage == Breakage::kAcceptOldEpoch;
+    o.test_read_during_move = sc.breakage == Breakage::kReadDuringMove;
     core_ = std::make_unique<ServerCore>(o);
     if (auto s = core_->InstallShardMap(session_.ready()->shard_map(), session_.self().rank()); !s.ok()) {
       world_->Violation(absl::StrCat(address, " refused its first map: ", s.message()));
@@ -880,17 +896,7 @@ void World::ScheduleFaults() {
     const Nanos at = when();
     const uint32_t rank = static_cast<uint32_t>(rng_.Below(sc_.servers));
     const Nanos restart = at + sc_.lease_ns + 100 * kMs + static_cast<Nanos>(rng_.Below(2 * sc_.lease_ns));
-    At(at, [this, rank, restart](Nanos now) {
-      ServerProc* p = servers_[rank];
-      if (p->crashed) return;
-      p->crashed = true;
-      Trace(now, "crash " + p->address);
-      if (sc_.restart_crashed) {
-        At(restart, [this, rank](Nanos t) {
-          if (!coordinator_->core().finished()) StartServer(rank, t);
-        });
-      }
-    });
+    At(at, [this, rank, restart](Nanos now) { CrashServer(rank, restart, now); });
   }
   for (uint32_t i = 0; i < sc_.pauses; ++i) {
     const Nanos at = when();
@@ -967,9 +973,16 @@ void World::ScheduleFaults() {
     const uint32_t to = static_cast<uint32_t>(rng_.Below(sc_.servers));
     At(at, [this, vshard, to](Nanos now) {
       if (coordinator_->crashed || coordinator_->core().phase() != CoordinatorCore::Phase::kRunning) return;
+      const uint32_t from = coordinator_->core().shard_map().vshard_server_rank(static_cast<int>(vshard));
       if (coordinator_->Move(vshard, to, now)) {
         ++moves_started_;
         Trace(now, absl::StrCat("move shard ", vshard, " to server ", to));
+        if (sc_.crash_mid_move && moves_started_ == 1) {
+          const uint32_t victim = rng_.Chance(0.5) ? from : to;
+          const Nanos at = now + static_cast<Nanos>(rng_.Below(30 * kMs));
+          const Nanos restart = at + sc_.lease_ns + 100 * kMs + static_cast<Nanos>(rng_.Below(2 * sc_.lease_ns));
+          At(at, [this, victim, restart](Nanos t) { CrashServer(victim, restart, t); });
+        }
       }
     });
   }
@@ -994,10 +1007,64 @@ void World::ScheduleFaults() {
   }
 }
 
+void World::CrashServer(uint32_t rank, Nanos restart, Nanos now) {
+  ServerProc* p = servers_[rank];
+  if (p->crashed) return;
+  p->crashed = true;
+  Trace(now, "crash " + p->address);
+  if (sc_.restart_crashed) {
+    At(restart, [this, rank](Nanos t) {
+      if (!coordinator_->core().finished()) StartServer(rank, t);
+    });
+  }
+}
+
+bool World::NoFailovers() const {
+  return sc_.server_crashes == 0 && !sc_.crash_mid_move && sc_.pauses == 0 && sc_.partitions == 0 &&
+         sc_.coordinator_crashes == 0;
+}
+
+void World::CheckTakeovers(uint32_t rank, uint64_t old_epoch, const proto::ShardMap& map, const ServerCore& core,
+                           Nanos now) {
+  if (!NoFailovers()) return;
+  auto old = maps_.find(old_epoch);
+  if (old == maps_.end()) return;
+  std::vector<uint32_t> taken;
+  for (int i = 0; i < old->second.moving_vshards_size(); ++i) {
+    const uint32_t v = old->second.moving_vshards(i);
+    if (old->second.moving_to(i) == rank && map.vshard_server_rank(static_cast<int>(v)) == rank) taken.push_back(v);
+  }
+  if (taken.empty()) return;
+  const Table* table = core.table(kTable);
+  absl::flat_hash_map<Key, std::vector<float>> rows;
+  if (table != nullptr) {
+    table->ForEachRow([&](Key k, std::span<const float> row) {
+      rows[k].assign(row.begin(), row.begin() + std::min<size_t>(row.size(), sc_.workers));
+    });
+  }
+  for (const consistency::PullEvent& p : recorder_.pulls()) {
+    if (p.completed_ns > now) continue;
+    for (size_t i = 0; i < p.keys.size(); ++i) {
+      const uint32_t v = VirtualShardOf(kTable, p.keys[i], sc_.vshards);
+      if (std::find(taken.begin(), taken.end(), v) == taken.end()) continue;
+      auto row = rows.find(p.keys[i]);
+      for (uint32_t c = 0; c < sc_.workers; ++c) {
+        const float have = row == rows.end() || c >= row->second.size() ? 0.0f : row->second[c];
+        if (have < p.values[i * sc_.workers + c]) {
+          Violation(absl::StrCat("server ", rank, " took shard ", v, " over (a move) with key ", p.keys[i], " column ",
+                                 c, " at ", have, ", below the ", p.values[i * sc_.workers + c],
+                                 " a pull of worker ", p.worker, " had seen"));
+          return;
+        }
+      }
+    }
+  }
+}
+
 void World::CheckMonotonicReads() {
   // Only where no server was deposed: a failover may lose a push that a
   // pull saw but that was never acknowledged (the contract allows it).
-  if (sc_.server_crashes > 0 || sc_.pauses > 0 || sc_.partitions > 0 || sc_.coordinator_crashes > 0) return;
+  if (!NoFailovers()) return;
   std::vector<consistency::PullEvent> pulls = recorder_.pulls();
   std::sort(pulls.begin(), pulls.end(), [](const auto& a, const auto& b) { return a.completed_ns < b.completed_ns; });
   // Per (key, column): the most a completed pull has seen, and when.
@@ -1045,6 +1112,7 @@ RunResult World::Run() {
   co.on_worker_loss = sc_.worker_loss;
   co.rejoin_timeout = 10 * kSeconds;
   co.move_timeout = 3 * kSeconds;
+  co.test_switch_before_sync = sc_.breakage == Breakage::kSwitchBeforeSync;
   coordinator_options_ = co;
   auto coordinator = std::make_unique<CoordProc>(this, co);
   coordinator_ = coordinator.get();
@@ -1375,7 +1443,8 @@ Scenario Scenario::FromSeed(uint64_t seed) {
                                 : WorkerLossPolicy::kWait;
   if (rng.Chance(0.2)) s.worker_crashes = 1;
   if (rng.Chance(0.15)) s.coordinator_crashes = 1;
-  if (rng.Chance(0.5)) s.moves = static_cast<uint32_t>(rng.Between(1, 4));
+  if (rng.Chance(0.6)) s.moves = static_cast<uint32_t>(rng.Between(2, 6));
+  s.crash_mid_move = s.moves > 0 && s.replication > 1 && s.server_crashes == 0 && rng.Chance(0.3);
   return s;
 }
 
@@ -1384,14 +1453,14 @@ std::string Scenario::Describe() const {
   return absl::StrFormat(
       "%u servers, %u workers, %u vshards, replication %u, %s%s, %u clocks, %u keys%s; delay %.2f-%.2f ms, drop %.3f, "
       "duplicate %.3f, reorder %.2f; %u crashes%s, %u pauses, %u partitions, %u worker crashes (on loss: %s), "
-      "%u coordinator crashes, %u moves%s",
+      "%u coordinator crashes, %u moves%s%s",
       servers, workers, vshards, replication, model, consistency == proto::SSP ? absl::StrCat("(", staleness, ")") : "",
       clocks, keys, apply_after_ack ? ", apply after ack" : "", static_cast<double>(min_delay_ns) / kMs,
       static_cast<double>(max_delay_ns) / kMs, drop, duplicate, reorder, server_crashes,
       server_crashes > 0 ? (restart_crashed ? " (restarted)" : " (not restarted)") : "", pauses, partitions,
       worker_crashes,
       worker_loss == WorkerLossPolicy::kStopJob ? "stop" : worker_loss == WorkerLossPolicy::kContinue ? "continue" : "wait",
-      coordinator_crashes, moves,
+      coordinator_crashes, moves, crash_mid_move ? " (a crash mid-move)" : "",
       breakage == Breakage::kNone ? "" : absl::StrCat("; BROKEN: ", BreakageName(breakage)));
 }
 

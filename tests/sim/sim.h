@@ -53,6 +53,8 @@ enum class Breakage {
   kAckBeforeReplication,  // primaries acknowledge pushes before their backups have them
   kAnswerEarly,           // servers answer pulls and clock advances without waiting for slower workers
   kAcceptOldEpoch,        // servers install older shard maps, and backups apply forwards of an older epoch
+  kSwitchBeforeSync,      // the coordinator makes a moving shard's destination primary at once
+  kReadDuringMove,        // primaries answer pulls of a moving shard without waiting for its destination
 };
 const char* BreakageName(Breakage b);
 bool ParseBreakage(const std::string& name, Breakage* out);
@@ -89,6 +91,9 @@ struct Scenario {
   // at a time, so some are refused); a move not in sync within 3 s is
   // cancelled.
   uint32_t moves = 0;
+  // The source or the destination of the first move that starts crashes
+  // 0-30 ms later (a new process takes its rank over one lease or more later).
+  bool crash_mid_move = false;
   // What the job does about a lost worker. Under kWait a new process takes
   // a crashed worker's place one lease or more later and resumes at its
   // predecessor's clock.

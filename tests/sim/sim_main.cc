@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   app.add_option("--trace", trace, "With --seed: write every message and fault of the run to this file");
   app.add_option("--break", breakage_name,
                  "Negative control: break one rule in the servers (apply-duplicates, ack-before-replication, "
-                 "answer-early, accept-old-epoch)");
+                 "answer-early, accept-old-epoch, switch-before-sync, read-during-move)");
   app.add_flag("--expect-violation", expect_violation,
                "Succeed only if some run fails its checks (for negative controls); stops at the first");
   app.add_flag("--digests", digests, "Print each run's digest (for replay checks)");
@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   tessera::sim::Breakage breakage;
   if (!tessera::sim::ParseBreakage(breakage_name, &breakage)) {
     std::fprintf(stderr, "tessera-sim: unknown --break '%s' (apply-duplicates, ack-before-replication, answer-early, "
-                         "accept-old-epoch)\n", breakage_name.c_str());
+                         "accept-old-epoch, switch-before-sync, read-during-move)\n", breakage_name.c_str());
     return 2;
   }
   if (!trace.empty() && seed == 0) {
