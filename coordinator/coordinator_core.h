@@ -42,20 +42,21 @@
 //   earlier incarnation already passed is released to the replacement at
 //   once. No replacement in time fails the job, naming the worker.
 // - Moves (live migration of a virtual shard between live servers; the
-//   rebalancer's, or StartMove's): the map of the next epoch adds the
-//   destination as one backup more than the replication asks for
-//   (WithMoveStarted in common/keys.h); the primary sends it the shard's
-//   state and forwards every push from then on; once the primary reports
-//   the copy in sync (ShardsInSync, or moves_in_sync in its heartbeats)
-//   the next map makes the destination primary and the source lets the
-//   shard go (WithMoveFinished). Every push acknowledged before the switch
-//   was acknowledged by the destination too; pushes still waiting at the
-//   source are answered Aborted there and sent again by their workers to
-//   the new primary, which applies each once. A destination that is
-//   already an in-sync backup swaps roles with the primary in one map. A
-//   move not finished within move_timeout is cancelled (the destination
-//   drops the copy); a lost source or destination ends it as a failover
-//   does. At most one move at a time.
+//   rebalancer's, or StartMove's): the map of the next epoch lists the
+//   shard as moving to its destination, added as its last backup if it
+//   holds no copy (WithMoveStarted in common/keys.h); the primary sends
+//   that copy the shard's state and forwards every push from then on, and
+//   holds its pull replies of the shard until the destination has what
+//   they read. Once the primary reports the destination has everything it
+//   had sent it when the move began (Heartbeat.moves_in_sync, under the
+//   current map) the next map makes the destination primary
+//   (WithMoveFinished): the old primary stays a backup if the shard would
+//   otherwise lack copies, else lets it go. Every push acknowledged before
+//   the switch was acknowledged by the destination too; pushes still
+//   waiting at the old primary are answered Aborted there and sent again
+//   by their workers to the new primary, which applies each once. A move
+//   not finished within move_timeout is cancelled (WithMoveCancelled); a
+//   lost source or destination ends it (WithoutServer). One move at a time.
 // - Rebalancing (options.rebalance.threshold > 0; coordinator/rebalancer.h):
 //   every rebalance.interval, once every live server has reported its
 //   load and no move is under way, PlanMove on the smoothed shard loads

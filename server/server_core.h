@@ -80,6 +80,23 @@
 //     backup creates missing tables, sets the rows, windows and clocks, and
 //     acknowledges like any forward; pushes acknowledged from then on wait
 //     for it as for any backup.
+//   * Forwards and transfers still unacknowledged when a newer map moves
+//     shards keep only the keys (the shards) their backup still backs up
+//     for this server (a backup refuses a forward with a key it does not),
+//     and keep their positions. Each stream to a backup has an id
+//     (Replicate.stream): one that ended and begins again starts at
+//     position 1 under a new id, and the backup starts counting afresh.
+// - Moves (common/keys.h, "Moving a shard"; coordinator/rebalancer.h):
+//   * While a shard this server is primary of moves, a pull reply that
+//     read it is held until the destination acknowledged every forward
+//     sent before the reply was made; the heartbeat names the shard in
+//     moves_in_sync once the destination acknowledged everything sent to it
+//     before this server learned of the move.
+//   * A newer map that takes a shard from this live server (a finished
+//     move): pushes waiting for backups that touched it, and held pull
+//     replies that read it, are answered Aborted at the new epoch (the
+//     worker sends them to the new primary); a shard it no longer holds at
+//     all is dropped (rows, windows, audit records, applied count).
 // Thread safety: none; the shell serializes calls.
 #include <cstdint>
 #include <deque>

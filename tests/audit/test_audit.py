@@ -123,6 +123,51 @@ def test_e1_e2_a_server_killed(tmp_path):
     assert len(verdict["servers"]) == 2
 
 
+MOVES = ("rebalance.threshold=1.01", "rebalance.interval_seconds=0.3", "timeouts.heartbeat_seconds=0.2",
+         "timeouts.lease_seconds=2")
+
+
+def moves_finished(job):
+    return coordinator_log(job).count("moved shard")
+
+
+def test_shards_moved_under_load_lose_nothing_and_apply_nothing_twice(tmp_path):
+    """The rebalancer on a hair trigger (the first map's 6/5/5 primaries are
+    already 1.1x the mean): shards move between live servers while three
+    workers push; the audit must still pass."""
+    job = Job(tmp_path, *MOVES)
+    out = job.finish()
+    assert_job_ok(job, out)
+    assert moves_finished(job) >= 1, coordinator_log(job)[-3000:]
+    verdict = assert_audit_passes(job)
+    assert verdict["applied"] == verdict["issued"] == verdict["acknowledged"]
+
+
+@pytest.mark.parametrize("victim", ["source", "destination"])
+def test_a_server_killed_as_a_move_starts(tmp_path, victim):
+    """As soon as a move starts, its source or its destination is killed
+    (moves take tens of milliseconds here, so the kill lands during the move
+    or just after it; tests/sim kills them mid-move deterministically)."""
+    job = Job(tmp_path, *MOVES)
+    log = job.run_dir / "logs" / "coordinator.log"
+    deadline = time.monotonic() + 60
+    started = None
+    while started is None and time.monotonic() < deadline and job.running():
+        for line in (log.read_text() if log.exists() else "").splitlines():
+            m = re.search(r"moving shard \d+ from server (\d+) to server (\d+)", line)
+            if m:
+                started = m
+                break
+        time.sleep(0.02)
+    assert started is not None, "no move started"
+    rank = started.group(1) if victim == "source" else started.group(2)
+    os.kill(job.pid("tessera-server", f"server-{rank}"), signal.SIGKILL)
+    out = job.finish()
+    assert_job_ok(job, out)
+    assert f"lost server {rank}" in coordinator_log(job)
+    assert_audit_passes(job)
+
+
 def test_e3_a_primary_paused_past_its_lease_is_deposed_and_refused(tmp_path):
     job = Job(tmp_path)
     pid = job.pid("tessera-server", "server-1")
