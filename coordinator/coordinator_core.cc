@@ -34,7 +34,7 @@ std::string CoordinatorCore::NodeName(proto::Role role, uint32_t rank) {
 }
 
 CoordinatorCore::CoordinatorCore(CoordinatorOptions options, Nanos start)
-    : options_(std::move(options)), start_(start) {}
+    : options_(std::move(options)), start_(start), load_(options_.load_tau) {}
 
 Message CoordinatorCore::Reply(const Message& request) const {
   Message reply;
@@ -867,6 +867,16 @@ void CoordinatorCore::CheckMoves(Nanos now, std::vector<Outgoing>& out) {
   }
 }
 
+std::vector<double> CoordinatorCore::ShardCosts() const {
+  std::vector<double> cost(shard_map_.num_vshards(), 0.0);
+  for (const auto& [v, l] : load_.shards()) {
+    if (v < cost.size()) {
+      cost[v] = l.bytes_in_per_s + l.bytes_out_per_s + l.requests_per_s * options_.rebalance.request_cost_bytes;
+    }
+  }
+  return cost;
+}
+
 void CoordinatorCore::MaybeRebalance(Nanos now, std::vector<Outgoing>& out) {
   const RebalanceOptions& o = options_.rebalance;
   if (o.threshold <= 0) return;
@@ -880,10 +890,7 @@ void CoordinatorCore::MaybeRebalance(Nanos now, std::vector<Outgoing>& out) {
     if (!dead && (r >= servers.size() || !servers[r].have_baseline)) return;
   }
   last_rebalance_at_ = now;
-  std::vector<double> cost(shard_map_.num_vshards(), 0.0);
-  for (const auto& [v, l] : load_.shards())
-    if (v < cost.size()) cost[v] = l.bytes_in_per_s + l.bytes_out_per_s + l.requests_per_s * o.request_cost_bytes;
-  const MovePlan plan = PlanMove(shard_map_, cost, o.threshold);
+  const MovePlan plan = PlanMove(shard_map_, ShardCosts(), o.threshold);
   if (!plan.move) return;
   absl::StatusOr<std::vector<Outgoing>> moved = StartMove(plan.vshard, plan.to, now, plan.why);
   if (!moved.ok()) {

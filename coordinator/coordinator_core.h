@@ -124,6 +124,7 @@ struct CoordinatorOptions {
   // the bad weight; tessera-coordinator refuses them at start.
   std::vector<float> server_weights;
   RebalanceOptions rebalance;               // threshold 0: no automatic moves
+  Nanos load_tau = 10 * kSeconds;           // time constant of the smoothed loads (LoadTracker)
   Nanos move_timeout = 60 * kSeconds;       // a move not finished by then is cancelled
   bool test_switch_before_sync = false;     // TEST ONLY (negative control): a move switches at once, without the copy
 };
@@ -201,6 +202,9 @@ class CoordinatorCore {
   const Stats& stats() const { return stats_; }
   // The servers' and shards' load, smoothed, from server heartbeats.
   const LoadTracker& load() const { return load_; }
+  // Each shard's cost per second as the rebalancer weighs it (bytes in and
+  // out plus rebalance.request_cost_bytes per request), by vshard.
+  std::vector<double> ShardCosts() const;
   size_t syncing_copies() const { return syncing_.size(); }
 
   // Human name of a node: "server 1", "worker 0".

@@ -288,7 +288,8 @@ class World {
   std::vector<IssuedPush> pushes_;
   uint64_t delivered_ = 0, dropped_ = 0;
   Nanos job_end_at_ = 0;
-  uint64_t moves_started_ = 0, moves_finished_ = 0;
+  uint64_t moves_started_ = 0, moves_finished_ = 0;  // by the maps published
+  bool crashed_mid_move_ = false;
   bool worker_crashed_assembling_ = false;
   CoordinatorOptions coordinator_options_;
   std::vector<std::unique_ptr<Proc>> graveyard_;  // replaced processes (timers may still point at them)
@@ -589,6 +590,21 @@ class WorkerProc final : public Proc {
   std::vector<Key> RandomKeys() {
     std::vector<Key> keys;
     const uint32_t n = world_->scenario().keys;
+    if (const double s = world_->scenario().zipf; s > 0) {
+      double total = 0;
+      for (uint32_t k = 0; k < n; ++k) total += std::pow(k + 1.0, -s);
+      for (int draw = 0; draw < 8; ++draw) {
+        double u = static_cast<double>(world_->rng().Below(uint64_t{1} << 53)) / static_cast<double>(uint64_t{1} << 53) * total;
+        Key k = 0;
+        for (; k + 1 < n; ++k) {
+          u -= std::pow(k + 1.0, -s);
+          if (u < 0) break;
+        }
+        if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+      }
+      std::sort(keys.begin(), keys.end());
+      return keys;
+    }
     for (uint32_t k = 0; k < n; ++k)
       if (world_->rng().Below(3) == 0) keys.push_back(k);
     if (keys.empty()) keys.push_back(world_->rng().Below(n));
@@ -788,6 +804,8 @@ void World::NoteMap(const proto::ShardMap& map, Nanos now) {
     if (map.epoch() == 2 && scale_.published_at == 0) scale_.published_at = now;
     scale_.map_bytes = std::max<uint64_t>(scale_.map_bytes, map.ByteSizeLong());
     if (auto prev = maps_.find(map.epoch() - 1); prev != maps_.end()) {
+      for (uint32_t v : map.moving_vshards())
+        if (MovingTo(prev->second, v) == ShardMapView::kNotMoving) ++moves_started_;
       for (int i = 0; i < prev->second.moving_vshards_size(); ++i) {
         const uint32_t v = prev->second.moving_vshards(i);
         if (map.vshard_server_rank(static_cast<int>(v)) == prev->second.moving_to(i) &&
@@ -975,9 +993,9 @@ void World::ScheduleFaults() {
       if (coordinator_->crashed || coordinator_->core().phase() != CoordinatorCore::Phase::kRunning) return;
       const uint32_t from = coordinator_->core().shard_map().vshard_server_rank(static_cast<int>(vshard));
       if (coordinator_->Move(vshard, to, now)) {
-        ++moves_started_;
         Trace(now, absl::StrCat("move shard ", vshard, " to server ", to));
-        if (sc_.crash_mid_move && moves_started_ == 1) {
+        if (sc_.crash_mid_move && !crashed_mid_move_) {
+          crashed_mid_move_ = true;
           const uint32_t victim = rng_.Chance(0.5) ? from : to;
           const Nanos at = now + static_cast<Nanos>(rng_.Below(30 * kMs));
           const Nanos restart = at + sc_.lease_ns + 100 * kMs + static_cast<Nanos>(rng_.Below(2 * sc_.lease_ns));
@@ -1113,6 +1131,11 @@ RunResult World::Run() {
   co.rejoin_timeout = 10 * kSeconds;
   co.move_timeout = 3 * kSeconds;
   co.test_switch_before_sync = sc_.breakage == Breakage::kSwitchBeforeSync;
+  if (sc_.rebalance_threshold > 0) {
+    co.rebalance.threshold = sc_.rebalance_threshold;
+    co.rebalance.interval = 200 * kMs;
+    co.load_tau = 500 * kMs;
+  }
   coordinator_options_ = co;
   auto coordinator = std::make_unique<CoordProc>(this, co);
   coordinator_ = coordinator.get();
@@ -1184,6 +1207,11 @@ RunResult World::Run() {
   r.failovers = maps_.empty() ? 0 : maps_.size() - 1;
   r.moves_started = moves_started_;
   r.moves_finished = moves_finished_;
+  if (!maps_.empty()) {
+    const std::vector<double> costs = cc.ShardCosts();
+    r.imbalance_first_map = Imbalance(maps_.begin()->second, costs);
+    r.imbalance_last_map = Imbalance(cc.shard_map(), costs);
+  }
   if (sc_.scale_crash_at_ns == 0) {  // (scale mode has no workload to check)
     for (WorkerProc* w : workers_) w->RecordUnreturnedClock();
     for (const IssuedPush& p : pushes_) {
@@ -1481,6 +1509,22 @@ ScaleResult RunScale(uint32_t servers, uint32_t workers, uint32_t vshards, uint6
   ScaleResult s = world.Scale();
   s.messages = r.messages;
   s.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return s;
+}
+
+Scenario RebalanceScenario(uint64_t seed, double threshold) {
+  Scenario s = Scenario::FromSeed(seed);
+  s.servers = 3;
+  s.workers = 3;
+  s.vshards = 16;
+  s.replication = std::min<uint32_t>(s.replication, 2);
+  s.keys = 64;
+  s.clocks = 300;
+  s.zipf = 1.3;
+  s.rebalance_threshold = threshold;
+  s.drop = s.duplicate = s.reorder = 0;
+  s.server_crashes = s.pauses = s.partitions = s.worker_crashes = s.coordinator_crashes = s.moves = 0;
+  s.crash_mid_move = false;
   return s;
 }
 

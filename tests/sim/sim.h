@@ -30,7 +30,8 @@
 //   nothing applied that was not issued, every acknowledged push applied
 //   (when the job ended well), replicas equal to their primary; map epochs
 //   only increase at every node; one map per epoch (so one primary per shard
-//   per epoch); every operation a live worker started completed, OK or
+//   per epoch); in runs without failovers, pulls never go backwards and a
+//   server that takes a shard over by a move has every value a pull saw; every operation a live worker started completed, OK or
 //   with an error (no hang), and the job ended; it ended well unless a fault
 //   could end it (a worker crash under the stop policy must, naming it).
 // - A violation is reported with the seed; `tessera-sim --seed N --trace F`
@@ -94,6 +95,12 @@ struct Scenario {
   // The source or the destination of the first move that starts crashes
   // 0-30 ms later (a new process takes its rank over one lease or more later).
   bool crash_mid_move = false;
+  // Skew: with zipf > 0, each push and pull draws 8 keys (repeats merged)
+  // from Zipf(zipf) over the keys instead of each key with chance 1/3.
+  double zipf = 0;
+  // With a threshold, the coordinator's rebalancer is on (every 200 ms,
+  // loads smoothed over 500 ms; coordinator/rebalancer.h).
+  double rebalance_threshold = 0;
   // What the job does about a lost worker. Under kWait a new process takes
   // a crashed worker's place one lease or more later and resumes at its
   // predecessor's clock.
@@ -130,10 +137,19 @@ struct RunResult {
   uint64_t failovers = 0;           // maps published after the first
   uint64_t moves_started = 0;       // shard moves the coordinator began
   uint64_t moves_finished = 0;      // moves whose destination became primary
+  // The shards' costs as the coordinator saw them last (ShardCosts), and
+  // the imbalance (coordinator/rebalancer.h) they give under the first map
+  // and under the last.
+  double imbalance_first_map = 0, imbalance_last_map = 0;
   bool ok() const { return violations.empty(); }
 };
 
 RunResult Run(uint64_t seed, const Scenario& scenario, const RunOptions& options = {});
+
+// Rebalance mode: the scenario of `seed` with no faults, 3 servers, 3
+// workers, 16 shards, 64 keys drawn Zipf(1.3), 300 clocks, and the
+// rebalancer on at `threshold`.
+Scenario RebalanceScenario(uint64_t seed, double threshold);
 
 // Scale mode (docs/scaling.md): membership, heartbeats, one server lost and
 // its failover, for a cluster of any size, with the production timings

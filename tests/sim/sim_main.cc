@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_format.h"
 #include "tests/sim/sim.h"
 
 namespace {
@@ -48,6 +49,13 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "Run (replay) this one seed, and print what it did")->check(CLI::PositiveNumber);
   app.add_option("--first-seed", first_seed, "First seed of a batch")->check(CLI::PositiveNumber);
   app.add_option("--seeds", seeds, "How many seeds in a batch")->check(CLI::PositiveNumber);
+  double rebalance = 0;
+  app.add_option("--rebalance", rebalance,
+                 "Rebalance mode: each seed's cluster without faults, 3 servers, keys drawn Zipf(1.3), the "
+                 "rebalancer on at this threshold (e.g. 1.25); a run also fails if the load it ends with, under "
+                 "the last map, is more than 5% above the threshold. Prints the imbalance under the first and the "
+                 "last map")
+      ->check(CLI::Range(1.0001, 100.0));
   app.add_option("--minutes", minutes, "Soak: run seeds from --first-seed on until this much wall time passed")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--trace", trace, "With --seed: write every message and fault of the run to this file");
@@ -114,11 +122,27 @@ int main(int argc, char** argv) {
   uint64_t first_failed = 0;
   for (uint64_t s = first_seed;; ++s) {
     if (minutes > 0 ? elapsed() >= minutes * 60 : s >= first_seed + seeds) break;
-    tessera::sim::Scenario sc = tessera::sim::Scenario::FromSeed(s);
+    tessera::sim::Scenario sc =
+        rebalance > 0 ? tessera::sim::RebalanceScenario(s, rebalance) : tessera::sim::Scenario::FromSeed(s);
     sc.breakage = breakage;
     tessera::sim::RunOptions options;
     if (single) options.trace_path = trace;
-    const tessera::sim::RunResult r = tessera::sim::Run(s, sc, options);
+    tessera::sim::RunResult r = tessera::sim::Run(s, sc, options);
+    if (rebalance > 0) {
+      std::printf("seed %llu: imbalance %.2f under the first map, %.2f under the last, after %llu moves\n",
+                  static_cast<unsigned long long>(s), r.imbalance_first_map, r.imbalance_last_map,
+                  static_cast<unsigned long long>(r.moves_finished));
+      // (The loads are smoothed estimates that still move after the last
+      // decision: 5% of slack.)
+      if (r.imbalance_last_map > rebalance * 1.05) {
+        r.violations.push_back(absl::StrFormat("the rebalancer left the load %.2fx the mean, above its threshold %.2f",
+                                               r.imbalance_last_map, rebalance));
+      }
+      if (r.imbalance_first_map > rebalance * 1.05 && r.moves_finished == 0) {
+        r.violations.push_back(absl::StrFormat("the first map's load was %.2fx the mean and nothing moved",
+                                               r.imbalance_first_map));
+      }
+    }
     ++runs;
     job_failures += !r.job_ok;
     failovers += r.failovers;
