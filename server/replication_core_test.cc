@@ -499,6 +499,150 @@ TEST_F(ReplicationTest, AResendOfAnOlderMapWithAKeyThatMovedIsAbortedWhole) {
   EXPECT_EQ(PullFrom(2, other), std::vector<float>(4, 0.0f)) << "nothing applied";
 }
 
+// Moves (common/keys.h, "Moving a shard").
+class MoveTest : public ReplicationTest {
+ protected:
+  // The keys of shard `v` among 0..n-1.
+  std::vector<Key> KeysOfShard(uint32_t v, size_t n) {
+    std::vector<Key> keys;
+    for (Key k = 0; keys.size() < n; ++k)
+      if (VirtualShardOf(kTable, k, map_.num_vshards()) == v) keys.push_back(k);
+    return keys;
+  }
+  std::vector<uint32_t> MovesInSync(uint32_t rank) {
+    proto::Heartbeat hb;
+    cores_[rank]->FillHeartbeat(&hb);
+    return {hb.moves_in_sync().begin(), hb.moves_in_sync().end()};
+  }
+  // Shard 0: primary 0, backup 1 (round robin); moved to server 2.
+  static constexpr uint32_t kShard = 0;
+};
+
+TEST_F(MoveTest, AShardIsCopiedReportedInSyncThenLetGoBySource) {
+  const std::vector<Key> keys = KeysOfShard(kShard, 3);
+  uint64_t seq = 0;
+  PushEach(keys, 1.0f, &seq);
+  auto started = WithMoveStarted(map_, kShard, 2);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Publish(*started);
+  EXPECT_TRUE(MovesInSync(0).empty()) << "the transfer is not acknowledged yet";
+  DeliverAll();
+  EXPECT_EQ(MovesInSync(0), std::vector<uint32_t>{kShard});
+  EXPECT_TRUE(MovesInSync(1).empty());
+  // A push during the move reaches the destination before it is acknowledged.
+  PushEach(keys, 1.0f, &seq);
+  const size_t rows_before = RowsAt(0).size();
+  auto finished = WithMoveFinished(map_, kShard);
+  ASSERT_TRUE(finished.ok()) << finished.status();
+  Publish(*finished);
+  DeliverAll();
+  EXPECT_EQ(PullFrom(2, keys), std::vector<float>(6, 2.0f)) << "the new primary has every acknowledged push";
+  EXPECT_EQ(PullFrom(1, {}), std::vector<float>{}) << "(server 1 is alive)";
+  EXPECT_EQ(RowsAt(0).size(), rows_before - keys.size()) << "the source drops the shard's rows";
+  EXPECT_EQ(cores_[0]->stats().shards_released, 1u);
+  EXPECT_EQ(RowsAt(1), RowsAt(2)) << "the backup was sent the new primary's state";
+}
+
+TEST_F(MoveTest, APullOfAMovingShardWaitsUntilTheDestinationHasWhatItRead) {
+  const std::vector<Key> keys = KeysOfShard(kShard, 2);
+  auto started = WithMoveStarted(map_, kShard, 2);
+  ASSERT_TRUE(started.ok());
+  Publish(*started);
+  DeliverAll();
+  // A push whose forwards are not delivered yet: applied at the primary.
+  Send(ServerAddress(0), Push(1, keys, 1.0f, 1));
+  DeliverOne();  // the push: forwards to 1 and 2 queued
+  ASSERT_EQ(net_.size(), 2u);
+  Message pull = Request(2);
+  pull.header.mutable_pull()->set_table_id(kTable);
+  pull.header.mutable_pull()->set_num_keys(keys.size());
+  pull.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
+  for (Outgoing& o : cores_[0]->Step(std::move(pull), now_)) net_.push_back(std::move(o));
+  EXPECT_EQ(net_.size(), 2u) << "the reply is held";
+  EXPECT_EQ(cores_[0]->stats().replies_held_for_moves, 1u);
+  DeliverAll();  // forwards, their acks, then the push's ack and the pull reply
+  ASSERT_EQ(inbox_.size(), 2u);
+  const Message* reply = inbox_[0].header.has_pull_reply() ? &inbox_[0] : &inbox_[1];
+  ASSERT_TRUE(reply->header.has_pull_reply()) << reply->header.ShortDebugString();
+  EXPECT_EQ(reply->frames[0].As<float>()[0], 1.0f) << "read when it was answered";
+  EXPECT_EQ(PullFrom(2, {}), std::vector<float>{});
+}
+
+TEST_F(MoveTest, WhatWaitsAtTheSourceWhenTheMoveFinishesIsAbortedForTheWorkerToResend) {
+  const std::vector<Key> keys = KeysOfShard(kShard, 2);
+  auto started = WithMoveStarted(map_, kShard, 2);
+  ASSERT_TRUE(started.ok());
+  Publish(*started);
+  DeliverAll();
+  Send(ServerAddress(0), Push(1, keys, 1.0f, 1));
+  DeliverOne();
+  Message pull = Request(2);
+  pull.header.mutable_pull()->set_table_id(kTable);
+  pull.header.mutable_pull()->set_num_keys(keys.size());
+  pull.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
+  for (Outgoing& o : cores_[0]->Step(std::move(pull), now_)) net_.push_back(std::move(o));
+  // The switch comes before the forwards are acknowledged (the coordinator
+  // may switch once what was sent before the move began is in).
+  std::deque<Outgoing> held = std::move(net_);
+  net_.clear();
+  auto finished = WithMoveFinished(map_, kShard);
+  ASSERT_TRUE(finished.ok());
+  Publish(*finished);
+  std::vector<Message> to_worker;
+  std::deque<Outgoing> rest;
+  for (Outgoing& o : net_) {
+    if (o.to == kWorker) {
+      to_worker.push_back(o.message);
+    } else {
+      rest.push_back(std::move(o));
+    }
+  }
+  ASSERT_EQ(to_worker.size(), 2u) << "the push and the held pull";
+  for (const Message& m : to_worker) {
+    EXPECT_EQ(m.header.error().code(), static_cast<int>(absl::StatusCode::kAborted)) << m.header.ShortDebugString();
+    EXPECT_EQ(m.header.epoch(), finished->epoch()) << "so the worker sends it again with this map";
+  }
+  net_ = std::move(held);
+  for (Outgoing& o : rest) net_.push_back(std::move(o));
+  DeliverAll();  // the old forwards: refused or re-scoped, nothing acknowledged
+  inbox_.clear();
+  // The worker's resend to the new primary is applied once.
+  Send(ServerAddress(2), Push(3, keys, 1.0f, 1, true));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_TRUE(inbox_[0].header.has_ack()) << inbox_[0].header.ShortDebugString();
+  EXPECT_EQ(PullFrom(2, keys), std::vector<float>(4, 1.0f));
+  EXPECT_EQ(RowsAt(1), RowsAt(2));
+}
+
+TEST_F(MoveTest, AStreamThatEndsAndBeginsAgainIsAppliedAfresh) {
+  // Server 2 backs up nothing of server 0's but the moving shard: when a
+  // cancelled move ends that stream and a new move begins another, the new
+  // transfer must be applied, not taken for an old position.
+  const std::vector<Key> keys = KeysOfShard(kShard, 2);
+  uint64_t seq = 0;
+  auto started = WithMoveStarted(map_, kShard, 2);
+  ASSERT_TRUE(started.ok());
+  Publish(*started);
+  DeliverAll();
+  PushEach(keys, 1.0f, &seq);  // positions 2.. of the first stream
+  auto cancelled = WithMoveCancelled(map_, kShard);
+  ASSERT_TRUE(cancelled.ok());
+  Publish(*cancelled);
+  DeliverAll();
+  PushEach(keys, 1.0f, &seq);  // server 2 does not get these
+  auto again = WithMoveStarted(map_, kShard, 2);
+  ASSERT_TRUE(again.ok());
+  Publish(*again);
+  DeliverAll();
+  EXPECT_EQ(MovesInSync(0), std::vector<uint32_t>{kShard});
+  auto finished = WithMoveFinished(map_, kShard);
+  ASSERT_TRUE(finished.ok());
+  Publish(*finished);
+  DeliverAll();
+  EXPECT_EQ(PullFrom(2, keys), std::vector<float>(4, 2.0f)) << "the second transfer was applied";
+}
+
 TEST_F(ReplicationTest, AnOlderIncarnationOfAWorkerIsRefused) {
   const auto keys = KeysOf(1, 2, map_);
   Send(ServerAddress(1), Push(1, keys, 1.0f, 1, false, /*incarnation=*/1));
