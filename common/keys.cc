@@ -358,33 +358,44 @@ absl::StatusOr<proto::ShardMap> WithMoveStarted(const proto::ShardMap& map, uint
   return next;
 }
 
-absl::StatusOr<proto::ShardMap> WithMoveFinished(const proto::ShardMap& map, uint32_t vshard) {
+namespace {
+
+// The backup lists and the destination of moving shard `vshard`.
+absl::StatusOr<std::pair<BackupLists, uint32_t>> MoveUnderWay(const proto::ShardMap& map, uint32_t vshard) {
   absl::StatusOr<BackupLists> lists = ListsForMove(map, vshard);
   if (!lists.ok()) return lists.status();
   const uint32_t to = MovingTo(map, vshard);
   if (to == ShardMapView::kNotMoving) return absl::FailedPreconditionError(absl::StrCat("shard ", vshard, " is not moving"));
+  return std::make_pair(*std::move(lists), to);
+}
+
+}  // namespace
+
+absl::StatusOr<proto::ShardMap> WithMoveFinished(const proto::ShardMap& map, uint32_t vshard) {
+  absl::StatusOr<std::pair<BackupLists, uint32_t>> move = MoveUnderWay(map, vshard);
+  if (!move.ok()) return move.status();
+  auto& [lists, to] = *move;
   const uint32_t from = map.vshard_server_rank(static_cast<int>(vshard));
-  std::vector<uint32_t>& backups = (*lists)[vshard];
+  std::vector<uint32_t>& backups = lists[vshard];
   auto it = std::find(backups.begin(), backups.end(), to);
   if (it == backups.end()) {
     return absl::FailedPreconditionError(absl::StrCat("shard ", vshard, " moves to server ", to, ", which holds no copy"));
   }
   backups.erase(it);
   if (backups.size() + 1 < std::max<uint32_t>(1, map.replication())) backups.push_back(from);
-  proto::ShardMap next = NextWithBackups(map, *lists, vshard, true);
+  proto::ShardMap next = NextWithBackups(map, lists, vshard, true);
   next.set_vshard_server_rank(static_cast<int>(vshard), to);
   return next;
 }
 
 absl::StatusOr<proto::ShardMap> WithMoveCancelled(const proto::ShardMap& map, uint32_t vshard) {
-  absl::StatusOr<BackupLists> lists = ListsForMove(map, vshard);
-  if (!lists.ok()) return lists.status();
-  const uint32_t to = MovingTo(map, vshard);
-  if (to == ShardMapView::kNotMoving) return absl::FailedPreconditionError(absl::StrCat("shard ", vshard, " is not moving"));
-  std::vector<uint32_t>& backups = (*lists)[vshard];
+  absl::StatusOr<std::pair<BackupLists, uint32_t>> move = MoveUnderWay(map, vshard);
+  if (!move.ok()) return move.status();
+  auto& [lists, to] = *move;
+  std::vector<uint32_t>& backups = lists[vshard];
   if (backups.size() + 1 > std::max<uint32_t>(1, map.replication()))
     backups.erase(std::remove(backups.begin(), backups.end(), to), backups.end());
-  return NextWithBackups(map, *lists, vshard, true);
+  return NextWithBackups(map, lists, vshard, true);
 }
 
 absl::StatusOr<proto::ShardMap> WithServerBack(const proto::ShardMap& map, const proto::NodeInfo& server) {

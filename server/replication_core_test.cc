@@ -509,6 +509,23 @@ class MoveTest : public ReplicationTest {
       if (VirtualShardOf(kTable, k, map_.num_vshards()) == v) keys.push_back(k);
     return keys;
   }
+  // Moves kShard to server 2 (the transfer delivered), then has server 0
+  // apply a push to `keys` whose forwards stay queued, and answer a pull of
+  // them (held: its reply queued behind the forwards).
+  void PushAndPullDuringTheMove(const std::vector<Key>& keys) {
+    auto started = WithMoveStarted(map_, kShard, 2);
+    ASSERT_TRUE(started.ok());
+    Publish(*started);
+    DeliverAll();
+    Send(ServerAddress(0), Push(1, keys, 1.0f, 1));
+    DeliverOne();  // the push: forwards to 1 and 2 queued
+    ASSERT_EQ(net_.size(), 2u);
+    Message pull = Request(2);
+    pull.header.mutable_pull()->set_table_id(kTable);
+    pull.header.mutable_pull()->set_num_keys(keys.size());
+    pull.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
+    for (Outgoing& o : cores_[0]->Step(std::move(pull), now_)) net_.push_back(std::move(o));
+  }
   std::vector<uint32_t> MovesInSync(uint32_t rank) {
     proto::Heartbeat hb;
     cores_[rank]->FillHeartbeat(&hb);
@@ -545,19 +562,7 @@ TEST_F(MoveTest, AShardIsCopiedReportedInSyncThenLetGoBySource) {
 
 TEST_F(MoveTest, APullOfAMovingShardWaitsUntilTheDestinationHasWhatItRead) {
   const std::vector<Key> keys = KeysOfShard(kShard, 2);
-  auto started = WithMoveStarted(map_, kShard, 2);
-  ASSERT_TRUE(started.ok());
-  Publish(*started);
-  DeliverAll();
-  // A push whose forwards are not delivered yet: applied at the primary.
-  Send(ServerAddress(0), Push(1, keys, 1.0f, 1));
-  DeliverOne();  // the push: forwards to 1 and 2 queued
-  ASSERT_EQ(net_.size(), 2u);
-  Message pull = Request(2);
-  pull.header.mutable_pull()->set_table_id(kTable);
-  pull.header.mutable_pull()->set_num_keys(keys.size());
-  pull.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
-  for (Outgoing& o : cores_[0]->Step(std::move(pull), now_)) net_.push_back(std::move(o));
+  PushAndPullDuringTheMove(keys);
   EXPECT_EQ(net_.size(), 2u) << "the reply is held";
   EXPECT_EQ(cores_[0]->stats().replies_held_for_moves, 1u);
   DeliverAll();  // forwards, their acks, then the push's ack and the pull reply
@@ -570,17 +575,7 @@ TEST_F(MoveTest, APullOfAMovingShardWaitsUntilTheDestinationHasWhatItRead) {
 
 TEST_F(MoveTest, WhatWaitsAtTheSourceWhenTheMoveFinishesIsAbortedForTheWorkerToResend) {
   const std::vector<Key> keys = KeysOfShard(kShard, 2);
-  auto started = WithMoveStarted(map_, kShard, 2);
-  ASSERT_TRUE(started.ok());
-  Publish(*started);
-  DeliverAll();
-  Send(ServerAddress(0), Push(1, keys, 1.0f, 1));
-  DeliverOne();
-  Message pull = Request(2);
-  pull.header.mutable_pull()->set_table_id(kTable);
-  pull.header.mutable_pull()->set_num_keys(keys.size());
-  pull.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
-  for (Outgoing& o : cores_[0]->Step(std::move(pull), now_)) net_.push_back(std::move(o));
+  PushAndPullDuringTheMove(keys);
   // The switch comes before the forwards are acknowledged (the coordinator
   // may switch once what was sent before the move began is in).
   std::deque<Outgoing> held = std::move(net_);
