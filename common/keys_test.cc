@@ -474,8 +474,11 @@ TEST(KeysTest, AMoveAddsTheDestinationAsAnExtraCopyThenMakesItPrimary) {
     EXPECT_EQ(view->ServerRankOf(1), 1u);
     EXPECT_EQ(view->MovingTo(1), 3u);
     EXPECT_TRUE(view->Holds(3, 1));
-    for (uint32_t v = 0; v < 8; ++v)
-      if (v != 1) EXPECT_EQ(view->MovingTo(v), ShardMapView::kNotMoving) << v;
+    for (uint32_t v = 0; v < 8; ++v) {
+      if (v != 1) {
+        EXPECT_EQ(view->MovingTo(v), ShardMapView::kNotMoving) << v;
+      }
+    }
     EXPECT_EQ(view->BackupsOf(1).back(), 3u) << "the destination is the last backup";
     // A second move of the same shard waits for this one.
     EXPECT_EQ(WithMoveStarted(*started, 1, 0).status().code(), absl::StatusCode::kFailedPrecondition);

@@ -134,6 +134,11 @@ int main(int argc, char** argv) {
     TLOG_ERROR("--vshards ({}) must be at least --servers ({})", options.vshards, options.servers);
     return 2;
   }
+  if (options.rebalance.threshold != 0 && !(options.rebalance.threshold > 1)) {
+    TLOG_ERROR("--rebalance-threshold {} must be 0 (off) or above 1 (a multiple of the mean load, e.g. 1.25)",
+               options.rebalance.threshold);
+    return 2;
+  }
   if (absl::Status weights = tessera::ValidateServerWeights(options.server_weights, options.servers); !weights.ok()) {
     TLOG_ERROR("--server-weights: {}", weights.message());
     return 2;

@@ -321,6 +321,11 @@ std::string ServerNode::MetricsText() const {
       .Counter("tessera_server_forwards_applied_total", "Replicate messages applied as a backup", s.forwards_applied)
       .Counter("tessera_server_forwards_rejected_total", "Replicate messages refused (older epoch, not a backup)",
                s.forwards_rejected)
+      .Counter("tessera_server_shards_released_total", "Shards this server let go when a move took them elsewhere",
+               s.shards_released)
+      .Counter("tessera_server_replies_held_for_moves_total",
+               "Pull replies of a moving shard that waited for its destination to have what they read",
+               s.replies_held_for_moves)
       .Gauge("tessera_server_map_epoch", "Shard map epoch this server acts on", core_ ? core_->epoch() : 0)
       .Gauge("tessera_server_waiting_acks", "Pushes applied here and waiting for backups",
              core_ ? core_->waiting_acks() : 0);
