@@ -398,6 +398,22 @@ absl::StatusOr<proto::ShardMap> WithMoveCancelled(const proto::ShardMap& map, ui
   return NextWithBackups(map, lists, vshard, true);
 }
 
+absl::StatusOr<proto::ShardMap> WithServerAdded(const proto::ShardMap& map, const proto::NodeInfo& server) {
+  if (server.rank() != static_cast<uint32_t>(map.servers_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("a new server takes rank ", map.servers_size(), ", not ",
+                                                   server.rank()));
+  }
+  proto::ShardMap next = map;
+  *next.add_servers() = server;
+  if (map.server_weights_size() > 0) {
+    double sum = 0;
+    for (float w : map.server_weights()) sum += w;
+    next.add_server_weights(static_cast<float>(sum / map.server_weights_size()));
+  }
+  next.set_epoch(map.epoch() + 1);
+  return next;
+}
+
 absl::StatusOr<proto::ShardMap> WithServerBack(const proto::ShardMap& map, const proto::NodeInfo& server) {
   const uint32_t rank = server.rank();
   if (rank >= static_cast<uint32_t>(map.servers_size()) ||

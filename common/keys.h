@@ -184,6 +184,12 @@ absl::StatusOr<proto::ShardMap> WithMoveStarted(const proto::ShardMap& map, uint
 absl::StatusOr<proto::ShardMap> WithMoveFinished(const proto::ShardMap& map, uint32_t vshard);
 absl::StatusOr<proto::ShardMap> WithMoveCancelled(const proto::ShardMap& map, uint32_t vshard);
 
+// The map with a new server (elastic membership): `server` is appended as
+// rank servers_size() (its NodeInfo's rank must say so), holding nothing
+// until shards move to it; with weights, it weighs their mean. The next
+// epoch.
+absl::StatusOr<proto::ShardMap> WithServerAdded(const proto::ShardMap& map, const proto::NodeInfo& server);
+
 // Eight hex digits that name the map's content (assignment, backups,
 // servers, epoch): two nodes that log the same epoch with different digests
 // were sent two different maps under one epoch. Deterministic across

@@ -575,5 +575,22 @@ TEST(KeysTest, MovesRefuseBadShardsAndServers) {
   EXPECT_EQ(WithMoveCancelled(map, 0).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(KeysTest, AServerAddedToTheMapHoldsNothingAndWeighsTheMean) {
+  const std::vector<float> weights = {1, 3};
+  absl::StatusOr<proto::ShardMap> map = WeightedShardMap(1, 8, Servers(2), 2, weights);
+  ASSERT_TRUE(map.ok());
+  proto::NodeInfo added = Servers(3)[2];
+  absl::StatusOr<proto::ShardMap> next = WithServerAdded(*map, added);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->epoch(), 2u);
+  auto view = ShardMapView::Create(*next);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->num_servers(), 3u);
+  for (uint32_t v = 0; v < 8; ++v) EXPECT_FALSE(view->Holds(2, v));
+  ASSERT_EQ(next->server_weights_size(), 3);
+  EXPECT_FLOAT_EQ(next->server_weights(2), 2.0f);
+  EXPECT_FALSE(WithServerAdded(*map, Servers(4)[3]).ok()) << "only the next rank";
+}
+
 }  // namespace
 }  // namespace tessera

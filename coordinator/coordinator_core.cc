@@ -204,6 +204,7 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
   }
   if (phase_ == Phase::kRunning && req.role() == proto::WORKER && TakeOverAwayWorker(m, now, out)) return;
   if (phase_ == Phase::kRunning && req.role() == proto::SERVER && TakeOverDeadServer(m, now, out)) return;
+  if (phase_ == Phase::kRunning && req.role() == proto::SERVER && AddServer(m, now, out)) return;
   if (phase_ == Phase::kRunning && req.role() == proto::WORKER && options_.on_worker_loss == WorkerLossPolicy::kWait &&
       req.rank() >= 0) {
     // A replacement that came before its predecessor's lease ran out (a
@@ -218,6 +219,17 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
       send_reply();
       return;
     }
+  }
+  if (phase_ == Phase::kRunning && req.role() == proto::SERVER) {
+    SetError(reply, absl::StatusCode::kFailedPrecondition,
+             absl::StrCat("the job has already started with ", shard_map_.servers_size(), " servers (at most ",
+                          MaxServers(), ", tessera-coordinator --max-servers): a server may join only for a dead "
+                          "rank",
+                          static_cast<uint32_t>(shard_map_.servers_size()) < MaxServers()
+                              ? absl::StrCat(" or as the next rank, ", shard_map_.servers_size())
+                              : std::string()));
+    send_reply();
+    return;
   }
   if (phase_ != Phase::kAssembling) {
     SetError(reply, absl::StatusCode::kFailedPrecondition,
@@ -585,9 +597,11 @@ absl::Status CoordinatorCore::RestoreState(const proto::CoordinatorState& s, Nan
     if (auto view = ShardMapView::Create(s.shard_map()); !view.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("state file: ", view.status().message()));
     }
-    if (static_cast<uint32_t>(s.shard_map().servers_size()) != options_.servers) {
-      return absl::InvalidArgumentError(absl::StrCat("state file: a shard map of ", s.shard_map().servers_size(),
-                                                     " servers for a job of ", options_.servers));
+    const uint32_t in_map = static_cast<uint32_t>(s.shard_map().servers_size());
+    if (in_map < options_.servers || in_map > MaxServers()) {
+      return absl::InvalidArgumentError(absl::StrCat("state file: a shard map of ", in_map, " servers for a job of ",
+                                                     options_.servers, MaxServers() > options_.servers
+                                                         ? absl::StrCat(" to ", MaxServers()) : std::string()));
     }
   }
   absl::flat_hash_map<uint32_t, Node> nodes;
@@ -604,7 +618,10 @@ absl::Status CoordinatorCore::RestoreState(const proto::CoordinatorState& s, Nan
     n.away_reason = ns.away_reason();
     for (const auto& [name, inc] : ns.passed_barriers()) n.passed_barriers[name] = inc;
     n.report = ns.report();
-    const uint32_t count = n.info.role() == proto::SERVER   ? options_.servers
+    const uint32_t servers = s.phase() == static_cast<uint32_t>(Phase::kAssembling)
+                                 ? options_.servers
+                                 : static_cast<uint32_t>(s.shard_map().servers_size());
+    const uint32_t count = n.info.role() == proto::SERVER   ? servers
                            : n.info.role() == proto::WORKER ? options_.workers
                                                             : 0;
     if (n.info.rank() >= count) {
@@ -664,6 +681,39 @@ void CoordinatorCore::PublishMap(const std::string& reason, std::vector<Outgoing
   update.mutable_shard_map_update()->set_reason(reason);
   for (const proto::ShardRestore& r : restores) *update.mutable_shard_map_update()->add_restores() = r;
   Broadcast(update, out);
+}
+
+bool CoordinatorCore::AddServer(const Message& m, Nanos now, std::vector<Outgoing>& out) {
+  const uint32_t next_rank = static_cast<uint32_t>(shard_map_.servers_size());
+  const int rank = m.header.register_request().rank();
+  if (next_rank >= MaxServers() || (rank >= 0 && static_cast<uint32_t>(rank) != next_rank)) return false;
+  Node node;
+  node.info.set_node_id(next_node_id_++);
+  node.info.set_role(proto::SERVER);
+  node.info.set_rank(next_rank);
+  node.info.set_address(m.header.sender_address());
+  node.last_seen = now;
+  absl::StatusOr<proto::ShardMap> grown = WithServerAdded(shard_map_, node.info);
+  if (!grown.ok()) return false;  // (the rank is the next: not reached)
+  shard_map_ = *std::move(grown);
+  node_by_address_[node.info.address()] = node.info.node_id();
+  const proto::NodeInfo info = node.info;
+  nodes_.emplace(info.node_id(), std::move(node));
+  ++stats_.servers_added;
+  events_.push_back(absl::StrCat(NodeName(proto::SERVER, info.rank()), " joined the running job from ",
+                                 info.address(), " (", info.rank() + 1, " of at most ", MaxServers(),
+                                 " servers; map epoch ", shard_map_.epoch(), "); it holds no shard until ",
+                                 options_.rebalance.threshold > 0 ? "the rebalancer moves some to it"
+                                                                  : "shards are moved to it (rebalancing is off)"));
+  Message reply = Reply(m);
+  reply.header.mutable_register_reply()->set_heartbeat_interval_ms(options_.heartbeat_interval / kMillis);
+  *reply.header.mutable_register_reply()->mutable_self() = info;
+  out.push_back(Outgoing{info.address(), std::move(reply)});
+  PublishMap(absl::StrCat(NodeName(proto::SERVER, info.rank()), " joined"), out);
+  Message ready;
+  ready.header = JobReadyEnvelope();
+  out.push_back(Outgoing{info.address(), std::move(ready)});
+  return true;
 }
 
 bool CoordinatorCore::TakeOverDeadServer(const Message& m, Nanos now, std::vector<Outgoing>& out) {

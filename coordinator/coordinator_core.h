@@ -123,6 +123,11 @@ struct CoordinatorOptions {
   // ValidateServerWeights refuses fail the job once it has assembled, naming
   // the bad weight; tessera-coordinator refuses them at start.
   std::vector<float> server_weights;
+  // Servers the job may grow to while it runs (0: `servers`, no growth): a
+  // server that registers for the next rank (or any rank, -1) once the job
+  // runs is added to the map (WithServerAdded), empty; the rebalancer then
+  // moves shards to it.
+  uint32_t max_servers = 0;
   RebalanceOptions rebalance;               // threshold 0: no automatic moves
   Nanos load_tau = 10 * kSeconds;           // time constant of the smoothed loads (LoadTracker)
   Nanos move_timeout = 60 * kSeconds;       // a move not finished by then is cancelled
@@ -198,6 +203,7 @@ class CoordinatorCore {
     uint64_t moves_started = 0;      // StartMove (and the rebalancer) began a move
     uint64_t moves_finished = 0;     // the destination became primary
     uint64_t moves_cancelled = 0;    // timed out, or ended by a lost server
+    uint64_t servers_added = 0;      // servers that joined the running job (max_servers)
   };
   const Stats& stats() const { return stats_; }
   // The servers' and shards' load, smoothed, from server heartbeats.
@@ -224,6 +230,11 @@ class CoordinatorCore {
   // becomes that rank as a new node, is recruited where copies are missing,
   // and everyone gets the new map. Returns false if no rank is dead.
   bool TakeOverDeadServer(const Message& m, Nanos now, std::vector<Outgoing>& out);
+  // A process registers for the next server rank while the job runs and
+  // the job may grow: it joins as that rank. Returns false (nothing done)
+  // if the job is at max_servers or the rank asked for is not the next.
+  bool AddServer(const Message& m, Nanos now, std::vector<Outgoing>& out);
+  uint32_t MaxServers() const { return std::max(options_.servers, options_.max_servers); }
   void PublishMap(const std::string& reason, std::vector<Outgoing>& out,
                   const std::vector<proto::ShardRestore>& restores = {});
   void AnnounceWorkerLeft(const Node& worker, const std::string& reason, std::vector<Outgoing>& out) const;

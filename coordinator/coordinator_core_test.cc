@@ -887,5 +887,46 @@ TEST_F(CoordinatorCoreTest, TheRebalancerMovesAShardOffAServerThatCarriesTooMuch
   EXPECT_TRUE(said) << "the event line says why";
 }
 
+TEST_F(CoordinatorCoreTest, AServerJoinsARunningJobUpToMaxServers) {
+  CoordinatorOptions o = Options(2, 1);
+  o.max_servers = 3;
+  o.lease = 100 * kSeconds;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 2, 1);
+  ASSERT_EQ(core.shard_map().servers_size(), 2);
+  // Not the next rank: refused, saying which is.
+  auto out = core.Step(Register("s5", proto::SERVER, 5), 1 * kSeconds);
+  ASSERT_EQ(To(out, "s5").size(), 1u);
+  EXPECT_NE(To(out, "s5")[0].message.header.error().message().find("as the next rank, 2"), std::string::npos)
+      << To(out, "s5")[0].message.header.ShortDebugString();
+  out = core.Step(Register("s2", proto::SERVER, -1), 1 * kSeconds);
+  const auto to_new = To(out, "s2");
+  ASSERT_EQ(to_new.size(), 3u) << "its registration, the map, and the job";
+  EXPECT_EQ(to_new[0].message.header.register_reply().self().rank(), 2u);
+  EXPECT_TRUE(to_new[2].message.header.has_job_ready());
+  std::vector<proto::ShardMap> maps = MapsIn(out, "w0");
+  ASSERT_EQ(maps.size(), 1u);
+  EXPECT_EQ(maps[0].servers_size(), 3);
+  EXPECT_EQ(maps[0].epoch(), 2u);
+  for (uint32_t v = 0; v < 8; ++v) EXPECT_NE(maps[0].vshard_server_rank(v), 2u) << "it holds nothing yet";
+  EXPECT_EQ(core.stats().servers_added, 1u);
+  // It can be moved to, and the state with three servers restores.
+  ASSERT_TRUE(core.StartMove(0, 2, 2 * kSeconds).ok());
+  CoordinatorCore again(o, 3 * kSeconds);
+  ASSERT_TRUE(again.RestoreState(core.SaveState(), 3 * kSeconds).ok());
+  EXPECT_EQ(again.shard_map().servers_size(), 3);
+  // At max_servers no more join.
+  out = core.Step(Register("s3", proto::SERVER, -1), 4 * kSeconds);
+  ASSERT_EQ(To(out, "s3").size(), 1u);
+  EXPECT_TRUE(To(out, "s3")[0].message.header.has_error());
+  EXPECT_EQ(core.shard_map().servers_size(), 3);
+  // Without max_servers a job does not grow.
+  CoordinatorCore fixed(Options(2, 1), 0);
+  Assemble(fixed, 2, 1);
+  out = fixed.Step(Register("s2", proto::SERVER, -1), 1 * kSeconds);
+  ASSERT_EQ(To(out, "s2").size(), 1u);
+  EXPECT_TRUE(To(out, "s2")[0].message.header.has_error());
+}
+
 }  // namespace
 }  // namespace tessera

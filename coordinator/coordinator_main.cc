@@ -75,6 +75,10 @@ int main(int argc, char** argv) {
                  "default: all equal): the first shard map gives each server primaries and copies in proportion, "
                  "and copies re-made after a loss go where copies per unit of weight are fewest")
       ->delimiter(',');
+  app.add_option("--max-servers", options.max_servers,
+                 "Servers the job may grow to while it runs (default: --servers): a tessera-server started for the "
+                 "next rank (--rank N, N = the servers so far) joins the running job, empty, and the rebalancer "
+                 "(--rebalance-threshold) moves shards to it");
   double rebalance_interval = 10, move_timeout = 60;
   app.add_option("--rebalance-threshold", options.rebalance.threshold,
                  "Move virtual shards off a server whose load per unit of weight passes this multiple of the mean "
@@ -132,6 +136,10 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   if (options.vshards < options.servers) {
     TLOG_ERROR("--vshards ({}) must be at least --servers ({})", options.vshards, options.servers);
+    return 2;
+  }
+  if (options.max_servers != 0 && options.max_servers < options.servers) {
+    TLOG_ERROR("--max-servers ({}) must be at least --servers ({})", options.max_servers, options.servers);
     return 2;
   }
   if (options.rebalance.threshold != 0 && !(options.rebalance.threshold > 1)) {

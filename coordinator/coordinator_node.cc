@@ -202,6 +202,8 @@ std::string CoordinatorNode::MetricsText() const {
   w.Counter("tessera_coordinator_rejoins_total", "Processes that took a lost node's place", f.stats.rejoins);
   w.Counter("tessera_coordinator_map_updates_total", "Shard map updates published", f.stats.maps_published);
   w.Counter("tessera_coordinator_barriers_released_total", "Barriers released", f.stats.barriers_released);
+  w.Counter("tessera_coordinator_servers_added_total", "Servers that joined the running job (--max-servers)",
+            f.stats.servers_added);
   w.Counter("tessera_coordinator_shard_moves_total", "Shard moves (live migration) by how they ended",
             f.stats.moves_finished, {{"outcome", "finished"}});
   w.Counter("tessera_coordinator_shard_moves_total", "Shard moves (live migration) by how they ended",

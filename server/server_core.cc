@@ -1401,9 +1401,9 @@ absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::Sh
     return out;
   }
   if (view->epoch() == map_->epoch() || (view->epoch() < map_->epoch() && !options_.test_accept_old_epoch)) return out;
-  if (view->num_servers() != map_->num_servers()) {
+  if (view->num_servers() < map_->num_servers()) {  // (servers join a job; ranks never go)
     return absl::InvalidArgumentError(absl::StrCat("shard map of epoch ", view->epoch(), " has ",
-                                                   view->num_servers(), " servers, not ", map_->num_servers()));
+                                                   view->num_servers(), " servers, fewer than ", map_->num_servers()));
   }
   ApplyPending();  // a transfer below must see every accepted push
   const ShardMapView old = std::move(*map_);

@@ -334,5 +334,27 @@ TEST_F(ApplyAfterAckTest, BadPushesGetErrorsAndAreNeverPending) {
   EXPECT_EQ(LatePull(3), (std::vector<float>{0, 0, 0, 0}));
 }
 
+TEST(ServerCoreMapTest, TheMapMayGrowByServersButNeverShrink) {
+  std::vector<proto::NodeInfo> servers(3);
+  for (uint32_t r = 0; r < 3; ++r) {
+    servers[r].set_node_id(r + 1);
+    servers[r].set_rank(r);
+    servers[r].set_address("inproc://s" + std::to_string(r));
+  }
+  const proto::ShardMap two = RoundRobinShardMap(1, 8, std::span(servers).first(2), 1);
+  ServerCore core(1);
+  ASSERT_TRUE(core.InstallShardMap(two, 0).ok());
+  absl::StatusOr<proto::ShardMap> three = WithServerAdded(two, servers[2]);
+  ASSERT_TRUE(three.ok());
+  auto grown = core.UpdateShardMap(*three);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  EXPECT_EQ(core.epoch(), 2u);
+  proto::ShardMap smaller = two;
+  smaller.set_epoch(3);
+  auto shrunk = core.UpdateShardMap(smaller);
+  EXPECT_EQ(shrunk.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(core.epoch(), 2u);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -78,6 +78,7 @@ class ClusterSection:
     workers: int = 1
     vshards: int = 64
     server_weights: list = dataclasses.field(default_factory=list)  # empty: all equal
+    max_servers: int = 0  # 0: servers (the job does not grow)
     transport: str = "tcp"
     host: str = "127.0.0.1"
     on_worker_loss: str = "stop"
@@ -306,6 +307,12 @@ def _positive_int(value: Any) -> Optional[str]:
     return None
 
 
+def _non_negative_int(value: Any) -> Optional[str]:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return "must be an integer, 0 or more"
+    return None
+
+
 def _byte_count(value: Any) -> Optional[str]:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_BYTES:
         return "must be a positive integer (bytes)"
@@ -468,6 +475,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "server_weights": Field(_number_list, [],
                                 "capacity of each server rank, one positive number per server (empty: all equal): "
                                 "the first shard map gives each server primaries and copies in proportion"),
+        "max_servers": Field(_non_negative_int, 0,
+                             "servers the job may grow to while it runs (0: servers): a tessera-server started for "
+                             "the next rank joins, empty, and the rebalancer moves shards to it"),
         "transport": Field(_transport, "tcp",
                            "tcp | ipc (ZeroMQ) | zmq (= tcp) | rdma | auto (RDMA where usable, else ZeroMQ over "
                            "tcp)"),
@@ -954,6 +964,12 @@ class _Validator:
             self.error(
                 ("cluster", "vshards"),
                 f"cluster.vshards ({cluster['vshards']}) must be at least cluster.servers ({cluster['servers']})",
+            )
+        servers = cluster.get("servers", 1)
+        if cluster.get("max_servers") and isinstance(servers, int) and cluster["max_servers"] < servers:
+            self.error(
+                ("cluster", "max_servers"),
+                f"cluster.max_servers ({cluster['max_servers']}) must be 0 or at least cluster.servers ({servers})",
             )
         if (
             "lease_seconds" in timeouts

@@ -126,6 +126,7 @@ def coordinator(argv):
     p.add_argument("--rebalance-interval", type=float, default=10)
     p.add_argument("--rebalance-request-cost", type=float, default=1024)
     p.add_argument("--move-timeout", type=float, default=60)
+    p.add_argument("--max-servers", type=int, default=0)
     p.add_argument("--state-file", default="")
     p.add_argument("--debug", action="store_true")
     a = p.parse_args(argv)

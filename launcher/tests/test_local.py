@@ -269,6 +269,9 @@ def test_rebalancing_reaches_the_coordinator(tmp_path, job_file):
     # Off by default.
     argv = coordinator_argv(load_config(job_file), binaries, layout, debug=False)
     assert argv[argv.index("--rebalance-threshold") + 1] == "0.0"
+    assert "--max-servers" not in argv
+    argv = coordinator_argv(load_config(job_file, ["cluster.max_servers=4"]), binaries, layout, debug=False)
+    assert argv[argv.index("--max-servers") + 1] == "4"
 
 
 def test_ipc_addresses_and_program_paths(tmp_path, job_file):

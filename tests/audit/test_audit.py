@@ -168,6 +168,28 @@ def test_a_server_killed_as_a_move_starts(tmp_path, victim):
     assert_audit_passes(job)
 
 
+def test_a_server_that_joins_the_running_job_gets_shards_by_moves(tmp_path):
+    """cluster.max_servers 4: a fourth tessera-server, started by hand with
+    server 0's flags and --rank 3, joins while the workers push; the
+    rebalancer moves shards to it (an empty server leaves the others at
+    4/3 of the mean load)."""
+    job = Job(tmp_path, *MOVES, "cluster.max_servers=4", "rebalance.threshold=1.2")
+    pid = job.pid("tessera-server", "server-0")
+    argv, env = command_line(pid), job_environment(pid)
+    argv[argv.index("--rank") + 1] = "3"
+    argv[argv.index("--name") + 1] = "server-3"
+    time.sleep(1.0)
+    assert job.running(), "the job ended before the server joined"
+    job.start(argv, tmp_path / "server-3.log", env)
+    out = job.finish()
+    assert_job_ok(job, out)
+    log = coordinator_log(job)
+    assert "server 3 joined the running job" in log, log[-3000:]
+    assert re.search(r"moved shard \d+ from server \d to server 3", log), log[-3000:]
+    verdict = assert_audit_passes(job)
+    assert verdict["applied"] == verdict["issued"] == verdict["acknowledged"]
+
+
 def test_e3_a_primary_paused_past_its_lease_is_deposed_and_refused(tmp_path):
     job = Job(tmp_path)
     pid = job.pid("tessera-server", "server-1")

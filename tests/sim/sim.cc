@@ -985,10 +985,16 @@ void World::ScheduleFaults() {
       });
     });
   }
+  for (uint32_t i = 0; i < sc_.servers_added; ++i) {
+    const uint32_t rank = sc_.servers + i;
+    At(when(), [this, rank](Nanos now) {
+      if (coordinator_->core().phase() == CoordinatorCore::Phase::kRunning) StartServer(rank, now);
+    });
+  }
   for (uint32_t i = 0; i < sc_.moves; ++i) {
     const Nanos at = when();
     const uint32_t vshard = static_cast<uint32_t>(rng_.Below(sc_.vshards));
-    const uint32_t to = static_cast<uint32_t>(rng_.Below(sc_.servers));
+    const uint32_t to = static_cast<uint32_t>(rng_.Below(sc_.servers + sc_.servers_added));
     At(at, [this, vshard, to](Nanos now) {
       if (coordinator_->crashed || coordinator_->core().phase() != CoordinatorCore::Phase::kRunning) return;
       const uint32_t from = coordinator_->core().shard_map().vshard_server_rank(static_cast<int>(vshard));
@@ -1120,6 +1126,7 @@ RunResult World::Run() {
   r.scenario = sc_;
   CoordinatorOptions co;
   co.servers = sc_.servers;
+  co.max_servers = sc_.servers + sc_.servers_added;
   co.workers = sc_.workers;
   co.vshards = sc_.vshards;
   co.assemble_timeout = 30 * kSeconds;
@@ -1141,8 +1148,8 @@ RunResult World::Run() {
   coordinator_ = coordinator.get();
   procs_[kCoordinator] = std::move(coordinator);
   ScheduleTick(coordinator_, kTickEvery);
-  servers_.resize(sc_.servers);
-  server_incarnations_.assign(sc_.servers, 0);
+  servers_.resize(sc_.servers + sc_.servers_added);
+  server_incarnations_.assign(sc_.servers + sc_.servers_added, 0);
   for (uint32_t s = 0; s < sc_.servers; ++s) StartServer(s, 0);
   workers_.resize(sc_.workers);
   worker_incarnations_.assign(sc_.workers, 0);
@@ -1316,11 +1323,11 @@ void World::CheckAudit(RunResult& r) {
     std::multiset<std::string> entries;
   };
   // Rank -> key -> row, from each rank's current live process.
-  std::vector<std::map<Key, Row>> rows(sc_.servers);
-  std::vector<bool> readable(sc_.servers, false);
-  std::vector<uint64_t> epoch_of(sc_.servers, 0);
+  std::vector<std::map<Key, Row>> rows(servers_.size());
+  std::vector<bool> readable(servers_.size(), false);
+  std::vector<uint64_t> epoch_of(servers_.size(), 0);
   for (ServerProc* s : servers_) {
-    if (s->crashed || s->core() == nullptr || s->core()->deposed()) continue;
+    if (s == nullptr || s->crashed || s->core() == nullptr || s->core()->deposed()) continue;
     readable[s->rank()] = true;
     epoch_of[s->rank()] = s->core()->epoch();
     const std::string dump = s->core()->AuditDump();
@@ -1376,7 +1383,7 @@ void World::CheckAudit(RunResult& r) {
   // keys, and every backup equals its primary.
   ServerProc* any = nullptr;
   for (ServerProc* s : servers_)
-    if (!s->crashed && s->core() != nullptr && (any == nullptr || s->core()->epoch() > any->core()->epoch())) any = s;
+    if (s != nullptr && !s->crashed && s->core() != nullptr && (any == nullptr || s->core()->epoch() > any->core()->epoch())) any = s;
   if (any == nullptr) return;
   const uint64_t final_epoch = maps_.rbegin()->first;
   if (any->core()->epoch() != final_epoch) return;  // nobody holds the last map: nothing to compare
@@ -1473,6 +1480,7 @@ Scenario Scenario::FromSeed(uint64_t seed) {
   if (rng.Chance(0.15)) s.coordinator_crashes = 1;
   if (rng.Chance(0.6)) s.moves = static_cast<uint32_t>(rng.Between(2, 6));
   s.crash_mid_move = s.moves > 0 && s.replication > 1 && s.server_crashes == 0 && rng.Chance(0.3);
+  if (rng.Chance(0.25)) s.servers_added = 1;
   return s;
 }
 
@@ -1481,14 +1489,14 @@ std::string Scenario::Describe() const {
   return absl::StrFormat(
       "%u servers, %u workers, %u vshards, replication %u, %s%s, %u clocks, %u keys%s; delay %.2f-%.2f ms, drop %.3f, "
       "duplicate %.3f, reorder %.2f; %u crashes%s, %u pauses, %u partitions, %u worker crashes (on loss: %s), "
-      "%u coordinator crashes, %u moves%s%s",
+      "%u coordinator crashes, %u moves%s, %u servers added%s",
       servers, workers, vshards, replication, model, consistency == proto::SSP ? absl::StrCat("(", staleness, ")") : "",
       clocks, keys, apply_after_ack ? ", apply after ack" : "", static_cast<double>(min_delay_ns) / kMs,
       static_cast<double>(max_delay_ns) / kMs, drop, duplicate, reorder, server_crashes,
       server_crashes > 0 ? (restart_crashed ? " (restarted)" : " (not restarted)") : "", pauses, partitions,
       worker_crashes,
       worker_loss == WorkerLossPolicy::kStopJob ? "stop" : worker_loss == WorkerLossPolicy::kContinue ? "continue" : "wait",
-      coordinator_crashes, moves, crash_mid_move ? " (a crash mid-move)" : "",
+      coordinator_crashes, moves, crash_mid_move ? " (a crash mid-move)" : "", servers_added,
       breakage == Breakage::kNone ? "" : absl::StrCat("; BROKEN: ", BreakageName(breakage)));
 }
 
@@ -1525,6 +1533,7 @@ Scenario RebalanceScenario(uint64_t seed, double threshold) {
   s.drop = s.duplicate = s.reorder = 0;
   s.server_crashes = s.pauses = s.partitions = s.worker_crashes = s.coordinator_crashes = s.moves = 0;
   s.crash_mid_move = false;
+  s.servers_added = static_cast<uint32_t>(seed % 2);  // odd seeds: a fourth server joins, empty
   return s;
 }
 

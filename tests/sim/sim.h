@@ -101,6 +101,9 @@ struct Scenario {
   // With a threshold, the coordinator's rebalancer is on (every 200 ms,
   // loads smoothed over 500 ms; coordinator/rebalancer.h).
   double rebalance_threshold = 0;
+  // Elastic membership: this many servers (0 or 1) join the running job at
+  // a random time, as rank `servers` (CoordinatorOptions.max_servers).
+  uint32_t servers_added = 0;
   // What the job does about a lost worker. Under kWait a new process takes
   // a crashed worker's place one lease or more later and resumes at its
   // predecessor's clock.
@@ -148,7 +151,8 @@ RunResult Run(uint64_t seed, const Scenario& scenario, const RunOptions& options
 
 // Rebalance mode: the scenario of `seed` with no faults, 3 servers, 3
 // workers, 16 shards, 64 keys drawn Zipf(1.3), 300 clocks, and the
-// rebalancer on at `threshold`.
+// rebalancer on at `threshold`; with odd seeds a fourth server joins the
+// running job (empty: the rebalancer must give it load).
 Scenario RebalanceScenario(uint64_t seed, double threshold);
 
 // Scale mode (docs/scaling.md): membership, heartbeats, one server lost and
