@@ -705,14 +705,7 @@ bool CoordinatorCore::AddServer(const Message& m, Nanos now, std::vector<Outgoin
                                  " servers; map epoch ", shard_map_.epoch(), "); it holds no shard until ",
                                  options_.rebalance.threshold > 0 ? "the rebalancer moves some to it"
                                                                   : "shards are moved to it (rebalancing is off)"));
-  Message reply = Reply(m);
-  reply.header.mutable_register_reply()->set_heartbeat_interval_ms(options_.heartbeat_interval / kMillis);
-  *reply.header.mutable_register_reply()->mutable_self() = info;
-  out.push_back(Outgoing{info.address(), std::move(reply)});
-  PublishMap(absl::StrCat(NodeName(proto::SERVER, info.rank()), " joined"), out);
-  Message ready;
-  ready.header = JobReadyEnvelope();
-  out.push_back(Outgoing{info.address(), std::move(ready)});
+  WelcomeServer(m, info, "joined", out);
   return true;
 }
 
@@ -757,15 +750,20 @@ bool CoordinatorCore::TakeOverDeadServer(const Message& m, Nanos now, std::vecto
                                  " (incarnation ", info.incarnation(), ") ", Seconds(now - lost_since),
                                  " after it was last heard; it holds ", recruited, " shard copies (map epoch ",
                                  shard_map_.epoch(), ")"));
+  WelcomeServer(m, info, "rejoined", out);
+  return true;
+}
+
+void CoordinatorCore::WelcomeServer(const Message& m, const proto::NodeInfo& info, const char* how,
+                                    std::vector<Outgoing>& out) {
   Message reply = Reply(m);
   reply.header.mutable_register_reply()->set_heartbeat_interval_ms(options_.heartbeat_interval / kMillis);
   *reply.header.mutable_register_reply()->mutable_self() = info;
   out.push_back(Outgoing{info.address(), std::move(reply)});
-  PublishMap(absl::StrCat(NodeName(proto::SERVER, info.rank()), " rejoined"), out);
+  PublishMap(absl::StrCat(NodeName(proto::SERVER, info.rank()), " ", how), out);
   Message ready;
   ready.header = JobReadyEnvelope();
   out.push_back(Outgoing{info.address(), std::move(ready)});
-  return true;
 }
 
 std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {

@@ -186,7 +186,7 @@ class CoordinatorCore {
   absl::StatusOr<std::vector<Outgoing>> StartMove(uint32_t vshard, uint32_t to, Nanos now,
                                                   const std::string& why = "");
   // Shards moving now (0 or 1).
-  size_t moves_in_progress() const { return move_deadline_.size(); }
+  size_t moves_in_progress() const { return static_cast<size_t>(shard_map_.moving_vshards_size()); }
 
   // Membership lines since the last call ("worker 1 (...) was lost: ..."), for logs.
   std::vector<std::string> TakeEvents() { return std::exchange(events_, {}); }
@@ -235,6 +235,11 @@ class CoordinatorCore {
   // if the job is at max_servers or the rank asked for is not the next.
   bool AddServer(const Message& m, Nanos now, std::vector<Outgoing>& out);
   uint32_t MaxServers() const { return std::max(options_.servers, options_.max_servers); }
+  // A server that took a place while the job runs (`how`: "joined",
+  // "rejoined"): its registration reply, the new map to everyone, and the
+  // job to it.
+  void WelcomeServer(const Message& m, const proto::NodeInfo& info, const char* how,
+                     std::vector<Outgoing>& out);
   void PublishMap(const std::string& reason, std::vector<Outgoing>& out,
                   const std::vector<proto::ShardRestore>& restores = {});
   void AnnounceWorkerLeft(const Node& worker, const std::string& reason, std::vector<Outgoing>& out) const;
