@@ -27,6 +27,46 @@ bool FewerPerWeight(uint64_t load_a, double w_a, uint64_t load_b, double w_b) {
   return static_cast<double>(load_a + 1) * w_b < static_cast<double>(load_b + 1) * w_a;
 }
 
+// One move of the map: its shard, destination and source (moving_from, or
+// the shard's primary where the map lists no sources).
+struct MoveEntry {
+  uint32_t vshard, to, from;
+};
+
+std::vector<MoveEntry> MovesOf(const proto::ShardMap& map) {
+  std::vector<MoveEntry> moves;
+  for (int i = 0; i < map.moving_vshards_size() && i < map.moving_to_size(); ++i) {
+    const uint32_t v = map.moving_vshards(i);
+    uint32_t from = ShardMapView::kNotMoving;
+    if (i < map.moving_from_size()) {
+      from = map.moving_from(i);
+    } else if (v < static_cast<uint32_t>(map.vshard_server_rank_size())) {
+      from = map.vshard_server_rank(static_cast<int>(v));
+    }
+    moves.push_back({v, map.moving_to(i), from});
+  }
+  return moves;
+}
+
+void SetMoves(proto::ShardMap* map, const std::vector<MoveEntry>& moves) {
+  map->clear_moving_vshards();
+  map->clear_moving_to();
+  map->clear_moving_from();
+  for (const MoveEntry& m : moves) {
+    map->add_moving_vshards(m.vshard);
+    map->add_moving_to(m.to);
+    map->add_moving_from(m.from);
+  }
+}
+
+bool Listed(const google::protobuf::RepeatedField<uint32_t>& ranks, uint32_t rank) {
+  return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
+}
+
+void Unlist(google::protobuf::RepeatedField<uint32_t>* ranks, uint32_t rank) {
+  ranks->erase(std::remove(ranks->begin(), ranks->end(), rank), ranks->end());
+}
+
 }  // namespace
 
 absl::Status ValidateServerWeights(std::span<const float> weights, size_t servers) {
@@ -107,9 +147,11 @@ absl::StatusOr<ShardMapView> ShardMapView::Create(const proto::ShardMap& map) {
       }
     }
   }
-  if (map.moving_vshards_size() != map.moving_to_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("shard map lists ", map.moving_vshards_size(),
-                                                   " moving shards but ", map.moving_to_size(), " destinations"));
+  if (map.moving_vshards_size() != map.moving_to_size() ||
+      (map.moving_from_size() != 0 && map.moving_from_size() != map.moving_vshards_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("shard map lists ", map.moving_vshards_size(), " moving shards but ",
+                                                   map.moving_to_size(), " destinations and ", map.moving_from_size(),
+                                                   " sources"));
   }
   for (int i = 0; i < map.moving_vshards_size(); ++i) {
     const uint32_t v = map.moving_vshards(i), to = map.moving_to(i);
@@ -119,7 +161,19 @@ absl::StatusOr<ShardMapView> ShardMapView::Create(const proto::ShardMap& map) {
       return absl::InvalidArgumentError(absl::StrCat("shard map: bad move of virtual shard ", v, " to server ", to,
                                                      " (a destination must hold the shard as a backup)"));
     }
+    const uint32_t from = map.moving_from_size() > 0 ? map.moving_from(i) : view.owner_[v];
+    if (from == to || from >= view.servers_.size() || !view.Holds(from, v)) {
+      return absl::InvalidArgumentError(absl::StrCat("shard map: bad move of virtual shard ", v, " from server ", from,
+                                                     " (a source must hold the shard)"));
+    }
     view.moving_.push_back({v, to});
+    view.moving_from_.push_back(from);
+  }
+  for (uint32_t rank : map.draining_server_ranks()) {
+    if (rank >= view.servers_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("shard map names draining server rank ", rank, " of ",
+                                                     view.servers_.size()));
+    }
   }
   for (uint32_t v = 0; v < view.owner_.size(); ++v) {
     if (view.dead_[view.owner_[v]]) {
@@ -179,16 +233,15 @@ absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32
       map.dead_server_ranks().end()) {
     next.add_dead_server_ranks(rank);
   }
-  // Moves from or to the lost server end (the destination stays a backup).
-  next.clear_moving_vshards();
-  next.clear_moving_to();
-  for (int i = 0; i < map.moving_vshards_size() && i < map.moving_to_size(); ++i) {
-    const uint32_t v = map.moving_vshards(i);
-    if (map.moving_to(i) == rank || (v < map.num_vshards() && map.vshard_server_rank(static_cast<int>(v)) == rank))
-      continue;
-    next.add_moving_vshards(v);
-    next.add_moving_to(map.moving_to(i));
-  }
+  // Moves from or to the lost server, or of shards it was primary of, end
+  // (the destination stays a backup); it drains no more.
+  std::vector<MoveEntry> moves = MovesOf(map);
+  std::erase_if(moves, [&](const MoveEntry& m) {
+    return m.to == rank || m.from == rank ||
+           (m.vshard < map.num_vshards() && map.vshard_server_rank(static_cast<int>(m.vshard)) == rank);
+  });
+  SetMoves(&next, moves);
+  Unlist(next.mutable_draining_server_ranks(), rank);
   std::vector<std::string> orphans;
   BackupLists lists = BackupListsOf(next);
   const bool replicated = !lists.empty();
@@ -223,8 +276,12 @@ absl::StatusOr<proto::ShardMap> WithoutServer(const proto::ShardMap& map, uint32
     for (const std::string& o : orphans) {
       const uint32_t v = static_cast<uint32_t>(std::stoul(o));
       uint32_t best = n;
-      for (uint32_t r = 0; r < n; ++r)
-        if (!dead[r] && (best == n || FewerPerWeight(load[r], weight[r], load[best], weight[best]))) best = r;
+      for (int pass = 0; pass < 2 && best == n; ++pass) {  // a draining server only if no other is left
+        for (uint32_t r = 0; r < n; ++r) {
+          if (dead[r] || (pass == 0 && Listed(next.draining_server_ranks(), r))) continue;
+          if (best == n || FewerPerWeight(load[r], weight[r], load[best], weight[best])) best = r;
+        }
+      }
       if (best == n) break;
       next.set_vshard_server_rank(v, best);
       if (replicated) {  // (a backup that never got the state may be chosen)
@@ -278,7 +335,7 @@ proto::ShardMap WithBackupsFilled(const proto::ShardMap& map, uint32_t* added) {
       };
       uint32_t best = n;
       for (uint32_t rank = 0; rank < n; ++rank) {
-        if (dead[rank] || holds(rank)) continue;
+        if (dead[rank] || holds(rank) || Listed(map.draining_server_ranks(), rank)) continue;
         if (best == n || FewerPerWeight(load[rank], weight[rank], load[best], weight[best])) best = rank;
       }
       if (best == n) break;  // fewer live servers than copies
@@ -316,13 +373,9 @@ proto::ShardMap NextWithBackups(const proto::ShardMap& map, const BackupLists& l
     next.clear_backup_ranks();
   }
   if (end_move) {
-    next.clear_moving_vshards();
-    next.clear_moving_to();
-    for (int i = 0; i < map.moving_vshards_size() && i < map.moving_to_size(); ++i) {
-      if (map.moving_vshards(i) == vshard) continue;
-      next.add_moving_vshards(map.moving_vshards(i));
-      next.add_moving_to(map.moving_to(i));
-    }
+    std::vector<MoveEntry> moves = MovesOf(map);
+    std::erase_if(moves, [&](const MoveEntry& m) { return m.vshard == vshard; });
+    SetMoves(&next, moves);
   }
   next.set_epoch(map.epoch() + 1);
   return next;
@@ -331,67 +384,104 @@ proto::ShardMap NextWithBackups(const proto::ShardMap& map, const BackupLists& l
 }  // namespace
 
 uint32_t MovingTo(const proto::ShardMap& map, uint32_t vshard) {
-  for (int i = 0; i < map.moving_vshards_size() && i < map.moving_to_size(); ++i)
-    if (map.moving_vshards(i) == vshard) return map.moving_to(i);
+  for (const MoveEntry& m : MovesOf(map))
+    if (m.vshard == vshard) return m.to;
   return ShardMapView::kNotMoving;
 }
 
-absl::StatusOr<proto::ShardMap> WithMoveStarted(const proto::ShardMap& map, uint32_t vshard, uint32_t to) {
+uint32_t MovingFrom(const proto::ShardMap& map, uint32_t vshard) {
+  for (const MoveEntry& m : MovesOf(map))
+    if (m.vshard == vshard) return m.from;
+  return ShardMapView::kNotMoving;
+}
+
+absl::StatusOr<proto::ShardMap> WithMoveStarted(const proto::ShardMap& map, uint32_t vshard, uint32_t to,
+                                                uint32_t from) {
   absl::StatusOr<BackupLists> lists = ListsForMove(map, vshard);
   if (!lists.ok()) return lists.status();
-  if (to >= static_cast<uint32_t>(map.servers_size()) ||
-      std::find(map.dead_server_ranks().begin(), map.dead_server_ranks().end(), to) != map.dead_server_ranks().end()) {
+  if (to >= static_cast<uint32_t>(map.servers_size()) || Listed(map.dead_server_ranks(), to)) {
     return absl::FailedPreconditionError(absl::StrCat("cannot move shard ", vshard, " to server ", to,
                                                       ": no such live server in the map"));
   }
-  if (map.vshard_server_rank(static_cast<int>(vshard)) == to) {
+  if (IsDraining(map, to)) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot move shard ", vshard, " to server ", to,
+                                                      ": it is being drained"));
+  }
+  const uint32_t primary = map.vshard_server_rank(static_cast<int>(vshard));
+  if (primary == to) {
     return absl::FailedPreconditionError(absl::StrCat("shard ", vshard, " is already on server ", to));
   }
   if (const uint32_t already = MovingTo(map, vshard); already != ShardMapView::kNotMoving) {
     return absl::FailedPreconditionError(absl::StrCat("shard ", vshard, " is already moving to server ", already));
   }
   std::vector<uint32_t>& backups = (*lists)[vshard];
-  if (std::find(backups.begin(), backups.end(), to) == backups.end()) backups.push_back(to);
+  const bool to_holds = std::find(backups.begin(), backups.end(), to) != backups.end();
+  if (from == ShardMapView::kNotMoving) from = primary;
+  if (from != primary) {
+    if (std::find(backups.begin(), backups.end(), from) == backups.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot move shard ", vshard, " away from server ", from, ": it holds no copy"));
+    }
+    if (to_holds) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot move shard ", vshard, "'s copy from server ", from,
+                                                        " to server ", to, ": it holds one already"));
+    }
+  }
+  if (!to_holds) backups.push_back(to);
   proto::ShardMap next = NextWithBackups(map, *lists, vshard, false);
-  next.add_moving_vshards(vshard);
-  next.add_moving_to(to);
+  std::vector<MoveEntry> moves = MovesOf(map);
+  moves.push_back({vshard, to, from});
+  SetMoves(&next, moves);
   return next;
 }
 
 namespace {
 
-// The backup lists and the destination of moving shard `vshard`.
-absl::StatusOr<std::pair<BackupLists, uint32_t>> MoveUnderWay(const proto::ShardMap& map, uint32_t vshard) {
+// The backup lists, destination and source of moving shard `vshard`.
+struct MoveUnderWayResult {
+  BackupLists lists;
+  uint32_t to, from;
+};
+absl::StatusOr<MoveUnderWayResult> MoveUnderWay(const proto::ShardMap& map, uint32_t vshard) {
   absl::StatusOr<BackupLists> lists = ListsForMove(map, vshard);
   if (!lists.ok()) return lists.status();
   const uint32_t to = MovingTo(map, vshard);
   if (to == ShardMapView::kNotMoving) return absl::FailedPreconditionError(absl::StrCat("shard ", vshard, " is not moving"));
-  return std::make_pair(*std::move(lists), to);
+  return MoveUnderWayResult{*std::move(lists), to, MovingFrom(map, vshard)};
 }
 
 }  // namespace
 
 absl::StatusOr<proto::ShardMap> WithMoveFinished(const proto::ShardMap& map, uint32_t vshard) {
-  absl::StatusOr<std::pair<BackupLists, uint32_t>> move = MoveUnderWay(map, vshard);
+  absl::StatusOr<MoveUnderWayResult> move = MoveUnderWay(map, vshard);
   if (!move.ok()) return move.status();
-  auto& [lists, to] = *move;
-  const uint32_t from = map.vshard_server_rank(static_cast<int>(vshard));
+  auto& [lists, to, from] = *move;
+  const uint32_t primary = map.vshard_server_rank(static_cast<int>(vshard));
   std::vector<uint32_t>& backups = lists[vshard];
   auto it = std::find(backups.begin(), backups.end(), to);
   if (it == backups.end()) {
     return absl::FailedPreconditionError(absl::StrCat("shard ", vshard, " moves to server ", to, ", which holds no copy"));
   }
   backups.erase(it);
-  if (backups.size() + 1 < std::max<uint32_t>(1, map.replication())) backups.push_back(from);
+  if (from != primary) {  // a backup's copy: the destination takes its place
+    auto old = std::find(backups.begin(), backups.end(), from);
+    if (old == backups.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", vshard, " moves away from server ", from, ", which holds no copy"));
+    }
+    *old = to;
+    return NextWithBackups(map, lists, vshard, true);
+  }
+  if (backups.size() + 1 < std::max<uint32_t>(1, map.replication())) backups.push_back(primary);
   proto::ShardMap next = NextWithBackups(map, lists, vshard, true);
   next.set_vshard_server_rank(static_cast<int>(vshard), to);
   return next;
 }
 
 absl::StatusOr<proto::ShardMap> WithMoveCancelled(const proto::ShardMap& map, uint32_t vshard) {
-  absl::StatusOr<std::pair<BackupLists, uint32_t>> move = MoveUnderWay(map, vshard);
+  absl::StatusOr<MoveUnderWayResult> move = MoveUnderWay(map, vshard);
   if (!move.ok()) return move.status();
-  auto& [lists, to] = *move;
+  auto& [lists, to, from] = *move;
   std::vector<uint32_t>& backups = lists[vshard];
   if (backups.size() + 1 > std::max<uint32_t>(1, map.replication()))
     backups.erase(std::remove(backups.begin(), backups.end(), to), backups.end());
@@ -410,6 +500,37 @@ absl::StatusOr<proto::ShardMap> WithServerAdded(const proto::ShardMap& map, cons
     for (float w : map.server_weights()) sum += w;
     next.add_server_weights(static_cast<float>(sum / map.server_weights_size()));
   }
+  next.set_epoch(map.epoch() + 1);
+  return next;
+}
+
+bool IsDraining(const proto::ShardMap& map, uint32_t rank) { return Listed(map.draining_server_ranks(), rank); }
+
+uint32_t CopiesHeldBy(const proto::ShardMap& map, uint32_t rank) {
+  uint32_t copies = 0;
+  for (uint32_t owner : map.vshard_server_rank()) copies += owner == rank;
+  for (uint32_t b : map.backup_ranks()) copies += b == rank;
+  return copies;
+}
+
+absl::StatusOr<proto::ShardMap> WithServerDraining(const proto::ShardMap& map, uint32_t rank) {
+  const uint32_t n = static_cast<uint32_t>(map.servers_size());
+  if (rank >= n || Listed(map.dead_server_ranks(), rank)) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot drain server ", rank, ": no such live server (",
+                                                      map.dead_server_ranks_size(), " of ", n, " ranks are dead)"));
+  }
+  if (IsDraining(map, rank)) return map;
+  uint32_t staying = 0;
+  for (uint32_t r = 0; r < n; ++r) staying += r != rank && !Listed(map.dead_server_ranks(), r) && !IsDraining(map, r);
+  const uint32_t copies = std::max<uint32_t>(1, map.replication());
+  if (staying < copies) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot drain server ", rank, ": ", staying, " server", staying == 1 ? "" : "s",
+        " would be left (live, not draining) for ", copies, " cop", copies == 1 ? "y" : "ies",
+        " of every shard; add a server first"));
+  }
+  proto::ShardMap next = map;
+  next.add_draining_server_ranks(rank);
   next.set_epoch(map.epoch() + 1);
   return next;
 }

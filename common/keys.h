@@ -74,6 +74,13 @@ class ShardMapView {
       if (v == vshard) return to;
     return kNotMoving;
   }
+  // The server whose copy a moving shard's move takes away: its primary, or
+  // a backup (draining); kNotMoving for a shard that is not moving.
+  uint32_t MovingFrom(uint32_t vshard) const {
+    for (size_t i = 0; i < moving_.size(); ++i)
+      if (moving_[i].first == vshard) return moving_from_[i];
+    return kNotMoving;
+  }
   // (vshard, destination) of every moving shard.
   const std::vector<std::pair<uint32_t, uint32_t>>& moving() const { return moving_; }
 
@@ -88,6 +95,7 @@ class ShardMapView {
   std::vector<uint32_t> backup_ranks_;
   std::vector<bool> dead_;                      // by rank
   std::vector<std::pair<uint32_t, uint32_t>> moving_;  // (vshard, destination), few
+  std::vector<uint32_t> moving_from_;                   // parallel to moving_
 };
 
 // The backups of every shard, one list per shard in promotion order (empty:
@@ -158,31 +166,57 @@ proto::ShardMap WithBackupsFilled(const proto::ShardMap& map, uint32_t* added = 
 absl::StatusOr<proto::ShardMap> WithServerBack(const proto::ShardMap& map, const proto::NodeInfo& server);
 
 // Moving a shard (live migration; coordinator/rebalancer.h). The map lists
-// the moving shards and their destinations (ShardMap.moving_vshards and
-// moving_to), so every node, and a restarted coordinator, knows them. The
-// destination is always a backup of the shard: one added for the move (the
-// last in the list; its primary fills it by a state transfer), or one it
-// had. While a shard moves, its primary answers a pull of it only with what
-// the destination has acknowledged, and tells the coordinator once the
-// destination has everything it had sent it when the move began (Heartbeat
-// moves_in_sync); then the roles switch. Each of these returns the next
-// epoch's map, or an error that says why the step is not possible and
-// changes nothing:
-// - WithMoveStarted(v, to): `to` (live, not v's primary) becomes v's
-//   destination, added as its last backup if it holds no copy. A shard
-//   already moving cannot start another move.
-// - WithMoveFinished(v): the destination becomes the primary (out of the
-//   backups); the old primary stays as the last backup if the shard would
-//   otherwise have fewer copies than the replication asks for (a move to a
-//   backup: the roles swap), else it lets the shard go.
+// the moving shards, their destinations and the copy each takes away
+// (ShardMap.moving_vshards, moving_to and moving_from), so every node, and a
+// restarted coordinator, knows them. The destination is always a backup of
+// the shard: one added for the move (the last in the list; its primary
+// fills it by a state transfer), or one it had. The primary streams to it
+// and tells the coordinator once the destination has everything it had sent
+// it when the move began (Heartbeat moves_in_sync); then the move finishes.
+// A move from the primary changes who answers: while it runs, the primary
+// answers a pull of the shard only with what the destination has
+// acknowledged, and at the finish the roles switch. A move from a backup (a
+// server being drained) leaves the primary as it is. Each of these returns
+// the next epoch's map, or an error that says why the step is not possible
+// and changes nothing:
+// - WithMoveStarted(v, to, from): `to` (live, not v's primary) becomes v's
+//   destination, added as its last backup if it holds no copy. `from` is
+//   kNotMoving (the primary) or a backup of v, and then `to` must hold no
+//   copy. A shard already moving cannot start another move.
+// - WithMoveFinished(v): from the primary: the destination becomes the
+//   primary (out of the backups); the old primary stays as the last backup
+//   if the shard would otherwise have fewer copies than the replication
+//   asks for (a move to a backup: the roles swap), else it lets the shard
+//   go. From a backup: the destination takes that backup's place in the
+//   promotion order and the backup lets the shard go.
 // - WithMoveCancelled(v): the shard is no longer moving; a destination
 //   added for the move (one copy more than the replication asks for) is
 //   dropped.
-// WithoutServer ends the moves from or to the lost server.
-uint32_t MovingTo(const proto::ShardMap& map, uint32_t vshard);  // or ShardMapView::kNotMoving
-absl::StatusOr<proto::ShardMap> WithMoveStarted(const proto::ShardMap& map, uint32_t vshard, uint32_t to);
+// WithoutServer ends the moves from or to the lost server, and those of
+// shards whose primary it was.
+uint32_t MovingTo(const proto::ShardMap& map, uint32_t vshard);    // or ShardMapView::kNotMoving
+uint32_t MovingFrom(const proto::ShardMap& map, uint32_t vshard);  // or ShardMapView::kNotMoving
+absl::StatusOr<proto::ShardMap> WithMoveStarted(const proto::ShardMap& map, uint32_t vshard, uint32_t to,
+                                                uint32_t from = ShardMapView::kNotMoving);
 absl::StatusOr<proto::ShardMap> WithMoveFinished(const proto::ShardMap& map, uint32_t vshard);
 absl::StatusOr<proto::ShardMap> WithMoveCancelled(const proto::ShardMap& map, uint32_t vshard);
+
+// Draining a server before its removal (ShardMap.draining_server_ranks).
+// A draining server gets no new copy: WithBackupsFilled, WithoutServer's
+// orphans (unless only draining servers are left) and the rebalancer pass
+// it by; the coordinator moves its copies away one shard at a time and,
+// once it holds nothing, removes it with WithoutServer (which also ends
+// its draining).
+// - IsDraining(map, rank): whether the rank is listed as draining.
+// - WithServerDraining(map, rank): the next epoch's map with the rank
+//   draining. Fails (FailedPrecondition) for a dead or unknown rank, or
+//   when the servers left (live, not draining) are fewer than the copies
+//   per shard the job asks for, or none. A rank already draining: the map
+//   unchanged (same epoch).
+bool IsDraining(const proto::ShardMap& map, uint32_t rank);
+absl::StatusOr<proto::ShardMap> WithServerDraining(const proto::ShardMap& map, uint32_t rank);
+// Shard copies (primary or backup) server `rank` holds in the map.
+uint32_t CopiesHeldBy(const proto::ShardMap& map, uint32_t rank);
 
 // The map with a new server (elastic membership): `server` is appended as
 // rank servers_size() (its NodeInfo's rank must say so), holding nothing

@@ -592,5 +592,111 @@ TEST(KeysTest, AServerAddedToTheMapHoldsNothingAndWeighsTheMean) {
   EXPECT_FALSE(WithServerAdded(*map, Servers(4)[3]).ok()) << "only the next rank";
 }
 
+TEST(KeysTest, AMoveFromABackupPutsTheDestinationInItsPlace) {
+  // 4 servers, replication 3: shard 0 is on 0 (primary), 1 and 2 (backups).
+  const proto::ShardMap map = RoundRobinShardMap(1, 8, Servers(4), 3);
+  absl::StatusOr<proto::ShardMap> started = WithMoveStarted(map, 0, 3, /*from=*/1);
+  ASSERT_TRUE(started.ok()) << started.status();
+  auto view = ShardMapView::Create(*started);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->MovingTo(0), 3u);
+  EXPECT_EQ(view->MovingFrom(0), 1u);
+  EXPECT_EQ(view->BackupsOf(0).size(), 3u) << "the destination is an extra copy while the move runs";
+  absl::StatusOr<proto::ShardMap> finished = WithMoveFinished(*started, 0);
+  ASSERT_TRUE(finished.ok()) << finished.status();
+  view = ShardMapView::Create(*finished);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->ServerRankOf(0), 0u) << "the primary stays";
+  EXPECT_EQ(std::vector<uint32_t>(view->BackupsOf(0).begin(), view->BackupsOf(0).end()),
+            (std::vector<uint32_t>{3, 2}))
+      << "the destination takes the backup's place in the promotion order";
+  EXPECT_EQ(view->MovingTo(0), ShardMapView::kNotMoving);
+  EXPECT_EQ(view->MovingFrom(0), ShardMapView::kNotMoving);
+  // A move from the primary names it as the source.
+  absl::StatusOr<proto::ShardMap> primary_move = WithMoveStarted(map, 0, 3);
+  ASSERT_TRUE(primary_move.ok());
+  EXPECT_EQ(MovingFrom(*primary_move, 0), 0u);
+  // A backup's copy goes only to a server that holds none, and only from a holder.
+  EXPECT_EQ(WithMoveStarted(map, 0, 2, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(WithMoveStarted(map, 0, 1, 3).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Losing the backup ends its move (the destination stays a copy); so does losing the primary.
+  for (uint32_t lost : {0u, 1u, 3u}) {
+    absl::StatusOr<proto::ShardMap> next = WithoutServer(*started, lost);
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_EQ(MovingTo(*next, 0), ShardMapView::kNotMoving) << lost;
+    EXPECT_TRUE(ShardMapView::Create(*next).ok()) << lost;
+  }
+  // A map whose source holds no copy, or whose sources do not match its moves, is refused.
+  proto::ShardMap bad = *started;
+  bad.set_moving_from(0, 3);
+  EXPECT_FALSE(ShardMapView::Create(bad).ok());
+  bad.set_moving_from(0, 2);
+  bad.add_moving_from(1);
+  EXPECT_FALSE(ShardMapView::Create(bad).ok());
+  // A map from before moves had sources: the primary.
+  proto::ShardMap old = *primary_move;
+  old.clear_moving_from();
+  EXPECT_EQ(MovingFrom(old, 0), 0u);
+  EXPECT_EQ(ShardMapView::Create(old)->MovingFrom(0), 0u);
+}
+
+TEST(KeysTest, ADrainingServerGetsNoNewCopies) {
+  const proto::ShardMap map = RoundRobinShardMap(1, 12, Servers(4), 2);
+  absl::StatusOr<proto::ShardMap> draining = WithServerDraining(map, 3);
+  ASSERT_TRUE(draining.ok()) << draining.status();
+  EXPECT_EQ(draining->epoch(), 2u);
+  EXPECT_TRUE(IsDraining(*draining, 3));
+  EXPECT_FALSE(IsDraining(*draining, 2));
+  EXPECT_TRUE(ShardMapView::Create(*draining).ok());
+  // Again: the same map.
+  absl::StatusOr<proto::ShardMap> again = WithServerDraining(*draining, 3);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->epoch(), 2u);
+  // Server 0 is lost: the copies re-made go anywhere but the draining server.
+  absl::StatusOr<proto::ShardMap> lost = WithoutServer(*draining, 0);
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  const uint32_t before = CopiesHeldBy(*lost, 3);
+  uint32_t added = 0;
+  const proto::ShardMap filled = WithBackupsFilled(*lost, &added);
+  EXPECT_GT(added, 0u);
+  EXPECT_EQ(CopiesHeldBy(filled, 3), before);
+  // It cannot be a move's destination.
+  EXPECT_EQ(WithMoveStarted(*draining, 0, 3).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Removed (WithoutServer), it drains no more.
+  absl::StatusOr<proto::ShardMap> removed = WithoutServer(*draining, 3);
+  ASSERT_TRUE(removed.ok());
+  EXPECT_FALSE(IsDraining(*removed, 3));
+}
+
+TEST(KeysTest, OrphansGoToADrainingServerOnlyIfNoOtherIsLeft) {
+  proto::ShardMap map = RoundRobinShardMap(1, 6, Servers(3), 1);
+  absl::StatusOr<proto::ShardMap> draining = WithServerDraining(map, 2);
+  ASSERT_TRUE(draining.ok());
+  std::vector<uint32_t> orphans;
+  absl::StatusOr<proto::ShardMap> lost = WithoutServer(*draining, 0, &orphans);
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  EXPECT_EQ(orphans, (std::vector<uint32_t>{0, 3}));
+  for (uint32_t v : orphans) EXPECT_EQ(lost->vshard_server_rank(v), 1u) << v;
+  orphans.clear();
+  absl::StatusOr<proto::ShardMap> last = WithoutServer(*lost, 1, &orphans);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(orphans.size(), 4u);
+  for (uint32_t v : orphans) EXPECT_EQ(last->vshard_server_rank(v), 2u) << "the only server left";
+}
+
+TEST(KeysTest, ADrainThatWouldLeaveTooFewServersIsRefused) {
+  const proto::ShardMap map = RoundRobinShardMap(1, 6, Servers(3), 2);
+  absl::StatusOr<proto::ShardMap> one = WithServerDraining(map, 0);
+  ASSERT_TRUE(one.ok()) << one.status();
+  absl::Status two = WithServerDraining(*one, 1).status();
+  EXPECT_EQ(two.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(two.message(), HasSubstr("1 server would be left (live, not draining) for 2 copies"));
+  EXPECT_EQ(WithServerDraining(map, 3).status().code(), absl::StatusCode::kFailedPrecondition);
+  proto::ShardMap dead = *WithoutServer(map, 2);
+  EXPECT_THAT(std::string(WithServerDraining(dead, 2).status().message()), HasSubstr("no such live server"));
+  const proto::ShardMap single = RoundRobinShardMap(1, 6, Servers(1), 1);
+  EXPECT_EQ(WithServerDraining(single, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -69,6 +69,10 @@ std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
     HandleRegister(m, now, out);
     return out;
   }
+  if (h.body_case() == proto::Envelope::kDrainRequest) {  // from anyone (tessera-admin)
+    HandleDrainRequest(m, now, out);
+    return out;
+  }
   auto it = node_by_address_.find(h.sender_address());
   if (it == node_by_address_.end()) {
     Message reply = Reply(m);
@@ -84,6 +88,10 @@ std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
     end.header.mutable_shutdown()->set_ok(phase_ == Phase::kDone);
     end.header.mutable_shutdown()->set_reason(phase_ == Phase::kDone ? "the job has ended" : failure_reason_);
     out.push_back(Outgoing{node.info.address(), std::move(end)});
+    return out;
+  }
+  if (node.done && node.info.role() == proto::SERVER && Removed(node.info.rank())) {
+    SendRemoved(node, out);  // it missed the Shutdown: again
     return out;
   }
   if (node.lost && node.info.role() == proto::WORKER) {
@@ -827,6 +835,7 @@ std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {
   }
   if (phase_ == Phase::kRunning) {
     CheckMoves(now, out);
+    MaybeDrain(now, out);
     MaybeRebalance(now, out);
   }
   ReleaseBarriers(out);
@@ -835,7 +844,7 @@ std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {
 }
 
 absl::StatusOr<std::vector<Outgoing>> CoordinatorCore::StartMove(uint32_t vshard, uint32_t to, Nanos now,
-                                                                 const std::string& why) {
+                                                                 const std::string& why, uint32_t from) {
   if (phase_ != Phase::kRunning) return absl::FailedPreconditionError("a shard moves only while the job runs");
   if (shard_map_.moving_vshards_size() > 0) {
     return absl::FailedPreconditionError(
@@ -845,16 +854,18 @@ absl::StatusOr<std::vector<Outgoing>> CoordinatorCore::StartMove(uint32_t vshard
     return absl::FailedPreconditionError(absl::StrCat("server ", to, " is a backup of shard ", vshard,
                                                       " that does not have its state yet"));
   }
-  absl::StatusOr<proto::ShardMap> next = WithMoveStarted(shard_map_, vshard, to);
+  absl::StatusOr<proto::ShardMap> next = WithMoveStarted(shard_map_, vshard, to, from);
   if (!next.ok()) return next.status();
-  const uint32_t from = shard_map_.vshard_server_rank(static_cast<int>(vshard));
+  const uint32_t primary = shard_map_.vshard_server_rank(static_cast<int>(vshard));
+  if (from == ShardMapView::kNotMoving) from = primary;
   const bool copy = !ShardMapView::Create(shard_map_)->Holds(to, vshard);
   shard_map_ = *std::move(next);
   ++stats_.moves_started;
   if (copy) syncing_.insert({vshard, to});
   move_deadline_[vshard] = now + options_.move_timeout;
-  const std::string reason = absl::StrCat("moving shard ", vshard, " from ", NodeName(proto::SERVER, from), " to ",
-                                          NodeName(proto::SERVER, to), copy ? "" : " (a backup of it)");
+  const std::string reason = absl::StrCat("moving shard ", vshard, from == primary ? "" : "'s backup copy", " from ",
+                                          NodeName(proto::SERVER, from), " to ", NodeName(proto::SERVER, to),
+                                          copy ? "" : " (a backup of it)");
   events_.push_back(
       absl::StrCat(reason, " (map epoch ", shard_map_.epoch(), ")", why.empty() ? "" : ": ", why));
   std::vector<Outgoing> out;
@@ -866,15 +877,16 @@ absl::StatusOr<std::vector<Outgoing>> CoordinatorCore::StartMove(uint32_t vshard
 void CoordinatorCore::FinishMove(uint32_t vshard, std::vector<Outgoing>& out) {
   const uint32_t to = MovingTo(shard_map_, vshard);
   if (to == ShardMapView::kNotMoving) return;
-  const uint32_t from = shard_map_.vshard_server_rank(static_cast<int>(vshard));
+  const uint32_t from = MovingFrom(shard_map_, vshard);
+  const bool backup = from != shard_map_.vshard_server_rank(static_cast<int>(vshard));
   absl::StatusOr<proto::ShardMap> next = WithMoveFinished(shard_map_, vshard);
   if (!next.ok()) return;  // (checked above)
   shard_map_ = *std::move(next);
   syncing_.erase({vshard, to});
   move_deadline_.erase(vshard);
   ++stats_.moves_finished;
-  const std::string reason = absl::StrCat("moved shard ", vshard, " from ", NodeName(proto::SERVER, from), " to ",
-                                          NodeName(proto::SERVER, to));
+  const std::string reason = absl::StrCat("moved shard ", vshard, backup ? "'s backup copy" : "", " from ",
+                                          NodeName(proto::SERVER, from), " to ", NodeName(proto::SERVER, to));
   events_.push_back(absl::StrCat(reason, " (map epoch ", shard_map_.epoch(), ")"));
   PublishMap(reason, out);
 }
@@ -927,7 +939,7 @@ std::vector<double> CoordinatorCore::ShardCosts() const {
 
 void CoordinatorCore::MaybeRebalance(Nanos now, std::vector<Outgoing>& out) {
   const RebalanceOptions& o = options_.rebalance;
-  if (o.threshold <= 0) return;
+  if (o.threshold <= 0 || shard_map_.draining_server_ranks_size() > 0) return;  // a drain goes first
   if (last_rebalance_at_ < 0) last_rebalance_at_ = now;  // the first interval measures
   if (now - last_rebalance_at_ < o.interval || !move_deadline_.empty()) return;
   // Every live server must have reported its load.
@@ -946,6 +958,104 @@ void CoordinatorCore::MaybeRebalance(Nanos now, std::vector<Outgoing>& out) {
     return;
   }
   for (Outgoing& o2 : *moved) out.push_back(std::move(o2));
+}
+
+absl::StatusOr<std::vector<Outgoing>> CoordinatorCore::Drain(uint32_t rank, Nanos now) {
+  if (phase_ != Phase::kRunning) return absl::FailedPreconditionError("a server is drained only while the job runs");
+  std::vector<Outgoing> out;
+  if (Removed(rank)) return out;
+  absl::StatusOr<proto::ShardMap> next = WithServerDraining(shard_map_, rank);
+  if (!next.ok()) return next.status();
+  if (next->epoch() == shard_map_.epoch()) return out;  // draining already
+  shard_map_ = *std::move(next);
+  const std::string reason = absl::StrCat("draining ", NodeName(proto::SERVER, rank), " (",
+                                          CopiesHeldBy(shard_map_, rank), " shard copies to move away)");
+  events_.push_back(absl::StrCat(reason, " (map epoch ", shard_map_.epoch(), ")"));
+  PublishMap(reason, out);
+  MaybeDrain(now, out);
+  return out;
+}
+
+bool CoordinatorCore::Removed(uint32_t rank) const {
+  const auto& dead = shard_map_.dead_server_ranks();
+  if (std::find(dead.begin(), dead.end(), rank) == dead.end()) return false;
+  for (const auto& [id, n] : nodes_)
+    if (n.info.role() == proto::SERVER && n.info.rank() == rank) return n.done;
+  return false;
+}
+
+void CoordinatorCore::SendRemoved(const Node& server, std::vector<Outgoing>& out) const {
+  Message end;
+  end.header.mutable_shutdown()->set_ok(true);
+  end.header.mutable_shutdown()->set_reason(
+      absl::StrCat(NodeName(proto::SERVER, server.info.rank()), " was drained and removed from the job"));
+  out.push_back(Outgoing{server.info.address(), std::move(end)});
+}
+
+void CoordinatorCore::MaybeDrain(Nanos now, std::vector<Outgoing>& out) {
+  if (shard_map_.draining_server_ranks_size() == 0) return;
+  const DrainPlan plan = PlanDrain(shard_map_, ShardCosts());
+  for (uint32_t d : plan.drained) {
+    absl::StatusOr<proto::ShardMap> next = WithoutServer(shard_map_, d);
+    if (!next.ok()) continue;  // (it holds nothing: not reached)
+    shard_map_ = *std::move(next);
+    absl::erase_if(syncing_, [&](const auto& p) { return p.second == d; });
+    ++stats_.servers_drained;
+    const std::string reason = absl::StrCat(NodeName(proto::SERVER, d), " was drained and removed");
+    events_.push_back(absl::StrCat(reason, " (map epoch ", shard_map_.epoch(), ")"));
+    PublishMap(reason, out);
+    for (auto& [id, n] : nodes_) {
+      if (n.info.role() == proto::SERVER && n.info.rank() == d) {
+        n.done = true;
+        SendRemoved(n, out);
+      }
+    }
+  }
+  if (shard_map_.moving_vshards_size() > 0 || !move_deadline_.empty()) return;  // one move at a time
+  if (!plan.move) {
+    if (!plan.why.empty() && plan.why != last_drain_note_) events_.push_back(absl::StrCat("drain: ", plan.why));
+    last_drain_note_ = plan.why;
+    return;
+  }
+  absl::StatusOr<std::vector<Outgoing>> moved = StartMove(plan.vshard, plan.to, now, plan.why, plan.from);
+  if (!moved.ok()) {
+    const std::string note = absl::StrCat(plan.why, "; not started: ", moved.status().message());
+    if (note != last_drain_note_) events_.push_back(absl::StrCat("drain: ", note));
+    last_drain_note_ = note;
+    return;
+  }
+  last_drain_note_.clear();
+  for (Outgoing& o : *moved) out.push_back(std::move(o));
+}
+
+void CoordinatorCore::HandleDrainRequest(const Message& m, Nanos now, std::vector<Outgoing>& out) {
+  const uint32_t rank = m.header.drain_request().server_rank();
+  Message reply = Reply(m);
+  if (Removed(rank)) {
+    proto::DrainReply* r = reply.header.mutable_drain_reply();
+    r->set_server_rank(rank);
+    r->set_removed(true);
+    r->set_state(absl::StrCat(NodeName(proto::SERVER, rank), " was drained and removed from the job"));
+  } else if (absl::StatusOr<std::vector<Outgoing>> started = Drain(rank, now); !started.ok()) {
+    SetError(reply, started.status().code(), std::string(started.status().message()));
+  } else {
+    for (Outgoing& o : *started) out.push_back(std::move(o));
+    proto::DrainReply* r = reply.header.mutable_drain_reply();
+    r->set_server_rank(rank);
+    r->set_removed(Removed(rank));
+    r->set_copies_left(r->removed() ? 0 : CopiesHeldBy(shard_map_, rank));
+    std::string state = r->removed() ? absl::StrCat(NodeName(proto::SERVER, rank), " was drained and removed from the job")
+                                     : absl::StrCat("draining ", NodeName(proto::SERVER, rank), ": ",
+                                                    r->copies_left(), " shard copies left");
+    for (uint32_t v : shard_map_.moving_vshards()) {
+      absl::StrAppend(&state, "; moving shard ", v, " from ", NodeName(proto::SERVER, MovingFrom(shard_map_, v)),
+                      " to ", NodeName(proto::SERVER, MovingTo(shard_map_, v)));
+    }
+    if (!r->removed() && !last_drain_note_.empty()) absl::StrAppend(&state, "; ", last_drain_note_);
+    r->set_state(std::move(state));
+  }
+  if (m.header.request_id() != 0 && !m.header.sender_address().empty())
+    out.push_back(Outgoing{m.header.sender_address(), std::move(reply)});
 }
 
 std::optional<std::string> CoordinatorStateSaver::Due(const CoordinatorCore& core, Nanos now) {

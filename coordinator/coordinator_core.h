@@ -61,6 +61,18 @@
 //   every rebalance.interval, once every live server has reported its
 //   load and no move is under way, PlanMove on the smoothed shard loads
 //   picks at most one shard to move, and StartMove moves it.
+// - Draining (Drain, or a DrainRequest from anyone, e.g. tessera-admin
+//   drain): the server is listed as draining in the next map
+//   (WithServerDraining: refused if the servers left could not hold every
+//   shard's copies); it gets no new copy, rebalancing pauses, and its
+//   copies move away one at a time (PlanDrain in coordinator/rebalancer.h:
+//   primaries by moves as above, backups by moves from the backup, which
+//   leave the primary where it is). Once it holds nothing it is removed:
+//   the next map lists it dead (no failover: it held nothing), its node
+//   counts as done, and it is told to stop (Shutdown ok). A DrainRequest
+//   is answered with a DrainReply (copies left, removed or not, and what is
+//   going on); asking again only reports. A drain survives a coordinator
+//   restart (the map lists it).
 // - Membership changes are also reported as lines by TakeEvents(), for logs.
 // - Load: every server heartbeat while the job runs feeds load() (see
 //   coordinator/load_tracker.h), the smoothed view placement decisions read.
@@ -88,6 +100,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "common/keys.h"
 #include "common/message.h"
 #include "coordinator/load_tracker.h"
 #include "coordinator/rebalancer.h"
@@ -183,8 +196,17 @@ class CoordinatorCore {
   // server is not valid, the server already is the primary, or it is a
   // backup not yet in sync. `why` goes into the event line and the map
   // update's reason.
+  // `from`: the copy the move takes away, a backup of the shard (draining),
+  // or kNotMoving for its primary.
   absl::StatusOr<std::vector<Outgoing>> StartMove(uint32_t vshard, uint32_t to, Nanos now,
-                                                  const std::string& why = "");
+                                                  const std::string& why = "",
+                                                  uint32_t from = ShardMapView::kNotMoving);
+  // Starts draining server `rank` (see Draining above), or says why not.
+  // A server already draining: nothing to send, OK.
+  absl::StatusOr<std::vector<Outgoing>> Drain(uint32_t rank, Nanos now);
+  // Whether server `rank` was drained and removed (dead in the map, its
+  // node done).
+  bool Removed(uint32_t rank) const;
   // Shards moving now (0 or 1).
   size_t moves_in_progress() const { return static_cast<size_t>(shard_map_.moving_vshards_size()); }
 
@@ -204,6 +226,7 @@ class CoordinatorCore {
     uint64_t moves_finished = 0;     // the destination became primary
     uint64_t moves_cancelled = 0;    // timed out, or ended by a lost server
     uint64_t servers_added = 0;      // servers that joined the running job (max_servers)
+    uint64_t servers_drained = 0;    // drained and removed
   };
   const Stats& stats() const { return stats_; }
   // The servers' and shards' load, smoothed, from server heartbeats.
@@ -285,6 +308,14 @@ class CoordinatorCore {
   // Moves past their deadline are cancelled; moves a failover ended are forgotten.
   void CheckMoves(Nanos now, std::vector<Outgoing>& out);
   void MaybeRebalance(Nanos now, std::vector<Outgoing>& out);
+  // Draining: removes drained servers, and starts the next move off a
+  // draining server when no move is under way (PlanDrain).
+  void MaybeDrain(Nanos now, std::vector<Outgoing>& out);
+  // A DrainRequest: starts the drain if need be and answers with progress.
+  void HandleDrainRequest(const Message& m, Nanos now, std::vector<Outgoing>& out);
+  // Tells a removed server to stop.
+  void SendRemoved(const Node& server, std::vector<Outgoing>& out) const;
+  std::string last_drain_note_;  // the last PlanDrain line logged (logged once)
   // vshard -> when its move is given up (shards moving in the map).
   absl::flat_hash_map<uint32_t, Nanos> move_deadline_;
   Nanos last_rebalance_at_ = -1;  // -1: not yet running

@@ -928,5 +928,89 @@ TEST_F(CoordinatorCoreTest, AServerJoinsARunningJobUpToMaxServers) {
   EXPECT_TRUE(To(out, "s2")[0].message.header.has_error());
 }
 
+TEST_F(CoordinatorCoreTest, ADrainedServerHandsEveryCopyOverAndIsToldToStop) {
+  CoordinatorOptions o = Replicated(4, 1);
+  o.server_lease = 100 * kSeconds;
+  o.lease = 100 * kSeconds;
+  o.rebalance.threshold = 1.1;  // paused while a server drains
+  CoordinatorCore core(o, 0);
+  Assemble(core, 4, 1);
+  SyncAll(core, 0);
+  const uint32_t held = CopiesHeldBy(core.shard_map(), 3);
+  ASSERT_GT(held, 0u);
+  auto drain = [&](uint32_t rank, Nanos now) {
+    Message m = From("admin", 7);
+    m.header.mutable_drain_request()->set_server_rank(rank);
+    return core.Step(m, now);
+  };
+  std::vector<Outgoing> out = drain(3, 1 * kSeconds);
+  std::vector<Outgoing> replies = To(out, "admin");
+  ASSERT_EQ(replies.size(), 1u);
+  ASSERT_TRUE(replies[0].message.header.has_drain_reply()) << replies[0].message.header.DebugString();
+  EXPECT_EQ(replies[0].message.header.request_id(), 7u);
+  EXPECT_EQ(replies[0].message.header.drain_reply().copies_left(), held);
+  EXPECT_FALSE(replies[0].message.header.drain_reply().removed());
+  EXPECT_NE(replies[0].message.header.drain_reply().state().find("moving shard"), std::string::npos)
+      << replies[0].message.header.drain_reply().state();
+  EXPECT_TRUE(IsDraining(core.shard_map(), 3));
+  EXPECT_EQ(core.moves_in_progress(), 1u) << "the first move starts at once";
+  // Each move finishes when its primary reports the destination in sync; the next starts on the tick.
+  Nanos now = 2 * kSeconds;
+  for (int step = 0; step < 100 && !core.Removed(3); ++step, now += kSeconds) {
+    const proto::ShardMap& map = core.shard_map();
+    ASSERT_EQ(map.moving_vshards_size(), 1) << step;
+    const uint32_t v = map.moving_vshards(0);
+    EXPECT_EQ(MovingFrom(map, v), 3u);
+    EXPECT_FALSE(IsDraining(map, MovingTo(map, v)));
+    Message hb = From(map.servers(map.vshard_server_rank(v)).address(), 0);
+    hb.header.set_epoch(map.epoch());
+    hb.header.mutable_heartbeat()->add_moves_in_sync(v);
+    out = core.Step(hb, now);
+    std::vector<Outgoing> tick = core.Tick(now);
+    out.insert(out.end(), tick.begin(), tick.end());
+  }
+  ASSERT_TRUE(core.Removed(3));
+  EXPECT_EQ(core.stats().moves_finished, held);
+  EXPECT_EQ(core.stats().servers_drained, 1u);
+  EXPECT_EQ(core.stats().servers_lost, 0u);
+  bool stopped = false;
+  for (const Outgoing& m : To(out, "s3")) stopped |= m.message.header.has_shutdown() && m.message.header.shutdown().ok();
+  EXPECT_TRUE(stopped) << "the drained server is told to stop, in order";
+  const proto::ShardMap& map = core.shard_map();
+  auto view = ShardMapView::Create(map);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_TRUE(view->IsDead(3));
+  EXPECT_FALSE(IsDraining(map, 3));
+  for (uint32_t v = 0; v < map.num_vshards(); ++v) {
+    EXPECT_FALSE(view->Holds(3, v)) << v;
+    EXPECT_EQ(view->BackupsOf(v).size(), 1u) << "two copies of shard " << v;
+  }
+  // Asked again: removed. It is not lost when it falls silent, and a late message gets the Shutdown again.
+  replies = To(drain(3, now), "admin");
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_TRUE(replies[0].message.header.drain_reply().removed());
+  for (const char* n : {"s0", "s1", "s2", "w0"}) Heartbeat(core, n, now + 200 * kSeconds);
+  core.Tick(now + 200 * kSeconds);
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kRunning) << core.failure_reason();
+  EXPECT_EQ(core.stats().servers_lost, 0u);
+  out = Heartbeat(core, "s3", now + 201 * kSeconds);
+  ASSERT_FALSE(To(out, "s3").empty());
+  EXPECT_TRUE(To(out, "s3").back().message.header.has_shutdown());
+  // Three servers left with two copies each: one more may drain, not two.
+  replies = To(drain(0, now + 202 * kSeconds), "admin");
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_TRUE(replies[0].message.header.has_drain_reply());
+  replies = To(drain(1, now + 202 * kSeconds), "admin");
+  ASSERT_EQ(replies.size(), 1u);
+  ASSERT_TRUE(replies[0].message.header.has_error());
+  EXPECT_NE(replies[0].message.header.error().message().find("1 server would be left"), std::string::npos)
+      << replies[0].message.header.error().message();
+  // A drain survives a restart of the coordinator.
+  CoordinatorCore again(o, now);
+  ASSERT_TRUE(again.RestoreState(core.SaveState(), now).ok());
+  EXPECT_TRUE(IsDraining(again.shard_map(), 0));
+  EXPECT_TRUE(again.Removed(3));
+}
+
 }  // namespace
 }  // namespace tessera

@@ -73,13 +73,18 @@ MovePlan PlanMove(const proto::ShardMap& map, const std::vector<double>& shard_c
   for (int i = 0; i < map.moving_vshards_size() && i < map.moving_to_size(); ++i) {
     const uint32_t v = map.moving_vshards(i);
     if (v < map.num_vshards()) busy[map.vshard_server_rank(static_cast<int>(v))] = true;
+    if (const uint32_t from = MovingFrom(map, v); from < n) busy[from] = true;
     if (map.moving_to(i) < n) busy[map.moving_to(i)] = true;
   }
   uint32_t busiest = n, lightest = n;
   for (uint32_t i = 0; i < n; ++i) {
     if (!s.live[i]) continue;
     if (busiest == n || s.per_weight(i) > s.per_weight(busiest)) busiest = i;
-    if (lightest == n || s.per_weight(i) < s.per_weight(lightest)) lightest = i;
+    if (!IsDraining(map, i) && (lightest == n || s.per_weight(i) < s.per_weight(lightest))) lightest = i;
+  }
+  if (lightest == n) {
+    plan.why = "every live server is being drained";
+    return plan;
   }
   plan.imbalance = s.per_weight(busiest) / s.mean();
   plan.imbalance_after = plan.imbalance;
@@ -128,6 +133,74 @@ MovePlan PlanMove(const proto::ShardMap& map, const std::vector<double>& shard_c
       "load) to server %u, %.2fx after",
       busiest, plan.imbalance, threshold, best, 100 * shard_cost[best] / s.load[busiest], lightest,
       plan.imbalance_after);
+  return plan;
+}
+
+DrainPlan PlanDrain(const proto::ShardMap& map, const std::vector<double>& shard_cost) {
+  DrainPlan plan;
+  const uint32_t n = static_cast<uint32_t>(map.servers_size());
+  std::vector<uint32_t> draining(map.draining_server_ranks().begin(), map.draining_server_ranks().end());
+  std::sort(draining.begin(), draining.end());
+  draining.erase(std::unique(draining.begin(), draining.end()), draining.end());
+  const BackupLists lists = BackupListsOf(map);
+  auto holds = [&](uint32_t r, uint32_t v) {
+    return map.vshard_server_rank(static_cast<int>(v)) == r ||
+           (!lists.empty() && std::find(lists[v].begin(), lists[v].end(), r) != lists[v].end());
+  };
+  const Servers s = Measure(map, shard_cost);
+  std::vector<uint32_t> copies(n, 0);
+  for (uint32_t r = 0; r < n; ++r) copies[r] = CopiesHeldBy(map, r);
+  auto cost = [&](uint32_t v) { return v < shard_cost.size() ? shard_cost[v] : 0.0; };
+  for (uint32_t d : draining) {
+    if (d >= n) continue;
+    if (copies[d] == 0) {
+      plan.drained.push_back(d);
+      continue;
+    }
+    if (plan.move || !plan.why.empty()) continue;  // one move at a time; the next drains later
+    // Its primaries first (the hottest first: they carry its traffic), then its backups.
+    std::vector<uint32_t> order;
+    for (uint32_t v = 0; v < map.num_vshards(); ++v)
+      if (holds(d, v) && MovingTo(map, v) == ShardMapView::kNotMoving) order.push_back(v);
+    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      const bool pa = map.vshard_server_rank(static_cast<int>(a)) == d, pb = map.vshard_server_rank(static_cast<int>(b)) == d;
+      if (pa != pb) return pa;
+      return pa && cost(a) > cost(b);
+    });
+    if (order.empty()) {
+      plan.why = absl::StrFormat("server %u holds %u copies, all moving now", d, copies[d]);
+      continue;
+    }
+    const uint32_t v = order.front();
+    const bool primary = map.vshard_server_rank(static_cast<int>(v)) == d;
+    // Where it goes: a live server, not draining, that holds no copy of it;
+    // a primary to the least load per unit of weight with it, a backup to
+    // the fewest copies per unit of weight (ties: the lowest rank).
+    uint32_t to = n;
+    auto better = [&](uint32_t a, uint32_t b) {
+      if (primary) {
+        const double la = (s.load[a] + cost(v)) / s.weight[a], lb = (s.load[b] + cost(v)) / s.weight[b];
+        if (la != lb) return la < lb;
+      }
+      return static_cast<double>(copies[a] + 1) * s.weight[b] < static_cast<double>(copies[b] + 1) * s.weight[a];
+    };
+    for (uint32_t r = 0; r < n; ++r) {
+      if (!s.live[r] || IsDraining(map, r) || holds(r, v)) continue;
+      if (to == n || better(r, to)) to = r;
+    }
+    if (to == n) {
+      plan.why = absl::StrFormat(
+          "server %u still holds %u copies, but every server left (live, not draining) already holds shard %u", d,
+          copies[d], v);
+      continue;
+    }
+    plan.move = true;
+    plan.vshard = v;
+    plan.from = d;
+    plan.to = to;
+    plan.why = absl::StrFormat("draining server %u (%u copies left): its %s copy of shard %u goes to server %u", d,
+                               copies[d], primary ? "primary" : "backup", v, to);
+  }
   return plan;
 }
 

@@ -22,7 +22,8 @@
 //   than the busiest's load now, so moves never oscillate: a single shard
 //   hotter than the gap stays (the plan says so in `why`).
 // - Shards that are moving, and the shards of a server with a move under
-//   way, are left alone; one move at a time is the caller's rule.
+//   way, are left alone; one move at a time is the caller's rule. A
+//   draining server is never the destination.
 // Deterministic.
 #include <cstdint>
 #include <optional>
@@ -51,6 +52,28 @@ struct MovePlan {
 // `shard_cost[v]`: shard v's cost per second (0 for shards with no load
 // measured); size num_vshards.
 MovePlan PlanMove(const proto::ShardMap& map, const std::vector<double>& shard_cost, double threshold);
+
+// Draining servers (ShardMap.draining_server_ranks, common/keys.h): what
+// to do next. Promises of PlanDrain:
+// - `drained`: the draining ranks that hold no copy any more (to remove).
+// - At most one move: of the lowest draining rank that still holds copies,
+//   its primary copies first (the costliest first, ties: the lowest shard),
+//   then its backups (the lowest shard first); shards already moving are
+//   left alone. The destination is a live server, not draining, that holds
+//   no copy of the shard: for a primary, the one with the least load per
+//   unit of weight with the shard's cost added; for a backup (and ties),
+//   the fewest copies per unit of weight with this one; ties: the lowest
+//   rank. The destination holds no copy, so the count of copies never
+//   drops: the move adds one and its finish takes the draining one away.
+// - No possible move (every server left holds the shard): no move, and
+//   `why` says so. Deterministic.
+struct DrainPlan {
+  std::vector<uint32_t> drained;  // draining ranks that hold nothing
+  bool move = false;
+  uint32_t vshard = 0, from = 0, to = 0;
+  std::string why;  // the move, or why there is none (empty: nothing to do)
+};
+DrainPlan PlanDrain(const proto::ShardMap& map, const std::vector<double>& shard_cost);
 
 // Each server rank's load per unit of weight under `map` (dead ranks: 0).
 std::vector<double> LoadPerWeight(const proto::ShardMap& map, const std::vector<double>& shard_cost);

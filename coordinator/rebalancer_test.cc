@@ -118,5 +118,107 @@ TEST(RebalancerTest, ServersInAMoveSitOut) {
   EXPECT_NE(second.why.find("under way"), std::string::npos) << second.why;
 }
 
+// Drains `rank` the way the coordinator does: plan, start, finish, until the
+// plan says it is drained. Returns the map, with the rank still listed.
+proto::ShardMap DrainAll(proto::ShardMap map, uint32_t rank, const std::vector<double>& cost, int* moves) {
+  map = *WithServerDraining(map, rank);
+  *moves = 0;
+  for (int step = 0; step < 1000; ++step) {
+    const DrainPlan plan = PlanDrain(map, cost);
+    if (!plan.move) {
+      EXPECT_EQ(plan.drained, std::vector<uint32_t>{rank}) << plan.why;
+      return map;
+    }
+    EXPECT_EQ(plan.from, rank);
+    absl::StatusOr<proto::ShardMap> started = WithMoveStarted(map, plan.vshard, plan.to, plan.from);
+    EXPECT_TRUE(started.ok()) << started.status();
+    absl::StatusOr<proto::ShardMap> finished = WithMoveFinished(*started, plan.vshard);
+    EXPECT_TRUE(finished.ok()) << finished.status();
+    map = *finished;
+    ++*moves;
+  }
+  ADD_FAILURE() << "the drain did not end";
+  return map;
+}
+
+TEST(RebalancerTest, DrainingMovesEveryCopyAwayAndKeepsTheCopyCount) {
+  for (uint32_t replication : {1u, 2u, 3u}) {
+    SCOPED_TRACE(replication);
+    const proto::ShardMap map = RoundRobinShardMap(1, 24, Servers(4), replication);
+    for (bool zipf : {false, true}) {
+      SCOPED_TRACE(zipf ? "Zipf(1.3) shard costs" : "equal shard costs");
+      const std::vector<double> cost = zipf ? ZipfShardCost(24, 5000, 1.3) : std::vector<double>(24, 1.0);
+      const uint32_t held = CopiesHeldBy(map, 1);
+      int moves = 0;
+      const proto::ShardMap drained = DrainAll(map, 1, cost, &moves);
+      EXPECT_EQ(moves, static_cast<int>(held)) << "one move per copy it held";
+      EXPECT_EQ(CopiesHeldBy(drained, 1), 0u);
+      auto view = ShardMapView::Create(drained);
+      ASSERT_TRUE(view.ok()) << view.status();
+      for (uint32_t v = 0; v < 24; ++v) EXPECT_EQ(view->BackupsOf(v).size() + 1, replication) << v;
+      if (zipf) {
+        // Each primary goes where the load is least (greedy): a server that
+        // got one ends at most one hot shard above the mean, the others
+        // keep their load.
+        double hottest = 0, total = 0;
+        for (double c : cost) hottest = std::max(hottest, c), total += c;
+        const std::vector<double> before = LoadPerWeight(map, cost), after = LoadPerWeight(drained, cost);
+        const double bound = std::max({before[0], before[2], before[3], total / 3 + hottest});
+        for (uint32_t r : {0u, 2u, 3u}) EXPECT_LE(after[r], bound + 1e-9) << r;
+        EXPECT_DOUBLE_EQ(after[0] + after[2] + after[3], total);
+      } else {
+        // The rest are left about even: 24 * r copies over 3 servers.
+        for (uint32_t r : {0u, 2u, 3u}) {
+          EXPECT_GE(CopiesHeldBy(drained, r), 8 * replication - 1) << r;
+          EXPECT_LE(CopiesHeldBy(drained, r), 8 * replication + 1) << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(RebalancerTest, ADrainMovesTheHottestPrimaryFirstToTheLightestServer) {
+  const proto::ShardMap map = *WithServerDraining(RoundRobinShardMap(1, 8, Servers(4), 2), 0);
+  // Server 0 is primary of shards 0 and 4, backup of 3 and 7.
+  std::vector<double> cost(8, 1.0);
+  cost[4] = 10;
+  cost[1] = 5;  // server 1 is the busiest of the rest; server 2 and 3 tie
+  cost[2] = 3;
+  DrainPlan plan = PlanDrain(map, cost);
+  ASSERT_TRUE(plan.move) << plan.why;
+  EXPECT_EQ(plan.vshard, 4u) << "the hottest primary first";
+  EXPECT_EQ(plan.from, 0u);
+  EXPECT_EQ(plan.to, 3u) << "shard 4's backup is server 1; server 3 (load 2) is lighter than server 2 (load 4)";
+  EXPECT_NE(plan.why.find("primary copy of shard 4"), std::string::npos) << plan.why;
+  EXPECT_TRUE(plan.drained.empty());
+  // With only its backup copies left, the lowest shard goes first, to the fewest copies.
+  proto::ShardMap rest = map;
+  rest.set_vshard_server_rank(0, 2);
+  rest.set_vshard_server_rank(4, 3);
+  SetBackupLists(&rest, {{1}, {2}, {3}, {0}, {1}, {2}, {3}, {0}});
+  plan = PlanDrain(rest, cost);
+  ASSERT_TRUE(plan.move) << plan.why;
+  EXPECT_EQ(plan.vshard, 3u);
+  EXPECT_NE(plan.why.find("backup copy of shard 3"), std::string::npos) << plan.why;
+  EXPECT_EQ(plan.to, 1u) << "server 3 holds shard 3; server 1 has 4 copies, server 2 has 5";
+}
+
+TEST(RebalancerTest, ADrainWithNowhereToGoSaysSo) {
+  // Three servers, three copies of every shard: a draining server's copy has nowhere to go.
+  proto::ShardMap map = RoundRobinShardMap(1, 4, Servers(3), 3);
+  map.add_draining_server_ranks(2);
+  const DrainPlan plan = PlanDrain(map, std::vector<double>(4, 1.0));
+  EXPECT_FALSE(plan.move);
+  EXPECT_NE(plan.why.find("every server left (live, not draining) already holds shard"), std::string::npos)
+      << plan.why;
+  // The rebalancer never moves a shard to a draining server.
+  proto::ShardMap skew = *WithServerDraining(RoundRobinShardMap(1, 6, Servers(3), 1), 2);
+  std::vector<double> cost = {10, 10, 0, 10, 1, 0};  // server 0 busiest; server 2 (draining) lightest
+  const MovePlan move = PlanMove(skew, cost, 1.05);
+  if (move.move) {
+    EXPECT_NE(move.to, 2u);
+  }
+}
+
 }  // namespace
 }  // namespace tessera

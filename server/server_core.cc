@@ -97,7 +97,9 @@ void ServerCore::NoteMoves() {
   for (const auto& [v, to] : map_->moving()) {
     if (map_->ServerRankOf(v) != my_rank_ || moving_out_.contains(v)) continue;
     auto it = streams_.find(to);
-    moving_out_[v] = it == streams_.end() ? MoveOut{to, 0, 0} : MoveOut{to, it->second.id, it->second.next_position - 1};
+    const bool hold_reads = map_->MovingFrom(v) == my_rank_;
+    moving_out_[v] = it == streams_.end() ? MoveOut{to, 0, 0, hold_reads}
+                                          : MoveOut{to, it->second.id, it->second.next_position - 1, hold_reads};
   }
 }
 
@@ -110,7 +112,9 @@ void ServerCore::SendAnswer(std::vector<Outgoing>& out, std::string to, Message 
   HeldReply held;
   for (uint32_t v : shard_scratch_) {
     auto m = moving_out_.find(v);
-    if (m == moving_out_.end() || std::find(held.vshards.begin(), held.vshards.end(), v) != held.vshards.end()) continue;
+    if (m == moving_out_.end() || !m->second.hold_reads ||
+        std::find(held.vshards.begin(), held.vshards.end(), v) != held.vshards.end())
+      continue;
     auto s = streams_.find(m->second.to);
     if (s == streams_.end()) continue;
     const uint64_t sent = s->second.next_position - 1;

@@ -438,6 +438,9 @@ class ServerCore {
   struct MoveOut {
     uint32_t to = 0;
     uint64_t stream = 0, position = 0;
+    // A move of this server's copy (not a backup's): reads wait for the
+    // destination, which answers them after the switch.
+    bool hold_reads = true;
   };
   absl::flat_hash_map<uint32_t, MoveOut> moving_out_;
   void NoteMoves();  // after a new map: moves begun (recorded) and ended (dropped)
