@@ -903,6 +903,48 @@ TEST_F(ReplicationTest, ARequestFromANewerMapIsAbortedAndChangesNothingUntilTheS
 
 // Three copies of every shard: shard v has primary v % 3 and backups
 // v + 1, v + 2 (mod 3); audit mode, so copies can be compared push by push.
+TEST_F(MoveTest, ABackupsCopyMovesWithoutHoldingReadsAndTheBackupLetsItGo) {
+  // Shard 0: primary 0, backup 1. Server 1's copy moves to server 2 (server 1 drains).
+  const std::vector<Key> keys = KeysOfShard(kShard, 2);
+  uint64_t seq = 0;
+  PushEach(keys, 1.0f, &seq);
+  auto started = WithMoveStarted(map_, kShard, 2, /*from=*/1);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Publish(*started);
+  DeliverAll();
+  EXPECT_EQ(MovesInSync(0), std::vector<uint32_t>{kShard}) << "the primary reports the copy in sync";
+  // A push whose forwards are still queued, and a pull: the primary stays
+  // primary, so the pull is answered at once.
+  ++seq;
+  Send(ServerAddress(0), Push(1000 + seq, keys, 1.0f, seq));
+  DeliverOne();
+  ASSERT_EQ(net_.size(), 2u) << "forwards to servers 1 and 2";
+  Message pull = Request(2);
+  pull.header.mutable_pull()->set_table_id(kTable);
+  pull.header.mutable_pull()->set_num_keys(keys.size());
+  pull.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
+  std::vector<Outgoing> answered = cores_[0]->Step(std::move(pull), now_);
+  ASSERT_EQ(answered.size(), 1u);
+  EXPECT_TRUE(answered[0].message.header.has_pull_reply()) << answered[0].message.header.ShortDebugString();
+  EXPECT_EQ(cores_[0]->stats().replies_held_for_moves, 0u);
+  DeliverAll();
+  inbox_.clear();
+  auto finished = WithMoveFinished(map_, kShard);
+  ASSERT_TRUE(finished.ok()) << finished.status();
+  Publish(*finished);
+  DeliverAll();
+  EXPECT_EQ(cores_[1]->stats().shards_released, 1u);
+  for (Key k : keys) EXPECT_FALSE(RowsAt(1).contains(k)) << "server 1 let the shard go: " << k;
+  EXPECT_EQ(cores_[0]->stats().shards_released, 0u) << "the primary keeps it";
+  // Later pushes are acknowledged once server 2 has them; server 1 gets none.
+  PushEach(keys, 1.0f, &seq);
+  EXPECT_EQ(PullFrom(0, keys), std::vector<float>(4, 3.0f));
+  for (Key k : keys) {
+    EXPECT_EQ(RowsAt(2)[k], std::vector<float>(2, 3.0f)) << k;
+    EXPECT_FALSE(RowsAt(1).contains(k)) << k;
+  }
+}
+
 class ThreeCopiesTest : public ReplicationTest {
  protected:
   ThreeCopiesTest() {
