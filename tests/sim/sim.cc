@@ -142,6 +142,7 @@ class Proc {
   virtual bool TicksAfterExit() const { return false; }
   bool crashed = false;   // killed: its state is gone
   bool exited = false;    // left after the job ended
+  bool removed = false;   // a server drained and removed while the job ran: gone (nothing reaches it)
   Nanos paused_until = 0;
 };
 
@@ -191,6 +192,7 @@ class World {
     if (violations_.size() < 20) violations_.push_back(std::move(what));
   }
   void NoteMap(const proto::ShardMap& map, Nanos now);
+  bool JobRunning() const;
   // The coordinator told the servers these workers left: nobody waits for
   // them from now on (for the I1 check).
   void NoteWorkersLeft(const proto::WorkersLeft& left, Nanos now);
@@ -289,6 +291,7 @@ class World {
   uint64_t delivered_ = 0, dropped_ = 0;
   Nanos job_end_at_ = 0;
   uint64_t moves_started_ = 0, moves_finished_ = 0;  // by the maps published
+  uint64_t servers_drained_ = 0;                     // by the maps published
   bool crashed_mid_move_ = false;
   bool worker_crashed_assembling_ = false;
   CoordinatorOptions coordinator_options_;
@@ -306,6 +309,18 @@ class CoordProc final : public Proc {
   }
   void Deliver(Message m, Nanos now) override { Timed([&] { return core_.Step(m, now); }, now, true); }
   void Tick(Nanos now) override { Timed([&] { return core_.Tick(now); }, now, false); }
+  // Drains a server, as tessera-admin drain asks; false if refused.
+  bool Drain(uint32_t rank, Nanos now) {
+    bool started = false;
+    Timed(
+        [&] {
+          absl::StatusOr<std::vector<Outgoing>> out = core_.Drain(rank, now);
+          started = out.ok();
+          return out.ok() ? *std::move(out) : std::vector<Outgoing>{};
+        },
+        now, false);
+    return started;
+  }
   // Starts moving a shard, as the rebalancer would; false if refused.
   bool Move(uint32_t vshard, uint32_t to, Nanos now) {
     bool started = false;
@@ -362,6 +377,8 @@ class CoordProc final : public Proc {
   CoordinatorStateSaver saver_;
 };
 
+bool World::JobRunning() const { return !coordinator_->core().finished(); }
+
 class ServerProc final : public Proc {
  public:
   ServerProc(World* world, uint32_t rank, uint32_t incarnation, Nanos now)
@@ -392,7 +409,7 @@ class ServerProc final : public Proc {
     }
     if (session_.Handle(m, now)) {
       if (session_.registered() && session_.ready() && !core_) Start(now);
-      if (session_.ended()) exited = true;
+      if (session_.ended()) Exit();
       return;
     }
     if (!core_) {
@@ -406,7 +423,7 @@ class ServerProc final : public Proc {
   void Tick(Nanos now) override {
     if (!exited) SendSession(world_, address, session_.Tick(now), now);
     if (session_.register_error()) exited = true;
-    if (session_.ended()) exited = true;
+    if (session_.ended()) Exit();
     if (core_) {
       std::vector<Outgoing> out = core_->Tick(now);
       After(out, now);
@@ -416,6 +433,12 @@ class ServerProc final : public Proc {
   const ServerCore* core() const { return core_.get(); }
   uint32_t rank() const { return rank_; }
   bool TicksAfterExit() const override { return true; }
+  // The coordinator told it to stop: the job ended, or it was drained and
+  // removed while the job runs (then it is gone at once, as the process is).
+  void Exit() {
+    if (!exited && world_->JobRunning()) removed = true;
+    exited = true;
+  }
 
  private:
   void Start(Nanos now) {
@@ -806,11 +829,26 @@ void World::NoteMap(const proto::ShardMap& map, Nanos now) {
     if (auto prev = maps_.find(map.epoch() - 1); prev != maps_.end()) {
       for (uint32_t v : map.moving_vshards())
         if (MovingTo(prev->second, v) == ShardMapView::kNotMoving) ++moves_started_;
-      for (int i = 0; i < prev->second.moving_vshards_size(); ++i) {
-        const uint32_t v = prev->second.moving_vshards(i);
-        if (map.vshard_server_rank(static_cast<int>(v)) == prev->second.moving_to(i) &&
-            MovingTo(map, v) == ShardMapView::kNotMoving)
-          ++moves_finished_;
+      auto view = ShardMapView::Create(map);
+      for (int i = 0; view.ok() && i < prev->second.moving_vshards_size(); ++i) {
+        const uint32_t v = prev->second.moving_vshards(i), to = prev->second.moving_to(i);
+        const uint32_t from = MovingFrom(prev->second, v);
+        if (MovingTo(map, v) != ShardMapView::kNotMoving) continue;
+        const bool switched = map.vshard_server_rank(static_cast<int>(v)) == to;
+        const bool handed_over = from != prev->second.vshard_server_rank(static_cast<int>(v)) &&
+                                 view->Holds(to, v) && !view->Holds(from, v);  // a backup's copy
+        if (switched || handed_over) ++moves_finished_;
+      }
+      // A drained server is removed only once it holds nothing.
+      for (uint32_t r : prev->second.draining_server_ranks()) {
+        if (IsDraining(map, r) || std::find(map.dead_server_ranks().begin(), map.dead_server_ranks().end(), r) ==
+                                      map.dead_server_ranks().end())
+          continue;
+        ++servers_drained_;
+        if (CopiesHeldBy(prev->second, r) > 0 && NoFailovers()) {
+          Violation(absl::StrCat("server ", r, " was removed at map epoch ", map.epoch(), " holding ",
+                                 CopiesHeldBy(prev->second, r), " shard copies"));
+        }
       }
     }
   } else if (Placement(it->second) != Placement(map)) {
@@ -868,7 +906,7 @@ void World::Send(const std::string& from, Outgoing o, Nanos now) {
 
 void World::ScheduleTick(Proc* p, Nanos at) {
   At(at, [this, p](Nanos now) {
-    if (p->crashed || (p->exited && !p->TicksAfterExit())) return;
+    if (p->crashed || p->removed || (p->exited && !p->TicksAfterExit())) return;
     if (now < p->paused_until) {
       ScheduleTick(p, p->paused_until);
       return;
@@ -989,6 +1027,13 @@ void World::ScheduleFaults() {
     const uint32_t rank = sc_.servers + i;
     At(when(), [this, rank](Nanos now) {
       if (coordinator_->core().phase() == CoordinatorCore::Phase::kRunning) StartServer(rank, now);
+    });
+  }
+  for (uint32_t i = 0; i < sc_.drains; ++i) {
+    const uint32_t rank = static_cast<uint32_t>(rng_.Below(sc_.servers + sc_.servers_added));
+    At(when(), [this, rank](Nanos now) {
+      if (coordinator_->crashed || coordinator_->core().phase() != CoordinatorCore::Phase::kRunning) return;
+      if (coordinator_->Drain(rank, now)) Trace(now, absl::StrCat("drain server ", rank));
     });
   }
   for (uint32_t i = 0; i < sc_.moves; ++i) {
@@ -1192,7 +1237,9 @@ RunResult World::Run() {
                             Detail(e->message)));
     // A process that left still takes server-to-server traffic (its streams
     // settle); everything else to it is lost.
-    if (p->exited && !(absl::StartsWith(e->from, "sim://server-") && absl::StartsWith(e->to, "sim://server-"))) continue;
+    if (p->exited &&
+        (p->removed || !(absl::StartsWith(e->from, "sim://server-") && absl::StartsWith(e->to, "sim://server-"))))
+      continue;
     if (h.has_job_ready()) scale_.last_job_ready_at = now;
     const bool new_map = h.has_shard_map_update() && h.shard_map_update().shard_map().epoch() == 2;
     if (new_map && scale_.have_new_map.insert(e->to).second) scale_.last_new_map_at = now;
@@ -1214,6 +1261,7 @@ RunResult World::Run() {
   r.failovers = maps_.empty() ? 0 : maps_.size() - 1;
   r.moves_started = moves_started_;
   r.moves_finished = moves_finished_;
+  r.servers_drained = servers_drained_;
   if (!maps_.empty()) {
     const std::vector<double> costs = cc.ShardCosts();
     r.imbalance_first_map = Imbalance(maps_.begin()->second, costs);
@@ -1481,6 +1529,7 @@ Scenario Scenario::FromSeed(uint64_t seed) {
   if (rng.Chance(0.6)) s.moves = static_cast<uint32_t>(rng.Between(2, 6));
   s.crash_mid_move = s.moves > 0 && s.replication > 1 && s.server_crashes == 0 && rng.Chance(0.3);
   if (rng.Chance(0.25)) s.servers_added = 1;
+  if (rng.Chance(0.25)) s.drains = 1;
   return s;
 }
 
@@ -1489,14 +1538,14 @@ std::string Scenario::Describe() const {
   return absl::StrFormat(
       "%u servers, %u workers, %u vshards, replication %u, %s%s, %u clocks, %u keys%s; delay %.2f-%.2f ms, drop %.3f, "
       "duplicate %.3f, reorder %.2f; %u crashes%s, %u pauses, %u partitions, %u worker crashes (on loss: %s), "
-      "%u coordinator crashes, %u moves%s, %u servers added%s",
+      "%u coordinator crashes, %u moves%s, %u servers added, %u drained%s",
       servers, workers, vshards, replication, model, consistency == proto::SSP ? absl::StrCat("(", staleness, ")") : "",
       clocks, keys, apply_after_ack ? ", apply after ack" : "", static_cast<double>(min_delay_ns) / kMs,
       static_cast<double>(max_delay_ns) / kMs, drop, duplicate, reorder, server_crashes,
       server_crashes > 0 ? (restart_crashed ? " (restarted)" : " (not restarted)") : "", pauses, partitions,
       worker_crashes,
       worker_loss == WorkerLossPolicy::kStopJob ? "stop" : worker_loss == WorkerLossPolicy::kContinue ? "continue" : "wait",
-      coordinator_crashes, moves, crash_mid_move ? " (a crash mid-move)" : "", servers_added,
+      coordinator_crashes, moves, crash_mid_move ? " (a crash mid-move)" : "", servers_added, drains,
       breakage == Breakage::kNone ? "" : absl::StrCat("; BROKEN: ", BreakageName(breakage)));
 }
 

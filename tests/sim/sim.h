@@ -104,6 +104,10 @@ struct Scenario {
   // Elastic membership: this many servers (0 or 1) join the running job at
   // a random time, as rank `servers` (CoordinatorOptions.max_servers).
   uint32_t servers_added = 0;
+  // Draining: this many servers (0 or 1; a random rank) are drained at a
+  // random time (CoordinatorCore::Drain, as tessera-admin drain asks; refused
+  // where too few servers would be left), and removed once they hold nothing.
+  uint32_t drains = 0;
   // What the job does about a lost worker. Under kWait a new process takes
   // a crashed worker's place one lease or more later and resumes at its
   // predecessor's clock.
@@ -139,7 +143,8 @@ struct RunResult {
   uint64_t pushes_acked = 0;
   uint64_t failovers = 0;           // maps published after the first
   uint64_t moves_started = 0;       // shard moves the coordinator began
-  uint64_t moves_finished = 0;      // moves whose destination became primary
+  uint64_t moves_finished = 0;      // moves whose destination became primary (or took a backup's place)
+  uint64_t servers_drained = 0;     // drained and removed
   // The shards' costs as the coordinator saw them last (ShardCosts), and
   // the imbalance (coordinator/rebalancer.h) they give under the first map
   // and under the last.
