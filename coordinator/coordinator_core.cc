@@ -968,8 +968,9 @@ absl::StatusOr<std::vector<Outgoing>> CoordinatorCore::Drain(uint32_t rank, Nano
   if (!next.ok()) return next.status();
   if (next->epoch() == shard_map_.epoch()) return out;  // draining already
   shard_map_ = *std::move(next);
-  const std::string reason = absl::StrCat("draining ", NodeName(proto::SERVER, rank), " (",
-                                          CopiesHeldBy(shard_map_, rank), " shard copies to move away)");
+  const uint32_t copies = CopiesHeldBy(shard_map_, rank);
+  const std::string reason = absl::StrCat("draining ", NodeName(proto::SERVER, rank), " (", copies, " shard cop",
+                                          copies == 1 ? "y" : "ies", " to move away)");
   events_.push_back(absl::StrCat(reason, " (map epoch ", shard_map_.epoch(), ")"));
   PublishMap(reason, out);
   MaybeDrain(now, out);
@@ -1046,7 +1047,8 @@ void CoordinatorCore::HandleDrainRequest(const Message& m, Nanos now, std::vecto
     r->set_copies_left(r->removed() ? 0 : CopiesHeldBy(shard_map_, rank));
     std::string state = r->removed() ? absl::StrCat(NodeName(proto::SERVER, rank), " was drained and removed from the job")
                                      : absl::StrCat("draining ", NodeName(proto::SERVER, rank), ": ",
-                                                    r->copies_left(), " shard copies left");
+                                                    r->copies_left(), " shard cop",
+                                                    r->copies_left() == 1 ? "y" : "ies", " left");
     for (uint32_t v : shard_map_.moving_vshards()) {
       absl::StrAppend(&state, "; moving shard ", v, " from ", NodeName(proto::SERVER, MovingFrom(shard_map_, v)),
                       " to ", NodeName(proto::SERVER, MovingTo(shard_map_, v)));

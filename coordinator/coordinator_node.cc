@@ -164,6 +164,7 @@ void CoordinatorNode::TakeFigures(const CoordinatorCore& core, uint64_t state_sa
   f.phase = static_cast<uint32_t>(core.phase());
   f.syncing = core.syncing_copies();
   f.moving = core.moves_in_progress();
+  f.draining = static_cast<size_t>(core.shard_map().draining_server_ranks_size());
   f.state_saves = state_saves;
   f.load = core.load().servers();
   for (const auto& [id, n] : core.nodes()) {
@@ -210,6 +211,10 @@ std::string CoordinatorNode::MetricsText() const {
             f.stats.moves_cancelled, {{"outcome", "cancelled"}});
   w.Gauge("tessera_coordinator_shard_moves_in_progress", "Shard moves under way",
           static_cast<double>(f.moving));
+  w.Gauge("tessera_coordinator_servers_draining", "Servers being drained (tessera-admin drain)",
+          static_cast<double>(f.draining));
+  w.Counter("tessera_coordinator_servers_drained_total", "Servers drained and removed from the job",
+            f.stats.servers_drained);
   w.Counter("tessera_coordinator_state_saves_total", "Coordinator state saves (file or etcd)", f.state_saves);
   for (size_t r = 0; r < f.load.size(); ++r) {
     const LoadTracker::ServerLoad& l = f.load[r];

@@ -83,6 +83,7 @@ class CoordinatorNode {
     uint32_t phase = 0;
     size_t syncing = 0;
     size_t moving = 0;  // shard moves under way
+    size_t draining = 0;  // servers being drained
     uint64_t state_saves = 0;
     // [role][state]: role 0 server, 1 worker; state 0 alive, 1 lost, 2 away, 3 done.
     uint32_t nodes[2][4] = {};

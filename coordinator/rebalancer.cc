@@ -168,7 +168,7 @@ DrainPlan PlanDrain(const proto::ShardMap& map, const std::vector<double>& shard
       return pa && cost(a) > cost(b);
     });
     if (order.empty()) {
-      plan.why = absl::StrFormat("server %u holds %u copies, all moving now", d, copies[d]);
+      plan.why = absl::StrFormat("server %u holds %u shard cop%s, all moving now", d, copies[d], copies[d] == 1 ? "y" : "ies");
       continue;
     }
     const uint32_t v = order.front();
@@ -190,16 +190,16 @@ DrainPlan PlanDrain(const proto::ShardMap& map, const std::vector<double>& shard
     }
     if (to == n) {
       plan.why = absl::StrFormat(
-          "server %u still holds %u copies, but every server left (live, not draining) already holds shard %u", d,
-          copies[d], v);
+          "server %u still holds %u shard cop%s, but every server left (live, not draining) already holds shard %u", d,
+          copies[d], copies[d] == 1 ? "y" : "ies", v);
       continue;
     }
     plan.move = true;
     plan.vshard = v;
     plan.from = d;
     plan.to = to;
-    plan.why = absl::StrFormat("draining server %u (%u copies left): its %s copy of shard %u goes to server %u", d,
-                               copies[d], primary ? "primary" : "backup", v, to);
+    plan.why = absl::StrFormat("draining server %u (%u shard cop%s left): its %s copy of shard %u goes to server %u",
+                               d, copies[d], copies[d] == 1 ? "y" : "ies", primary ? "primary" : "backup", v, to);
   }
   return plan;
 }

@@ -190,6 +190,48 @@ def test_a_server_that_joins_the_running_job_gets_shards_by_moves(tmp_path):
     assert verdict["applied"] == verdict["issued"] == verdict["acknowledged"]
 
 
+def test_a_drained_server_hands_its_copies_over_and_leaves(tmp_path):
+    """tessera-admin drain while three workers push: server 2's copies
+    (primaries and backups) move to servers 0 and 1 one at a time, then it
+    is removed from the job and exits 0; the job goes on and the audit
+    passes."""
+    job = Job(tmp_path, "timeouts.heartbeat_seconds=0.2", "timeouts.lease_seconds=2")
+    pid = job.pid("tessera-server", "server-2")
+    job_env = {**os.environ, **job_environment(pid)}  # the job's key, if it has one
+    time.sleep(1.0)
+    assert job.running(), "the job ended before the drain"
+    admin = subprocess.run([str(BUILD / "coordinator" / "tessera-admin"), "drain", "--coordinator", job.address,
+                            "--server", "2", "--wait", "--timeout", "90"],
+                           capture_output=True, text=True, timeout=120, env=job_env)
+    assert admin.returncode == 0, admin.stdout + admin.stderr
+    assert "draining server 2" in admin.stdout, admin.stdout
+    assert admin.stdout.rstrip().endswith("server 2 was drained and removed from the job"), admin.stdout
+    deadline = time.monotonic() + 20
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(), \
+        "the drained server did not stop"
+    # Asked again: it says so, and the job did not fail.
+    again = subprocess.run([str(BUILD / "coordinator" / "tessera-admin"), "drain", "--coordinator", job.address,
+                            "--server", "2"], capture_output=True, text=True, timeout=60, env=job_env)
+    assert job.running(), "the job ended before the drain was asked about again"
+    assert again.returncode == 0 and "was drained and removed" in again.stdout, again.stdout + again.stderr
+    # Server 1 cannot go too: two copies of every shard need two servers.
+    refused = subprocess.run([str(BUILD / "coordinator" / "tessera-admin"), "drain", "--coordinator", job.address,
+                              "--server", "1"], capture_output=True, text=True, timeout=60, env=job_env)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "1 server would be left (live, not draining) for 2 copies" in refused.stderr, refused.stderr
+    out = job.finish()
+    assert_job_ok(job, out)
+    log = coordinator_log(job)
+    assert "draining server 2" in log and "server 2 was drained and removed" in log, log[-3000:]
+    assert re.search(r"moved shard \d+ from server 2 to server [01]", log), log[-3000:]
+    assert re.search(r"moved shard \d+'s backup copy from server 2 to server [01]", log), log[-3000:]
+    assert "lost server 2" not in log
+    verdict = assert_audit_passes(job)
+    assert verdict["applied"] == verdict["issued"] == verdict["acknowledged"]
+
+
 def test_e3_a_primary_paused_past_its_lease_is_deposed_and_refused(tmp_path):
     job = Job(tmp_path)
     pid = job.pid("tessera-server", "server-1")
