@@ -8,7 +8,7 @@ import sys
 
 from . import __version__
 from .config import ConfigError
-from . import doctor, kubernetes, plan, report, role, slurm, ssh
+from . import admin, doctor, kubernetes, plan, report, role, slurm, ssh
 from .local import EXIT_USAGE, LocalBackend, LocalOptions, SetupError, run_job
 from .mpirun import MpirunBackend
 
@@ -156,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  "reachability, CUDA)", doctor.DESCRIPTION, doctor.EPILOG))
     plan.add_arguments(command("plan", "suggest the number of servers and virtual shards for a model, "
                                "and show the arithmetic", plan.DESCRIPTION, plan.EPILOG))
+    admin.add_arguments(command("drain", "drain a server of a running job and remove it (its shards move to "
+                                "the other servers while training goes on)", admin.DESCRIPTION, admin.EPILOG))
     report.add_arguments(command("report", "turn a run directory into plots and a Markdown page",
                                  report.__doc__.split("\n\n", 1)[1], ""))
     role.add_arguments(commands.add_parser(
@@ -180,6 +182,8 @@ def main(argv=None) -> int:
             return doctor.run(args)
         if args.command == "plan":
             return plan.run(args)
+        if args.command == "drain":
+            return admin.run(args)
         if args.command == "role":
             return role.main_role(args)
         if args.command == "kubernetes":

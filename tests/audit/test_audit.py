@@ -212,13 +212,14 @@ def test_a_drained_server_hands_its_copies_over_and_leaves(tmp_path):
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(), \
         "the drained server did not stop"
     # Asked again: it says so, and the job did not fail.
-    again = subprocess.run([str(BUILD / "coordinator" / "tessera-admin"), "drain", "--coordinator", job.address,
-                            "--server", "2"], capture_output=True, text=True, timeout=60, env=job_env)
+    # (Through tessera-launch drain, which reads the address and key from the run directory.)
+    launch = [sys.executable, str(REPO / "launcher" / "tessera-launch"), "drain", "--run-dir", str(job.run_dir),
+              "--build-dir", str(BUILD)]
+    again = subprocess.run(launch + ["--server", "2"], capture_output=True, text=True, timeout=60)
     assert job.running(), "the job ended before the drain was asked about again"
     assert again.returncode == 0 and "was drained and removed" in again.stdout, again.stdout + again.stderr
     # Server 1 cannot go too: two copies of every shard need two servers.
-    refused = subprocess.run([str(BUILD / "coordinator" / "tessera-admin"), "drain", "--coordinator", job.address,
-                              "--server", "1"], capture_output=True, text=True, timeout=60, env=job_env)
+    refused = subprocess.run(launch + ["--server", "1"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "1 server would be left (live, not draining) for 2 copies" in refused.stderr, refused.stderr
     out = job.finish()
