@@ -202,6 +202,7 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
   if (auto it = node_by_address_.find(address); it != node_by_address_.end()) {
     reply.header.mutable_register_reply()->set_heartbeat_interval_ms(options_.heartbeat_interval / kMillis);
     *reply.header.mutable_register_reply()->mutable_self() = nodes_.at(it->second).info;
+    reply.header.mutable_register_reply()->set_joined_running_job(nodes_.at(it->second).joined_running_job);
     send_reply();
     if (phase_ == Phase::kRunning) {
       Message ready;
@@ -211,6 +212,7 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
     return;
   }
   if (phase_ == Phase::kRunning && req.role() == proto::WORKER && TakeOverAwayWorker(m, now, out)) return;
+  if (phase_ == Phase::kRunning && req.role() == proto::WORKER && AddWorker(m, now, out)) return;
   if (phase_ == Phase::kRunning && req.role() == proto::SERVER && TakeOverDeadServer(m, now, out)) return;
   if (phase_ == Phase::kRunning && req.role() == proto::SERVER && AddServer(m, now, out)) return;
   if (phase_ == Phase::kRunning && req.role() == proto::WORKER && options_.on_worker_loss == WorkerLossPolicy::kWait &&
@@ -380,6 +382,16 @@ void CoordinatorCore::HandleBarrier(const Message& m, std::vector<Outgoing>& out
     out.push_back(Outgoing{node.info.address(), std::move(release)});
     return;
   }
+  // A worker that joined the running job: a barrier the job passed before
+  // it joined is behind it (unless the others are waiting at it again now).
+  if (node.catch_up_barriers.erase(name) > 0 && !arrived &&
+      (waiting == barriers_.end() || waiting->second.empty())) {
+    node.passed_barriers[name] = node.info.incarnation();
+    Message release;
+    release.header.mutable_barrier_release()->set_name(name);
+    out.push_back(Outgoing{node.info.address(), std::move(release)});
+    return;
+  }
   barriers_[name].insert(node.info.node_id());
   ReleaseBarriers(out);
 }
@@ -457,13 +469,14 @@ void CoordinatorCore::ResendWorkersLeft(const Node& server, const proto::Heartbe
 
 void CoordinatorCore::MaybeFinish(std::vector<Outgoing>& out) {
   if (phase_ != Phase::kRunning) return;
-  size_t done = 0, lost = 0;
+  size_t done = 0, lost = 0, workers = 0;
   for (const auto& [id, n] : nodes_) {
     if (n.info.role() != proto::WORKER) continue;
+    ++workers;  // (with those that joined the running job)
     lost += n.lost;
     done += n.done && !n.lost;  // (a lost worker is never done: its reports are refused)
   }
-  if (done + lost < options_.workers) return;
+  if (done + lost < std::max<size_t>(options_.workers, workers)) return;
   if (done == 0) {
     Fail(absl::StrCat("every worker was lost"), out);
     return;
@@ -560,6 +573,10 @@ proto::CoordinatorState CoordinatorCore::SaveState(bool with_counts) const {
     ns->set_away_reason(n.away_reason);
     for (const auto& [name, inc] : n.passed_barriers) (*ns->mutable_passed_barriers())[name] = inc;
     *ns->mutable_report() = n.report;
+    std::vector<std::string> catch_up(n.catch_up_barriers.begin(), n.catch_up_barriers.end());
+    std::sort(catch_up.begin(), catch_up.end());
+    for (std::string& name : catch_up) ns->add_catch_up_barriers(std::move(name));
+    ns->set_joined_running_job(n.joined_running_job);
   }
   *s.mutable_shard_map() = shard_map_;
   std::vector<std::string> names;
@@ -626,11 +643,13 @@ absl::Status CoordinatorCore::RestoreState(const proto::CoordinatorState& s, Nan
     n.away_reason = ns.away_reason();
     for (const auto& [name, inc] : ns.passed_barriers()) n.passed_barriers[name] = inc;
     n.report = ns.report();
+    n.catch_up_barriers.insert(ns.catch_up_barriers().begin(), ns.catch_up_barriers().end());
+    n.joined_running_job = ns.joined_running_job();
     const uint32_t servers = s.phase() == static_cast<uint32_t>(Phase::kAssembling)
                                  ? options_.servers
                                  : static_cast<uint32_t>(s.shard_map().servers_size());
     const uint32_t count = n.info.role() == proto::SERVER   ? servers
-                           : n.info.role() == proto::WORKER ? options_.workers
+                           : n.info.role() == proto::WORKER ? MaxWorkers()
                                                             : 0;
     if (n.info.rank() >= count) {
       return absl::InvalidArgumentError(absl::StrCat("state file: node ", n.info.node_id(), " has role ",
@@ -714,6 +733,42 @@ bool CoordinatorCore::AddServer(const Message& m, Nanos now, std::vector<Outgoin
                                  options_.rebalance.threshold > 0 ? "the rebalancer moves some to it"
                                                                   : "shards are moved to it (rebalancing is off)"));
   WelcomeServer(m, info, "joined", out);
+  return true;
+}
+
+bool CoordinatorCore::AddWorker(const Message& m, Nanos now, std::vector<Outgoing>& out) {
+  uint32_t next_rank = 0;
+  absl::flat_hash_set<std::string> passed;
+  for (const auto& [id, n] : nodes_) {
+    if (n.info.role() != proto::WORKER) continue;
+    next_rank = std::max(next_rank, n.info.rank() + 1);
+    for (const auto& [name, inc] : n.passed_barriers) passed.insert(name);
+  }
+  const int rank = m.header.register_request().rank();
+  if (next_rank >= MaxWorkers() || (rank >= 0 && static_cast<uint32_t>(rank) != next_rank)) return false;
+  Node node;
+  node.info.set_node_id(next_node_id_++);
+  node.info.set_role(proto::WORKER);
+  node.info.set_rank(next_rank);
+  node.info.set_address(m.header.sender_address());
+  node.last_seen = now;
+  node.catch_up_barriers = std::move(passed);
+  node.joined_running_job = true;
+  node_by_address_[node.info.address()] = node.info.node_id();
+  const proto::NodeInfo info = node.info;
+  nodes_.emplace(info.node_id(), std::move(node));
+  ++stats_.workers_added;
+  events_.push_back(absl::StrCat(NodeName(proto::WORKER, info.rank()), " joined the running job from ",
+                                 info.address(), " (", info.rank() + 1, " of at most ", MaxWorkers(),
+                                 " workers); the job waits for it from now on"));
+  Message reply = Reply(m);
+  reply.header.mutable_register_reply()->set_heartbeat_interval_ms(options_.heartbeat_interval / kMillis);
+  reply.header.mutable_register_reply()->set_joined_running_job(true);
+  *reply.header.mutable_register_reply()->mutable_self() = info;
+  out.push_back(Outgoing{info.address(), std::move(reply)});
+  Message ready;
+  ready.header = JobReadyEnvelope();
+  out.push_back(Outgoing{info.address(), std::move(ready)});
   return true;
 }
 

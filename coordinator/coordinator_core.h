@@ -73,6 +73,14 @@
 //   is answered with a DrainReply (copies left, removed or not, and what is
 //   going on); asking again only reports. A drain survives a coordinator
 //   restart (the map lists it).
+// - Joining workers (options.max_workers above workers): a worker that
+//   registers for the next rank (or any) while the job runs joins as a new
+//   node (RegisterReply.joined_running_job) and gets the job; from then on
+//   the job waits for it (barriers, the end). It asks the servers to track
+//   it (ClockQuery join: each starts it at its slowest live worker's clock)
+//   and starts at the highest clock they answer. A barrier the job passed
+//   before it joined is released to it at once, the first time it asks.
+//   Workers leave by finishing or being lost (WorkersLeft).
 // - Membership changes are also reported as lines by TakeEvents(), for logs.
 // - Load: every server heartbeat while the job runs feeds load() (see
 //   coordinator/load_tracker.h), the smoothed view placement decisions read.
@@ -141,6 +149,9 @@ struct CoordinatorOptions {
   // runs is added to the map (WithServerAdded), empty; the rebalancer then
   // moves shards to it.
   uint32_t max_servers = 0;
+  // Workers the job may grow to while it runs (0: `workers`, no growth): a
+  // worker that registers for the next rank joins (see Joining workers).
+  uint32_t max_workers = 0;
   RebalanceOptions rebalance;               // threshold 0: no automatic moves
   Nanos load_tau = 10 * kSeconds;           // time constant of the smoothed loads (LoadTracker)
   Nanos move_timeout = 60 * kSeconds;       // a move not finished by then is cancelled
@@ -173,6 +184,10 @@ class CoordinatorCore {
     std::string away_reason;
     // Barriers this rank passed, with the incarnation that passed them.
     absl::flat_hash_map<std::string, uint32_t> passed_barriers;
+    // A worker that joined the running job: barriers the job had passed
+    // then, each released to it at once the first time it asks.
+    absl::flat_hash_set<std::string> catch_up_barriers;
+    bool joined_running_job = false;  // registered while the job ran (max_workers)
     proto::WorkerDone report;  // workers, once done
   };
   // Registered nodes by node id.
@@ -227,6 +242,7 @@ class CoordinatorCore {
     uint64_t moves_cancelled = 0;    // timed out, or ended by a lost server
     uint64_t servers_added = 0;      // servers that joined the running job (max_servers)
     uint64_t servers_drained = 0;    // drained and removed
+    uint64_t workers_added = 0;      // workers that joined the running job (max_workers)
   };
   const Stats& stats() const { return stats_; }
   // The servers' and shards' load, smoothed, from server heartbeats.
@@ -258,6 +274,11 @@ class CoordinatorCore {
   // if the job is at max_servers or the rank asked for is not the next.
   bool AddServer(const Message& m, Nanos now, std::vector<Outgoing>& out);
   uint32_t MaxServers() const { return std::max(options_.servers, options_.max_servers); }
+  // A process registers for the next worker rank (or any) while the job
+  // runs and may grow: it joins as that rank. False (nothing done) if the
+  // job is at max_workers or the rank asked for is not the next.
+  bool AddWorker(const Message& m, Nanos now, std::vector<Outgoing>& out);
+  uint32_t MaxWorkers() const { return std::max(options_.workers, options_.max_workers); }
   // A server that took a place while the job runs (`how`: "joined",
   // "rejoined"): its registration reply, the new map to everyone, and the
   // job to it.

@@ -1012,5 +1012,71 @@ TEST_F(CoordinatorCoreTest, ADrainedServerHandsEveryCopyOverAndIsToldToStop) {
   EXPECT_TRUE(again.Removed(3));
 }
 
+TEST_F(CoordinatorCoreTest, AWorkerJoinsTheRunningJobAndPassesTheBarriersItMissed) {
+  CoordinatorOptions o = Options(1, 2);
+  o.max_workers = 3;
+  o.lease = 100 * kSeconds;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 1, 2);
+  ASSERT_EQ(core.phase(), CoordinatorCore::Phase::kRunning);
+  auto barrier = [&](const std::string& from, const std::string& name, Nanos now) {
+    Message m = From(from, 3);
+    m.header.mutable_barrier_request()->set_name(name);
+    return core.Step(m, now);
+  };
+  auto released = [](const std::vector<Outgoing>& out, const std::string& to) {
+    for (const Outgoing& o : out)
+      if (o.to == to && o.message.header.has_barrier_release()) return true;
+    return false;
+  };
+  barrier("w0", "start", kSeconds);
+  ASSERT_TRUE(released(barrier("w1", "start", kSeconds), "w0"));
+  barrier("w0", "epoch-1", 2 * kSeconds);  // w1 not there yet
+  // Not the next rank: refused; the next rank, or any, joins.
+  std::vector<Outgoing> out = core.Step(Register("w9", proto::WORKER, 5), 3 * kSeconds);
+  ASSERT_FALSE(out.empty());
+  EXPECT_FALSE(out[0].message.header.has_register_reply() && !out[0].message.header.has_error());
+  out = core.Step(Register("w2", proto::WORKER, -1), 3 * kSeconds);
+  std::vector<Outgoing> to_w2 = To(out, "w2");
+  ASSERT_EQ(to_w2.size(), 2u);
+  ASSERT_TRUE(to_w2[0].message.header.has_register_reply());
+  EXPECT_EQ(to_w2[0].message.header.register_reply().self().rank(), 2u);
+  EXPECT_TRUE(to_w2[0].message.header.register_reply().joined_running_job());
+  EXPECT_TRUE(to_w2[1].message.header.has_job_ready());
+  EXPECT_EQ(to_w2[1].message.header.job_ready().nodes_size(), 4);
+  EXPECT_EQ(core.stats().workers_added, 1u);
+  // A repeated registration says it joined the running job too.
+  out = core.Step(Register("w2", proto::WORKER, -1), 3 * kSeconds);
+  ASSERT_FALSE(To(out, "w2").empty());
+  EXPECT_TRUE(To(out, "w2")[0].message.header.register_reply().joined_running_job());
+  // "start" was passed before it joined: released to it at once.
+  EXPECT_TRUE(released(barrier("w2", "start", 4 * kSeconds), "w2"));
+  // "epoch-1" is under way: it waits for all three.
+  out = barrier("w1", "epoch-1", 5 * kSeconds);
+  EXPECT_FALSE(released(out, "w0")) << "the job waits for the newcomer";
+  out = barrier("w2", "epoch-1", 6 * kSeconds);
+  EXPECT_TRUE(released(out, "w0") && released(out, "w1") && released(out, "w2"));
+  // A restarted coordinator knows it (rank 2 of at most 3).
+  CoordinatorCore again(o, 7 * kSeconds);
+  ASSERT_TRUE(again.RestoreState(core.SaveState(), 7 * kSeconds).ok());
+  // The job ends once all three are done.
+  for (const char* w : {"w0", "w1"}) {
+    Message done = From(w, 9);
+    done.header.mutable_worker_done();
+    core.Step(done, 8 * kSeconds);
+  }
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kRunning) << "w2 has not finished";
+  Message done = From("w2", 9);
+  done.header.mutable_worker_done();
+  core.Step(done, 9 * kSeconds);
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kDone);
+  // At max_workers, no more join.
+  CoordinatorCore full(o, 0);
+  Assemble(full, 1, 2);
+  full.Step(Register("w2", proto::WORKER, 2), kSeconds);
+  out = full.Step(Register("w3", proto::WORKER, 3), kSeconds);
+  EXPECT_EQ(full.stats().workers_added, 1u);
+}
+
 }  // namespace
 }  // namespace tessera

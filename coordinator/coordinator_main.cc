@@ -79,6 +79,10 @@ int main(int argc, char** argv) {
                  "Servers the job may grow to while it runs (default: --servers): a tessera-server started for the "
                  "next rank (--rank N, N = the servers so far) joins the running job, empty, and the rebalancer "
                  "(--rebalance-threshold) moves shards to it");
+  app.add_option("--max-workers", options.max_workers,
+                 "Workers the job may grow to while it runs (default: --workers): a worker started for the next rank "
+                 "(--rank N, N = the workers so far) joins the running job at the slowest worker's clock, and the job "
+                 "waits for it from then on");
   double rebalance_interval = 10, move_timeout = 60;
   app.add_option("--rebalance-threshold", options.rebalance.threshold,
                  "Move virtual shards off a server whose load per unit of weight passes this multiple of the mean "
@@ -140,6 +144,10 @@ int main(int argc, char** argv) {
   }
   if (options.max_servers != 0 && options.max_servers < options.servers) {
     TLOG_ERROR("--max-servers ({}) must be at least --servers ({})", options.max_servers, options.servers);
+    return 2;
+  }
+  if (options.max_workers != 0 && options.max_workers < options.workers) {
+    TLOG_ERROR("--max-workers ({}) must be at least --workers ({})", options.max_workers, options.workers);
     return 2;
   }
   if (options.rebalance.threshold != 0 && !(options.rebalance.threshold > 1)) {

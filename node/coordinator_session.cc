@@ -158,6 +158,7 @@ absl::StatusOr<proto::JobReady> CoordinatorSession::Join() {
     if (!registered && core_.registered() && !core_.register_error()) {
       registered = true;
       self_ = core_.self();
+      joined_running_job_ = core_.joined_running_job();
       SetLogNodeId(self_.node_id());
     }
     if (auto result = core_.JoinResult(MonotonicNow())) return *std::move(result);

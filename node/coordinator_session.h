@@ -73,6 +73,9 @@ class CoordinatorSession {
 
   absl::StatusOr<proto::JobReady> Join();
   const proto::NodeInfo& self() const { return self_; }
+  // A worker that joined a job already running (cluster.max_workers): it
+  // starts at the job's clock (WorkerCore::JoinClock).
+  bool joined_running_job() const { return joined_running_job_; }
 
   absl::Status Barrier(const std::string& name, Nanos timeout);
   // Sends the coordinator a notice (no reply expected), e.g. ShardsInSync.
@@ -120,6 +123,7 @@ class CoordinatorSession {
   std::function<void(const absl::Status&)> on_end_;
   std::function<void(proto::Heartbeat*)> fill_heartbeat_;
   proto::NodeInfo self_;
+  bool joined_running_job_ = false;
 
   std::mutex mu_;
   std::condition_variable cv_;

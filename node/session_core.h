@@ -138,6 +138,8 @@ class SessionCore {
   bool registered() const { return registered_.has_value(); }
   // This node as the coordinator registered it (empty before).
   const proto::NodeInfo& self() const { return registered_ ? registered_->self() : empty_self_; }
+  // A worker that joined a job already running (RegisterReply).
+  bool joined_running_job() const { return registered_ && registered_->joined_running_job(); }
   const std::optional<proto::JobReady>& ready() const { return ready_; }
   const std::optional<absl::Status>& ended() const { return ended_; }
   const std::optional<absl::Status>& register_error() const { return register_error_; }

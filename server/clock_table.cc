@@ -31,6 +31,18 @@ void ClockTable::Remove(uint32_t worker) {
   if (clocks_.erase(worker) > 0) RecomputeMin();
 }
 
+uint64_t ClockTable::Join(uint32_t worker, uint32_t rank) {
+  if (ranks_.contains(worker)) {
+    auto it = clocks_.find(worker);
+    return it == clocks_.end() ? 0 : it->second;
+  }
+  ranks_[worker] = rank;
+  const uint64_t start = min_clock_ == kNoWorkers ? 0 : min_clock_;
+  clocks_[worker] = start;
+  RecomputeMin();
+  return start;
+}
+
 uint64_t ClockTable::ClockOf(uint32_t worker) const {
   auto it = clocks_.find(worker);
   return it == clocks_.end() ? kNoWorkers : it->second;

@@ -33,6 +33,11 @@ class ClockTable {
   absl::Status Advance(uint32_t worker, uint64_t clock);
   // The worker left the job (finished or lost): nobody waits for it again.
   void Remove(uint32_t worker);
+  // A worker that joined the running job: tracked from now on, at the
+  // slowest live worker's clock (0 with none live), so that min_clock()
+  // does not drop. A worker known already (live or left) is unchanged.
+  // Returns its clock (0 for one that left).
+  uint64_t Join(uint32_t worker, uint32_t rank);
 
   // Every worker ever tracked, by node id ascending: (node, clock, live).
   // A worker that left has clock 0.

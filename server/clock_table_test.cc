@@ -40,5 +40,28 @@ TEST(ClockTableTest, UnknownAndDepartedWorkersAreErrors) {
   EXPECT_NE(s.message().find("worker 0 has left"), std::string::npos) << s;
 }
 
+TEST(ClockTableTest, AWorkerThatJoinsStartsAtTheSlowestClockAndHoldsNobodyBack) {
+  ClockTable t;
+  t.Reset({{1, 0}, {2, 1}});
+  ASSERT_TRUE(t.Advance(1, 7).ok());
+  ASSERT_TRUE(t.Advance(2, 5).ok());
+  EXPECT_EQ(t.Join(3, 2), 5u);
+  EXPECT_EQ(t.min_clock(), 5u) << "the minimum does not drop";
+  EXPECT_EQ(t.ClockOf(3), 5u);
+  EXPECT_TRUE(t.IsLive(3));
+  EXPECT_EQ(t.DescribeBehind(6), "worker 1 (at clock 5), worker 2 (at clock 5)");
+  // Again: unchanged; the worker's own announcements move it on.
+  ASSERT_TRUE(t.Advance(3, 9).ok());
+  EXPECT_EQ(t.Join(3, 2), 9u);
+  // One that left stays gone; with no worker live, a newcomer starts at 0.
+  t.Remove(3);
+  EXPECT_EQ(t.Join(3, 2), 0u);
+  EXPECT_FALSE(t.IsLive(3));
+  t.Remove(1);
+  t.Remove(2);
+  EXPECT_EQ(t.Join(4, 3), 0u);
+  EXPECT_EQ(t.min_clock(), 0u);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -34,6 +34,9 @@
 //   Held requests are answered, in arrival order, as soon as the clock table
 //   allows, or with DeadlineExceeded naming the workers still behind after
 //   their hold timeout (Tick). Workers that left (WorkersLeft) are not waited for.
+//   A ClockQuery with `join` from a worker this server does not know (one
+//   that joined the running job) starts tracking it at the slowest live
+//   worker's clock (ClockTable::Join); the ClockAck says that clock.
 // - Replication (../shared/DESIGN.md section 6; the map's backups):
 //   * A push is taken only by the primary of the shard of each of its keys;
 //     a key of a shard this server is not primary of gets Aborted ("not the

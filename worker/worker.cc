@@ -163,6 +163,12 @@ class WorkerImpl final : public Worker {
       metrics_ = std::move(*m);
       TLOG_INFO("metrics at http://{}:{}/metrics", options_.metrics_host, metrics_->port());
     }
+    if (session_->joined_running_job()) {
+      if (absl::Status s = ResumeClock(/*join=*/true); !s.ok()) return s;
+      TLOG_INFO("worker {} joined the running job at clock {}: {} servers, {} workers; {}", rank(), clock(),
+                num_servers(), num_workers_, joined_map);
+      return absl::OkStatus();
+    }
     if (incarnation() > 0) {
       if (absl::Status s = ResumeClock(); !s.ok()) return s;
       TLOG_INFO("worker {} rejoined as incarnation {} at clock {}: {} servers, {} workers; {}", rank(),
@@ -178,11 +184,16 @@ class WorkerImpl final : public Worker {
   // have reached only some servers, and the others would wait for it
   // forever, so that clock is announced again to every server (found by
   // the cluster simulator).
-  absl::Status ResumeClock() {
-    absl::Status s =
-        Issue(nullptr, [&](const WorkerCore::Handle& h, Nanos now) { return core_->ClockQuery(h, now); }).Wait();
+  // A worker that joined the running job (`join`) starts the same way: at
+  // the highest clock the servers start it at (their slowest worker's),
+  // announced to every server.
+  absl::Status ResumeClock(bool join = false) {
+    const char* who = join ? "a worker that joined the running job" : "a replaced worker";
+    absl::Status s = Issue(nullptr, [&](const WorkerCore::Handle& h, Nanos now) {
+                       return join ? core_->JoinClock(h, rank(), now) : core_->ClockQuery(h, now);
+                     }).Wait();
     if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("resuming the clock of a replaced worker: ", s.message()));
+      return absl::Status(s.code(), absl::StrCat("resuming the clock of ", who, ": ", s.message()));
     }
     uint64_t known = 0;
     {
@@ -194,8 +205,7 @@ class WorkerImpl final : public Worker {
     s = Issue(nullptr, [&](const WorkerCore::Handle& h, Nanos now) { return core_->ClockAdvance(h, known, now); })
             .Wait();
     if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("announcing clock ", known, " again for a replaced worker: ",
-                                                 s.message()));
+      return absl::Status(s.code(), absl::StrCat("announcing clock ", known, " for ", who, ": ", s.message()));
     }
     return absl::OkStatus();
   }

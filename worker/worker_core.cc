@@ -125,6 +125,13 @@ WorkerCore::Effects WorkerCore::ClockQuery(Handle handle, Nanos now) {
   return ToEveryServer(std::move(handle), "clock query", body, now, 0);
 }
 
+WorkerCore::Effects WorkerCore::JoinClock(Handle handle, uint32_t rank, Nanos now) {
+  proto::Envelope body;
+  body.mutable_clock_query()->set_join(true);
+  body.mutable_clock_query()->set_rank(rank);
+  return ToEveryServer(std::move(handle), "clock query (joining)", body, now, 0);
+}
+
 WorkerCore::Effects WorkerCore::ClockAdvance(Handle handle, uint64_t clock, Nanos now) {
   proto::Envelope body;
   body.mutable_clock_advance()->set_clock(clock);

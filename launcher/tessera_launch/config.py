@@ -79,6 +79,7 @@ class ClusterSection:
     vshards: int = 64
     server_weights: list = dataclasses.field(default_factory=list)  # empty: all equal
     max_servers: int = 0  # 0: servers (the job does not grow)
+    max_workers: int = 0  # 0: workers (no worker joins while the job runs)
     transport: str = "tcp"
     host: str = "127.0.0.1"
     on_worker_loss: str = "stop"
@@ -478,6 +479,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "max_servers": Field(_non_negative_int, 0,
                              "servers the job may grow to while it runs (0: servers): a tessera-server started for "
                              "the next rank joins, empty, and the rebalancer moves shards to it"),
+        "max_workers": Field(_non_negative_int, 0,
+                             "workers the job may grow to while it runs (0: workers): a worker started for the next "
+                             "rank joins at the slowest worker's clock, and the job waits for it from then on"),
         "transport": Field(_transport, "tcp",
                            "tcp | ipc (ZeroMQ) | zmq (= tcp) | rdma | auto (RDMA where usable, else ZeroMQ over "
                            "tcp)"),
@@ -970,6 +974,12 @@ class _Validator:
             self.error(
                 ("cluster", "max_servers"),
                 f"cluster.max_servers ({cluster['max_servers']}) must be 0 or at least cluster.servers ({servers})",
+            )
+        workers = cluster.get("workers", 1)
+        if cluster.get("max_workers") and isinstance(workers, int) and cluster["max_workers"] < workers:
+            self.error(
+                ("cluster", "max_workers"),
+                f"cluster.max_workers ({cluster['max_workers']}) must be 0 or at least cluster.workers ({workers})",
             )
         if (
             "lease_seconds" in timeouts

@@ -282,6 +282,7 @@ def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, d
         "--server-lease", _seconds(t.server_lease_seconds),
         "--on-shard-loss", config.cluster.on_shard_loss,
         *(["--max-servers", str(config.cluster.max_servers)] if config.cluster.max_servers else []),
+        *(["--max-workers", str(config.cluster.max_workers)] if config.cluster.max_workers else []),
         "--rebalance-threshold", repr(float(config.rebalance.threshold)),
         "--rebalance-interval", _seconds(config.rebalance.interval_seconds),
         "--rebalance-request-cost", repr(float(config.rebalance.request_cost_bytes)),

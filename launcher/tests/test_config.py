@@ -105,8 +105,8 @@ def test_unknown_key_names_path_and_suggests(tmp_path):
     path = write(tmp_path, MINIMAL + "cluster:\n  srevers: 2\n")
     assert error_of(path) == (
         f"{path}:4: unknown key cluster.srevers; did you mean cluster.servers? "
-        "(known: servers, workers, vshards, server_weights, max_servers, transport, host, replication, on_shard_loss, "
-        "on_worker_loss)")
+        "(known: servers, workers, vshards, server_weights, max_servers, max_workers, transport, host, replication, "
+        "on_shard_loss, on_worker_loss)")
 
 
 def test_unknown_section(tmp_path):
@@ -268,6 +268,13 @@ def test_max_servers_is_at_least_servers(tmp_path):
     assert "cluster.max_servers (2) must be 0 or at least cluster.servers (3)" in error_of(path)
     ok = write(tmp_path, MINIMAL + "cluster:\n  servers: 3\n  max_servers: 5\n", "ok.yaml")
     assert load_config(ok).cluster.max_servers == 5
+
+
+def test_max_workers_is_at_least_workers(tmp_path):
+    path = write(tmp_path, MINIMAL + "cluster:\n  workers: 3\n  max_workers: 2\n")
+    assert "cluster.max_workers (2) must be 0 or at least cluster.workers (3)" in error_of(path)
+    ok = write(tmp_path, MINIMAL + "cluster:\n  workers: 3\n  max_workers: 4\n", "ok.yaml")
+    assert load_config(ok).cluster.max_workers == 4
 
 
 def test_a_bad_server_weight_is_placed_on_its_line(tmp_path):

@@ -272,6 +272,9 @@ def test_rebalancing_reaches_the_coordinator(tmp_path, job_file):
     assert "--max-servers" not in argv
     argv = coordinator_argv(load_config(job_file, ["cluster.max_servers=4"]), binaries, layout, debug=False)
     assert argv[argv.index("--max-servers") + 1] == "4"
+    assert "--max-workers" not in argv
+    argv = coordinator_argv(load_config(job_file, ["cluster.max_workers=5"]), binaries, layout, debug=False)
+    assert argv[argv.index("--max-workers") + 1] == "5"
 
 
 def test_ipc_addresses_and_program_paths(tmp_path, job_file):

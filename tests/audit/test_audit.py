@@ -233,6 +233,30 @@ def test_a_drained_server_hands_its_copies_over_and_leaves(tmp_path):
     assert verdict["applied"] == verdict["issued"] == verdict["acknowledged"]
 
 
+def test_a_worker_that_joins_the_running_job_starts_at_the_jobs_clock(tmp_path):
+    """cluster.max_workers 4: a fourth worker, started by hand with worker
+    0's flags and --rank 3, joins while the others push (BSP). It starts at
+    the slowest worker's clock, holds nobody back, is waited for from then
+    on, and its pushes pass the audit like everyone's."""
+    job = Job(tmp_path, "cluster.max_workers=4")
+    pid = job.pid("tessera-audit-workload", "worker-0")
+    argv, env = command_line(pid), job_environment(pid)
+    argv[argv.index("--rank") + 1] = "3"
+    argv[argv.index("--name") + 1] = "worker-3"
+    time.sleep(1.0)
+    assert job.running(), "the job ended before the worker joined"
+    newcomer = job.start(argv, tmp_path / "worker-3.log", env)
+    out = job.finish()
+    assert newcomer.returncode == 0, (tmp_path / "worker-3.log").read_text()[-3000:]
+    assert_job_ok(job, out)
+    assert "worker 3 joined the running job" in coordinator_log(job), coordinator_log(job)[-3000:]
+    joined = re.search(r"worker 3 joined the running job at clock (\d+)", (tmp_path / "worker-3.log").read_text())
+    assert joined and int(joined.group(1)) > 0, (tmp_path / "worker-3.log").read_text()[-3000:]
+    assert list(job.records.glob("worker-3-*.log")), "the newcomer logged no pushes"
+    verdict = assert_audit_passes(job)
+    assert verdict["applied"] == verdict["issued"] == verdict["acknowledged"]
+
+
 def test_e3_a_primary_paused_past_its_lease_is_deposed_and_refused(tmp_path):
     job = Job(tmp_path)
     pid = job.pid("tessera-server", "server-1")
