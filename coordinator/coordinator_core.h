@@ -77,7 +77,7 @@
 //   registers for the next rank (or any) while the job runs joins as a new
 //   node (RegisterReply.joined_running_job) and gets the job; from then on
 //   the job waits for it (barriers, the end). It asks the servers to track
-//   it (ClockQuery join: each starts it at its slowest live worker's clock)
+//   it (ClockQuery join: each starts it at its fastest live worker's clock)
 //   and starts at the highest clock they answer. A barrier the job passed
 //   before it joined is released to it at once, the first time it asks.
 //   Workers leave by finishing or being lost (WorkersLeft).

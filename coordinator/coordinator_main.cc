@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
                  "(--rebalance-threshold) moves shards to it");
   app.add_option("--max-workers", options.max_workers,
                  "Workers the job may grow to while it runs (default: --workers): a worker started for the next rank "
-                 "(--rank N, N = the workers so far) joins the running job at the slowest worker's clock, and the job "
+                 "(--rank N, N = the workers so far) joins the running job at the fastest worker's clock, and the job "
                  "waits for it from then on");
   double rebalance_interval = 10, move_timeout = 60;
   app.add_option("--rebalance-threshold", options.rebalance.threshold,

@@ -31,13 +31,15 @@ void ClockTable::Remove(uint32_t worker) {
   if (clocks_.erase(worker) > 0) RecomputeMin();
 }
 
-uint64_t ClockTable::Join(uint32_t worker, uint32_t rank) {
+uint64_t ClockTable::Join(uint32_t worker, uint32_t rank, bool test_at_zero) {
   if (ranks_.contains(worker)) {
     auto it = clocks_.find(worker);
     return it == clocks_.end() ? 0 : it->second;
   }
   ranks_[worker] = rank;
-  const uint64_t start = min_clock_ == kNoWorkers ? 0 : min_clock_;
+  uint64_t start = 0;
+  for (const auto& [node, clock] : clocks_) start = std::max(start, clock);
+  if (test_at_zero) start = 0;
   clocks_[worker] = start;
   RecomputeMin();
   return start;

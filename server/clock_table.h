@@ -34,10 +34,13 @@ class ClockTable {
   // The worker left the job (finished or lost): nobody waits for it again.
   void Remove(uint32_t worker);
   // A worker that joined the running job: tracked from now on, at the
-  // slowest live worker's clock (0 with none live), so that min_clock()
-  // does not drop. A worker known already (live or left) is unchanged.
-  // Returns its clock (0 for one that left).
-  uint64_t Join(uint32_t worker, uint32_t rank);
+  // fastest live worker's clock (0 with none live). Not lower: a worker at
+  // clock c may have read every push stamped below c - staleness as
+  // complete, so the newcomer's pushes must be stamped no lower than that;
+  // and min_clock() does not drop. A worker known already (live or left)
+  // is unchanged. Returns its clock (0 for one that left).
+  // (`test_at_zero`: at clock 0 instead, for the simulator's negative control.)
+  uint64_t Join(uint32_t worker, uint32_t rank, bool test_at_zero = false);
 
   // Every worker ever tracked, by node id ascending: (node, clock, live).
   // A worker that left has clock 0.

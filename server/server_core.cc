@@ -420,7 +420,7 @@ Message ServerCore::Answer(Message request, Nanos held_for) {
     case proto::Envelope::kClockAdvance:
     case proto::Envelope::kClockQuery: {
       if (h.has_clock_query() && h.clock_query().join() && !clocks_.IsKnown(h.sender_id()) && h.sender_id() != 0) {
-        clocks_.Join(h.sender_id(), h.clock_query().rank());  // a worker that joined the running job
+        clocks_.Join(h.sender_id(), h.clock_query().rank(), options_.test_join_at_zero);  // joined the running job
       }
       if (!clocks_.IsKnown(h.sender_id())) {
         status = absl::NotFoundError(absl::StrCat("node ", h.sender_id(), " is not a worker of this job"));

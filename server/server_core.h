@@ -35,7 +35,7 @@
 //   allows, or with DeadlineExceeded naming the workers still behind after
 //   their hold timeout (Tick). Workers that left (WorkersLeft) are not waited for.
 //   A ClockQuery with `join` from a worker this server does not know (one
-//   that joined the running job) starts tracking it at the slowest live
+//   that joined the running job) starts tracking it at the fastest live
 //   worker's clock (ClockTable::Join); the ClockAck says that clock.
 // - Replication (../shared/DESIGN.md section 6; the map's backups):
 //   * A push is taken only by the primary of the shard of each of its keys;
@@ -134,6 +134,7 @@ struct ServerCoreOptions {
   bool test_ack_before_replication = false;  // acknowledge a push before the backups have it
   bool test_accept_old_epoch = false;        // installs older shard maps; a backup applies older forwards unchecked
   bool test_read_during_move = false;        // answers pulls of a moving shard without waiting for its destination
+  bool test_join_at_zero = false;            // starts a worker that joins the running job at clock 0
   bool apply_after_ack = false;             // leave accepted pushes to ApplyPending() (see the contract)
   // Pull replies with more value bytes than this go out in pieces of at most
   // this many bytes (0 = never split); see "Pull replies in pieces" below.

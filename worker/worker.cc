@@ -185,7 +185,7 @@ class WorkerImpl final : public Worker {
   // forever, so that clock is announced again to every server (found by
   // the cluster simulator).
   // A worker that joined the running job (`join`) starts the same way: at
-  // the highest clock the servers start it at (their slowest worker's),
+  // the highest clock the servers start it at (their fastest worker's),
   // announced to every server.
   absl::Status ResumeClock(bool join = false) {
     const char* who = join ? "a worker that joined the running job" : "a replaced worker";

@@ -98,7 +98,7 @@ class WorkerCore {
   // predecessor may have died with the announcement at only some servers.
   Effects ClockQuery(Handle handle, Nanos now);
   // The same for a worker that joined the running job (ClockQuery join):
-  // each server starts tracking it, at its slowest live worker's clock, and
+  // each server starts tracking it, at its fastest live worker's clock, and
   // known_clock() is then the highest clock they answered.
   Effects JoinClock(Handle handle, uint32_t rank, Nanos now);
   // `values` holds keys.size() * width floats; keys non-empty. The caller

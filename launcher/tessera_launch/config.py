@@ -481,7 +481,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
                              "the next rank joins, empty, and the rebalancer moves shards to it"),
         "max_workers": Field(_non_negative_int, 0,
                              "workers the job may grow to while it runs (0: workers): a worker started for the next "
-                             "rank joins at the slowest worker's clock, and the job waits for it from then on"),
+                             "rank joins at the fastest worker's clock, and the job waits for it from then on"),
         "transport": Field(_transport, "tcp",
                            "tcp | ipc (ZeroMQ) | zmq (= tcp) | rdma | auto (RDMA where usable, else ZeroMQ over "
                            "tcp)"),

@@ -236,7 +236,7 @@ def test_a_drained_server_hands_its_copies_over_and_leaves(tmp_path):
 def test_a_worker_that_joins_the_running_job_starts_at_the_jobs_clock(tmp_path):
     """cluster.max_workers 4: a fourth worker, started by hand with worker
     0's flags and --rank 3, joins while the others push (BSP). It starts at
-    the slowest worker's clock, holds nobody back, is waited for from then
+    the fastest worker's clock, holds nobody back, is waited for from then
     on, and its pushes pass the audit like everyone's."""
     job = Job(tmp_path, "cluster.max_workers=4")
     pid = job.pid("tessera-audit-workload", "worker-0")

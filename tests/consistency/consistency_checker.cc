@@ -18,10 +18,12 @@ void Recorder::Add(PushEvent e) { std::lock_guard l(mu_); pushes_.push_back(std:
 void Recorder::Add(PullEvent e) { std::lock_guard l(mu_); pulls_.push_back(std::move(e)); }
 void Recorder::Add(ClockEvent e) { std::lock_guard l(mu_); clocks_.push_back(e); }
 void Recorder::Add(FinishEvent e) { std::lock_guard l(mu_); finishes_.push_back(e); }
+void Recorder::Add(JoinEvent e) { std::lock_guard l(mu_); joins_.push_back(e); }
 std::vector<PushEvent> Recorder::pushes() const { std::lock_guard l(mu_); return pushes_; }
 std::vector<PullEvent> Recorder::pulls() const { std::lock_guard l(mu_); return pulls_; }
 std::vector<ClockEvent> Recorder::clocks() const { std::lock_guard l(mu_); return clocks_; }
 std::vector<FinishEvent> Recorder::finishes() const { std::lock_guard l(mu_); return finishes_; }
+std::vector<JoinEvent> Recorder::joins() const { std::lock_guard l(mu_); return joins_; }
 
 namespace {
 template <typename T>
@@ -149,11 +151,12 @@ absl::Status RunWorkload(Worker& w, const WorkloadOptions& o, Recorder& rec) {
   return absl::OkStatus();
 }
 
-CheckResult Check(const Recorder& rec, uint32_t W, uint64_t s) {
+CheckResult Check(const Recorder& rec, uint32_t W, uint64_t s, uint32_t initial_workers) {
   CheckResult r;
   auto pushes = rec.pushes();
   auto clocks = rec.clocks();
   auto finishes = rec.finishes();
+  auto joins = rec.joins();
   auto violation = [&](uint64_t& counter, std::string text) {
     ++counter;
     if (r.violations.size() < 10) r.violations.push_back(std::move(text));
@@ -207,6 +210,16 @@ CheckResult Check(const Recorder& rec, uint32_t W, uint64_t s) {
         bool finished = false;
         for (const auto& f : finishes) finished |= f.worker == v && f.finished_ns < ce.returned_ns;
         uint64_t reached = 0;
+        if (v >= initial_workers) {  // joined the running job: waited for from its join on
+          bool joined = false;
+          for (const auto& j : joins) {
+            if (j.worker == v && j.joined_ns < ce.returned_ns) {
+              joined = true;
+              reached = std::max(reached, j.clock);
+            }
+          }
+          if (!joined) continue;
+        }
         for (const auto& other : clocks)
           if (other.worker == v && other.called_ns < ce.returned_ns) reached = std::max(reached, other.new_clock);
         if (!finished && reached < need) {

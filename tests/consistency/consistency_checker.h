@@ -58,6 +58,14 @@ struct FinishEvent {
   uint32_t worker;
   int64_t finished_ns;
 };
+// A worker that joined the running job (cluster.max_workers) started at
+// `clock`, announced to every server by `joined_ns`. Before then nobody
+// waited for it (I1). Not written to files (only the simulator has joins).
+struct JoinEvent {
+  uint32_t worker;
+  uint64_t clock;
+  int64_t joined_ns;
+};
 
 // Thread-safe collection of events; can be written to and read from a file
 // (one line per event) for the multi-process test.
@@ -67,6 +75,7 @@ class Recorder {
   void Add(PullEvent e);
   void Add(ClockEvent e);
   void Add(FinishEvent e);
+  void Add(JoinEvent e);
   absl::Status WriteTo(const std::string& path) const;
   absl::Status ReadFrom(const std::string& path);  // appends
 
@@ -74,6 +83,7 @@ class Recorder {
   std::vector<PullEvent> pulls() const;
   std::vector<ClockEvent> clocks() const;
   std::vector<FinishEvent> finishes() const;
+  std::vector<JoinEvent> joins() const;
 
  private:
   mutable std::mutex mu_;
@@ -81,6 +91,7 @@ class Recorder {
   std::vector<PullEvent> pulls_;
   std::vector<ClockEvent> clocks_;
   std::vector<FinishEvent> finishes_;
+  std::vector<JoinEvent> joins_;
 };
 
 struct WorkloadOptions {
@@ -106,9 +117,12 @@ struct CheckResult {
 };
 
 // Checks I1-I4 for a table of the given staleness (kUnbounded for ASP:
-// then only I3 and I4 apply). `num_workers` = the table width.
+// then only I3 and I4 apply). `num_workers` = the table width. Workers
+// of rank `initial_workers` or more (default: none) joined the running job:
+// I1 counts them only from their JoinEvent on, at its clock.
 constexpr uint64_t kUnbounded = ~uint64_t{0};
-CheckResult Check(const Recorder& recorder, uint32_t num_workers, uint64_t staleness);
+CheckResult Check(const Recorder& recorder, uint32_t num_workers, uint64_t staleness,
+                  uint32_t initial_workers = UINT32_MAX);
 
 int64_t NowNs();
 

@@ -41,6 +41,7 @@ const char* BreakageName(Breakage b) {
     case Breakage::kAcceptOldEpoch: return "accept-old-epoch";
     case Breakage::kSwitchBeforeSync: return "switch-before-sync";
     case Breakage::kReadDuringMove: return "read-during-move";
+    case Breakage::kJoinAtZero: return "join-at-zero";
   }
   return "?";
 }
@@ -48,7 +49,7 @@ const char* BreakageName(Breakage b) {
 bool ParseBreakage(const std::string& name, Breakage* out) {
   for (Breakage b : {Breakage::kNone, Breakage::kApplyDuplicates, Breakage::kAckBeforeReplication,
                      Breakage::kAnswerEarly, Breakage::kAcceptOldEpoch, Breakage::kSwitchBeforeSync,
-                     Breakage::kReadDuringMove}) {
+                     Breakage::kReadDuringMove, Breakage::kJoinAtZero}) {
     if (name == BreakageName(b)) {
       *out = b;
       return true;
@@ -193,6 +194,8 @@ class World {
   }
   void NoteMap(const proto::ShardMap& map, Nanos now);
   bool JobRunning() const;
+  // The table's width: a column per worker, those that may join included.
+  uint32_t Width() const { return sc_.workers + sc_.workers_added; }
   // The coordinator told the servers these workers left: nobody waits for
   // them from now on (for the I1 check).
   void NoteWorkersLeft(const proto::WorkersLeft& left, Nanos now);
@@ -452,6 +455,7 @@ class ServerProc final : public Proc {
     o.test_ack_before_replication = sc.breakage == Breakage::kAckBeforeReplication;
     o.test_accept_old_epoch = sc.breakage == Breakage::kAcceptOldEpoch;
     o.test_read_during_move = sc.breakage == Breakage::kReadDuringMove;
+    o.test_join_at_zero = sc.breakage == Breakage::kJoinAtZero;
     core_ = std::make_unique<ServerCore>(o);
     if (auto s = core_->InstallShardMap(session_.ready()->shard_map(), session_.self().rank()); !s.ok()) {
       world_->Violation(absl::StrCat(address, " refused its first map: ", s.message()));
@@ -541,6 +545,13 @@ class WorkerProc final : public Proc {
     return v;
   }
   bool finished() const { return finished_; }
+  // A worker that joined the running job has its start clock everywhere.
+  void Joined(Nanos now) {
+    if (!joining_) return;
+    joining_ = false;
+    world_->recorder().Add(consistency::JoinEvent{rank_, clock_, now});
+    world_->Trace(now, absl::StrCat(address, " joined the running job at clock ", clock_));
+  }
   // A clock announced whose call never returned still counts for the others.
   void RecordUnreturnedClock() {
     if (clock_pending_) world_->recorder().Add(consistency::ClockEvent{rank_, clock_ + 1, clock_called_, consistency::kNotReturned});
@@ -576,6 +587,14 @@ class WorkerProc final : public Proc {
     }
     core_ = std::move(*created);
     if (world_->scenario().scale_crash_at_ns > 0) return;  // scale mode: membership only
+    if (session_.joined_running_job()) {
+      // A worker that joined the running job: the servers start it at their
+      // fastest worker's clock; it starts at the highest (as the Worker shell does).
+      joining_ = true;
+      auto op = NewOp(Kind::kClockQuery, "clock query (joining)", now);
+      Apply(core_->JoinClock(op, rank_, now), now);
+      return;
+    }
     if (session_.self().incarnation() > 0) {
       // A replacement: resume at the clock the servers know for this rank.
       auto op = NewOp(Kind::kClockQuery, "clock query", now);
@@ -590,7 +609,7 @@ class WorkerProc final : public Proc {
     proto::TableConfig c;
     c.set_table_id(kTable);
     c.set_name("sim");
-    c.set_width(sc.workers);
+    c.set_width(sc.workers + sc.workers_added);  // a column for a worker that joins, too
     c.set_kind(proto::SPARSE);
     c.set_optimizer(proto::ACCUMULATE);
     c.set_consistency(sc.consistency);
@@ -636,7 +655,7 @@ class WorkerProc final : public Proc {
 
   // One clock's pushes and pull, all in flight together.
   void IssueStep(Nanos now) {
-    const uint32_t W = world_->scenario().workers;
+    const uint32_t W = world_->scenario().workers + world_->scenario().workers_added;
     const int pushes = 1 + static_cast<int>(world_->rng().Below(3));
     for (int p = 0; p < pushes; ++p) {
       auto op = NewOp(Kind::kPush, absl::StrCat("push at clock ", clock_), now);
@@ -724,6 +743,7 @@ class WorkerProc final : public Proc {
         // (as the Worker shell does).
         clock_ = core_->known_clock();
         if (clock_ == 0) {
+          Joined(now);
           CreateTable(now);
           return;
         }
@@ -732,6 +752,7 @@ class WorkerProc final : public Proc {
         return;
       }
       case Kind::kReannounce:
+        Joined(now);
         CreateTable(now);
         return;
       case Kind::kCreate:
@@ -780,6 +801,7 @@ class WorkerProc final : public Proc {
   Nanos think_until_ = 0;
   bool clock_pending_ = false;
   bool finished_ = false;
+  bool joining_ = false;  // joined the running job; its start clock not yet announced
   std::string failure_;
 };
 
@@ -930,6 +952,7 @@ void World::StartWorker(uint32_t rank, Nanos now) {
   const uint32_t process = worker_incarnations_[rank]++;
   auto proc = std::make_unique<WorkerProc>(this, rank, process, now);
   WorkerProc* p = proc.get();
+  if (rank == workers_.size()) workers_.push_back(nullptr);  // a worker that joins the running job
   workers_[rank] = p;
   if (process > 0) Trace(now, absl::StrCat("start ", p->address));
   procs_[p->address] = std::move(proc);
@@ -1029,6 +1052,15 @@ void World::ScheduleFaults() {
       if (coordinator_->core().phase() == CoordinatorCore::Phase::kRunning) StartServer(rank, now);
     });
   }
+  for (uint32_t i = 0; i < sc_.workers_added; ++i) {
+    const uint32_t rank = sc_.workers + i;
+    At(when(), [this, rank](Nanos now) {
+      if (coordinator_->core().phase() == CoordinatorCore::Phase::kRunning && workers_.size() == rank) {
+        Trace(now, absl::StrCat("start worker ", rank, " (joins the running job)"));
+        StartWorker(rank, now);
+      }
+    });
+  }
   for (uint32_t i = 0; i < sc_.drains; ++i) {
     const uint32_t rank = static_cast<uint32_t>(rng_.Below(sc_.servers + sc_.servers_added));
     At(when(), [this, rank](Nanos now) {
@@ -1108,7 +1140,7 @@ void World::CheckTakeovers(uint32_t rank, uint64_t old_epoch, const proto::Shard
   absl::flat_hash_map<Key, std::vector<float>> rows;
   if (table != nullptr) {
     table->ForEachRow([&](Key k, std::span<const float> row) {
-      rows[k].assign(row.begin(), row.begin() + std::min<size_t>(row.size(), sc_.workers));
+      rows[k].assign(row.begin(), row.begin() + std::min<size_t>(row.size(), Width()));
     });
   }
   for (const consistency::PullEvent& p : recorder_.pulls()) {
@@ -1117,11 +1149,11 @@ void World::CheckTakeovers(uint32_t rank, uint64_t old_epoch, const proto::Shard
       const uint32_t v = VirtualShardOf(kTable, p.keys[i], sc_.vshards);
       if (std::find(taken.begin(), taken.end(), v) == taken.end()) continue;
       auto row = rows.find(p.keys[i]);
-      for (uint32_t c = 0; c < sc_.workers; ++c) {
+      for (uint32_t c = 0; c < Width(); ++c) {
         const float have = row == rows.end() || c >= row->second.size() ? 0.0f : row->second[c];
-        if (have < p.values[i * sc_.workers + c]) {
+        if (have < p.values[i * Width() + c]) {
           Violation(absl::StrCat("server ", rank, " took shard ", v, " over (a move) with key ", p.keys[i], " column ",
-                                 c, " at ", have, ", below the ", p.values[i * sc_.workers + c],
+                                 c, " at ", have, ", below the ", p.values[i * Width() + c],
                                  " a pull of worker ", p.worker, " had seen"));
           return;
         }
@@ -1147,17 +1179,17 @@ void World::CheckMonotonicReads() {
     for (; next_done < pulls.size() && pulls[next_done].completed_ns < p->issued_ns; ++next_done) {
       const auto& q = pulls[next_done];
       for (size_t i = 0; i < q.keys.size(); ++i)
-        for (uint32_t c = 0; c < sc_.workers; ++c) {
+        for (uint32_t c = 0; c < Width(); ++c) {
           auto& s = seen[{q.keys[i], c}];
-          s.first = std::max(s.first, q.values[i * sc_.workers + c]);
+          s.first = std::max(s.first, q.values[i * Width() + c]);
         }
     }
     for (size_t i = 0; i < p->keys.size(); ++i)
-      for (uint32_t c = 0; c < sc_.workers; ++c) {
+      for (uint32_t c = 0; c < Width(); ++c) {
         auto it = seen.find({p->keys[i], c});
-        if (it != seen.end() && p->values[i * sc_.workers + c] < it->second.first) {
+        if (it != seen.end() && p->values[i * Width() + c] < it->second.first) {
           Violation(absl::StrCat("a pull by worker ", p->worker, " at clock ", p->clock, " saw key ", p->keys[i],
-                                 " column ", c, " at ", p->values[i * sc_.workers + c], ", below the ",
+                                 " column ", c, " at ", p->values[i * Width() + c], ", below the ",
                                  it->second.first, " an earlier completed pull saw"));
           return;
         }
@@ -1173,6 +1205,7 @@ RunResult World::Run() {
   co.servers = sc_.servers;
   co.max_servers = sc_.servers + sc_.servers_added;
   co.workers = sc_.workers;
+  co.max_workers = sc_.workers + sc_.workers_added;
   co.vshards = sc_.vshards;
   co.assemble_timeout = 30 * kSeconds;
   co.lease = sc_.lease_ns;
@@ -1197,7 +1230,7 @@ RunResult World::Run() {
   server_incarnations_.assign(sc_.servers + sc_.servers_added, 0);
   for (uint32_t s = 0; s < sc_.servers; ++s) StartServer(s, 0);
   workers_.resize(sc_.workers);
-  worker_incarnations_.assign(sc_.workers, 0);
+  worker_incarnations_.assign(sc_.workers + sc_.workers_added, 0);
   for (uint32_t w = 0; w < sc_.workers; ++w) StartWorker(w, 0);
   ScheduleFaults();
 
@@ -1262,6 +1295,7 @@ RunResult World::Run() {
   r.moves_started = moves_started_;
   r.moves_finished = moves_finished_;
   r.servers_drained = servers_drained_;
+  r.workers_joined = recorder_.joins().size();
   if (!maps_.empty()) {
     const std::vector<double> costs = cc.ShardCosts();
     r.imbalance_first_map = Imbalance(maps_.begin()->second, costs);
@@ -1276,10 +1310,11 @@ RunResult World::Run() {
     CheckEnd(r);
     CheckAudit(r);
     CheckMonotonicReads();
-    auto checked = consistency::Check(recorder_, sc_.workers,
+    auto checked = consistency::Check(recorder_, Width(),
                                       sc_.consistency == proto::ASP   ? consistency::kUnbounded
                                       : sc_.consistency == proto::SSP ? sc_.staleness
-                                                                      : 0);
+                                                                      : 0,
+                                      sc_.workers);
     r.pulls_checked = checked.pulls_checked;
     for (std::string& v : checked.violations) Violation(std::move(v));
   }
@@ -1348,7 +1383,8 @@ void World::CheckEnd(RunResult& r) {
     }
     // Workers the job went on without (on_worker_loss: continue) need not finish.
     auto node = cc.nodes().find(w->node_id());
-    const bool left = w->crashed || (node != cc.nodes().end() && node->second.lost);
+    const bool left = w->crashed || (node != cc.nodes().end() && node->second.lost) ||
+                      (w->rank() >= sc_.workers && node == cc.nodes().end());  // a joiner the job ended before
     if (r.job_ok && !left && !w->finished()) {
       Violation(absl::StrCat("the job ended well but ", w->address, " did not finish"));
     }
@@ -1530,6 +1566,7 @@ Scenario Scenario::FromSeed(uint64_t seed) {
   s.crash_mid_move = s.moves > 0 && s.replication > 1 && s.server_crashes == 0 && rng.Chance(0.3);
   if (rng.Chance(0.25)) s.servers_added = 1;
   if (rng.Chance(0.25)) s.drains = 1;
+  if (rng.Chance(0.25)) s.workers_added = 1;
   return s;
 }
 
@@ -1538,14 +1575,14 @@ std::string Scenario::Describe() const {
   return absl::StrFormat(
       "%u servers, %u workers, %u vshards, replication %u, %s%s, %u clocks, %u keys%s; delay %.2f-%.2f ms, drop %.3f, "
       "duplicate %.3f, reorder %.2f; %u crashes%s, %u pauses, %u partitions, %u worker crashes (on loss: %s), "
-      "%u coordinator crashes, %u moves%s, %u servers added, %u drained%s",
+      "%u coordinator crashes, %u moves%s, %u servers added, %u drained, %u workers added%s",
       servers, workers, vshards, replication, model, consistency == proto::SSP ? absl::StrCat("(", staleness, ")") : "",
       clocks, keys, apply_after_ack ? ", apply after ack" : "", static_cast<double>(min_delay_ns) / kMs,
       static_cast<double>(max_delay_ns) / kMs, drop, duplicate, reorder, server_crashes,
       server_crashes > 0 ? (restart_crashed ? " (restarted)" : " (not restarted)") : "", pauses, partitions,
       worker_crashes,
       worker_loss == WorkerLossPolicy::kStopJob ? "stop" : worker_loss == WorkerLossPolicy::kContinue ? "continue" : "wait",
-      coordinator_crashes, moves, crash_mid_move ? " (a crash mid-move)" : "", servers_added, drains,
+      coordinator_crashes, moves, crash_mid_move ? " (a crash mid-move)" : "", servers_added, drains, workers_added,
       breakage == Breakage::kNone ? "" : absl::StrCat("; BROKEN: ", BreakageName(breakage)));
 }
 

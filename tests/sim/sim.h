@@ -56,6 +56,7 @@ enum class Breakage {
   kAcceptOldEpoch,        // servers install older shard maps, and backups apply forwards of an older epoch
   kSwitchBeforeSync,      // the coordinator makes a moving shard's destination primary at once
   kReadDuringMove,        // primaries answer pulls of a moving shard without waiting for its destination
+  kJoinAtZero,            // servers start a worker that joins the running job at clock 0
 };
 const char* BreakageName(Breakage b);
 bool ParseBreakage(const std::string& name, Breakage* out);
@@ -108,6 +109,10 @@ struct Scenario {
   // random time (CoordinatorCore::Drain, as tessera-admin drain asks; refused
   // where too few servers would be left), and removed once they hold nothing.
   uint32_t drains = 0;
+  // Joining workers: this many (0 or 1) start at a random time as the next
+  // rank (CoordinatorOptions.max_workers) and join the running job at the
+  // servers' fastest worker's clock; the table has a column for them.
+  uint32_t workers_added = 0;
   // What the job does about a lost worker. Under kWait a new process takes
   // a crashed worker's place one lease or more later and resumes at its
   // predecessor's clock.
@@ -145,6 +150,7 @@ struct RunResult {
   uint64_t moves_started = 0;       // shard moves the coordinator began
   uint64_t moves_finished = 0;      // moves whose destination became primary (or took a backup's place)
   uint64_t servers_drained = 0;     // drained and removed
+  uint64_t workers_joined = 0;      // joined the running job (their start clock announced)
   // The shards' costs as the coordinator saw them last (ShardCosts), and
   // the imbalance (coordinator/rebalancer.h) they give under the first map
   // and under the last.

@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   app.add_option("--trace", trace, "With --seed: write every message and fault of the run to this file");
   app.add_option("--break", breakage_name,
                  "Negative control: break one rule in the servers (apply-duplicates, ack-before-replication, "
-                 "answer-early, accept-old-epoch, switch-before-sync, read-during-move)");
+                 "answer-early, accept-old-epoch, switch-before-sync, read-during-move, join-at-zero)");
   app.add_flag("--expect-violation", expect_violation,
                "Succeed only if some run fails its checks (for negative controls); stops at the first");
   app.add_flag("--digests", digests, "Print each run's digest (for replay checks)");
@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
   tessera::sim::Breakage breakage;
   if (!tessera::sim::ParseBreakage(breakage_name, &breakage)) {
     std::fprintf(stderr, "tessera-sim: unknown --break '%s' (apply-duplicates, ack-before-replication, answer-early, "
-                         "accept-old-epoch, switch-before-sync, read-during-move)\n", breakage_name.c_str());
+                         "accept-old-epoch, switch-before-sync, read-during-move, join-at-zero)\n", breakage_name.c_str());
     return 2;
   }
   if (!trace.empty() && seed == 0) {
@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   uint64_t runs = 0, failed = 0, job_failures = 0, failovers = 0, messages = 0, pulls = 0, acked = 0;
-  uint64_t moves_started = 0, moves_finished = 0, drained = 0;
+  uint64_t moves_started = 0, moves_finished = 0, drained = 0, joined = 0;
   uint64_t first_failed = 0;
   for (uint64_t s = first_seed;; ++s) {
     if (minutes > 0 ? elapsed() >= minutes * 60 : s >= first_seed + seeds) break;
@@ -149,6 +149,7 @@ int main(int argc, char** argv) {
     moves_started += r.moves_started;
     moves_finished += r.moves_finished;
     drained += r.servers_drained;
+    joined += r.workers_joined;
     messages += r.messages;
     pulls += r.pulls_checked;
     acked += r.pushes_acked;
@@ -173,11 +174,11 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   std::printf("%llu runs in %.1f s: %llu failed their checks; %llu jobs ended by faults, %llu new maps, %llu of "
-              "%llu shard moves finished, %llu servers drained, %llu messages, %llu pulls checked, %llu pushes acknowledged%s\n",
+              "%llu shard moves finished, %llu servers drained, %llu workers joined, %llu messages, %llu pulls checked, %llu pushes acknowledged%s\n",
               static_cast<unsigned long long>(runs), elapsed(), static_cast<unsigned long long>(failed),
               static_cast<unsigned long long>(job_failures), static_cast<unsigned long long>(failovers),
               static_cast<unsigned long long>(moves_finished), static_cast<unsigned long long>(moves_started),
-              static_cast<unsigned long long>(drained),
+              static_cast<unsigned long long>(drained), static_cast<unsigned long long>(joined),
               static_cast<unsigned long long>(messages), static_cast<unsigned long long>(pulls),
               static_cast<unsigned long long>(acked),
               breakage == tessera::sim::Breakage::kNone ? "" : (" (broken: " + breakage_name + ")").c_str());
