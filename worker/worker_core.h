@@ -240,7 +240,7 @@ class WorkerCore {
   // its server's queue (stale entries, of parts no longer queued, may stay
   // until they come up); in_flight holds only parts MarkSent and not yet
   // seen answered, and in_flight_bytes is the sum of its values.
-  absl::flat_hash_map<uint32_t, ServerQueue> queues_;  // server rank -> its queue (scheduled() only)
+  std::map<uint32_t, ServerQueue> queues_;  // server rank -> its queue (scheduled() only; ordered: deterministic)
   uint64_t known_clock_ = 0;
   Nanos last_now_ = 0;  // the latest `now` seen (OnReply and FailAll have none): when queued parts leave
 };
