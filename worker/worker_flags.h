@@ -43,12 +43,24 @@ struct WorkerProcessFlags {
     app.add_option("--transfer_part_bytes,--transfer-part-bytes", transfer_part_bytes,
                    "split each server's share of a push or pull into parts of at most this many value bytes "
                    "(0: one part per server)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(ByteCountOrZero());
     app.add_option("--transfer_max_bytes_in_flight_per_server,--transfer-max-bytes-in-flight-per-server",
                    transfer_max_bytes_in_flight_per_server,
                    "value bytes sent to one server and not yet answered; more parts wait, by priority "
                    "(0: unbounded)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(ByteCountOrZero());
+  }
+
+  // A count of bytes: digits only, 0 or more, at most 2^63 - 1.
+  static CLI::Validator ByteCountOrZero() {
+    return CLI::Validator(
+        [](std::string& value) -> std::string {
+          const bool digits = !value.empty() && value.size() <= 19 &&
+                              value.find_first_not_of("0123456789") == std::string::npos;
+          if (digits && (value.size() < 19 || value <= "9223372036854775807")) return "";
+          return "must be an integer, 0 or more (bytes; 0: off), got " + value;
+        },
+        "BYTES");
   }
 
   // Names the process (worker-RANK unless --name) and starts logging.
