@@ -880,14 +880,15 @@ TEST(WorkerCoreTransferTest, QueuedPartsFollowAFailover) {
 // can cut a server off.
 class WorkerCoreClusterTest : public ::testing::Test {
  protected:
-  void Init(uint32_t servers, uint32_t replication, const std::string& pull_compression = "") {
+  void Init(uint32_t servers, uint32_t replication, const std::string& pull_compression = "",
+            WorkerCoreOptions options = Options()) {
     map_ = MakeMap(servers, replication);
     for (uint32_t r = 0; r < servers; ++r) {
       servers_.push_back(std::make_unique<ServerCore>(ServerCoreOptions{.node_id = r + 1}));
       ASSERT_TRUE(servers_[r]->InstallShardMap(map_, r).ok());
       servers_[r]->SetWorkers({{kNode, 0}});
     }
-    core_ = MakeCore(map_);
+    core_ = MakeCore(map_, options);
     proto::TableConfig config;
     config.set_table_id(kTable);
     config.set_width(kWidth);
@@ -1006,6 +1007,59 @@ TEST_F(WorkerCoreClusterTest, AFailoverAppliesEveryPushOnce) {
   std::vector<float> out(keys.size() * kWidth, -1);
   ASSERT_TRUE(Run(core_->Pull(NewHandle(), kTable, keys, out, kWidth, 0, 0)).ok());
   EXPECT_EQ(out, ones);  // each key once, not twice
+}
+
+TEST_F(WorkerCoreClusterTest, PartsOfOnePushToTheSameShardAreEachApplied) {
+  Init(1, 1, "", TransferOptions(/*part_bytes=*/1, /*bound=*/0));  // one row a part
+  const ShardMapView view = *ShardMapView::Create(map_);
+  std::vector<Key> keys;
+  for (Key k = 0; keys.size() < 4; ++k)
+    if (view.VShardOfKey(kTable, k) == view.VShardOfKey(kTable, 0)) keys.push_back(k);
+  std::vector<float> values;
+  for (size_t i = 0; i < keys.size() * kWidth; ++i) values.push_back(static_cast<float>(i + 1));
+  ASSERT_TRUE(Run(*core_->Push(NewHandle(), kTable, keys, values, kWidth, 0, nullptr, 0)).ok());
+  EXPECT_EQ(core_->last_push_seq(), keys.size());
+  EXPECT_EQ(servers_[0]->stats().duplicate_pushes, 0u);
+  std::vector<float> out(keys.size() * kWidth, -1);
+  ASSERT_TRUE(Run(core_->Pull(NewHandle(), kTable, keys, out, kWidth, 0, 0)).ok());
+  EXPECT_EQ(out, values);  // every part applied, none taken for a repeat of another
+}
+
+TEST_F(WorkerCoreClusterTest, AFailoverWithQueuedPartsAppliesEveryPartOnce) {
+  // Parts of two rows, one part in flight per server.
+  Init(3, 2, "", TransferOptions(/*part_bytes=*/2 * kWidth * sizeof(float), /*bound=*/2 * kWidth * sizeof(float)));
+  std::vector<Key> keys;
+  for (uint32_t s = 0; s < 3; ++s)
+    for (Key k : KeysOn(map_, s, 6)) keys.push_back(k);
+  const std::vector<float> ones(keys.size() * kWidth, 1.0f);
+  // Server 1 applies its first part and forwards it to its backup, but its
+  // Ack is lost; its other parts wait in the queue.
+  mute_.insert(1);
+  auto push = core_->Push(NewHandle(), kTable, keys, ones, kWidth, 0, nullptr, 0);
+  ASSERT_TRUE(push.ok());
+  EXPECT_TRUE(Deliver(std::move(*push)).empty());
+  EXPECT_EQ(servers_[1]->stats().push_requests, 1u);
+  EXPECT_EQ(core_->queued_parts(), 2u);
+  const proto::ShardMap next = *WithoutServer(map_, 1);
+  std::vector<Outgoing> released;
+  for (uint32_t r : {0u, 2u}) {
+    auto out = servers_[r]->UpdateShardMap(next, 0);
+    ASSERT_TRUE(out.ok()) << out.status();
+    for (auto& o : *out) {
+      if (o.message.header.sender_address().empty()) o.message.header.set_sender_address(ServerAddress(r));
+      released.push_back(std::move(o));
+    }
+  }
+  WorkerCore::Effects e = core_->OnMapUpdate(next, 0);
+  for (auto& o : released) e.sends.push_back(std::move(o));
+  const absl::Status s = Run(std::move(e));
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(core_->PushesCompleteThrough(core_->last_push_seq()));
+  EXPECT_EQ(core_->queued_parts(), 0u);
+  EXPECT_GE(servers_[2]->stats().duplicate_pushes + servers_[0]->stats().duplicate_pushes, 1u);
+  std::vector<float> out(keys.size() * kWidth, -1);
+  ASSERT_TRUE(Run(core_->Pull(NewHandle(), kTable, keys, out, kWidth, 0, 0)).ok());
+  EXPECT_EQ(out, ones);  // each key once, not twice, none lost
 }
 
 }  // namespace
