@@ -103,7 +103,7 @@ struct WorkerCoreOptions {
   Nanos request_timeout = 60 * kSeconds;  // for every operation (on top of any hold)
   Nanos hold_timeout = 120 * kSeconds;    // how long servers may hold a pull or a clock advance
   Nanos resend_after = 2 * kSeconds;      // a part unanswered this long goes again (0: never)
-  uint64_t part_bytes = 0;                // split each server's share into parts of at most this many value bytes (0: no split)
+  uint64_t part_bytes = 0;                // parts of at most this many value bytes per server (0: no split)
   uint64_t max_bytes_in_flight_per_server = 0;  // value bytes sent to one server and unanswered (0: unbounded)
 };
 

@@ -160,7 +160,7 @@ struct Batch {
 };
 
 // Waits for the futures in `order`; each must be the only one of those left
-// that is complete when it completes. Returns whether they all succeeded.
+// that is complete when it completes, and succeed.
 void ExpectCompletionOrder(const std::vector<Future>& futures, const std::vector<size_t>& order,
                            const std::string& what) {
   for (size_t i = 0; i < order.size(); ++i) {
@@ -185,7 +185,9 @@ TEST(TransferPriorityTest, HighPriorityPartsFinishFirstOnASlowLink) {
   const Batch b;
   // Issued back to back, lowest priority first (higher numbers go later).
   std::vector<Future> pushes;
-  for (size_t i = 0; i < 3; ++i) pushes.push_back(worker->Push(kTable, b.keys[i], b.values[i], 2 - static_cast<int>(i)));
+  for (size_t i = 0; i < 3; ++i) {
+    pushes.push_back(worker->Push(kTable, b.keys[i], b.values[i], 2 - static_cast<int>(i)));
+  }
   ExpectCompletionOrder(pushes, {2, 1, 0}, "push");
 
   std::vector<std::vector<float>> out(3, std::vector<float>(kRows * kRowWidth, -1));
@@ -207,7 +209,9 @@ TEST(TransferPriorityTest, WithoutTheBoundTheLinkKeepsIssueOrder) {
   ASSERT_NE(worker, nullptr);
   const Batch b;
   std::vector<Future> pushes;
-  for (size_t i = 0; i < 3; ++i) pushes.push_back(worker->Push(kTable, b.keys[i], b.values[i], 2 - static_cast<int>(i)));
+  for (size_t i = 0; i < 3; ++i) {
+    pushes.push_back(worker->Push(kTable, b.keys[i], b.values[i], 2 - static_cast<int>(i)));
+  }
   ExpectCompletionOrder(pushes, {0, 1, 2}, "push");
   Finish(*worker, job);
 }
