@@ -27,6 +27,8 @@ void RequestTracker::Begin(Handle handle, std::string what, std::vector<PartSpec
     Part& part = parts_.emplace(p.request_id, Part{raw, p.server_rank, std::move(p.scatter), std::move(p.request)})
                      .first->second;
     part.sent_at = now;
+    part.transfer = p.transfer;
+    part.queued = p.queued;
   }
   ops_.emplace(raw, std::move(op));
 }
@@ -158,7 +160,7 @@ std::vector<RequestTracker::Resend> RequestTracker::TakeResends(uint64_t epoch,
                                                                 Nanos resend_after) {
   std::vector<uint64_t> ids;
   for (const auto& [id, part] : parts_) {
-    const bool silent = resend_after > 0 && !part.parked && part.received == 0 &&
+    const bool silent = resend_after > 0 && !part.parked && !part.queued && part.received == 0 &&
                         now - part.sent_at >= resend_after << std::min<uint32_t>(part.resends, 6) &&
                         part.request.header.body_case() != proto::Envelope::BODY_NOT_SET;
     if (part.parked ? part.ready_epoch <= epoch : (dead(part.server_rank) || silent)) ids.push_back(id);
@@ -172,7 +174,7 @@ std::vector<RequestTracker::Resend> RequestTracker::TakeResends(uint64_t epoch,
         (!dead(part.server_rank) && part.request.header.body_case() != proto::Envelope::BODY_NOT_SET)) {
       const bool lost = !part.parked && !dead(part.server_rank);  // resent for silence, not for a new map
       resends.push_back(Resend{id, part.server_rank, std::move(part.scatter), std::move(part.request),
-                               part.resends + (lost ? 1 : 0)});
+                               part.resends + (lost ? 1 : 0), part.transfer});
       // The op keeps counting this part until Reissue.
       resend_ops_.emplace(id, part.op);
       continue;
@@ -198,9 +200,51 @@ std::vector<RequestTracker::Completion> RequestTracker::Reissue(const Resend& ol
                      .first->second;
     part.sent_at = now;
     part.resends = old.resends;
+    part.transfer = p.transfer;
+    part.queued = p.queued;
   }
   if (--op->remaining == 0) done.push_back(Finish(op));
   return done;
+}
+
+void RequestTracker::MarkSent(uint64_t request_id, Nanos now) {
+  auto it = parts_.find(request_id);
+  if (it == parts_.end() || !it->second.queued) return;
+  it->second.queued = false;
+  it->second.sent_at = now;
+}
+
+bool RequestTracker::Queued(uint64_t request_id) const {
+  auto it = parts_.find(request_id);
+  return it != parts_.end() && it->second.queued;
+}
+
+bool RequestTracker::Awaiting(uint64_t request_id) const {
+  auto it = parts_.find(request_id);
+  return it != parts_.end() && !it->second.queued && !it->second.parked;
+}
+
+std::vector<RequestTracker::Resend> RequestTracker::TakeQueued(
+    const std::function<bool(uint32_t, const Message&)>& take) {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, part] : parts_)
+    if (part.queued && take(part.server_rank, part.request)) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());  // issue order
+  std::vector<Resend> out;
+  for (uint64_t id : ids) {
+    auto node = parts_.extract(id);
+    Part& part = node.mapped();
+    out.push_back(Resend{id, part.server_rank, std::move(part.scatter), std::move(part.request), part.resends,
+                         part.transfer});
+    resend_ops_.emplace(id, part.op);  // the op keeps counting this part until Reissue
+  }
+  return out;
+}
+
+size_t RequestTracker::queued() const {
+  size_t n = 0;
+  for (const auto& [id, part] : parts_) n += part.queued;
+  return n;
 }
 
 size_t RequestTracker::parked() const {

@@ -38,6 +38,11 @@
 //   (a late answer to the old id is then ignored). Every server request is
 //   safe to repeat: pushes are de-duplicated by their sequence number,
 //   clocks and tables are idempotent, pulls read.
+// - Queued parts (transfer scheduling, worker/worker_core.h): a part begun
+//   or reissued with `queued` set is registered but not sent yet; it is
+//   never resent for silence until MarkSent says it left (its resend timer
+//   starts there), while its operation's deadline counts from Begin. It is
+//   handed back by TakeResends when its server is dead, and by TakeQueued.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -70,11 +75,21 @@ class RequestTracker {
     uint64_t num_keys = 0;
   };
 
+  // How a part is scheduled (worker/worker_core.h, "Transfer scheduling"):
+  // kept with the part and handed back with it for a resend.
+  struct Transfer {
+    int32_t priority = 0;  // lower goes sooner
+    uint64_t order = 0;    // issue order (the request id of the part's first request)
+    uint64_t bytes = 0;    // value bytes (rows * width * 4, uncompressed)
+  };
+
   struct PartSpec {
     uint64_t request_id;
     uint32_t server_rank;
     Scatter scatter;  // pulls only
     Message request;  // what to send again after a failover or a loss (header unset: never sent again)
+    Transfer transfer = {};
+    bool queued = false;  // registered, not sent yet (MarkSent)
   };
 
   // A part taken out for sending again (TakeResends).
@@ -84,6 +99,7 @@ class RequestTracker {
     Scatter scatter;
     Message request;
     uint32_t resends = 0;  // times this part was sent again before (for the next one's backoff)
+    Transfer transfer = {};
   };
 
   // `server_names` name servers by rank in error messages.
@@ -114,6 +130,18 @@ class RequestTracker {
   // Parked parts waiting for a newer map.
   size_t parked() const;
 
+  // Queued parts (see the contract). MarkSent: part `request_id` left now
+  // (its resend timer starts); unknown or not queued: nothing.
+  void MarkSent(uint64_t request_id, Nanos now);
+  // Whether the part is registered and still queued.
+  bool Queued(uint64_t request_id) const;
+  // Whether the part was sent and awaits its answer (not queued, not parked).
+  bool Awaiting(uint64_t request_id) const;
+  // Takes out, for Reissue, the queued parts for which `take(server_rank,
+  // request)` is true (in issue order).
+  std::vector<Resend> TakeQueued(const std::function<bool(uint32_t, const Message&)>& take);
+  size_t queued() const;
+
   size_t in_flight() const { return ops_.size(); }
   // The number of values the pull part `request_id` expects (its keys times
   // the row width); 0 for an unknown request or one that is not a pull.
@@ -141,6 +169,8 @@ class RequestTracker {
     uint64_t ready_epoch = 0;
     Nanos sent_at = 0;
     uint32_t resends = 0;    // times sent again because nobody answered
+    Transfer transfer;
+    bool queued = false;     // not sent yet: no resend timer
   };
   // Applies a reply (or one piece of it) to its part; sets *part_done when
   // the part needs nothing more (it answered, or failed).

@@ -364,5 +364,62 @@ TEST(RequestTrackerTest, SilentPartsAreSentAgainWithBackoff) {
   EXPECT_TRUE(done.empty() || t.in_flight() == 0);
 }
 
+TEST(RequestTrackerTest, QueuedPartsAreTimedFromWhenTheyAreSent) {
+  RequestTracker t({"a", "b"});
+  RequestTracker::PartSpec sent{10, 0, {}, PullRequest(1), {2, 10, 8}};
+  RequestTracker::PartSpec queued{11, 0, {}, PullRequest(1), {2, 11, 8}, /*queued=*/true};
+  std::vector<RequestTracker::PartSpec> parts;
+  parts.push_back(sent);
+  parts.push_back(queued);
+  t.Begin(std::make_shared<int>(0), "push", std::move(parts), /*deadline=*/10'000, {}, 0, /*now=*/0);
+  EXPECT_EQ(t.queued(), 1u);
+  EXPECT_TRUE(t.Queued(11));
+  EXPECT_FALSE(t.Awaiting(11));
+  EXPECT_TRUE(t.Awaiting(10));
+  EXPECT_FALSE(t.Queued(10));
+  auto never_dead = [](uint32_t) { return false; };
+  std::vector<RequestTracker::Completion> done;
+  // Silent for resend_after: only the part that was sent goes again.
+  auto resends = t.TakeResends(1, never_dead, &done, 100, 100);
+  ASSERT_EQ(resends.size(), 1u);
+  EXPECT_EQ(resends[0].request_id, 10u);
+  EXPECT_EQ(resends[0].transfer.priority, 2);
+  EXPECT_EQ(resends[0].transfer.order, 10u);
+  EXPECT_EQ(resends[0].transfer.bytes, 8u);
+  EXPECT_TRUE(t.Reissue(resends[0], {{12, 0, {}, PullRequest(1), resends[0].transfer}}, 100).empty());
+  // Sent at 500: silent from then on.
+  t.MarkSent(11, 500);
+  EXPECT_FALSE(t.Queued(11));
+  EXPECT_TRUE(t.Awaiting(11));
+  EXPECT_EQ(t.queued(), 0u);
+  for (const auto& r : t.TakeResends(1, never_dead, &done, 599, 100)) EXPECT_NE(r.request_id, 11u);
+  resends = t.TakeResends(1, never_dead, &done, 600, 100);
+  ASSERT_FALSE(resends.empty());
+  EXPECT_EQ(resends.back().request_id, 11u);
+}
+
+TEST(RequestTrackerTest, TakeQueuedHandsBackTheQueuedPartsItIsAskedFor) {
+  RequestTracker t({"a", "b"});
+  std::vector<RequestTracker::PartSpec> parts;
+  parts.push_back({10, 0, {}, PullRequest(1), {0, 10, 4}, true});
+  parts.push_back({11, 1, {}, PullRequest(1), {0, 11, 4}, true});
+  parts.push_back({12, 1, {}, PullRequest(1), {0, 12, 4}, false});
+  t.Begin(std::make_shared<int>(0), "push", std::move(parts), 10'000);
+  auto taken = t.TakeQueued([](uint32_t rank, const Message&) { return rank == 1; });
+  ASSERT_EQ(taken.size(), 1u);  // 12 was sent: not queued
+  EXPECT_EQ(taken[0].request_id, 11u);
+  EXPECT_EQ(t.queued(), 1u);
+  // Reissued queued elsewhere; the op completes once every part answered.
+  EXPECT_TRUE(t.Reissue(taken[0], {{13, 0, {}, PullRequest(2), taken[0].transfer, true}}).empty());
+  EXPECT_EQ(t.queued(), 2u);
+  t.MarkSent(10, 1);
+  t.MarkSent(13, 1);
+  EXPECT_TRUE(t.OnReply(Ack(10)).empty());
+  EXPECT_TRUE(t.OnReply(Ack(12)).empty());
+  auto done = t.OnReply(Ack(13));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok());
+}
+
 }  // namespace
 }  // namespace tessera

@@ -144,6 +144,8 @@ class WorkerImpl final : public Worker {
     co.request_timeout = options_.request_timeout;
     co.hold_timeout = options_.hold_timeout;
     co.resend_after = options_.resend_after;
+    co.part_bytes = options_.part_bytes;
+    co.max_bytes_in_flight_per_server = options_.max_bytes_in_flight_per_server;
     auto core = WorkerCore::Create(std::move(co), ready->shard_map());
     if (!core.ok()) return core.status();
     const std::string joined_map = absl::StrCat("shard map epoch ", ready->shard_map().epoch(), " (map ",
@@ -290,7 +292,11 @@ class WorkerImpl final : public Worker {
     return s;
   }
 
-  Future Push(uint32_t table, std::span<const Key> keys, std::span<const float> values) override {
+  using Worker::Pull;
+  using Worker::Push;
+
+  Future Push(uint32_t table, std::span<const Key> keys, std::span<const float> values,
+              int32_t priority) override {
     auto width = TableWidth(table);
     if (!width.ok()) return Future::Ready(width.status());
     if (values.size() != keys.size() * *width) {
@@ -303,7 +309,7 @@ class WorkerImpl final : public Worker {
     // The core slices the push by the map (all keys on one server: no copy),
     // numbers it, and encodes each part with the table's compressor.
     return Issue(&push_latency_, [&](const WorkerCore::Handle& h, Nanos now) {
-      auto effects = core_->Push(h, table, keys, values, *width, clock, CompressorLocked(table), now);
+      auto effects = core_->Push(h, table, keys, values, *width, clock, CompressorLocked(table), now, {}, priority);
       if (effects.ok()) {  // a push that failed to encode is not counted
         pushes_++;
         bytes_pushed_ += keys.size_bytes() + values.size_bytes();
@@ -312,7 +318,7 @@ class WorkerImpl final : public Worker {
     });
   }
 
-  Future Pull(uint32_t table, std::span<const Key> keys, std::span<float> out) override {
+  Future Pull(uint32_t table, std::span<const Key> keys, std::span<float> out, int32_t priority) override {
     auto width = TableWidth(table);
     if (!width.ok()) return Future::Ready(width.status());
     if (out.size() != keys.size() * *width) {
@@ -325,7 +331,7 @@ class WorkerImpl final : public Worker {
     pulls_++;
     bytes_pulled_ += keys.size_bytes() + out.size_bytes();
     return Issue(&pull_latency_, [&](const WorkerCore::Handle& h, Nanos now) {
-      return core_->Pull(h, table, keys, out, *width, clock, now);
+      return core_->Pull(h, table, keys, out, *width, clock, now, {}, priority);
     });
   }
 
@@ -334,8 +340,10 @@ class WorkerImpl final : public Worker {
     // With replication, a push may have to go again to another server after
     // a failover; the clock is announced only once the pushes made before it
     // are in (acknowledged or failed), so that no server counts this clock
-    // before it has the pushes stamped earlier.
-    if (Map()->replication() > 1) {
+    // before it has the pushes stamped earlier. With a bound on the bytes in
+    // flight, pushes may still wait in the core's queues, behind which the
+    // announcement would otherwise overtake them: the same wait.
+    if (Map()->replication() > 1 || options_.max_bytes_in_flight_per_server > 0) {
       if (absl::Status s = WaitForPushes(); !s.ok()) return s;
     }
     // From here on, pushes are stamped with the new clock; everything sent
@@ -409,24 +417,28 @@ class WorkerImpl final : public Worker {
     auto state = std::make_shared<Future::State>();
     state->started = MonotonicNow();
     state->latency = latency;
-    absl::StatusOr<WorkerCore::Effects> effects;
-    {
-      std::lock_guard lock(mu_);
-      if (closed_) return Future::Ready(absl::CancelledError("worker is closed"));
-      effects = call(WorkerCore::Handle(state), MonotonicNow());
-    }
+    std::unique_lock lock(mu_);
+    if (closed_) return Future::Ready(absl::CancelledError("worker is closed"));
+    absl::StatusOr<WorkerCore::Effects> effects = call(WorkerCore::Handle(state), MonotonicNow());
     if (!effects.ok()) return Future::Ready(effects.status());
-    Deliver(std::move(*effects));
+    Deliver(lock, std::move(*effects));
     return Future(std::move(state));
   }
 
   // Hands what the core produced to the transport (counting the wire bytes),
-  // then completes the operations it finished. Call without mu_.
-  void Deliver(WorkerCore::Effects effects) {
+  // then completes the operations it finished. Called with mu_ held by
+  // `lock`, which it releases: send_mu_ is taken before mu_ is let go, so
+  // that the transport gets the messages in the order the core made them,
+  // whichever thread made them (a queued push part released by a reply on
+  // the receive thread goes out ahead of a pull the caller issues next).
+  void Deliver(std::unique_lock<std::mutex>& lock, WorkerCore::Effects effects) {
+    std::unique_lock send_lock(send_mu_);
+    lock.unlock();
     for (Outgoing& o : effects.sends) {
       CountWire(o.message);
       (void)transport_->Send(o.to, std::move(o.message));
     }
+    send_lock.unlock();
     Complete(std::move(effects.done));
   }
 
@@ -488,19 +500,17 @@ class WorkerImpl final : public Worker {
     if (session_->Handle(m)) return;
     CountWire(m);  // as received (a compressed pull reply counts its encoded parts)
     if (m.header.has_ack()) NoteFirstAckAfterFailover(m.header.epoch());
-    WorkerCore::Effects effects;
-    {
-      std::lock_guard lock(mu_);
-      if (!core_) return;
-      if (m.header.has_pull_reply()) {
-        const auto& pr = m.header.pull_reply();
-        stats_.pull_held += static_cast<Nanos>(pr.held_us()) * 1000;
-        stats_.staleness[std::min<uint64_t>(pr.staleness(), WorkerStats::kStalenessBuckets - 1)]++;
-      }
-      // The core decodes a compressed pull reply and notes a ClockAck's clock.
-      effects = core_->OnReply(std::move(m));
+    std::unique_lock lock(mu_);
+    if (!core_) return;
+    if (m.header.has_pull_reply()) {
+      const auto& pr = m.header.pull_reply();
+      stats_.pull_held += static_cast<Nanos>(pr.held_us()) * 1000;
+      stats_.staleness[std::min<uint64_t>(pr.staleness(), WorkerStats::kStalenessBuckets - 1)]++;
     }
-    Deliver(std::move(effects));
+    // The core decodes a compressed pull reply and notes a ClockAck's clock;
+    // the answer may let queued parts go.
+    WorkerCore::Effects effects = core_->OnReply(std::move(m), MonotonicNow());
+    Deliver(lock, std::move(effects));
   }
 
   void TickLoop() {
@@ -513,8 +523,7 @@ class WorkerImpl final : public Worker {
       // again (a lost message).
       WorkerCore::Effects effects = core_->Tick(MonotonicNow());
       stats_.resends += effects.resent_parts;
-      lock.unlock();
-      Deliver(std::move(effects));
+      Deliver(lock, std::move(effects));
       lock.lock();
     }
   }
@@ -537,28 +546,24 @@ class WorkerImpl final : public Worker {
   // A newer shard map from the coordinator (a server was lost): the core
   // resends what went to it, and what waited for this map.
   void OnMapUpdate(const proto::ShardMapUpdate& update) {
-    WorkerCore::Effects effects;
     bool changed = false;
-    {
-      std::lock_guard lock(mu_);
-      if (closed_ || !core_) return;
-      effects = core_->OnMapUpdate(update.shard_map(), MonotonicNow(), &changed);
-      if (changed) {
-        failover_epoch_ = core_->map()->epoch();
-        failover_seen_at_ = MonotonicNow();
-        stats_.resends += effects.resent_parts;
-      }
-    }
+    std::unique_lock lock(mu_);
+    if (closed_ || !core_) return;
+    WorkerCore::Effects effects = core_->OnMapUpdate(update.shard_map(), MonotonicNow(), &changed);
     if (!changed) {  // older, or bad
+      lock.unlock();
       if (auto view = ShardMapView::Create(update.shard_map()); !view.ok()) {
         TLOG_ERROR("ignoring a bad shard map update from the coordinator: {}", view.status().message());
       }
       return;
     }
+    failover_epoch_ = core_->map()->epoch();
+    failover_seen_at_ = MonotonicNow();
+    stats_.resends += effects.resent_parts;
+    Deliver(lock, std::move(effects));  // releases mu_
     session_->set_map_epoch(update.shard_map().epoch());
     TLOG_INFO("shard map epoch {} (map {}): {}", update.shard_map().epoch(), ShardMapDigest(update.shard_map()),
               update.reason());
-    Deliver(std::move(effects));
   }
 
   void Close(const absl::Status& why) {
@@ -590,6 +595,9 @@ class WorkerImpl final : public Worker {
   metrics::Histogram pull_latency_{metrics::ExponentialBuckets(50e-6, 2, 17)};
 
   mutable std::mutex mu_;
+  // Held while handing messages to the transport; taken with mu_ held, so
+  // sends keep the core's order (Deliver). Never take mu_ while holding it.
+  std::mutex send_mu_;
   std::condition_variable tick_cv_;
   WorkerStats stats_;                                  // guarded by mu_: clock and pull-hold figures
   // guarded by mu_: the protocol (slicing, numbering, the tracker, the map;

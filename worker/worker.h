@@ -45,6 +45,18 @@
 //   that, four times, ... (up to 64 times: a request held for slower workers
 //   is not repeated often); it still fails after options.request_timeout
 //   (plus any hold) in all.
+// - Transfer scheduling (docs/design.md, "Transfer scheduling"): with
+//   options.part_bytes, each server's share of a push or a pull goes in
+//   parts of at most that many value bytes; with
+//   options.max_bytes_in_flight_per_server, parts wait in a queue per
+//   server and leave by priority (the `priority` argument of Push and Pull:
+//   lower numbers first, then issue order) as answers free room. A pull
+//   never overtakes a push issued before it to the same server, so the
+//   read-my-writes promise above holds whatever the priorities; a push may
+//   overtake an earlier pull of lower priority. With a bound, Clock() first
+//   waits for the pushes issued before it (as with replication). Both
+//   options 0 (the default): one request per server, sent at once, and the
+//   priority has no effect.
 // - Futures complete with OK, or with an error that says what failed and which
 //   server did not answer (DeadlineExceeded after options.request_timeout).
 // - Thread safety: all methods may be called from any thread concurrently,
@@ -83,6 +95,10 @@ struct WorkerOptions {
   bool keep_allocations_mapped = true;       // process-wide malloc tuning for large receives (common/memory.h)
   int metrics_port = -1;                     // serve Prometheus metrics on this port (0: any free port; -1: off)
   std::string metrics_host = "127.0.0.1";    // IPv4 address the metrics endpoint listens on
+  uint64_t part_bytes = 0;                   // split each server's share of a push or pull into parts of at most
+                                             // this many value bytes (0: one part per server)
+  uint64_t max_bytes_in_flight_per_server = 0;  // value bytes sent to one server and unanswered; parts wait by
+                                                // priority beyond it (0: unbounded, everything sent at once)
 };
 
 // Options of one table. Workers that create the same table must pass equal
@@ -186,15 +202,29 @@ class Worker {
   virtual uint32_t node_id() const = 0;
   // The sequence number the next Push() of this process will carry (pushes
   // are numbered 1, 2, ... per incarnation). For audit records; exact only
-  // when no other thread pushes meanwhile.
+  // when no other thread pushes meanwhile. With options.part_bytes, a push
+  // split into n parts carries n consecutive numbers from this one (one per
+  // part), and the next push starts after them.
   virtual uint64_t next_push_seq() const = 0;
 
   // Creates the table on every server, or checks that it exists with equal
   // options. Blocks until every server answered.
   virtual absl::Status CreateTable(const TableOptions& options) = 0;
 
-  virtual Future Push(uint32_t table, std::span<const Key> keys, std::span<const float> values) = 0;
-  virtual Future Pull(uint32_t table, std::span<const Key> keys, std::span<float> out) = 0;
+  // Transfer priority of a push or a pull: lower numbers go first (a
+  // layer's index, say); it matters only with
+  // options.max_bytes_in_flight_per_server. The overloads without one use
+  // kDefaultPriority.
+  static constexpr int32_t kDefaultPriority = 0;
+  Future Push(uint32_t table, std::span<const Key> keys, std::span<const float> values) {
+    return Push(table, keys, values, kDefaultPriority);
+  }
+  Future Pull(uint32_t table, std::span<const Key> keys, std::span<float> out) {
+    return Pull(table, keys, out, kDefaultPriority);
+  }
+  virtual Future Push(uint32_t table, std::span<const Key> keys, std::span<const float> values,
+                      int32_t priority) = 0;
+  virtual Future Pull(uint32_t table, std::span<const Key> keys, std::span<float> out, int32_t priority) = 0;
 
   // Announces that this worker finished its current clock, and blocks while
   // it is more than the strictest staleness ahead of the slowest live worker.

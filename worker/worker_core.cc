@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -153,26 +154,34 @@ std::vector<Outgoing> WorkerCore::ClockNotice(uint64_t clock) {
 absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t table, std::span<const Key> keys,
                                                      std::span<const float> values, uint32_t width, uint64_t clock,
                                                      compress::RowCompressor* compressor, Nanos now,
-                                                     std::string what) {
+                                                     std::string what, int32_t priority) {
   if (what.empty()) what = absl::StrCat("push to table ", table);
   const size_t row_bytes = size_t{width} * sizeof(float);
+  const size_t rows_per_part = RowsPerPart(row_bytes);
   const ShardMapView& map = *map_;
   Effects effects;
   std::vector<RequestTracker::PartSpec> parts;
   absl::Status encode_error;
   // Every part of this push carries its number: servers apply it once per
-  // shard, however often a failover makes us send it. acked_below is the
-  // lowest number still in flight (every push numbered below it is complete).
-  const uint64_t seq = ++last_push_seq_;
-  pushes_in_flight_.insert(seq);
-  const uint64_t acked_below = *pushes_in_flight_.begin();
+  // shard, however often a failover makes us send it. Split into parts
+  // (part_bytes), each part has its own number, so that two parts reaching
+  // the same shard are both applied. acked_below is the lowest number still
+  // in flight (every push numbered below it is complete).
+  const bool number_per_part = options_.part_bytes > 0;
+  const uint64_t first_seq = last_push_seq_ + 1;
+  const uint64_t acked_below = pushes_in_flight_.empty() ? first_seq : *pushes_in_flight_.begin();
+  auto next_seq = [&] {
+    pushes_in_flight_.insert(++last_push_seq_);
+    return last_push_seq_;
+  };
+  if (!number_per_part) next_seq();
   auto add_part = [&](uint32_t server, Buffer k, Buffer v, uint64_t n) {
     Message m = NewRequest();
     auto* p = m.header.mutable_push();
     p->set_table_id(table);
     p->set_num_keys(n);
     p->set_clock(clock);
-    p->set_seq(seq);
+    p->set_seq(number_per_part ? next_seq() : first_seq);
     p->set_acked_below(acked_below);
     p->set_incarnation(options_.incarnation);
     std::optional<compress::EncodedRows> encoded;
@@ -191,38 +200,48 @@ absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t tab
     } else {
       m.frames.push_back(std::move(v));
     }
-    parts.push_back({m.header.request_id(), server, {}, m});
-    effects.sends.push_back({map.server(server).address(), std::move(m)});
+    const uint64_t id = m.header.request_id();
+    parts.push_back({id, server, {}, std::move(m), {priority, id, n * row_bytes}});
   };
-  Slice(map, table, keys, [&](uint32_t server) {  // all keys on one server: no copy
-    add_part(server, Buffer::Borrow(keys.data(), keys.size_bytes()), Buffer::Borrow(values.data(), values.size_bytes()),
-             keys.size());
-  }, [&](uint32_t server, const std::vector<uint32_t>& rows) {
-    Buffer k = Buffer::Allocate(rows.size() * sizeof(Key));
-    Buffer v = Buffer::Allocate(rows.size() * row_bytes);
-    auto kd = k.AsMutable<Key>();
-    auto* vd = v.mutable_data();
-    const auto* src = reinterpret_cast<const std::byte*>(values.data());
-    for (size_t i = 0; i < rows.size(); ++i) {
-      kd[i] = keys[rows[i]];
-      std::memcpy(vd + i * row_bytes, src + size_t{rows[i]} * row_bytes, row_bytes);
+  Slice(map, table, keys, [&](uint32_t server) {  // all keys on one server: no copy (slices of the caller's memory)
+    for (size_t b = 0; b < keys.size() && encode_error.ok(); b += rows_per_part) {
+      const size_t n = std::min(rows_per_part, keys.size() - b);
+      add_part(server, Buffer::Borrow(keys.data() + b, n * sizeof(Key)),
+               Buffer::Borrow(values.data() + b * width, n * row_bytes), n);
     }
-    add_part(server, std::move(k), std::move(v), rows.size());
+  }, [&](uint32_t server, const std::vector<uint32_t>& rows) {
+    const auto* src = reinterpret_cast<const std::byte*>(values.data());
+    for (size_t b = 0; b < rows.size() && encode_error.ok(); b += rows_per_part) {
+      const size_t n = std::min(rows_per_part, rows.size() - b);
+      Buffer k = Buffer::Allocate(n * sizeof(Key));
+      Buffer v = Buffer::Allocate(n * row_bytes);
+      auto kd = k.AsMutable<Key>();
+      auto* vd = v.mutable_data();
+      for (size_t i = 0; i < n; ++i) {
+        kd[i] = keys[rows[b + i]];
+        std::memcpy(vd + i * row_bytes, src + size_t{rows[b + i]} * row_bytes, row_bytes);
+      }
+      add_part(server, std::move(k), std::move(v), n);
+    }
   });
   if (!encode_error.ok()) {
-    // Nothing was registered or sent: the number is no longer in flight
-    // (it is spent, not reused).
-    pushes_in_flight_.erase(seq);
+    // Nothing was registered or sent: the numbers are no longer in flight
+    // (they are spent, not reused).
+    for (uint64_t seq = first_seq; seq <= last_push_seq_; ++seq) pushes_in_flight_.erase(seq);
     return absl::Status(encode_error.code(), absl::StrCat(what, ": compressing: ", encode_error.message()));
   }
-  push_seq_of_[handle.get()] = seq;
+  for (RequestTracker::PartSpec& part : parts) Dispatch(part, effects);
+  push_seq_of_[handle.get()] = {first_seq, last_push_seq_};
   tracker_.Begin(std::move(handle), std::move(what), std::move(parts), now + options_.request_timeout, {}, 0, now);
+  Pump(now, effects);
   return effects;
 }
 
 WorkerCore::Effects WorkerCore::Pull(Handle handle, uint32_t table, std::span<const Key> keys, std::span<float> out,
-                                     uint32_t width, uint64_t clock, Nanos now, std::string what) {
+                                     uint32_t width, uint64_t clock, Nanos now, std::string what, int32_t priority) {
   if (what.empty()) what = absl::StrCat("pull from table ", table, " at clock ", clock);
+  const size_t row_bytes = size_t{width} * sizeof(float);
+  const size_t rows_per_part = RowsPerPart(row_bytes);
   const ShardMapView& map = *map_;
   Effects effects;
   std::vector<RequestTracker::PartSpec> parts;
@@ -234,25 +253,39 @@ WorkerCore::Effects WorkerCore::Pull(Handle handle, uint32_t table, std::span<co
     p->set_clock(clock);
     p->set_hold_timeout_ms(options_.hold_timeout / kMillis);
     m.frames.push_back(std::move(k));
-    parts.push_back({m.header.request_id(), server, std::move(scatter), m});
-    effects.sends.push_back({map.server(server).address(), std::move(m)});
+    const uint64_t id = m.header.request_id();
+    const uint64_t bytes = scatter.num_keys * row_bytes;
+    parts.push_back({id, server, std::move(scatter), std::move(m), {priority, id, bytes}});
   };
   Slice(map, table, keys, [&](uint32_t server) {
-    add_part(server, Buffer::Borrow(keys.data(), keys.size_bytes()), {0, {}, keys.size()});
+    for (size_t b = 0; b < keys.size(); b += rows_per_part) {
+      const size_t n = std::min(rows_per_part, keys.size() - b);
+      add_part(server, Buffer::Borrow(keys.data() + b, n * sizeof(Key)), {b, {}, n});
+    }
   }, [&](uint32_t server, const std::vector<uint32_t>& rows) {
-    Buffer k = Buffer::Allocate(rows.size() * sizeof(Key));
-    auto kd = k.AsMutable<Key>();
-    for (size_t i = 0; i < rows.size(); ++i) kd[i] = keys[rows[i]];
-    add_part(server, std::move(k), {0, rows, rows.size()});
+    for (size_t b = 0; b < rows.size(); b += rows_per_part) {
+      const size_t n = std::min(rows_per_part, rows.size() - b);
+      Buffer k = Buffer::Allocate(n * sizeof(Key));
+      auto kd = k.AsMutable<Key>();
+      for (size_t i = 0; i < n; ++i) kd[i] = keys[rows[b + i]];
+      add_part(server, std::move(k), {0, std::vector<uint32_t>(rows.begin() + b, rows.begin() + b + n), n});
+    }
   });
+  for (RequestTracker::PartSpec& part : parts) Dispatch(part, effects);
   // Servers may hold a pull for slower workers up to hold_timeout, on top of
   // the request timeout.
   tracker_.Begin(std::move(handle), std::move(what), std::move(parts),
                  now + options_.request_timeout + options_.hold_timeout, out, width, now);
+  Pump(now, effects);
   return effects;
 }
 
-WorkerCore::Effects WorkerCore::OnReply(Message reply) {
+size_t WorkerCore::RowsPerPart(size_t row_bytes) const {
+  if (options_.part_bytes == 0 || row_bytes == 0) return std::numeric_limits<size_t>::max();
+  return std::max<size_t>(1, options_.part_bytes / row_bytes);
+}
+
+WorkerCore::Effects WorkerCore::OnReply(Message reply, std::optional<Nanos> now) {
   Effects effects;
   if (reply.header.has_pull_reply()) {
     if (reply.header.pull_reply().value_parts() > 0) {
@@ -263,6 +296,7 @@ WorkerCore::Effects WorkerCore::OnReply(Message reply) {
   }
   effects.done = tracker_.OnReply(reply);
   Forget(effects.done);
+  Pump(now.value_or(last_now_), effects);
   return effects;
 }
 
@@ -276,6 +310,8 @@ WorkerCore::Effects WorkerCore::OnMapUpdate(const proto::ShardMap& map, Nanos no
   // A server was lost (or moved): resend what went to it, and what waited
   // for this map.
   SendAgain(now, 0, effects);
+  RouteQueued(now, effects);
+  Pump(now, effects);
   return effects;
 }
 
@@ -286,6 +322,7 @@ WorkerCore::Effects WorkerCore::Tick(Nanos now) {
   // Parts a lagging server refused go again with our map, and parts nobody
   // answered for resend_after go again (a lost message).
   SendAgain(now, options_.resend_after, effects);
+  Pump(now, effects);
   return effects;
 }
 
@@ -293,6 +330,7 @@ WorkerCore::Effects WorkerCore::FailAll(const absl::Status& status) {
   Effects effects;
   effects.done = tracker_.FailAll(status);
   Forget(effects.done);
+  Pump(last_now_, effects);  // drops what waited in the queues
   return effects;
 }
 
@@ -300,7 +338,7 @@ void WorkerCore::Forget(const std::vector<Completion>& done) {
   for (const Completion& c : done) {
     auto it = push_seq_of_.find(c.handle.get());
     if (it == push_seq_of_.end()) continue;
-    pushes_in_flight_.erase(it->second);
+    for (uint64_t seq = it->second.first; seq <= it->second.second; ++seq) pushes_in_flight_.erase(seq);
     push_seq_of_.erase(it);
   }
 }
@@ -312,28 +350,28 @@ void WorkerCore::SendAgain(Nanos now, Nanos resend_after, Effects& effects) {
   std::vector<Completion> done;
   for (RequestTracker::Resend& r : tracker_.TakeResends(
            map->epoch(), [&](uint32_t rank) { return map->IsDead(rank); }, &done, now, resend_after)) {
-    for (auto& c : tracker_.Reissue(r, Redirect(r, effects.sends), now)) done.push_back(std::move(c));
+    for (auto& c : tracker_.Reissue(r, Redirect(r, effects), now)) done.push_back(std::move(c));
     effects.resent_parts++;
   }
   Forget(done);
   for (Completion& c : done) effects.done.push_back(std::move(c));
 }
 
-// The requests that replace part `r` under the current map (appended to
-// `sends`). A push goes whole, marked as a resend, to every server that is
-// now the primary of some of its keys (each takes its own; the same bytes, so
-// a compressed push is not encoded twice). A pull is split by primary.
-std::vector<RequestTracker::PartSpec> WorkerCore::Redirect(const RequestTracker::Resend& r,
-                                                           std::vector<Outgoing>& sends) {
+// The requests that replace part `r` under the current map (sent or
+// queued, see Dispatch). A push goes whole, marked as a resend, to every
+// server that is now the primary of some of its keys (each takes its own;
+// the same bytes, so a compressed push is not encoded twice). A pull is
+// split by primary. Parts keep their transfer priority and place.
+std::vector<RequestTracker::PartSpec> WorkerCore::Redirect(const RequestTracker::Resend& r, Effects& effects) {
   const ShardMapView& map = *map_;
   std::vector<RequestTracker::PartSpec> parts;
   const proto::Envelope& h = r.request.header;
-  if (!h.has_push() && !h.has_pull()) {  // a clock, a table, a query: again, to the same server
+  if (!h.has_push() && !h.has_pull()) {  // a clock, a table, a query: again, to the same server (never queued)
     Message m = r.request;
     m.header.set_request_id(++next_request_);
     m.header.set_epoch(map.epoch());
     parts.push_back({m.header.request_id(), r.server_rank, {}, m});
-    sends.push_back({map.server(r.server_rank).address(), std::move(m)});
+    effects.sends.push_back({map.server(r.server_rank).address(), std::move(m)});
     return parts;
   }
   const uint32_t table = h.has_push() ? h.push().table_id() : h.pull().table_id();
@@ -347,6 +385,7 @@ std::vector<RequestTracker::PartSpec> WorkerCore::Redirect(const RequestTracker:
     m.header.set_request_id(++next_request_);
     m.header.set_epoch(map.epoch());
     RequestTracker::Scatter scatter;
+    RequestTracker::Transfer transfer = r.transfer;
     if (h.has_push()) {
       m.header.mutable_push()->set_resend(true);
       m.frames = r.request.frames;
@@ -365,11 +404,85 @@ std::vector<RequestTracker::PartSpec> WorkerCore::Redirect(const RequestTracker:
       scatter.num_keys = rows[s].size();
       m.header.mutable_pull()->set_num_keys(rows[s].size());
       m.frames.push_back(std::move(k));
+      transfer.bytes = r.transfer.bytes / keys.size() * rows[s].size();
     }
-    parts.push_back({m.header.request_id(), s, std::move(scatter), m});
-    sends.push_back({map.server(s).address(), std::move(m)});
+    parts.push_back({m.header.request_id(), s, std::move(scatter), std::move(m), transfer});
+    Dispatch(parts.back(), effects);
   }
   return parts;
+}
+
+void WorkerCore::RouteQueued(Nanos now, Effects& effects) {
+  if (!scheduled()) return;
+  const ShardMapView& map = *map_;
+  std::vector<Completion> done;
+  for (RequestTracker::Resend& r : tracker_.TakeQueued([&](uint32_t rank, const Message& m) {
+         if (map.IsDead(rank)) return true;
+         const uint32_t table = m.header.has_push() ? m.header.push().table_id() : m.header.pull().table_id();
+         for (Key k : m.frames[0].As<Key>())
+           if (map.ServerRankOfKey(table, k) != rank) return true;
+         return false;
+       })) {
+    for (auto& c : tracker_.Reissue(r, Redirect(r, effects), now)) done.push_back(std::move(c));
+  }
+  Forget(done);
+  for (Completion& c : done) effects.done.push_back(std::move(c));
+}
+
+void WorkerCore::Dispatch(RequestTracker::PartSpec& part, Effects& effects) {
+  Outgoing send{map_->server(part.server_rank).address(), part.request};
+  if (!scheduled()) {
+    effects.sends.push_back(std::move(send));
+    return;
+  }
+  part.queued = true;
+  ServerQueue& q = queues_[part.server_rank];
+  const bool push = part.request.header.has_push();
+  const RequestTracker::Transfer& t = part.transfer;
+  q.queue.emplace(QueueKey{t.priority, t.order, part.request_id}, Queued{t.bytes, push, std::move(send)});
+  if (push) q.pushes.emplace(t.order, t.priority, part.request_id);
+}
+
+void WorkerCore::Pump(Nanos now, Effects& effects) {
+  if (!scheduled()) return;
+  last_now_ = std::max(last_now_, now);
+  const uint64_t bound = options_.max_bytes_in_flight_per_server;
+  for (auto& [rank, q] : queues_) {
+    // Answered (or parked, or taken for a resend, or ended) parts free their bytes.
+    for (auto it = q.in_flight.begin(); it != q.in_flight.end();) {
+      if (tracker_.Awaiting(it->first)) {
+        ++it;
+        continue;
+      }
+      q.in_flight_bytes -= it->second;
+      q.in_flight.erase(it++);
+    }
+    while (!q.queue.empty()) {
+      auto next = q.queue.begin();
+      // A pull never overtakes an earlier push to the same server.
+      if (!next->second.push && !q.pushes.empty() && std::get<0>(*q.pushes.begin()) < next->first.order) {
+        const auto& [order, priority, id] = *q.pushes.begin();
+        next = q.queue.find(QueueKey{priority, order, id});
+      }
+      const QueueKey key = next->first;
+      const bool fits = q.in_flight_bytes == 0 || q.in_flight_bytes + next->second.bytes <= bound;
+      const bool live = tracker_.Queued(key.request_id);
+      if (live && !fits) break;
+      if (live) {
+        tracker_.MarkSent(key.request_id, now);
+        q.in_flight.emplace(key.request_id, next->second.bytes);
+        q.in_flight_bytes += next->second.bytes;
+        effects.sends.push_back(std::move(next->second.send));
+      }
+      if (next->second.push) q.pushes.erase({key.order, key.priority, key.request_id});
+      q.queue.erase(next);
+    }
+  }
+}
+
+uint64_t WorkerCore::bytes_in_flight(uint32_t rank) const {
+  auto it = queues_.find(rank);
+  return it == queues_.end() ? 0 : it->second.in_flight_bytes;
 }
 
 }  // namespace tessera

@@ -18,6 +18,11 @@
 //   the lowest number still in flight (acked_below), the clock and the
 //   incarnation; all keys on one server go as the caller's own memory
 //   (Buffer::Borrow, no copy), else each server gets a copy of its rows.
+//   With part_bytes (below), every part carries its own number instead:
+//   consecutive numbers, in part order, so that parts of one push that
+//   reach the same shard are each applied (servers drop a repeated
+//   (shard, worker, incarnation, number)). acked_below is the lowest
+//   number of any push still in flight when the push is issued.
 //   With a compressor, each part's rows are encoded (an encoding error
 //   registers nothing and gives the number back: it is no longer in flight,
 //   and not used again).
@@ -38,10 +43,41 @@
 //   resend_after (doubling per resend, see RequestTracker) go again.
 // - Push numbers are forgotten when their operation completes, by any path:
 //   PushesCompleteThrough(n) is then true once every push numbered <= n is.
+//
+// Transfer scheduling (both off by default: one request per server, sent at
+// once, exactly as without them):
+// - part_bytes > 0: each server's share of a push or a pull is split into
+//   parts of at most part_bytes value bytes (rows * width * 4, uncompressed;
+//   at least one row per part), in the caller's key order. Parts of keys all
+//   on one server still borrow the caller's memory (a slice of it).
+// - max_bytes_in_flight_per_server > 0: push and pull parts wait in a queue
+//   per server, ordered by (priority, issue order): lower priority numbers
+//   go first (a layer's index, say), equal ones in issue order. A part
+//   leaves when the value bytes of the parts sent to that server and not
+//   yet answered, plus its own, fit the bound; one part is always allowed
+//   in flight, however big. Strict priority: a part that does not fit holds
+//   back the parts behind it. One exception keeps read-my-writes: a pull
+//   part never overtakes a push part to the same server issued before it
+//   (that push part goes first, in the pull's turn). A queued part's resend
+//   timer starts when it is sent; its operation's deadline counts from the
+//   call that issued it. A queued part addressed to a server a newer map
+//   names dead, or whose keys the newer map puts elsewhere, is routed again
+//   by that map (a push whole, marked resend, to each new primary of its
+//   keys) and queued there with its priority and place. Resends of parts
+//   (failover, silence) are queued the same way. Clocks, tables and queries
+//   are never queued: a clock announced while pushes wait in a queue would
+//   reach a server before them, so the caller announces a clock only when
+//   no push part is queued (the Worker shell waits for its pushes first).
+// - The answer frees a part's bytes (an answer of Aborted too: the part is
+//   then parked, and queued again when it goes again).
 // Thread safety: none; the shell serializes calls.
+#include <compare>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <set>
+#include <tuple>
 #include <span>
 #include <string>
 #include <vector>
@@ -67,7 +103,13 @@ struct WorkerCoreOptions {
   Nanos request_timeout = 60 * kSeconds;  // for every operation (on top of any hold)
   Nanos hold_timeout = 120 * kSeconds;    // how long servers may hold a pull or a clock advance
   Nanos resend_after = 2 * kSeconds;      // a part unanswered this long goes again (0: never)
+  uint64_t part_bytes = 0;                // parts of at most this many value bytes per server (0: no split)
+  uint64_t max_bytes_in_flight_per_server = 0;  // value bytes sent to one server and unanswered (0: unbounded)
 };
+
+// Transfer priority of a push or a pull: lower numbers go first (for
+// example a layer's index, so that the first layers' weights arrive first).
+inline constexpr int32_t kDefaultTransferPriority = 0;
 
 class WorkerCore {
  public:
@@ -106,19 +148,22 @@ class WorkerCore {
   // `compressor` may be null. On error nothing is registered.
   absl::StatusOr<Effects> Push(Handle handle, uint32_t table, std::span<const Key> keys,
                                std::span<const float> values, uint32_t width, uint64_t clock,
-                               compress::RowCompressor* compressor, Nanos now, std::string what = {});
+                               compress::RowCompressor* compressor, Nanos now, std::string what = {},
+                               int32_t priority = kDefaultTransferPriority);
   // `out` has room for keys.size() * width floats; keys non-empty. The
   // caller keeps keys unchanged and out untouched until completion.
   Effects Pull(Handle handle, uint32_t table, std::span<const Key> keys, std::span<float> out, uint32_t width,
-               uint64_t clock, Nanos now, std::string what = {});
+               uint64_t clock, Nanos now, std::string what = {}, int32_t priority = kDefaultTransferPriority);
   // Announces `clock` and waits (servers hold the acks) per the tables' staleness.
   Effects ClockAdvance(Handle handle, uint64_t clock, Nanos now);
   // Announces `clock` to every live server without waiting (all tables ASP).
   std::vector<Outgoing> ClockNotice(uint64_t clock);
 
   // --- Inputs ---
-  // A reply from a server (anything the shell did not consume itself).
-  Effects OnReply(Message reply);
+  // A reply from a server (anything the shell did not consume itself). It
+  // may free room for queued parts, which leave at `now` (default: the
+  // latest time any call was given).
+  Effects OnReply(Message reply, std::optional<Nanos> now = std::nullopt);
   // A map from the coordinator; `*changed` says whether it was newer.
   Effects OnMapUpdate(const proto::ShardMap& map, Nanos now, bool* changed = nullptr);
   Effects Tick(Nanos now);
@@ -131,7 +176,15 @@ class WorkerCore {
   bool PushesCompleteThrough(uint64_t seq) const {
     return pushes_in_flight_.empty() || *pushes_in_flight_.begin() > seq;
   }
+  // Push numbers still in flight (with part_bytes, one per part).
   size_t pushes_in_flight() const { return pushes_in_flight_.size(); }
+
+  // --- Transfer scheduling ---
+  // Parts waiting in the queues (not sent yet).
+  size_t queued_parts() const { return tracker_.queued(); }
+  // Value bytes sent to server `rank` and not answered yet (counted only
+  // with max_bytes_in_flight_per_server).
+  uint64_t bytes_in_flight(uint32_t rank) const;
 
   uint64_t known_clock() const { return known_clock_; }
   const RequestTracker& tracker() const { return tracker_; }
@@ -145,7 +198,39 @@ class WorkerCore {
   void Forget(const std::vector<Completion>& done);
   // Resends what the tracker hands back under the current map.
   void SendAgain(Nanos now, Nanos resend_after, Effects& effects);
-  std::vector<RequestTracker::PartSpec> Redirect(const RequestTracker::Resend& r, std::vector<Outgoing>& sends);
+  std::vector<RequestTracker::PartSpec> Redirect(const RequestTracker::Resend& r, Effects& effects);
+  // Push and pull parts of a map change whose queued requests the new map
+  // routes elsewhere go again by it.
+  void RouteQueued(Nanos now, Effects& effects);
+  bool scheduled() const { return options_.max_bytes_in_flight_per_server > 0; }
+  // Rows per part for rows of `row_bytes` (part_bytes; at least one).
+  size_t RowsPerPart(size_t row_bytes) const;
+  // Sends a new push or pull part now (no bound), or queues it (marks it queued).
+  void Dispatch(RequestTracker::PartSpec& part, Effects& effects);
+  // Frees the bytes of answered parts and sends what the bounds allow.
+  void Pump(Nanos now, Effects& effects);
+
+  // A part waiting in a server's queue. Entries of parts that are gone
+  // (their operation ended, or they were routed again) are dropped when
+  // they come up.
+  struct QueueKey {
+    int32_t priority;
+    uint64_t order;
+    uint64_t request_id;
+    auto operator<=>(const QueueKey&) const = default;
+  };
+  struct Queued {
+    uint64_t bytes;
+    bool push;
+    Outgoing send;
+  };
+  struct ServerQueue {
+    std::map<QueueKey, Queued> queue;
+    // The push entries of `queue` by issue order (read-my-writes).
+    std::set<std::tuple<uint64_t, int32_t, uint64_t>> pushes;
+    absl::flat_hash_map<uint64_t, uint64_t> in_flight;  // request id -> value bytes
+    uint64_t in_flight_bytes = 0;
+  };
 
   const WorkerCoreOptions options_;
   std::shared_ptr<const ShardMapView> map_;
@@ -153,8 +238,15 @@ class WorkerCore {
   uint64_t next_request_ = 0;
   uint64_t last_push_seq_ = 0;
   std::set<uint64_t> pushes_in_flight_;
-  absl::flat_hash_map<const void*, uint64_t> push_seq_of_;  // operation handle -> its push number
+  // operation handle -> its push numbers [first, last]
+  absl::flat_hash_map<const void*, std::pair<uint64_t, uint64_t>> push_seq_of_;
+  // Invariants: a part is queued in the tracker iff an entry for it is in
+  // its server's queue (stale entries, of parts no longer queued, may stay
+  // until they come up); in_flight holds only parts MarkSent and not yet
+  // seen answered, and in_flight_bytes is the sum of its values.
+  std::map<uint32_t, ServerQueue> queues_;  // server rank -> its queue (scheduled() only; ordered: deterministic)
   uint64_t known_clock_ = 0;
+  Nanos last_now_ = 0;  // the latest `now` seen (OnReply and FailAll have none): when queued parts leave
 };
 
 }  // namespace tessera

@@ -515,18 +515,380 @@ TEST(WorkerCoreTest, ACompressedPushCarriesEncodedParts) {
   EXPECT_EQ(decoded, values);  // fp16 holds these exactly
 }
 
+// --- Transfer scheduling (part_bytes, max_bytes_in_flight_per_server) ---
+
+WorkerCoreOptions TransferOptions(uint64_t part_bytes, uint64_t bound, Nanos resend_after = 0) {
+  WorkerCoreOptions o = Options(resend_after);
+  o.part_bytes = part_bytes;
+  o.max_bytes_in_flight_per_server = bound;
+  return o;
+}
+
+TEST(WorkerCoreTransferTest, PartBytesSplitsEachServersShareAndNumbersEveryPart) {
+  const proto::ShardMap map = MakeMap(2);
+  const uint32_t width = 2;  // 8 value bytes a row
+  auto core = MakeCore(map, TransferOptions(/*part_bytes=*/24, 0));  // 3 rows a part
+  std::vector<Key> keys = KeysOn(map, 0, 7);
+  for (Key k : KeysOn(map, 1, 5)) keys.push_back(k);
+  std::rotate(keys.begin(), keys.begin() + 4, keys.end());  // servers interleaved in the caller's order
+  std::vector<float> values;
+  for (size_t i = 0; i < keys.size() * width; ++i) values.push_back(static_cast<float>(i));
+  auto e = core->Push(NewHandle(), kTable, keys, values, width, 0, nullptr, 0);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ(e->sends.size(), 5u);  // server 0: 3 + 3 + 1 rows, server 1: 3 + 2
+  std::set<uint64_t> seqs;
+  std::multiset<std::pair<Key, std::pair<float, float>>> seen, want;
+  std::map<std::string, std::vector<uint64_t>> rows_to;
+  for (const Outgoing& o : e->sends) {
+    const proto::Push& p = o.message.header.push();
+    EXPECT_LE(p.num_keys(), 3u);
+    EXPECT_EQ(p.acked_below(), 1u);
+    seqs.insert(p.seq());
+    rows_to[o.to].push_back(p.num_keys());
+    const auto k = o.message.frames[0].As<Key>();
+    const auto v = o.message.frames[1].As<float>();
+    ASSERT_EQ(k.size(), p.num_keys());
+    ASSERT_EQ(v.size(), k.size() * width);
+    for (size_t i = 0; i < k.size(); ++i) {
+      EXPECT_EQ(ServerAddress(core->map()->ServerRankOfKey(kTable, k[i])), o.to);
+      seen.insert({k[i], {v[2 * i], v[2 * i + 1]}});
+    }
+  }
+  for (size_t i = 0; i < keys.size(); ++i) want.insert({keys[i], {values[2 * i], values[2 * i + 1]}});
+  EXPECT_EQ(seen, want);
+  EXPECT_EQ(rows_to[ServerAddress(0)], (std::vector<uint64_t>{3, 3, 1}));
+  EXPECT_EQ(rows_to[ServerAddress(1)], (std::vector<uint64_t>{3, 2}));
+  EXPECT_EQ(seqs, (std::set<uint64_t>{1, 2, 3, 4, 5}));  // every part its own number
+  EXPECT_EQ(core->last_push_seq(), 5u);
+  EXPECT_EQ(core->pushes_in_flight(), 5u);
+
+  // Keys all on one server: the parts are slices of the caller's memory.
+  const std::vector<Key> one = KeysOn(map, 1, 4);
+  const std::vector<float> one_values = {1, 2, 3, 4, 5, 6, 7, 8};
+  auto second = core->Push(NewHandle(), kTable, one, one_values, width, 0, nullptr, 0);
+  ASSERT_TRUE(second.ok());
+  ASSERT_EQ(second->sends.size(), 2u);
+  for (size_t j = 0; j < 2; ++j) {
+    const Message& m = second->sends[j].message;
+    EXPECT_EQ(m.header.push().seq(), 6 + j);
+    EXPECT_EQ(m.header.push().acked_below(), 1u);  // push 1 (numbers 1-5) is in flight
+    EXPECT_EQ(m.frames[0].owner(), nullptr);       // borrowed
+    EXPECT_EQ(static_cast<const void*>(m.frames[0].data()), static_cast<const void*>(one.data() + 3 * j));
+    EXPECT_EQ(static_cast<const void*>(m.frames[1].data()), static_cast<const void*>(one_values.data() + 6 * j));
+    EXPECT_EQ(m.frames[0].size(), (j == 0 ? 3 : 1) * sizeof(Key));
+  }
+  EXPECT_EQ(core->last_push_seq(), 7u);
+
+  // Push 1 completes when its last part is answered; its numbers are then forgotten.
+  for (size_t i = 0; i + 1 < e->sends.size(); ++i) EXPECT_TRUE(core->OnReply(Ack(e->sends[i].message)).done.empty());
+  EXPECT_FALSE(core->PushesCompleteThrough(1));
+  EXPECT_EQ(core->OnReply(Ack(e->sends.back().message)).done.size(), 1u);
+  EXPECT_TRUE(core->PushesCompleteThrough(5));
+  EXPECT_FALSE(core->PushesCompleteThrough(6));
+  EXPECT_EQ(core->pushes_in_flight(), 2u);
+  auto third = core->Push(NewHandle(), kTable, one, one_values, width, 0, nullptr, 0);
+  ASSERT_TRUE(third.ok());
+  for (const Outgoing& o : third->sends) EXPECT_EQ(o.message.header.push().acked_below(), 6u);
+
+  // A part is at least one row, however small part_bytes is.
+  auto tiny = MakeCore(map, TransferOptions(/*part_bytes=*/1, 0));
+  auto t = tiny->Push(NewHandle(), kTable, one, one_values, width, 0, nullptr, 0);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->sends.size(), one.size());
+  EXPECT_EQ(tiny->last_push_seq(), one.size());
+}
+
+TEST(WorkerCoreTransferTest, PulledPartsLandInTheCallersRows) {
+  const proto::ShardMap map = MakeMap(3);
+  const uint32_t width = 3;
+  auto core = MakeCore(map, TransferOptions(/*part_bytes=*/2 * width * sizeof(float), 0));
+  const std::vector<Key> keys = {11, 2, 7, 5, 2, 40, 1, 9, 13, 21, 8, 2};
+  std::vector<float> out(keys.size() * width, -1);
+  auto e = core->Pull(NewHandle(), kTable, keys, out, width, 0, 0);
+  ASSERT_GE(e.sends.size(), keys.size() / 2);
+  for (const Outgoing& o : e.sends) {
+    EXPECT_LE(o.message.header.pull().num_keys(), 2u);
+    EXPECT_EQ(o.message.header.pull().num_keys(), o.message.frames[0].As<Key>().size());
+  }
+  std::vector<RequestTracker::Completion> done;
+  for (auto it = e.sends.rbegin(); it != e.sends.rend(); ++it) {
+    EXPECT_TRUE(done.empty());
+    done = core->OnReply(RowsReply(it->message, width)).done;
+  }
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  for (size_t i = 0; i < keys.size(); ++i)
+    for (uint32_t j = 0; j < width; ++j) ASSERT_EQ(out[i * width + j], static_cast<float>(keys[i] * 10 + j)) << i;
+
+  // Keys all on one server: contiguous slices, each placed at its offset.
+  const std::vector<Key> one = KeysOn(map, 2, 5);
+  std::vector<float> out1(one.size() * width, -1);
+  auto p = core->Pull(NewHandle(), kTable, one, out1, width, 0, 0);
+  ASSERT_EQ(p.sends.size(), 3u);
+  EXPECT_EQ(static_cast<const void*>(p.sends[1].message.frames[0].data()), static_cast<const void*>(one.data() + 2));
+  done.clear();
+  for (auto it = p.sends.rbegin(); it != p.sends.rend(); ++it) done = core->OnReply(RowsReply(it->message, width)).done;
+  ASSERT_EQ(done.size(), 1u);
+  for (size_t i = 0; i < one.size(); ++i)
+    for (uint32_t j = 0; j < width; ++j) ASSERT_EQ(out1[i * width + j], static_cast<float>(one[i] * 10 + j)) << i;
+}
+
+TEST(WorkerCoreTransferTest, HigherPriorityPartsGoFirstOnceTheBudgetFrees) {
+  const proto::ShardMap map = MakeMap(1);
+  // Rows of 4 bytes, parts of 2 rows, one part in flight.
+  auto core = MakeCore(map, TransferOptions(/*part_bytes=*/8, /*bound=*/8));
+  const std::vector<Key> low_keys = {1, 2, 3, 4, 5, 6}, high_keys = {11, 12, 13, 14, 15, 16};
+  const std::vector<float> ones(6, 1.0f);
+  auto low_push = NewHandle(), high_push = NewHandle();
+  auto low = core->Push(low_push, kTable, low_keys, ones, 1, 0, nullptr, 0, "low", /*priority=*/5);
+  ASSERT_TRUE(low.ok());
+  ASSERT_EQ(low->sends.size(), 1u);  // the rest waits
+  EXPECT_EQ(core->queued_parts(), 2u);
+  auto high = core->Push(high_push, kTable, high_keys, ones, 1, 0, nullptr, 0, "high", /*priority=*/1);
+  ASSERT_TRUE(high.ok());
+  EXPECT_TRUE(high->sends.empty());  // the budget is taken
+  EXPECT_EQ(core->queued_parts(), 5u);
+  // Answer whatever is in flight, one part at a time, and note what goes next.
+  std::vector<Key> first_keys_sent = {low->sends[0].message.frames[0].As<Key>()[0]};
+  Message in_flight = low->sends[0].message;
+  std::vector<const void*> completed;
+  for (int step = 0; step < 6; ++step) {
+    auto r = core->OnReply(Ack(in_flight), 1000);
+    for (const auto& c : r.done) {
+      EXPECT_TRUE(c.status.ok());
+      completed.push_back(c.handle.get());
+    }
+    if (step < 5) {
+      ASSERT_EQ(r.sends.size(), 1u) << "step " << step;
+      in_flight = r.sends[0].message;
+      first_keys_sent.push_back(in_flight.frames[0].As<Key>()[0]);
+      EXPECT_EQ(core->bytes_in_flight(0), 8u);
+    } else {
+      EXPECT_TRUE(r.sends.empty());
+    }
+    if (step == 3) EXPECT_EQ(completed.size(), 1u) << "the high push completes with its third part";
+  }
+  // low part 1 was already in flight; then all of the high push, then the rest of the low one.
+  EXPECT_EQ(first_keys_sent, (std::vector<Key>{1, 11, 13, 15, 3, 5}));
+  EXPECT_EQ(completed, (std::vector<const void*>{high_push.get(), low_push.get()}));
+  EXPECT_EQ(core->queued_parts(), 0u);
+  EXPECT_EQ(core->bytes_in_flight(0), 0u);
+  EXPECT_TRUE(core->PushesCompleteThrough(core->last_push_seq()));
+
+  // Pulls the same; and the high one's handle completes before the low one's.
+  std::vector<float> low_out(6), high_out(6);
+  auto low_handle = NewHandle(), high_handle = NewHandle();
+  auto lp = core->Pull(low_handle, kTable, low_keys, low_out, 1, 0, 0, "low", 5);
+  auto hp = core->Pull(high_handle, kTable, high_keys, high_out, 1, 0, 0, "high", 1);
+  ASSERT_EQ(lp.sends.size(), 1u);
+  EXPECT_TRUE(hp.sends.empty());
+  std::vector<const void*> order;
+  in_flight = lp.sends[0].message;
+  while (true) {
+    auto r = core->OnReply(RowsReply(in_flight, 1), 2000);
+    for (const auto& c : r.done) order.push_back(c.handle.get());
+    if (r.sends.empty()) break;
+    ASSERT_EQ(r.sends.size(), 1u);
+    in_flight = r.sends[0].message;
+  }
+  EXPECT_EQ(order, (std::vector<const void*>{high_handle.get(), low_handle.get()}));
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(low_out[i], static_cast<float>(low_keys[i] * 10));
+    EXPECT_EQ(high_out[i], static_cast<float>(high_keys[i] * 10));
+  }
+}
+
+TEST(WorkerCoreTransferTest, APullDoesNotOvertakeAnEarlierPushToTheSameServer) {
+  const proto::ShardMap map = MakeMap(1);
+  auto core = MakeCore(map, TransferOptions(/*part_bytes=*/8, /*bound=*/8));
+  const std::vector<Key> keys = {1, 2, 3, 4};
+  const std::vector<float> ones(4, 1.0f);
+  auto push = core->Push(NewHandle(), kTable, keys, ones, 1, 0, nullptr, 0, "", /*priority=*/9);
+  ASSERT_TRUE(push.ok());
+  ASSERT_EQ(push->sends.size(), 1u);
+  std::vector<float> out(4);
+  auto pull = core->Pull(NewHandle(), kTable, keys, out, 1, 0, 0, "", /*priority=*/0);
+  EXPECT_TRUE(pull.sends.empty());
+  auto r = core->OnReply(Ack(push->sends[0].message), 1);
+  ASSERT_EQ(r.sends.size(), 1u);
+  EXPECT_TRUE(r.sends[0].message.header.has_push()) << "the push's second part goes before the pull";
+  r = core->OnReply(Ack(r.sends[0].message), 2);
+  ASSERT_EQ(r.sends.size(), 1u);
+  EXPECT_TRUE(r.sends[0].message.header.has_pull());
+  // A later push of lower priority does not hold the pull back.
+  auto later = core->Push(NewHandle(), kTable, keys, ones, 1, 0, nullptr, 3, "", /*priority=*/9);
+  ASSERT_TRUE(later.ok());
+  EXPECT_TRUE(later->sends.empty());
+  r = core->OnReply(RowsReply(r.sends[0].message, 1), 4);
+  ASSERT_EQ(r.sends.size(), 1u);
+  EXPECT_TRUE(r.sends[0].message.header.has_pull());
+}
+
+TEST(WorkerCoreTransferTest, NeverMoreThanTheBoundInFlightPerServer) {
+  const proto::ShardMap map = MakeMap(2);
+  const uint64_t bound = 20;  // two parts of 8 bytes fit, not three
+  auto core = MakeCore(map, TransferOptions(/*part_bytes=*/8, bound));
+  std::vector<std::vector<Key>> keys;
+  std::vector<float> ones(8, 1.0f);
+  std::vector<std::vector<float>> outs(4, std::vector<float>(8));
+  std::map<uint64_t, Message> in_flight;  // request id -> request
+  std::map<std::string, uint64_t> bytes;
+  auto take = [&](std::vector<Outgoing>& sends) {
+    for (Outgoing& o : sends) {
+      const uint64_t n = o.message.header.has_push() ? o.message.header.push().num_keys()
+                                                     : o.message.header.pull().num_keys();
+      bytes[o.to] += n * sizeof(float);
+      EXPECT_LE(bytes[o.to], bound) << o.to;
+      in_flight.emplace(o.message.header.request_id(), std::move(o.message));
+    }
+  };
+  for (uint32_t i = 0; i < 4; ++i) {
+    std::vector<Key> k;
+    for (Key x = 0; x < 8; ++x) k.push_back(i * 100 + x);
+    keys.push_back(k);
+  }
+  size_t completed = 0;
+  for (uint32_t i = 0; i < 4; ++i) {
+    if (i % 2 == 0) {
+      auto e = core->Push(NewHandle(), kTable, keys[i], ones, 1, 0, nullptr, 0, "", static_cast<int32_t>(i % 3));
+      ASSERT_TRUE(e.ok());
+      take(e->sends);
+    } else {
+      auto e = core->Pull(NewHandle(), kTable, keys[i], outs[i], 1, 0, 0, "", static_cast<int32_t>(i % 3));
+      take(e.sends);
+    }
+  }
+  EXPECT_GT(core->queued_parts(), 0u);
+  uint64_t answered = 0;
+  while (!in_flight.empty()) {
+    for (uint32_t r = 0; r < 2; ++r) EXPECT_EQ(core->bytes_in_flight(r), bytes[ServerAddress(r)]);
+    // Answer the parts in flight in a scrambled order.
+    auto it = std::next(in_flight.begin(), static_cast<long>((answered * 7) % in_flight.size()));
+    Message m = std::move(it->second);
+    in_flight.erase(it);
+    const uint64_t n = m.header.has_push() ? m.header.push().num_keys() : m.header.pull().num_keys();
+    const std::string to = ServerAddress(core->map()->ServerRankOfKey(kTable, m.frames[0].As<Key>()[0]));
+    bytes[to] -= n * sizeof(float);
+    auto e = core->OnReply(m.header.has_push() ? Ack(m) : RowsReply(m, 1), static_cast<Nanos>(++answered));
+    completed += e.done.size();
+    take(e.sends);
+  }
+  EXPECT_EQ(completed, 4u);
+  EXPECT_EQ(core->queued_parts(), 0u);
+
+  // One part bigger than the bound still goes, alone.
+  auto big = MakeCore(MakeMap(1), TransferOptions(/*part_bytes=*/0, /*bound=*/8));
+  const std::vector<Key> ten = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  const std::vector<float> ten_ones(10, 1.0f);
+  auto first = big->Push(NewHandle(), kTable, ten, ten_ones, 1, 0, nullptr, 0);
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ(first->sends.size(), 1u);
+  EXPECT_EQ(big->bytes_in_flight(0), 40u);
+  auto second = big->Push(NewHandle(), kTable, ten, ten_ones, 1, 0, nullptr, 0);
+  ASSERT_TRUE(second.ok());
+  EXPECT_TRUE(second->sends.empty());
+  auto r = big->OnReply(Ack(first->sends[0].message), 1);
+  EXPECT_EQ(r.done.size(), 1u);
+  ASSERT_EQ(r.sends.size(), 1u);
+  EXPECT_EQ(r.sends[0].message.header.push().seq(), 2u);
+}
+
+TEST(WorkerCoreTransferTest, AQueuedPartIsTimedFromWhenItIsSent) {
+  const Nanos after = 2 * kSeconds;
+  const proto::ShardMap map = MakeMap(1);
+  auto core = MakeCore(map, TransferOptions(/*part_bytes=*/8, /*bound=*/8, after));
+  const std::vector<Key> keys = {1, 2, 3, 4, 5, 6};
+  const std::vector<float> ones(6, 1.0f);
+  auto push = core->Push(NewHandle(), kTable, keys, ones, 1, 0, nullptr, 0);
+  ASSERT_TRUE(push.ok());
+  ASSERT_EQ(push->sends.size(), 1u);
+  // Only the part that was sent goes again; the queued ones are not timed.
+  auto t = core->Tick(after);
+  EXPECT_EQ(t.resent_parts, 1u);
+  ASSERT_EQ(t.sends.size(), 1u);
+  EXPECT_EQ(t.sends[0].message.header.push().seq(), push->sends[0].message.header.push().seq());
+  EXPECT_EQ(core->queued_parts(), 2u);
+  EXPECT_EQ(core->bytes_in_flight(0), 8u);  // the resend replaces the part, no more
+  // Its answer at 3 s sends the second part, whose timer starts then.
+  const Nanos sent = 3 * kSeconds;
+  auto r = core->OnReply(Ack(t.sends[0].message), sent);
+  ASSERT_EQ(r.sends.size(), 1u);
+  const Message second = r.sends[0].message;
+  EXPECT_TRUE(core->Tick(sent + after - 1).sends.empty());
+  auto t2 = core->Tick(sent + after);
+  ASSERT_EQ(t2.sends.size(), 1u);
+  EXPECT_EQ(t2.sends[0].message.header.push().seq(), second.header.push().seq());
+  EXPECT_EQ(core->queued_parts(), 1u);
+  // The operation's deadline counts from the push, queued parts or not.
+  auto late = core->Tick(kTimeout);
+  ASSERT_EQ(late.done.size(), 1u);
+  EXPECT_EQ(late.done[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(core->queued_parts(), 0u);
+  EXPECT_EQ(core->bytes_in_flight(0), 0u);
+  EXPECT_TRUE(core->PushesCompleteThrough(core->last_push_seq()));
+}
+
+TEST(WorkerCoreTransferTest, QueuedPartsFollowAFailover) {
+  const proto::ShardMap map = MakeMap(3, 2);
+  auto core = MakeCore(map, TransferOptions(/*part_bytes=*/8, /*bound=*/8));
+  const std::vector<Key> keys = KeysOn(map, 1, 6);
+  const std::vector<float> ones(keys.size(), 1.0f);
+  auto push = core->Push(NewHandle(), kTable, keys, ones, 1, 0, nullptr, 0);
+  ASSERT_TRUE(push.ok());
+  ASSERT_EQ(push->sends.size(), 1u);
+  std::vector<float> out(keys.size(), -1);
+  auto pull = core->Pull(NewHandle(), kTable, keys, out, 1, 0, 0);
+  EXPECT_TRUE(pull.sends.empty());
+  EXPECT_EQ(core->queued_parts(), 5u);  // 2 push parts, 3 pull parts
+  std::set<uint64_t> seqs = {push->sends[0].message.header.push().seq()};
+
+  const proto::ShardMap next = *WithoutServer(map, 1);
+  auto e = core->OnMapUpdate(next, 5);
+  const ShardMapView& view = *core->map();
+  // Whatever went or waited for server 1 goes by the new map, queued there
+  // with its place; answer everything until nothing is left.
+  std::deque<Outgoing> pending(e.sends.begin(), e.sends.end());
+  std::vector<RequestTracker::Completion> done = e.done;
+  while (!pending.empty()) {
+    Outgoing o = std::move(pending.front());
+    pending.pop_front();
+    EXPECT_NE(o.to, ServerAddress(1));
+    EXPECT_EQ(o.message.header.epoch(), 2u);
+    const auto k = o.message.frames[0].As<Key>();
+    Message reply;
+    if (o.message.header.has_push()) {
+      EXPECT_TRUE(o.message.header.push().resend());
+      seqs.insert(o.message.header.push().seq());
+      reply = Ack(o.message);
+    } else {
+      for (Key key : k) EXPECT_EQ(ServerAddress(view.ServerRankOfKey(kTable, key)), o.to);
+      reply = RowsReply(o.message, 1);
+    }
+    auto r = core->OnReply(std::move(reply), 6);
+    for (auto& c : r.done) done.push_back(std::move(c));
+    for (auto& s : r.sends) pending.push_back(std::move(s));
+  }
+  ASSERT_EQ(done.size(), 2u);
+  for (const auto& c : done) EXPECT_TRUE(c.status.ok()) << c.status;
+  EXPECT_EQ(seqs, (std::set<uint64_t>{1, 2, 3}));  // the parts kept their numbers
+  EXPECT_TRUE(core->PushesCompleteThrough(3));
+  EXPECT_EQ(core->queued_parts(), 0u);
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(out[i], static_cast<float>(keys[i] * 10)) << i;
+}
+
 // The core against real servers: messages are delivered by hand, so a test
 // can cut a server off.
 class WorkerCoreClusterTest : public ::testing::Test {
  protected:
-  void Init(uint32_t servers, uint32_t replication, const std::string& pull_compression = "") {
+  void Init(uint32_t servers, uint32_t replication, const std::string& pull_compression = "",
+            WorkerCoreOptions options = Options()) {
     map_ = MakeMap(servers, replication);
     for (uint32_t r = 0; r < servers; ++r) {
       servers_.push_back(std::make_unique<ServerCore>(ServerCoreOptions{.node_id = r + 1}));
       ASSERT_TRUE(servers_[r]->InstallShardMap(map_, r).ok());
       servers_[r]->SetWorkers({{kNode, 0}});
     }
-    core_ = MakeCore(map_);
+    core_ = MakeCore(map_, options);
     proto::TableConfig config;
     config.set_table_id(kTable);
     config.set_width(kWidth);
@@ -645,6 +1007,59 @@ TEST_F(WorkerCoreClusterTest, AFailoverAppliesEveryPushOnce) {
   std::vector<float> out(keys.size() * kWidth, -1);
   ASSERT_TRUE(Run(core_->Pull(NewHandle(), kTable, keys, out, kWidth, 0, 0)).ok());
   EXPECT_EQ(out, ones);  // each key once, not twice
+}
+
+TEST_F(WorkerCoreClusterTest, PartsOfOnePushToTheSameShardAreEachApplied) {
+  Init(1, 1, "", TransferOptions(/*part_bytes=*/1, /*bound=*/0));  // one row a part
+  const ShardMapView view = *ShardMapView::Create(map_);
+  std::vector<Key> keys;
+  for (Key k = 0; keys.size() < 4; ++k)
+    if (view.VShardOfKey(kTable, k) == view.VShardOfKey(kTable, 0)) keys.push_back(k);
+  std::vector<float> values;
+  for (size_t i = 0; i < keys.size() * kWidth; ++i) values.push_back(static_cast<float>(i + 1));
+  ASSERT_TRUE(Run(*core_->Push(NewHandle(), kTable, keys, values, kWidth, 0, nullptr, 0)).ok());
+  EXPECT_EQ(core_->last_push_seq(), keys.size());
+  EXPECT_EQ(servers_[0]->stats().duplicate_pushes, 0u);
+  std::vector<float> out(keys.size() * kWidth, -1);
+  ASSERT_TRUE(Run(core_->Pull(NewHandle(), kTable, keys, out, kWidth, 0, 0)).ok());
+  EXPECT_EQ(out, values);  // every part applied, none taken for a repeat of another
+}
+
+TEST_F(WorkerCoreClusterTest, AFailoverWithQueuedPartsAppliesEveryPartOnce) {
+  // Parts of two rows, one part in flight per server.
+  Init(3, 2, "", TransferOptions(/*part_bytes=*/2 * kWidth * sizeof(float), /*bound=*/2 * kWidth * sizeof(float)));
+  std::vector<Key> keys;
+  for (uint32_t s = 0; s < 3; ++s)
+    for (Key k : KeysOn(map_, s, 6)) keys.push_back(k);
+  const std::vector<float> ones(keys.size() * kWidth, 1.0f);
+  // Server 1 applies its first part and forwards it to its backup, but its
+  // Ack is lost; its other parts wait in the queue.
+  mute_.insert(1);
+  auto push = core_->Push(NewHandle(), kTable, keys, ones, kWidth, 0, nullptr, 0);
+  ASSERT_TRUE(push.ok());
+  EXPECT_TRUE(Deliver(std::move(*push)).empty());
+  EXPECT_EQ(servers_[1]->stats().push_requests, 1u);
+  EXPECT_EQ(core_->queued_parts(), 2u);
+  const proto::ShardMap next = *WithoutServer(map_, 1);
+  std::vector<Outgoing> released;
+  for (uint32_t r : {0u, 2u}) {
+    auto out = servers_[r]->UpdateShardMap(next, 0);
+    ASSERT_TRUE(out.ok()) << out.status();
+    for (auto& o : *out) {
+      if (o.message.header.sender_address().empty()) o.message.header.set_sender_address(ServerAddress(r));
+      released.push_back(std::move(o));
+    }
+  }
+  WorkerCore::Effects e = core_->OnMapUpdate(next, 0);
+  for (auto& o : released) e.sends.push_back(std::move(o));
+  const absl::Status s = Run(std::move(e));
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(core_->PushesCompleteThrough(core_->last_push_seq()));
+  EXPECT_EQ(core_->queued_parts(), 0u);
+  EXPECT_GE(servers_[2]->stats().duplicate_pushes + servers_[0]->stats().duplicate_pushes, 1u);
+  std::vector<float> out(keys.size() * kWidth, -1);
+  ASSERT_TRUE(Run(core_->Pull(NewHandle(), kTable, keys, out, kWidth, 0, 0)).ok());
+  EXPECT_EQ(out, ones);  // each key once, not twice, none lost
 }
 
 }  // namespace

@@ -21,6 +21,8 @@ struct WorkerProcessFlags {
   double request_timeout_seconds = 60;     // every push, pull, table creation
   int metrics_port = -1;                   // Prometheus metrics (0: any free port; -1: off)
   std::string metrics_host = "127.0.0.1";
+  int64_t transfer_part_bytes = 0;                      // parts of at most this many value bytes (0: no split)
+  int64_t transfer_max_bytes_in_flight_per_server = 0;  // value bytes in flight to one server (0: unbounded)
 
   void AddTo(CLI::App& app) {
     app.add_option("--coordinator", coordinator, "coordinator address, e.g. tcp://127.0.0.1:5000")->required();
@@ -38,6 +40,27 @@ struct WorkerProcessFlags {
                    "serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (0: any free port; -1: off)")
         ->check(CLI::Range(-1, 65535));
     app.add_option("--metrics_host,--metrics-host", metrics_host, "IPv4 address the metrics endpoint listens on");
+    app.add_option("--transfer_part_bytes,--transfer-part-bytes", transfer_part_bytes,
+                   "split each server's share of a push or pull into parts of at most this many value bytes "
+                   "(0: one part per server)")
+        ->check(ByteCountOrZero());
+    app.add_option("--transfer_max_bytes_in_flight_per_server,--transfer-max-bytes-in-flight-per-server",
+                   transfer_max_bytes_in_flight_per_server,
+                   "value bytes sent to one server and not yet answered; more parts wait, by priority "
+                   "(0: unbounded)")
+        ->check(ByteCountOrZero());
+  }
+
+  // A count of bytes: digits only, 0 or more, at most 2^63 - 1.
+  static CLI::Validator ByteCountOrZero() {
+    return CLI::Validator(
+        [](std::string& value) -> std::string {
+          const bool digits = !value.empty() && value.size() <= 19 &&
+                              value.find_first_not_of("0123456789") == std::string::npos;
+          if (digits && (value.size() < 19 || value <= "9223372036854775807")) return "";
+          return "must be an integer, 0 or more (bytes; 0: off), got " + value;
+        },
+        "BYTES");
   }
 
   // Names the process (worker-RANK unless --name) and starts logging.
@@ -56,6 +79,8 @@ struct WorkerProcessFlags {
     o.request_timeout = static_cast<Nanos>(request_timeout_seconds * kSeconds);
     o.metrics_port = metrics_port;
     o.metrics_host = metrics_host;
+    o.part_bytes = static_cast<uint64_t>(transfer_part_bytes);
+    o.max_bytes_in_flight_per_server = static_cast<uint64_t>(transfer_max_bytes_in_flight_per_server);
     return o;
   }
 };

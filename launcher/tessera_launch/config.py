@@ -54,7 +54,8 @@ CODEC_OPTION_ALIASES = {"error_feedback": "ef", "part_elements": "part"}
 
 #: Flags the launcher passes to every worker program itself; worker.args may
 #: not use them.
-RESERVED_WORKER_FLAGS = ("coordinator", "rank", "name", "bind")
+RESERVED_WORKER_FLAGS = ("coordinator", "rank", "name", "bind", "transfer_part_bytes",
+                         "transfer_max_bytes_in_flight_per_server")
 
 
 class ConfigError(Exception):
@@ -125,6 +126,23 @@ class TimeoutsSection:
     lease_seconds: float = 5
     rejoin_seconds: float = 60
     server_lease_seconds: float = 0.5
+
+
+@dataclass(frozen=True)
+class TransferSection:
+    part_bytes: int = 0  # 0: one part per server
+    max_bytes_in_flight_per_server: int = 0  # 0: unbounded
+
+    def worker_flags(self) -> list:
+        """The worker flags (worker/worker_flags.h) for the values that are
+        set; none for the defaults, so that programs without these flags
+        still run."""
+        flags = []
+        if self.part_bytes:
+            flags += ["--transfer_part_bytes", str(self.part_bytes)]
+        if self.max_bytes_in_flight_per_server:
+            flags += ["--transfer_max_bytes_in_flight_per_server", str(self.max_bytes_in_flight_per_server)]
+        return flags
 
 
 @dataclass(frozen=True)
@@ -258,6 +276,7 @@ class JobConfig:
     limits: LimitsSection = dataclasses.field(default_factory=LimitsSection)
     rdma: RdmaSection = dataclasses.field(default_factory=RdmaSection)
     shm: ShmSection = dataclasses.field(default_factory=ShmSection)
+    transfer: TransferSection = dataclasses.field(default_factory=TransferSection)
     faults: tuple = ()  # FaultSpec, in file order
 
     def to_dict(self) -> dict:
@@ -317,6 +336,12 @@ def _non_negative_int(value: Any) -> Optional[str]:
 def _byte_count(value: Any) -> Optional[str]:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_BYTES:
         return "must be a positive integer (bytes)"
+    return None
+
+
+def _byte_count_or_zero(value: Any) -> Optional[str]:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BYTES:
+        return "must be an integer, 0 or more (bytes; 0: off)"
     return None
 
 
@@ -597,6 +622,15 @@ SCHEMA: dict[str, dict[str, Field]] = {
                             "ring size per sender->receiver pair: a power of two, at least 1 MiB and "
                             "2 * shm.min_frame_bytes"),
     },
+    "transfer": {
+        "part_bytes": Field(_byte_count_or_zero, 0,
+                            "workers split each server's share of a push or pull into parts of at most this many "
+                            "value bytes (at least one row); 0: one part per server"),
+        "max_bytes_in_flight_per_server": Field(_byte_count_or_zero, 0,
+                                                "value bytes a worker has sent to one server and not seen answered; "
+                                                "more parts wait, lower priority numbers first (one part always "
+                                                "goes); 0: unbounded"),
+    },
     "metrics": {
         "port": Field(_metrics_port, 0, "first Prometheus port: server-R port+R, worker-R port+servers+R, the coordinator "
                                            "port+servers+workers; 0: off"),
@@ -622,6 +656,7 @@ _SECTION_TYPES = {
     "limits": LimitsSection,
     "rdma": RdmaSection,
     "shm": ShmSection,
+    "transfer": TransferSection,
     "ssh": SshSection,
     "kubernetes": KubernetesSection,
 }

@@ -419,6 +419,7 @@ def worker_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
         argv += ["--bind", bind_address(config, layout, name, host)]
     for key, value in config.worker.args.items():
         argv += [f"--{key}", _flag_value(value)]
+    argv += config.transfer.worker_flags()
     port = config.metrics.port_of("worker", rank, config.cluster.servers)
     if port:
         argv += ["--metrics_port", str(port), "--metrics_host", config.metrics.host]

@@ -422,6 +422,28 @@ def test_transport_section_values_are_checked(tmp_path):
     assert len(message.splitlines()) == 7
 
 
+def test_transfer_section_defaults_values_and_errors(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL))
+    assert (config.transfer.part_bytes, config.transfer.max_bytes_in_flight_per_server) == (0, 0)
+    assert config.transfer.worker_flags() == []
+    path = write(tmp_path, MINIMAL + "transfer:\n  part_bytes: 65536\n  max_bytes_in_flight_per_server: 262144\n")
+    config = load_config(path)
+    assert config.transfer.worker_flags() == ["--transfer_part_bytes", "65536",
+                                              "--transfer_max_bytes_in_flight_per_server", "262144"]
+    again = load_config(write(tmp_path, config.to_yaml(), "resolved.yaml"))
+    assert again.to_dict() == config.to_dict()
+    bad = write(tmp_path, MINIMAL + "transfer:\n  part_bytes: -1\n  max_bytes_in_flight_per_server: 1.5\n"
+                "  part_byte: 3\n", "bad.yaml")
+    message = error_of(bad)
+    assert f"{bad}:4: transfer.part_bytes must be an integer, 0 or more (bytes; 0: off), got -1" in message
+    assert (f"{bad}:5: transfer.max_bytes_in_flight_per_server must be an integer, 0 or more (bytes; 0: off), "
+            "got 1.5") in message
+    assert "unknown key transfer.part_byte; did you mean transfer.part_bytes?" in message
+    assert "got true" in error_of(write(tmp_path, MINIMAL, "plain.yaml"), ["transfer.part_bytes=true"])
+    reserved = write(tmp_path, MINIMAL + "  args:\n    transfer_part_bytes: 4096\n", "reserved.yaml")
+    assert "worker.args.transfer_part_bytes is reserved" in error_of(reserved)
+
+
 def test_transport_byte_counts_against_each_other(tmp_path):
     path = write(tmp_path, MINIMAL)
     assert error_of(path, ["rdma.pool_bytes=2097152", "rdma.max_pinned_bytes=1048576"]) == (

@@ -277,6 +277,20 @@ def test_rebalancing_reaches_the_coordinator(tmp_path, job_file):
     assert argv[argv.index("--max-workers") + 1] == "5"
 
 
+def test_transfer_settings_reach_the_workers_only_when_set(tmp_path, job_file):
+    binaries = Binaries.locate(tmp_path / "build", "fake-worker")
+    layout = RunLayout(tmp_path / "run")
+    argv = worker_argv(load_config(job_file), binaries, layout, 0, "tcp://h:1")
+    assert not [a for a in argv if a.startswith("--transfer")]
+    config = load_config(job_file, ["transfer.part_bytes=65536", "transfer.max_bytes_in_flight_per_server=262144"])
+    argv = worker_argv(config, binaries, layout, 0, "tcp://h:1")
+    assert argv[argv.index("--transfer_part_bytes") + 1] == "65536"
+    assert argv[argv.index("--transfer_max_bytes_in_flight_per_server") + 1] == "262144"
+    argv = worker_argv(load_config(job_file, ["transfer.part_bytes=4096"]), binaries, layout, 0, "tcp://h:1")
+    assert argv[argv.index("--transfer_part_bytes") + 1] == "4096"
+    assert "--transfer_max_bytes_in_flight_per_server" not in argv
+
+
 def test_ipc_addresses_and_program_paths(tmp_path, job_file):
     config = load_config(job_file, ["cluster.transport=ipc", "worker.program=./bin/my-worker"])
     binaries = Binaries.locate(tmp_path / "build", config.worker.program)
