@@ -666,7 +666,9 @@ TEST(WorkerCoreTransferTest, HigherPriorityPartsGoFirstOnceTheBudgetFrees) {
     } else {
       EXPECT_TRUE(r.sends.empty());
     }
-    if (step == 3) EXPECT_EQ(completed.size(), 1u) << "the high push completes with its third part";
+    if (step == 3) {
+      EXPECT_EQ(completed.size(), 1u) << "the high push completes with its third part";
+    }
   }
   // low part 1 was already in flight; then all of the high push, then the rest of the low one.
   EXPECT_EQ(first_keys_sent, (std::vector<Key>{1, 11, 13, 15, 3, 5}));
