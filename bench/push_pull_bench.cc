@@ -242,20 +242,7 @@ int Main(int argc, char** argv) {
       return 1;
     }
   }
-  flags.process.InitLogs();
-
-  WorkerOptions options = flags.process.ToOptions();
-  absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Connect(options);
-  if (!worker.ok()) {
-    TLOG_ERROR("could not join the job: {}", worker.status().ToString());
-    return 1;
-  }
-  PushPullBench bench(flags, **worker);
-  if (absl::Status s = bench.Run(); !s.ok()) {
-    TLOG_ERROR("benchmark failed: {}", s.ToString());
-    return 1;
-  }
-  return 0;
+  return flags.process.Run("benchmark", [&flags](Worker& worker) { return PushPullBench(flags, worker).Run(); });
 }
 
 }  // namespace

@@ -133,17 +133,7 @@ int Main(int argc, char** argv) {
   app.add_option("--seconds", f.seconds, "how long to run")->check(CLI::PositiveNumber);
   app.add_option("--report-every", f.report_every, "seconds between progress lines")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
-  f.process.InitLogs();
-  auto worker = Worker::Connect(f.process.ToOptions());
-  if (!worker.ok()) {
-    TLOG_ERROR("could not join the job: {}", worker.status().ToString());
-    return 1;
-  }
-  if (absl::Status s = Run(f, **worker); !s.ok()) {
-    TLOG_ERROR("benchmark failed: {}", s.ToString());
-    return 1;
-  }
-  return 0;
+  return f.process.Run("benchmark", [&f](Worker& worker) { return Run(f, worker); });
 }
 
 }  // namespace

@@ -142,17 +142,7 @@ int Main(int argc, char** argv) {
   app.add_option("--inflight", f.inflight, "requests in flight")->check(CLI::PositiveNumber);
   app.add_option("--seconds", f.seconds, "duration of each measurement")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
-  f.process.InitLogs();
-  auto worker = Worker::Connect(f.process.ToOptions());
-  if (!worker.ok()) {
-    TLOG_ERROR("could not join the job: {}", worker.status().ToString());
-    return 1;
-  }
-  if (absl::Status s = Run(f, **worker); !s.ok()) {
-    TLOG_ERROR("benchmark failed: {}", s.ToString());
-    return 1;
-  }
-  return 0;
+  return f.process.Run("benchmark", [&f](Worker& worker) { return Run(f, worker); });
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // The flags every worker program takes from the launcher (the process
 // contract in docs/launcher.md), in one place: add them to a CLI11 app, then
 // turn them into WorkerOptions. Header-only; programs link CLI11 themselves.
+#include <functional>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -82,6 +83,23 @@ struct WorkerProcessFlags {
     o.part_bytes = static_cast<uint64_t>(transfer_part_bytes);
     o.max_bytes_in_flight_per_server = static_cast<uint64_t>(transfer_max_bytes_in_flight_per_server);
     return o;
+  }
+
+  // Starts logging, joins the job and runs `run` on the worker: a worker
+  // program's exit status (0; or 1 after one line that says whether joining
+  // or `what` failed, and why).
+  int Run(const char* what, const std::function<absl::Status(Worker&)>& run) {
+    InitLogs();
+    absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Connect(ToOptions());
+    if (!worker.ok()) {
+      TLOG_ERROR("could not join the job: {}", worker.status().ToString());
+      return 1;
+    }
+    if (absl::Status s = run(**worker); !s.ok()) {
+      TLOG_ERROR("{} failed: {}", what, s.ToString());
+      return 1;
+    }
+    return 0;
   }
 };
 
