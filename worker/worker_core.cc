@@ -416,13 +416,15 @@ void WorkerCore::RouteQueued(Nanos now, Effects& effects) {
   if (!scheduled()) return;
   const ShardMapView& map = *map_;
   std::vector<Completion> done;
-  for (RequestTracker::Resend& r : tracker_.TakeQueued([&](uint32_t rank, const Message& m) {
-         if (map.IsDead(rank)) return true;
-         const uint32_t table = m.header.has_push() ? m.header.push().table_id() : m.header.pull().table_id();
-         for (Key k : m.frames[0].As<Key>())
-           if (map.ServerRankOfKey(table, k) != rank) return true;
-         return false;
-       })) {
+  // Only parts queued for a server the map names dead go again now. A part
+  // whose keys moved to another live server is sent where it was queued:
+  // that server answers Aborted at the newer epoch and the part goes again
+  // by the map, as a part in flight does. (Routing such parts here sent a
+  // push whole to every primary of its keys, each copy again at the next
+  // map, and so on: the simulator found the copies doubling with every map,
+  // seed 14713, out of memory.)
+  for (RequestTracker::Resend& r :
+       tracker_.TakeQueued([&](uint32_t rank, const Message&) { return map.IsDead(rank); })) {
     for (auto& c : tracker_.Reissue(r, Redirect(r, effects), now)) done.push_back(std::move(c));
   }
   Forget(done);

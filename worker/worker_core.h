@@ -61,9 +61,11 @@
 //   (that push part goes first, in the pull's turn). A queued part's resend
 //   timer starts when it is sent; its operation's deadline counts from the
 //   call that issued it. A queued part addressed to a server a newer map
-//   names dead, or whose keys the newer map puts elsewhere, is routed again
-//   by that map (a push whole, marked resend, to each new primary of its
-//   keys) and queued there with its priority and place. Resends of parts
+//   names dead is routed again by that map (a push whole, marked resend, to
+//   each new primary of its keys) and queued there with its priority and
+//   place; one whose keys moved to another live server stays queued (that
+//   server answers Aborted at the newer epoch, and the part goes again by
+//   the map, as parts in flight do). Resends of parts
 //   (failover, silence) are queued the same way. Clocks, tables and queries
 //   are never queued: a clock announced while pushes wait in a queue would
 //   reach a server before them, so the caller announces a clock only when

@@ -172,6 +172,7 @@ struct IssuedPush {
   uint32_t worker_rank = 0;
   uint32_t incarnation = 0;
   uint64_t seq = 0;
+  uint64_t seq_last = 0;  // with transfer parts, each part has its own number: seq..seq_last
   uint64_t clock = 0;
   Nanos issued = 0;
   std::vector<Key> keys;
@@ -524,7 +525,7 @@ class WorkerProc final : public Proc {
       if (session_.ended()) End(now);
       return;
     }
-    if (core_) Apply(core_->OnReply(std::move(m)), now);
+    if (core_) Apply(core_->OnReply(std::move(m), now), now);
   }
 
   void Tick(Nanos now) override {
@@ -579,7 +580,8 @@ class WorkerProc final : public Proc {
     auto created = WorkerCore::Create(
         WorkerCoreOptions{.node_id = session_.self().node_id(), .incarnation = session_.self().incarnation(),
                           .address = address, .request_timeout = 60 * kSeconds, .hold_timeout = 120 * kSeconds,
-                          .resend_after = kResendAfter},
+                          .resend_after = kResendAfter, .part_bytes = world_->scenario().part_bytes,
+                          .max_bytes_in_flight_per_server = world_->scenario().max_bytes_in_flight},
         session_.ready()->shard_map());
     if (!created.ok()) {
       world_->Violation(absl::StrCat(address, ": bad first map: ", created.status().message()));
@@ -662,8 +664,10 @@ class WorkerProc final : public Proc {
       op->keys = RandomKeys();
       op->values.assign(op->keys.size() * W, 0.0f);
       for (size_t i = 0; i < op->keys.size(); ++i) op->values[i * W + rank_] = 1.0f;
-      std::vector<uint32_t> keys32(op->keys.begin(), op->keys.end());
-      auto effects = core_->Push(op, kTable, op->keys, op->values, W, clock_, nullptr, now, op->what);
+      const uint64_t seq_before = core_->last_push_seq();
+      const int32_t priority =  // (only with a bound: other runs keep their random stream)
+          world_->scenario().max_bytes_in_flight > 0 ? static_cast<int32_t>(world_->rng().Below(3)) : 0;
+      auto effects = core_->Push(op, kTable, op->keys, op->values, W, clock_, nullptr, now, op->what, priority);
       if (!effects.ok()) {
         world_->Violation(absl::StrCat(address, ": push refused: ", effects.status().message()));
         continue;
@@ -672,7 +676,8 @@ class WorkerProc final : public Proc {
       world_->pushes().push_back(IssuedPush{.worker_node = node_id(),
                                             .worker_rank = rank_,
                                             .incarnation = session_.self().incarnation(),
-                                            .seq = core_->last_push_seq(),
+                                            .seq = seq_before + 1,
+                                            .seq_last = core_->last_push_seq(),
                                             .clock = clock_,
                                             .issued = now,
                                             .keys = op->keys});
@@ -1399,7 +1404,8 @@ void World::CheckAudit(RunResult& r) {
   for (const auto& [id, n] : coordinator_->core().nodes())
     if (n.info.role() == proto::WORKER) rank_of[id] = n.info.rank();
   std::map<std::tuple<uint32_t, uint32_t, uint64_t>, const IssuedPush*> issued;  // (node, incarnation, seq)
-  for (const IssuedPush& p : pushes_) issued[{p.worker_node, p.incarnation, p.seq}] = &p;
+  for (const IssuedPush& p : pushes_)
+    for (uint64_t seq = p.seq; seq <= p.seq_last; ++seq) issued[{p.worker_node, p.incarnation, seq}] = &p;
 
   struct Row {
     bool primary;
@@ -1481,9 +1487,14 @@ void World::CheckAudit(RunResult& r) {
     for (Key k : p.keys) {
       const uint32_t primary = final_map->ServerRankOfKey(kTable, k);
       if (!readable[primary]) continue;
-      const std::string entry = absl::StrCat(p.worker_node, ":", p.incarnation, ":", p.seq);
+      // (With transfer parts, the key went in one of the push's parts.)
+      const std::string entry = absl::StrCat(p.worker_node, ":", p.incarnation, ":", p.seq,
+                                             p.seq_last > p.seq ? absl::StrCat("..", p.seq_last) : "");
       auto it = rows[primary].find(k);
-      if (it == rows[primary].end() || it->second.entries.count(entry) == 0) {
+      bool found = false;
+      for (uint64_t seq = p.seq; it != rows[primary].end() && seq <= p.seq_last && !found; ++seq)
+        found = it->second.entries.count(absl::StrCat(p.worker_node, ":", p.incarnation, ":", seq)) > 0;
+      if (!found) {
         Violation(absl::StrCat("acknowledged push ", entry, " (worker ", p.worker_rank, ") is missing from key ", k,
                                " at its primary, server ", primary));
       }
@@ -1567,6 +1578,11 @@ Scenario Scenario::FromSeed(uint64_t seed) {
   if (rng.Chance(0.25)) s.servers_added = 1;
   if (rng.Chance(0.25)) s.drains = 1;
   if (rng.Chance(0.25)) s.workers_added = 1;
+  if (rng.Chance(0.3)) {  // transfer scheduling: parts of 1-3 rows, 1-4 parts in flight per server
+    const uint64_t row_bytes = uint64_t{4} * (s.workers + s.workers_added);
+    s.part_bytes = row_bytes * rng.Between(1, 3);
+    if (rng.Chance(0.7)) s.max_bytes_in_flight = s.part_bytes * rng.Between(1, 4);
+  }
   return s;
 }
 
@@ -1575,7 +1591,8 @@ std::string Scenario::Describe() const {
   return absl::StrFormat(
       "%u servers, %u workers, %u vshards, replication %u, %s%s, %u clocks, %u keys%s; delay %.2f-%.2f ms, drop %.3f, "
       "duplicate %.3f, reorder %.2f; %u crashes%s, %u pauses, %u partitions, %u worker crashes (on loss: %s), "
-      "%u coordinator crashes, %u moves%s, %u servers added, %u drained, %u workers added%s",
+      "%u coordinator crashes, %u moves%s, %u servers added, %u drained, %u workers added; parts of %llu B, "
+      "%llu B in flight per server%s",
       servers, workers, vshards, replication, model, consistency == proto::SSP ? absl::StrCat("(", staleness, ")") : "",
       clocks, keys, apply_after_ack ? ", apply after ack" : "", static_cast<double>(min_delay_ns) / kMs,
       static_cast<double>(max_delay_ns) / kMs, drop, duplicate, reorder, server_crashes,
@@ -1583,6 +1600,7 @@ std::string Scenario::Describe() const {
       worker_crashes,
       worker_loss == WorkerLossPolicy::kStopJob ? "stop" : worker_loss == WorkerLossPolicy::kContinue ? "continue" : "wait",
       coordinator_crashes, moves, crash_mid_move ? " (a crash mid-move)" : "", servers_added, drains, workers_added,
+      static_cast<unsigned long long>(part_bytes), static_cast<unsigned long long>(max_bytes_in_flight),
       breakage == Breakage::kNone ? "" : absl::StrCat("; BROKEN: ", BreakageName(breakage)));
 }
 

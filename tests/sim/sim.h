@@ -113,6 +113,12 @@ struct Scenario {
   // rank (CoordinatorOptions.max_workers) and join the running job at the
   // servers' fastest worker's clock; the table has a column for them.
   uint32_t workers_added = 0;
+  // Transfer scheduling (WorkerCoreOptions): pushes and pulls split into
+  // parts of at most part_bytes value bytes (0: one per server), at most
+  // max_bytes_in_flight to a server at once (0: no bound); each push draws
+  // a priority 0-2.
+  uint64_t part_bytes = 0;
+  uint64_t max_bytes_in_flight = 0;
   // What the job does about a lost worker. Under kWait a new process takes
   // a crashed worker's place one lease or more later and resumes at its
   // predecessor's clock.
