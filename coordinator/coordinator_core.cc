@@ -291,12 +291,7 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
     }
     rank = static_cast<int>(free - taken.begin());
   }
-  Node node;
-  node.info.set_node_id(next_node_id_++);
-  node.info.set_role(req.role());
-  node.info.set_rank(rank);
-  node.info.set_address(address);
-  node.last_seen = now;
+  Node node = NewNode(req.role(), static_cast<uint32_t>(rank), address, now);
   reply.header.mutable_register_reply()->set_heartbeat_interval_ms(options_.heartbeat_interval / kMillis);
   *reply.header.mutable_register_reply()->mutable_self() = node.info;
   node_by_address_[address] = node.info.node_id();
@@ -710,16 +705,22 @@ void CoordinatorCore::PublishMap(const std::string& reason, std::vector<Outgoing
   Broadcast(update, out);
 }
 
+CoordinatorCore::Node CoordinatorCore::NewNode(proto::Role role, uint32_t rank, const std::string& address,
+                                               Nanos now) {
+  Node node;
+  node.info.set_node_id(next_node_id_++);
+  node.info.set_role(role);
+  node.info.set_rank(rank);
+  node.info.set_address(address);
+  node.last_seen = now;
+  return node;
+}
+
 bool CoordinatorCore::AddServer(const Message& m, Nanos now, std::vector<Outgoing>& out) {
   const uint32_t next_rank = static_cast<uint32_t>(shard_map_.servers_size());
   const int rank = m.header.register_request().rank();
   if (next_rank >= MaxServers() || (rank >= 0 && static_cast<uint32_t>(rank) != next_rank)) return false;
-  Node node;
-  node.info.set_node_id(next_node_id_++);
-  node.info.set_role(proto::SERVER);
-  node.info.set_rank(next_rank);
-  node.info.set_address(m.header.sender_address());
-  node.last_seen = now;
+  Node node = NewNode(proto::SERVER, next_rank, m.header.sender_address(), now);
   absl::StatusOr<proto::ShardMap> grown = WithServerAdded(shard_map_, node.info);
   if (!grown.ok()) return false;  // (the rank is the next: not reached)
   shard_map_ = *std::move(grown);
@@ -746,12 +747,7 @@ bool CoordinatorCore::AddWorker(const Message& m, Nanos now, std::vector<Outgoin
   }
   const int rank = m.header.register_request().rank();
   if (next_rank >= MaxWorkers() || (rank >= 0 && static_cast<uint32_t>(rank) != next_rank)) return false;
-  Node node;
-  node.info.set_node_id(next_node_id_++);
-  node.info.set_role(proto::WORKER);
-  node.info.set_rank(next_rank);
-  node.info.set_address(m.header.sender_address());
-  node.last_seen = now;
+  Node node = NewNode(proto::WORKER, next_rank, m.header.sender_address(), now);
   node.catch_up_barriers = std::move(passed);
   node.joined_running_job = true;
   node_by_address_[node.info.address()] = node.info.node_id();
@@ -791,13 +787,8 @@ bool CoordinatorCore::TakeOverDeadServer(const Message& m, Nanos now, std::vecto
       break;
     }
   }
-  Node node;
-  node.info.set_node_id(next_node_id_++);
-  node.info.set_role(proto::SERVER);
-  node.info.set_rank(static_cast<uint32_t>(dead));
-  node.info.set_address(m.header.sender_address());
+  Node node = NewNode(proto::SERVER, static_cast<uint32_t>(dead), m.header.sender_address(), now);
   node.info.set_incarnation(incarnation);
-  node.last_seen = now;
   absl::StatusOr<proto::ShardMap> back = WithServerBack(shard_map_, node.info);
   if (!back.ok()) return false;  // (a dead rank is always in the map)
   uint32_t recruited = 0;

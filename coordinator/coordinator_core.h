@@ -278,6 +278,8 @@ class CoordinatorCore {
   // runs and may grow: it joins as that rank. False (nothing done) if the
   // job is at max_workers or the rank asked for is not the next.
   bool AddWorker(const Message& m, Nanos now, std::vector<Outgoing>& out);
+  // A node of `role` and `rank` at `address`, heard from `now`, with the next node id.
+  Node NewNode(proto::Role role, uint32_t rank, const std::string& address, Nanos now);
   uint32_t MaxWorkers() const { return std::max(options_.workers, options_.max_workers); }
   // A server that took a place while the job runs (`how`: "joined",
   // "rejoined"): its registration reply, the new map to everyone, and the

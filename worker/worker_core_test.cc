@@ -99,6 +99,23 @@ Message RowsReply(const Message& request, uint32_t width) {
 
 std::shared_ptr<int> NewHandle() { return std::make_shared<int>(0); }
 
+// Answers every pull part in `sends` (last first: the parts may come back
+// in any order), checks that the pull completes once, OK, with every row of
+// `keys` in `out` (RowsReply's values).
+void AnswerInReverseAndCheckRows(WorkerCore& core, const std::vector<Outgoing>& sends, std::span<const Key> keys,
+                                 std::span<const float> out, uint32_t width) {
+  std::vector<RequestTracker::Completion> done;
+  for (auto it = sends.rbegin(); it != sends.rend(); ++it) {
+    EXPECT_TRUE(done.empty());
+    done = core.OnReply(RowsReply(it->message, width)).done;
+  }
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  for (size_t i = 0; i < keys.size(); ++i)
+    for (uint32_t j = 0; j < width; ++j) ASSERT_EQ(out[i * width + j], static_cast<float>(keys[i] * 10 + j)) << i;
+}
+
+
 // The request ids of every send.
 std::set<uint64_t> Ids(const std::vector<Outgoing>& sends) {
   std::set<uint64_t> ids;
@@ -228,15 +245,7 @@ TEST(WorkerCoreTest, PullRowsLandInTheCallersOrderWhateverOrderRepliesCome) {
     EXPECT_EQ(o.message.header.pull().hold_timeout_ms(), static_cast<uint64_t>(kHold / kMillis));
     EXPECT_EQ(o.message.header.pull().num_keys(), o.message.frames[0].As<Key>().size());
   }
-  std::vector<RequestTracker::Completion> done;
-  for (auto it = e.sends.rbegin(); it != e.sends.rend(); ++it) {
-    EXPECT_TRUE(done.empty());
-    done = core->OnReply(RowsReply(it->message, width)).done;
-  }
-  ASSERT_EQ(done.size(), 1u);
-  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
-  for (size_t i = 0; i < keys.size(); ++i)
-    for (uint32_t j = 0; j < width; ++j) ASSERT_EQ(out[i * width + j], static_cast<float>(keys[i] * 10 + j)) << i;
+  AnswerInReverseAndCheckRows(*core, e.sends, keys, out, width);
   EXPECT_EQ(core->tracker().in_flight(), 0u);
 }
 
@@ -610,15 +619,7 @@ TEST(WorkerCoreTransferTest, PulledPartsLandInTheCallersRows) {
     EXPECT_LE(o.message.header.pull().num_keys(), 2u);
     EXPECT_EQ(o.message.header.pull().num_keys(), o.message.frames[0].As<Key>().size());
   }
-  std::vector<RequestTracker::Completion> done;
-  for (auto it = e.sends.rbegin(); it != e.sends.rend(); ++it) {
-    EXPECT_TRUE(done.empty());
-    done = core->OnReply(RowsReply(it->message, width)).done;
-  }
-  ASSERT_EQ(done.size(), 1u);
-  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
-  for (size_t i = 0; i < keys.size(); ++i)
-    for (uint32_t j = 0; j < width; ++j) ASSERT_EQ(out[i * width + j], static_cast<float>(keys[i] * 10 + j)) << i;
+  AnswerInReverseAndCheckRows(*core, e.sends, keys, out, width);
 
   // Keys all on one server: contiguous slices, each placed at its offset.
   const std::vector<Key> one = KeysOn(map, 2, 5);
@@ -626,11 +627,7 @@ TEST(WorkerCoreTransferTest, PulledPartsLandInTheCallersRows) {
   auto p = core->Pull(NewHandle(), kTable, one, out1, width, 0, 0);
   ASSERT_EQ(p.sends.size(), 3u);
   EXPECT_EQ(static_cast<const void*>(p.sends[1].message.frames[0].data()), static_cast<const void*>(one.data() + 2));
-  done.clear();
-  for (auto it = p.sends.rbegin(); it != p.sends.rend(); ++it) done = core->OnReply(RowsReply(it->message, width)).done;
-  ASSERT_EQ(done.size(), 1u);
-  for (size_t i = 0; i < one.size(); ++i)
-    for (uint32_t j = 0; j < width; ++j) ASSERT_EQ(out1[i * width + j], static_cast<float>(one[i] * 10 + j)) << i;
+  AnswerInReverseAndCheckRows(*core, p.sends, one, out1, width);
 }
 
 TEST(WorkerCoreTransferTest, HigherPriorityPartsGoFirstOnceTheBudgetFrees) {
