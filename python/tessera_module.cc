@@ -505,7 +505,8 @@ class PyWorker {
     widths_[options.id] = options.width;
   }
 
-  std::unique_ptr<PyFuture> PushAsync(uint32_t table, py::handle keys, py::handle values) {
+  std::unique_ptr<PyFuture> PushAsync(uint32_t table, py::handle keys, py::handle values,
+                                      int32_t priority = Worker::kDefaultPriority) {
     auto w = Get();
     py::array key_array;
     std::span<const Key> k = KeysOf(keys, key_array);
@@ -513,12 +514,13 @@ class PyWorker {
     Future f;
     {
       py::gil_scoped_release release;
-      f = w->Push(table, k, ConstFloats(value_array));
+      f = w->Push(table, k, ConstFloats(value_array), priority);
     }
     return std::make_unique<PyFuture>(std::move(f), std::vector<py::object>{key_array, value_array}, py::none());
   }
 
-  std::unique_ptr<PyFuture> PullAsync(uint32_t table, py::handle keys, py::object out) {
+  std::unique_ptr<PyFuture> PullAsync(uint32_t table, py::handle keys, py::object out,
+                                      int32_t priority = Worker::kDefaultPriority) {
     auto w = Get();
     py::array key_array;
     std::span<const Key> k = KeysOf(keys, key_array);
@@ -528,7 +530,7 @@ class PyWorker {
     Future f;
     {
       py::gil_scoped_release release;
-      f = w->Pull(table, k, MutableFloats(out_array));
+      f = w->Pull(table, k, MutableFloats(out_array), priority);
     }
     return std::make_unique<PyFuture>(std::move(f), std::vector<py::object>{key_array, out_array}, result);
   }
@@ -597,9 +599,12 @@ class PyWorker {
 
 WorkerOptions OptionsFrom(const std::string& coordinator, int rank, const std::string& name, const std::string& bind,
                           double connect_timeout, double request_timeout, int metrics_port,
-                          const std::string& metrics_host) {
+                          const std::string& metrics_host, int64_t part_bytes, int64_t max_bytes_in_flight_per_server) {
   if (coordinator.empty()) ThrowInvalid("coordinator is empty (e.g. tcp://127.0.0.1:5000)");
   if (connect_timeout <= 0 || request_timeout <= 0) ThrowInvalid("timeouts must be positive");
+  if (part_bytes < 0 || max_bytes_in_flight_per_server < 0) {
+    ThrowInvalid("part_bytes and max_bytes_in_flight_per_server are bytes, 0 (off) or more");
+  }
   WorkerProcessFlags flags;
   flags.coordinator = coordinator;
   flags.rank = rank;
@@ -609,6 +614,8 @@ WorkerOptions OptionsFrom(const std::string& coordinator, int rank, const std::s
   flags.request_timeout_seconds = request_timeout;
   flags.metrics_port = metrics_port;
   flags.metrics_host = metrics_host;
+  flags.transfer_part_bytes = part_bytes;
+  flags.transfer_max_bytes_in_flight_per_server = max_bytes_in_flight_per_server;
   return flags.ToOptions();
 }
 
@@ -719,20 +726,23 @@ PYBIND11_MODULE(_tessera, m) {
           "connect",
           [](const std::string& coordinator, int rank, const std::string& name, const std::string& bind,
              double connect_timeout, double request_timeout, int metrics_port, const std::string& metrics_host,
-             bool debug) {
+             bool debug, int64_t part_bytes, int64_t max_bytes_in_flight_per_server) {
             return PyWorker::Connect(OptionsFrom(coordinator, rank, name, bind, connect_timeout, request_timeout,
-                                                 metrics_port, metrics_host),
+                                                 metrics_port, metrics_host, part_bytes, max_bytes_in_flight_per_server),
                                      debug);
           },
           py::arg("coordinator"), py::arg("rank") = -1, py::arg("name") = "", py::arg("bind") = "tcp://127.0.0.1:0",
           py::arg("connect_timeout") = 30.0, py::arg("request_timeout") = 60.0, py::arg("metrics_port") = -1,
-          py::arg("metrics_host") = "127.0.0.1", py::arg("debug") = false,
+          py::arg("metrics_host") = "127.0.0.1", py::arg("debug") = false, py::arg("part_bytes") = 0,
+          py::arg("max_bytes_in_flight_per_server") = 0,
           "Joins the job whose coordinator is at `coordinator` (e.g. 'tcp://127.0.0.1:5000') and returns once the "
           "whole job has assembled. rank: the worker rank to take (-1: the coordinator assigns one). name: for log "
           "lines (default worker-RANK). bind: where replies arrive. Timeouts in seconds: connect_timeout for "
           "registration and assembly, request_timeout for every push, pull and table creation. metrics_port: serve "
-          "Prometheus metrics (0: any free port, -1: off). Logs go to stderr. Raises tessera.Error naming the "
-          "coordinator if it does not answer.")
+          "Prometheus metrics (0: any free port, -1: off). Transfer scheduling (docs/design.md): part_bytes splits "
+          "each server's share of a push or pull into parts of at most that many value bytes, and "
+          "max_bytes_in_flight_per_server holds parts back, highest priority first (0: off). Logs go to stderr. "
+          "Raises tessera.Error naming the coordinator if it does not answer.")
       .def_static("from_args", &FromArgs, py::arg("argv") = py::none(),
                   "Connects with the flags tessera-launch passes to every worker program (--coordinator, --rank, "
                   "--name, --bind, --metrics_port, --metrics_host, --connect_timeout_seconds, "
@@ -764,20 +774,25 @@ PYBIND11_MODULE(_tessera, m) {
            TableOptionsDoc() +
            "Unknown options or values raise tessera.InvalidArgumentError listing the valid ones.")
               .c_str())
-      .def("push", [](PyWorker& self, uint32_t table, py::handle keys,
-                      py::handle values) { self.PushAsync(table, keys, values)->Wait(std::nullopt); },
-           py::arg("table"), py::arg("keys"), py::arg("values"),
+      .def("push", [](PyWorker& self, uint32_t table, py::handle keys, py::handle values,
+                      int32_t priority) { self.PushAsync(table, keys, values, priority)->Wait(std::nullopt); },
+           py::arg("table"), py::arg("keys"), py::arg("values"), py::kw_only(), py::arg("priority") = 0,
            "Pushes `values` (row i for keys[i]; gradients, applied by the table's server-side optimizer) and "
            "waits until every server acknowledged. Duplicate keys are applied once per occurrence.")
-      .def("pull", [](PyWorker& self, uint32_t table, py::handle keys,
-                      py::object out) { return self.PullAsync(table, keys, std::move(out))->Wait(std::nullopt); },
-           py::arg("table"), py::arg("keys"), py::arg("out") = py::none(),
+      .def("pull",
+           [](PyWorker& self, uint32_t table, py::handle keys, py::object out, int32_t priority) {
+             return self.PullAsync(table, keys, std::move(out), priority)->Wait(std::nullopt);
+           },
+           py::arg("table"), py::arg("keys"), py::arg("out") = py::none(), py::kw_only(), py::arg("priority") = 0,
            "Pulls the rows of `keys` and returns them: written straight into `out` (a float32 array or CPU tensor "
            "of shape (n, width) or flat, returned as given) or, without `out`, into a new (n, width) array.")
       .def("push_async", &PyWorker::PushAsync, py::arg("table"), py::arg("keys"), py::arg("values"),
+           py::kw_only(), py::arg("priority") = 0,
            "push() without waiting: returns a Future. `keys` and `values` must stay unchanged until it is "
-           "ready (the Future keeps them alive).")
+           "ready (the Future keeps them alive). priority (push, pull and their _async forms): lower numbers go "
+           "first when Worker.connect set max_bytes_in_flight_per_server (e.g. a layer's index); else ignored.")
       .def("pull_async", &PyWorker::PullAsync, py::arg("table"), py::arg("keys"), py::arg("out") = py::none(),
+           py::kw_only(), py::arg("priority") = 0,
            "pull() without waiting: returns a Future whose wait() returns the array. Do not touch `out` "
            "until the Future is ready.")
       .def("pull_unique", &PyWorker::PullUnique, py::arg("table"), py::arg("keys"), py::arg("out") = py::none(),

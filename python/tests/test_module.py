@@ -47,6 +47,27 @@ def test_numpy_push_pull_round_trip(worker, table_id, kind, flat):
     np.testing.assert_array_equal(worker.pull(table_id, keys_of(7))[0], values[n - 1 - 7] + 2)
 
 
+def test_priority_is_a_keyword_of_push_and_pull(worker, table_id):
+    width = 2
+    worker.create_table(table_id, width, optimizer="accumulate")
+    keys = keys_of(3, 1, 4, 1, 5)
+    values = np.arange(len(keys) * width, dtype=np.float32).reshape(-1, width)
+    futures = [worker.push_async(table_id, keys, values, priority=p) for p in (2, 0, 1)]
+    for f in futures:
+        f.wait()
+    worker.push(table_id, keys_of(9), np.ones((1, width), np.float32), priority=-3)
+    got = worker.pull_async(table_id, keys_of(3, 9), priority=5).wait()
+    np.testing.assert_array_equal(got, [values[0] * 3, [1, 1]])
+    np.testing.assert_array_equal(worker.pull(table_id, keys_of(1), priority=1)[0], (values[1] + values[3]) * 3)
+    with pytest.raises(TypeError):
+        worker.push(table_id, keys_of(9), np.ones((1, width), np.float32), 7)  # priority is keyword-only
+
+
+def test_transfer_options_are_checked_before_connecting():
+    with pytest.raises(tessera.InvalidArgumentError, match="part_bytes and max_bytes_in_flight_per_server"):
+        tessera.Worker.connect("tcp://127.0.0.1:1", part_bytes=-1)
+
+
 def test_sgd_table_applies_learning_rate(worker, table_id):
     worker.create_table(table_id, 2, optimizer="sgd", learning_rate=0.5, init="zeros")
     worker.push(table_id, keys_of(1, 2), np.array([[1, 2], [3, 4]], np.float32))
