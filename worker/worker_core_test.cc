@@ -928,6 +928,26 @@ class WorkerCoreClusterTest : public ::testing::Test {
     return done[0].status;
   }
 
+  // Server 1 of three is lost: the survivors and the worker take the next
+  // map; returns the worker's effects with what the servers sent on it
+  // (answers they released) appended.
+  WorkerCore::Effects LoseServer1() {
+    const proto::ShardMap next = *WithoutServer(map_, 1);
+    std::vector<Outgoing> released;
+    for (uint32_t r : {0u, 2u}) {
+      auto out = servers_[r]->UpdateShardMap(next, 0);
+      EXPECT_TRUE(out.ok()) << out.status();
+      if (!out.ok()) continue;
+      for (auto& o : *out) {
+        if (o.message.header.sender_address().empty()) o.message.header.set_sender_address(ServerAddress(r));
+        released.push_back(std::move(o));
+      }
+    }
+    WorkerCore::Effects e = core_->OnMapUpdate(next, 0);
+    for (auto& o : released) e.sends.push_back(std::move(o));
+    return e;
+  }
+
   static constexpr uint32_t kWidth = 2;
   proto::ShardMap map_;
   std::vector<std::unique_ptr<ServerCore>> servers_;
@@ -986,19 +1006,8 @@ TEST_F(WorkerCoreClusterTest, AFailoverAppliesEveryPushOnce) {
   EXPECT_FALSE(core_->PushesCompleteThrough(1));
   EXPECT_EQ(servers_[1]->stats().push_requests, 1u);
   // Server 1 is lost: servers and worker take the new map.
-  const proto::ShardMap next = *WithoutServer(map_, 1);
-  std::vector<Outgoing> released;
-  for (uint32_t r : {0u, 2u}) {
-    auto out = servers_[r]->UpdateShardMap(next, 0);
-    ASSERT_TRUE(out.ok()) << out.status();
-    for (auto& o : *out) {
-      if (o.message.header.sender_address().empty()) o.message.header.set_sender_address(ServerAddress(r));
-      released.push_back(std::move(o));
-    }
-  }
-  WorkerCore::Effects e = core_->OnMapUpdate(next, 0);
+  WorkerCore::Effects e = LoseServer1();
   EXPECT_EQ(e.resent_parts, 1u);
-  for (auto& o : released) e.sends.push_back(std::move(o));
   const absl::Status s = Run(std::move(e));
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_TRUE(core_->PushesCompleteThrough(1));
@@ -1039,18 +1048,7 @@ TEST_F(WorkerCoreClusterTest, AFailoverWithQueuedPartsAppliesEveryPartOnce) {
   EXPECT_TRUE(Deliver(std::move(*push)).empty());
   EXPECT_EQ(servers_[1]->stats().push_requests, 1u);
   EXPECT_EQ(core_->queued_parts(), 2u);
-  const proto::ShardMap next = *WithoutServer(map_, 1);
-  std::vector<Outgoing> released;
-  for (uint32_t r : {0u, 2u}) {
-    auto out = servers_[r]->UpdateShardMap(next, 0);
-    ASSERT_TRUE(out.ok()) << out.status();
-    for (auto& o : *out) {
-      if (o.message.header.sender_address().empty()) o.message.header.set_sender_address(ServerAddress(r));
-      released.push_back(std::move(o));
-    }
-  }
-  WorkerCore::Effects e = core_->OnMapUpdate(next, 0);
-  for (auto& o : released) e.sends.push_back(std::move(o));
+  WorkerCore::Effects e = LoseServer1();
   const absl::Status s = Run(std::move(e));
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_TRUE(core_->PushesCompleteThrough(core_->last_push_seq()));

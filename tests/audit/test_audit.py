@@ -62,6 +62,16 @@ class Job:
         self.extra.append((p, out))
         return p
 
+    def start_like(self, binary: str, model: str, rank: int, log: Path):
+        """Starts one more process of this job: `model`'s command line and
+        job environment (`binary` called `model`, e.g. server-0), with --rank
+        `rank` and the matching --name (a process that joins the running job)."""
+        pid = self.pid(binary, model)
+        argv, env = command_line(pid), job_environment(pid)
+        argv[argv.index("--rank") + 1] = str(rank)
+        argv[argv.index("--name") + 1] = f"{model.rsplit('-', 1)[0]}-{rank}"
+        return lambda: self.start(argv, log, env)
+
     def finish(self):
         try:
             out, _ = self.process.communicate(timeout=180)
@@ -174,13 +184,10 @@ def test_a_server_that_joins_the_running_job_gets_shards_by_moves(tmp_path):
     rebalancer moves shards to it (an empty server leaves the others at
     4/3 of the mean load)."""
     job = Job(tmp_path, *MOVES, "cluster.max_servers=4", "rebalance.threshold=1.2")
-    pid = job.pid("tessera-server", "server-0")
-    argv, env = command_line(pid), job_environment(pid)
-    argv[argv.index("--rank") + 1] = "3"
-    argv[argv.index("--name") + 1] = "server-3"
+    start = job.start_like("tessera-server", "server-0", 3, tmp_path / "server-3.log")
     time.sleep(1.0)
     assert job.running(), "the job ended before the server joined"
-    job.start(argv, tmp_path / "server-3.log", env)
+    start()
     out = job.finish()
     assert_job_ok(job, out)
     log = coordinator_log(job)
@@ -239,13 +246,10 @@ def test_a_worker_that_joins_the_running_job_starts_at_the_jobs_clock(tmp_path):
     the fastest worker's clock, holds nobody back, is waited for from then
     on, and its pushes pass the audit like everyone's."""
     job = Job(tmp_path, "cluster.max_workers=4")
-    pid = job.pid("tessera-audit-workload", "worker-0")
-    argv, env = command_line(pid), job_environment(pid)
-    argv[argv.index("--rank") + 1] = "3"
-    argv[argv.index("--name") + 1] = "worker-3"
+    start = job.start_like("tessera-audit-workload", "worker-0", 3, tmp_path / "worker-3.log")
     time.sleep(1.0)
     assert job.running(), "the job ended before the worker joined"
-    newcomer = job.start(argv, tmp_path / "worker-3.log", env)
+    newcomer = start()
     out = job.finish()
     assert newcomer.returncode == 0, (tmp_path / "worker-3.log").read_text()[-3000:]
     assert_job_ok(job, out)
