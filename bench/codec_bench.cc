@@ -201,4 +201,12 @@ const int kRegistered = Register();
 }  // namespace
 }  // namespace tessera::compress
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  // Which kernel table ran (TESSERA_CPU_KERNELS caps it); the script prints it.
+  benchmark::AddCustomContext("kernels", tessera::compress::kernels::Best().name);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

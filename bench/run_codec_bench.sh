@@ -8,7 +8,8 @@
 # build-compress-rel) if needed, runs bench/codec_bench (16M floats per
 # tensor) REPEATS times with the benchmarks interleaved at random, and prints
 # one Markdown table of medians: benchmark, GB/s of fp32 input, ratio to the
-# read pass. Environment: REPEATS (default 5), MIN_TIME (seconds per
+# read pass. Environment: TESSERA_CPU_KERNELS (portable, avx2 or avx512:
+# caps the kernel table; default the widest the CPU has), REPEATS (default 5), MIN_TIME (seconds per
 # benchmark and repetition, default 0.2), FILTER (a benchmark regex),
 # KEEP=1 keeps the JSON (path printed).
 set -euo pipefail
@@ -51,7 +52,8 @@ med = {k: statistics.median(v) for k, v in rates.items()}
 base = med.get("read_pass")
 ctx = data["context"]
 print(f"{ctx['num_cpus']} CPUs at {ctx['mhz_per_cpu']} MHz; "
-      f"median of {sys.argv[2]} repetitions; 16M floats; single thread")
+      f"median of {sys.argv[2]} repetitions; 16M floats; single thread; "
+      f"{ctx.get('kernels', '?')} kernels")
 print()
 print("| benchmark | GB/s of fp32 input | ratio to read pass |")
 print("|---|---:|---:|")

@@ -1,12 +1,20 @@
 #include "compress/cpu_kernels.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "compress/scalar_ops.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+// GCC 12 reports its own AVX-512 intrinsics' _mm512_undefined_*() operands as
+// "may be used uninitialized" once inlined; the warning is about the header.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #define TESSERA_HAVE_X86 1
 #else
 #define TESSERA_HAVE_X86 0
@@ -616,6 +624,160 @@ constexpr KernelTable kAvx2 = {
     avx2::Collect,
 };
 
+// ---- AVX-512 table: the AVX2 table with wider stochastic encoders -----------
+// Only the compute-bound kernels gain from 16 lanes: QSGD and TernGrad encode
+// (a counter hash, a float compare and a narrowing per element) and bf16
+// encode (integer rounding with a NaN select); the rest are memory-bound and
+// stay AVX2. (VCVTNEPS2BF16 is not used: it flushes subnormals.) The arithmetic is the same sequence of IEEE
+// operations as scalar::StochasticLevel, so the bits are the same.
+#define TESSERA_AVX512 [[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx2,f16c,bmi2")]]
+namespace avx512 {
+
+// CounterHash32 of sixteen consecutive counters (Hash8 with 16 lanes).
+TESSERA_AVX512 inline __m512i Hash16(__m512i counters, __m512i k0, __m512i k1) {
+  __m512i x = _mm512_xor_si512(counters, k0);
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(0x7feb352d));
+  x = _mm512_xor_si512(x, k1);
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x846ca68bu)));
+  return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+}
+
+struct Consts {
+  __m512i k0, k1, levels, lane;
+  __m512 inv;
+};
+
+TESSERA_AVX512 inline Consts MakeConsts(float inv, uint32_t levels, uint64_t key) {
+  Consts c;
+  c.k0 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(key)));
+  c.k1 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(key >> 32)));
+  c.levels = _mm512_set1_epi32(static_cast<int>(levels));
+  c.lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  c.inv = _mm512_set1_ps(inv);
+  return c;
+}
+
+// Unsigned levels of 16 floats (scalar::StochasticLevel of |v|) given their
+// 16-bit uniforms as int32 lanes; *negative gets the lanes whose sign bit is set.
+TESSERA_AVX512 inline __m512i Magnitudes16(__m512 v, const Consts& c, __m512i u16, __mmask16* negative) {
+  const __m512i bits = _mm512_castps_si512(v);
+  *negative = _mm512_movepi32_mask(bits);
+  const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)));
+  const __m512 t = _mm512_mul_ps(a, c.inv);
+  const __m512i l = _mm512_cvttps_epi32(t);
+  const __m512 frac = _mm512_sub_ps(t, _mm512_cvtepi32_ps(l));
+  const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(u16), _mm512_set1_ps(1.0f / 65536.0f));
+  const __mmask16 up = _mm512_cmp_ps_mask(u, frac, _CMP_LT_OQ);
+  const __m512i q = _mm512_mask_add_epi32(l, up, l, _mm512_set1_epi32(1));
+  return _mm512_min_epi32(q, c.levels);
+}
+
+// Levels of the 32 elements x[i..i+32) whose first global index index0 + i
+// is even: one hash of 16 counters gives their 32 uniforms in order.
+TESSERA_AVX512 inline void Block32(const float* x, size_t i, uint64_t index0, const Consts& c,
+                                   __m512i* m_lo, __mmask16* neg_lo, __m512i* m_hi, __mmask16* neg_hi) {
+  const uint32_t c0 = static_cast<uint32_t>((index0 + i) >> 1);
+  const __m512i h = Hash16(_mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(c0)), c.lane), c.k0, c.k1);
+  const __m512i u_lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(h));
+  const __m512i u_hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1));
+  *m_lo = Magnitudes16(_mm512_loadu_ps(x + i), c, u_lo, neg_lo);
+  *m_hi = Magnitudes16(_mm512_loadu_ps(x + i + 16), c, u_hi, neg_hi);
+}
+
+TESSERA_AVX512 void EncodeQsgd(const float* x, size_t n, float inv, uint32_t levels, uint64_t key,
+                               uint64_t index0, int8_t* out) {
+  const size_t begin = ((index0 & 1) && n > 0) ? 1 : 0;
+  EncodeQsgdBody(x, begin, inv, levels, key, index0, out);
+  const Consts c = MakeConsts(inv, levels, key);
+  const __m512i zero = _mm512_setzero_si512();
+  size_t i = begin;
+  for (; i + 32 <= n; i += 32) {
+    __m512i m_lo, m_hi;
+    __mmask16 neg_lo, neg_hi;
+    Block32(x, i, index0, c, &m_lo, &neg_lo, &m_hi, &neg_hi);
+    // |q| <= levels <= 127, so the saturating narrowing is exact.
+    const __m512i q_lo = _mm512_mask_sub_epi32(m_lo, neg_lo, zero, m_lo);
+    const __m512i q_hi = _mm512_mask_sub_epi32(m_hi, neg_hi, zero, m_hi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtsepi32_epi8(q_lo));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 16), _mm512_cvtsepi32_epi8(q_hi));
+  }
+  avx2::EncodeQsgd(x + i, n - i, inv, levels, key, index0 + i, out + i);
+}
+
+// scalar::FloatToBf16 of 16 floats: round to nearest even on the bits, NaNs
+// kept quiet NaNs; the 16-bit results in the low halves of the lanes.
+TESSERA_AVX512 inline __m512i Bf16Round16(__m512i b) {
+  const __m512i high = _mm512_srli_epi32(b, 16);
+  const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __m512i abs = _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_or_epi32(rounded, is_nan, high, _mm512_set1_epi32(0x40));
+}
+
+TESSERA_AVX512 void EncodeBf16(const float* x, size_t n, std::byte* out) {
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    // Every lane is below 2^16, so the truncating narrowing is exact.
+    const __m256i a = _mm512_cvtepi32_epi16(Bf16Round16(_mm512_loadu_si512(x + i)));
+    const __m256i b = _mm512_cvtepi32_epi16(Bf16Round16(_mm512_loadu_si512(x + i + 16)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i), a);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i + 32), b);
+  }
+  avx2::EncodeBf16(x + i, n - i, out + 2 * i);
+}
+
+// Two code bits per element, element j of 16 at bits 2j (q > 0) and 2j+1 (q < 0).
+TESSERA_AVX512 inline uint32_t TernCodes16(__m512i magnitude, __mmask16 negative) {
+  const __mmask16 nonzero = _mm512_test_epi32_mask(magnitude, magnitude);
+  const uint32_t pos = static_cast<uint32_t>(nonzero & static_cast<__mmask16>(~negative));
+  const uint32_t neg = static_cast<uint32_t>(nonzero & negative);
+  return _pdep_u32(pos, 0x55555555u) | _pdep_u32(neg, 0xaaaaaaaau);
+}
+
+TESSERA_AVX512 void EncodeTern(const float* x, size_t n, float inv, uint64_t key, uint64_t index0,
+                               std::byte* out) {
+  if (index0 & 1) {  // as in the AVX2 kernel: odd starts take the portable loop
+    EncodeTernBody(x, n, inv, key, index0, out);
+    return;
+  }
+  const Consts c = MakeConsts(inv, 1, key);
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m512i m_lo, m_hi;
+    __mmask16 neg_lo, neg_hi;
+    Block32(x, i, index0, c, &m_lo, &neg_lo, &m_hi, &neg_hi);
+    const uint64_t codes = static_cast<uint64_t>(TernCodes16(m_lo, neg_lo)) |
+                           (static_cast<uint64_t>(TernCodes16(m_hi, neg_hi)) << 32);
+    std::memcpy(out + i / 4, &codes, 8);  // little-endian: elements i.. in order
+  }
+  avx2::EncodeTern(x + i, n - i, inv, key, index0 + i, out + i / 4);
+}
+
+}  // namespace avx512
+
+constexpr KernelTable kAvx512 = {
+    "avx512",
+    avx2::MaxAbsBits,
+    avx2::EncodeFp16,
+    avx2::DecodeFp16,
+    avx512::EncodeBf16,
+    avx2::DecodeBf16,
+    avx2::DecodeFp32,
+    avx512::EncodeQsgd,
+    avx2::MaxAbsInt8,
+    avx2::DecodeQsgd,
+    avx512::EncodeTern,
+    avx2::ValidTern,
+    avx2::DecodeTern,
+    avx2::EncodeSigns,
+    avx2::DecodeSigns,
+    avx2::Collect,
+};
+
 bool CpuHasAvx2() {
   __builtin_cpu_init();
   // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
@@ -623,7 +785,28 @@ bool CpuHasAvx2() {
   const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
   return __builtin_cpu_supports("avx2") && f16c;
 }
+bool CpuHasAvx512() {
+  __builtin_cpu_init();
+  return CpuHasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("bmi2");
+}
 #endif  // TESSERA_HAVE_X86
+
+// TESSERA_CPU_KERNELS caps the table Best() picks; anything else is an error.
+const KernelTable& PickBest() {
+  const KernelTable* best = Avx512();
+  if (best == nullptr) best = Avx2();
+  if (best == nullptr) best = &kPortable;
+  const char* cap = std::getenv("TESSERA_CPU_KERNELS");
+  if (cap == nullptr || *cap == '\0') return *best;
+  const std::string want = cap;
+  if (want == "portable") return kPortable;
+  if (want == "avx2") return Avx2() != nullptr ? *Avx2() : kPortable;
+  if (want == "avx512") return *best;
+  std::fprintf(stderr, "TESSERA_CPU_KERNELS=%s: expected portable, avx2 or avx512\n", cap);
+  std::abort();
+}
 
 }  // namespace
 
@@ -638,9 +821,18 @@ const KernelTable* Avx2() {
 #endif
 }
 
+const KernelTable* Avx512() {
+#if TESSERA_HAVE_X86
+  static const bool supported = CpuHasAvx512();
+  return supported ? &kAvx512 : nullptr;
+#else
+  return nullptr;
+#endif
+}
+
 const KernelTable& Best() {
-  const KernelTable* a = Avx2();
-  return a ? *a : kPortable;
+  static const KernelTable& best = PickBest();
+  return best;
 }
 
 }  // namespace tessera::compress::kernels

@@ -3,12 +3,16 @@
 // compare the code paths).
 //
 // Contract:
-// - Two tables of the same kernels: Portable() (plain loops the compiler
-//   vectorizes for the baseline ISA) and Avx2() (the same loops compiled for
+// - Three tables of the same kernels: Portable() (plain loops the compiler
+//   vectorizes for the baseline ISA), Avx2() (the same loops compiled for
 //   AVX2+F16C, plus intrinsics for fp16/bf16 conversion, sign packing and the
-//   QSGD/TernGrad random draws). Both give bit-identical results for every
-//   input; they differ only in speed. Avx2() is null when the CPU lacks
-//   AVX2 or F16C; Best() picks Avx2() when present.
+//   QSGD/TernGrad random draws) and Avx512() (Avx2() with 16-lane QSGD,
+//   TernGrad and bf16 encoders, which are compute-bound). All give bit-identical
+//   results for every input; they differ only in speed. Avx2() is null when
+//   the CPU lacks AVX2 or F16C, Avx512() when it lacks AVX-512 F/BW/DQ/VL or
+//   BMI2. Best() picks the widest present, capped by the environment
+//   variable TESSERA_CPU_KERNELS=portable|avx2|avx512 (read once; any other
+//   value aborts with a message), which benchmarks use to compare paths.
 // - Pointers to wire bytes may have any alignment. Float and int pointers
 //   into caller arrays must be naturally aligned.
 // - `add` selects accumulate (dst[i] += alpha * v) instead of store (dst[i] = v).
@@ -63,6 +67,7 @@ struct KernelTable {
 
 const KernelTable& Portable();
 const KernelTable* Avx2();
+const KernelTable* Avx512();
 const KernelTable& Best();
 
 }  // namespace tessera::compress::kernels
