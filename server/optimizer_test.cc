@@ -3,6 +3,7 @@
 // stored beside each row is exercised too).
 #include "server/optimizer.h"
 
+#include <bit>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -147,6 +148,80 @@ INSTANTIATE_TEST_SUITE_P(Kinds, OptimizerTest,
                                            Case{proto::ADAGRAD, 0.1f}, Case{proto::ADAM, 0.01f},
                                            Case{proto::FTRL, 0.1f}),
                          [](const auto& info) { return proto::OptimizerKind_Name(info.param.kind); });
+
+// The same rules in float, in the same order of operations, as plain code:
+// ApplyOptimizer's loops are vectorized (server/CMakeLists.txt) and must
+// still give exactly these bits (no reassociation, no FMA contraction).
+void ScalarRule(const proto::TableConfig& c, float* w, const float* g) {
+  const size_t n = c.width();
+  const float lr = c.learning_rate();
+  const auto& p = c.optimizer_params();
+  float* s = w + n;
+  for (size_t j = 0; j < n; ++j) {
+    switch (c.optimizer()) {
+      case proto::ACCUMULATE: w[j] += g[j]; break;
+      case proto::SGD: w[j] -= lr * g[j]; break;
+      case proto::MOMENTUM:
+        s[j] = p.momentum() * s[j] + g[j];
+        w[j] -= lr * s[j];
+        break;
+      case proto::ADAGRAD:
+        s[j] += g[j] * g[j];
+        w[j] -= lr * g[j] / (std::sqrt(s[j]) + p.epsilon());
+        break;
+      case proto::ADAM: {
+        const float t = s[2 * n] + 1.0f;  // the step count, stored after m and v
+        const float b1 = p.beta1(), b2 = p.beta2();
+        const float step = lr / (1.0f - std::pow(b1, t));
+        const float inv_sqrt_c2 = 1.0f / std::sqrt(1.0f - std::pow(b2, t));
+        s[j] = b1 * s[j] + (1.0f - b1) * g[j];
+        s[n + j] = b2 * s[n + j] + (1.0f - b2) * g[j] * g[j];
+        w[j] -= step * s[j] / (std::sqrt(s[n + j]) * inv_sqrt_c2 + p.epsilon());
+        break;
+      }
+      case proto::FTRL: {
+        float* z = s;
+        float* acc = s + n;
+        const float old_sqrt = std::sqrt(acc[j]);
+        const float new_acc = acc[j] + g[j] * g[j];
+        const float new_sqrt = std::sqrt(new_acc);
+        z[j] += g[j] - (new_sqrt - old_sqrt) * (1.0f / lr) * w[j];
+        acc[j] = new_acc;
+        w[j] = std::fabs(z[j]) <= p.l1()
+                   ? 0.0f
+                   : -(z[j] - std::copysign(p.l1(), z[j])) / ((p.ftrl_beta() + new_sqrt) * (1.0f / lr) + p.l2());
+        break;
+      }
+      default: ADD_FAILURE() << "no scalar rule";
+    }
+  }
+  if (c.optimizer() == proto::ADAM) s[2 * n] += 1.0f;
+}
+
+TEST(OptimizerBitsTest, EveryRuleGivesTheBitsOfThePlainLoop) {
+  for (proto::OptimizerKind kind : {proto::ACCUMULATE, proto::SGD, proto::MOMENTUM, proto::ADAGRAD,
+                                    proto::ADAM, proto::FTRL}) {
+    proto::TableConfig c = Config(kind, 0.05f);
+    c.set_width(1037);  // vector bodies and an odd tail
+    const size_t stored = StoredRowFloats(c);
+    std::mt19937_64 rng(9);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> a(stored), b;
+    for (size_t j = 0; j < c.width(); ++j) a[j] = normal(rng);
+    InitOptimizerState(c, std::span(a).subspan(c.width(), stored - c.width()));
+    b = a;
+    for (int step = 0; step < 20; ++step) {
+      std::vector<float> g(c.width());
+      for (float& x : g) x = normal(rng) * (step % 3 == 0 ? 1e-3f : 1.0f);
+      ApplyOptimizer(c, a.data(), g.data());
+      ScalarRule(c, b.data(), g.data());
+      for (size_t j = 0; j < stored; ++j) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(a[j]), std::bit_cast<uint32_t>(b[j]))
+            << proto::OptimizerKind_Name(kind) << " step " << step << " float " << j;
+      }
+    }
+  }
+}
 
 TEST(OptimizerStateTest, StoredRowsCarryTheStateSoACopyContinuesExactly) {
   for (proto::OptimizerKind kind : {proto::MOMENTUM, proto::ADAGRAD, proto::ADAM, proto::FTRL}) {
