@@ -21,6 +21,7 @@ absl::Status ClockTable::Advance(uint32_t worker, uint64_t clock) {
                                 : absl::StrCat("node ", worker, " is not a worker of this job"));
   }
   if (clock <= it->second) return absl::OkStatus();
+  highest_clock_ = std::max(highest_clock_, clock);
   const bool was_min = it->second == min_clock_;
   it->second = clock;
   if (was_min) RecomputeMin();
@@ -37,8 +38,7 @@ uint64_t ClockTable::Join(uint32_t worker, uint32_t rank, bool test_at_zero) {
     return it == clocks_.end() ? 0 : it->second;
   }
   ranks_[worker] = rank;
-  uint64_t start = 0;
-  for (const auto& [node, clock] : clocks_) start = std::max(start, clock);
+  uint64_t start = highest_clock_;  // >= every live clock (Advance keeps it so)
   if (test_at_zero) start = 0;
   clocks_[worker] = start;
   RecomputeMin();

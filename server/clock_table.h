@@ -34,11 +34,14 @@ class ClockTable {
   // The worker left the job (finished or lost): nobody waits for it again.
   void Remove(uint32_t worker);
   // A worker that joined the running job: tracked from now on, at the
-  // fastest live worker's clock (0 with none live). Not lower: a worker at
-  // clock c may have read every push stamped below c - staleness as
-  // complete, so the newcomer's pushes must be stamped no lower than that;
-  // and min_clock() does not drop. A worker known already (live or left)
-  // is unchanged. Returns its clock (0 for one that left).
+  // highest clock any worker has announced here, live or since left
+  // (highest_clock()). Not lower: a worker that announced clock c may have
+  // read every push stamped below c - staleness as complete, so the
+  // newcomer's pushes must be stamped no lower than that; and min_clock()
+  // does not drop. (Not the fastest *live* clock: when every worker has
+  // left, that would be 0, and the newcomer's pushes would land below
+  // pulls already answered.) A worker known already (live or left) is
+  // unchanged. Returns its clock (0 for one that left).
   // (`test_at_zero`: at clock 0 instead, for the simulator's negative control.)
   uint64_t Join(uint32_t worker, uint32_t rank, bool test_at_zero = false);
 
@@ -64,6 +67,9 @@ class ClockTable {
   }
   uint64_t ClockOf(uint32_t worker) const;
   uint64_t min_clock() const { return min_clock_; }
+  // The highest clock any worker has announced (or joined at) here; never
+  // drops, not even when that worker leaves.
+  uint64_t highest_clock() const { return highest_clock_; }
   size_t live_workers() const { return clocks_.size(); }
 
   // "worker 2 (at clock 3), worker 0 (at clock 4)": live workers whose clock
@@ -76,6 +82,7 @@ class ClockTable {
   absl::flat_hash_map<uint32_t, uint32_t> ranks_;   // every worker ever tracked
   absl::flat_hash_map<uint32_t, uint64_t> clocks_;  // live workers only
   uint64_t min_clock_ = kNoWorkers;
+  uint64_t highest_clock_ = 0;
 };
 
 }  // namespace tessera

@@ -40,7 +40,7 @@ TEST(ClockTableTest, UnknownAndDepartedWorkersAreErrors) {
   EXPECT_NE(s.message().find("worker 0 has left"), std::string::npos) << s;
 }
 
-TEST(ClockTableTest, AWorkerThatJoinsStartsAtTheFastestClockAndHoldsNobodyBack) {
+TEST(ClockTableTest, AWorkerThatJoinsStartsAtTheHighestClockAnnouncedAndHoldsNobodyBack) {
   ClockTable t;
   t.Reset({{1, 0}, {2, 1}});
   ASSERT_TRUE(t.Advance(1, 7).ok());
@@ -53,14 +53,25 @@ TEST(ClockTableTest, AWorkerThatJoinsStartsAtTheFastestClockAndHoldsNobodyBack) 
   // Again: unchanged; the worker's own announcements move it on.
   ASSERT_TRUE(t.Advance(3, 9).ok());
   EXPECT_EQ(t.Join(3, 2), 9u);
-  // One that left stays gone; with no worker live, a newcomer starts at 0.
+  // One that left stays gone.
   t.Remove(3);
   EXPECT_EQ(t.Join(3, 2), 0u);
   EXPECT_FALSE(t.IsLive(3));
+  // The fastest workers left: a newcomer still starts at the highest clock
+  // announced here (worker 2 read at clock 9 what was stamped below 9 - s).
+  EXPECT_EQ(t.highest_clock(), 9u);
   t.Remove(1);
+  EXPECT_EQ(t.Join(5, 4), 9u);
+  EXPECT_EQ(t.min_clock(), 5u);
+  // With no worker live at all (found by the simulator: the job's workers
+  // had all finished when one joined, and its pushes at clock 0 landed
+  // below pulls answered at clock 3 and above), the same.
   t.Remove(2);
-  EXPECT_EQ(t.Join(4, 3), 0u);
-  EXPECT_EQ(t.min_clock(), 0u);
+  t.Remove(5);
+  EXPECT_EQ(t.min_clock(), ClockTable::kNoWorkers);
+  EXPECT_EQ(t.Join(4, 3), 9u);
+  EXPECT_EQ(t.min_clock(), 9u);
+  EXPECT_EQ(t.Join(6, 5, /*test_at_zero=*/true), 0u) << "the negative control still starts at 0";
 }
 
 }  // namespace

@@ -241,6 +241,43 @@ TEST_F(ReplicationTest, TheAckWaitsUntilTheBackupHasThePush) {
   EXPECT_EQ(PullFrom(0, keys), std::vector<float>(8, 1.0f));
 }
 
+// Found by the simulator (seed 38233): a server that joined the running job
+// got its copies by state transfer before the primary had a table (the
+// primary's CreateTable arrived late), so forwards of that table's pushes
+// were refused there ("no table") and the pushes failed. A primary that
+// creates a table sends its config to every server backing up its shards.
+TEST_F(ReplicationTest, ATableCreatedOnlyAtThePrimaryReachesItsBackupsBeforeAnyForward) {
+  constexpr uint32_t kLate = kTable + 1;
+  Message create = Request(2000);
+  auto* c = create.header.mutable_create_table()->mutable_config();
+  c->set_table_id(kLate);
+  c->set_width(2);
+  c->set_kind(proto::SPARSE);
+  c->set_optimizer(proto::ACCUMULATE);
+  Send(ServerAddress(0), std::move(create));  // only server 0 hears of it
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  ASSERT_TRUE(inbox_[0].header.has_ack()) << inbox_[0].header.ShortDebugString();
+  inbox_.clear();
+  ShardMapView view = *ShardMapView::Create(map_);
+  Key key = 0;
+  while (view.ServerRankOfKey(kLate, key) != 0) ++key;
+  const uint32_t backup = view.BackupsOf(view.VShardOfKey(kLate, key))[0];
+  ASSERT_NE(cores_[backup]->table(kLate), nullptr) << "the backup got the table with no shards";
+
+  Message push = Push(2001, {key}, 3.0f, 1);
+  push.header.mutable_push()->set_table_id(kLate);
+  Send(ServerAddress(0), std::move(push));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_TRUE(inbox_[0].header.has_ack()) << inbox_[0].header.ShortDebugString();
+  std::vector<float> row;
+  cores_[backup]->table(kLate)->ForEachRow([&](Key k, std::span<const float> r) {
+    if (k == key) row.assign(r.begin(), r.end());
+  });
+  EXPECT_EQ(row, (std::vector<float>{3.0f, 3.0f})) << "the backup applied the forward";
+}
+
 TEST_F(ReplicationTest, BackupsDoNotServePullsOrTakePushes) {
   const auto keys = KeysOf(0, 2, map_);
   Send(ServerAddress(1), Push(1, keys, 1.0f, 1));

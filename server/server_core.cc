@@ -6,6 +6,7 @@
 #include <cassert>
 #include <cstring>
 #include <limits>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "compress/row_compressor.h"
@@ -328,10 +329,13 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
     }
   }
   const bool is_workers_left = h.has_workers_left();
+  const bool creates_table = h.has_create_table() && !tables_.contains(h.create_table().config().table_id());
+  const uint32_t new_table_id = creates_table ? h.create_table().config().table_id() : 0;
   if (!is_workers_left && wants_reply) {
     const bool pull = h.has_pull();
     SendAnswer(out, reply_to, Answer(std::move(request), 0), pull);
   }
+  if (creates_table && tables_.contains(new_table_id)) SendTablesToBackups(now, out);
   if (clocks_moved) ReleaseHeld(now, out);
   return out;
 }
@@ -635,6 +639,16 @@ void ServerCore::ImportShardState(const proto::ShardTransfer& t, const std::func
     for (int i = 0; i < a.workers_size() && i < a.incarnations_size() && i < a.seqs_size(); ++i)
       entries.push_back(AuditEntry{a.workers(i), a.incarnations(i), a.seqs(i)});
   }
+}
+
+void ServerCore::SendTablesToBackups(Nanos now, std::vector<Outgoing>& out) {
+  std::set<uint32_t> ranks;
+  for (uint32_t v = 0; v < map_->num_vshards(); ++v) {
+    if (map_->ServerRankOf(v) != my_rank_) continue;
+    for (uint32_t b : map_->BackupsOf(v))
+      if (b != my_rank_) ranks.insert(b);
+  }
+  for (uint32_t rank : ranks) SendTransfer(rank, {}, {}, now, out);
 }
 
 void ServerCore::SendTransfer(uint32_t rank, const std::vector<uint32_t>& vshards, std::vector<uint64_t> carried,
@@ -1248,7 +1262,8 @@ void ServerCore::HandleReplicateAck(const Message& m, std::vector<Outgoing>& out
     while (!stream.unacked.empty() && stream.unacked.front().position <= a.position()) {
       const Forward done = std::move(stream.unacked.front());
       stream.unacked.pop_front();
-      if (done.message.header.replicate().has_transfer()) {
+      if (done.message.header.replicate().has_transfer() &&
+          done.message.header.replicate().transfer().vshards_size() > 0) {
         proto::ShardsInSync s;
         s.set_backup_rank(rank);
         *s.mutable_vshards() = done.message.header.replicate().transfer().vshards();

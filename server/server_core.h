@@ -372,6 +372,12 @@ class ServerCore {
     uint64_t next_position = 1;
     std::deque<Forward> unacked;  // position order
   };
+  // A table created here after this server's backups were filled (a server
+  // that joined the running job got its copies by state transfer, before the
+  // table existed): every server backing up a shard this server leads gets
+  // the table's config by a transfer of no shards, ahead of any forward of
+  // its pushes, so that no forward finds the table missing there.
+  void SendTablesToBackups(Nanos now, std::vector<Outgoing>& out);
   // Queues and sends a ShardTransfer of `vshards` to backup `rank`; the
   // pushes in `carried` wait for it too.
   void SendTransfer(uint32_t rank, const std::vector<uint32_t>& vshards, std::vector<uint64_t> carried, Nanos now,
