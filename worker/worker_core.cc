@@ -134,6 +134,7 @@ WorkerCore::Effects WorkerCore::JoinClock(Handle handle, uint32_t rank, Nanos no
 }
 
 WorkerCore::Effects WorkerCore::ClockAdvance(Handle handle, uint64_t clock, Nanos now) {
+  announced_clock_ = std::max(announced_clock_, clock);
   proto::Envelope body;
   body.mutable_clock_advance()->set_clock(clock);
   body.mutable_clock_advance()->set_hold_timeout_ms(options_.hold_timeout / kMillis);
@@ -141,6 +142,7 @@ WorkerCore::Effects WorkerCore::ClockAdvance(Handle handle, uint64_t clock, Nano
 }
 
 std::vector<Outgoing> WorkerCore::ClockNotice(uint64_t clock) {
+  announced_clock_ = std::max(announced_clock_, clock);
   std::vector<Outgoing> sends;
   for (uint32_t r : map_->LiveServers()) {
     Message m = NewRequest();
@@ -305,8 +307,29 @@ WorkerCore::Effects WorkerCore::OnMapUpdate(const proto::ShardMap& map, Nanos no
   Effects effects;
   auto view = ShardMapView::Create(map);
   if (!view.ok() || view->epoch() <= map_->epoch()) return effects;
+  // Servers new to this worker (added to the job, or a rank now held by
+  // another process) have not heard the clock it announced: tell them first,
+  // ahead of anything else this map sends them (one worker's messages to one
+  // server arrive in order). Without it a server that joined after the
+  // worker's last Clock() holds its pulls for a clock the worker already
+  // announced elsewhere, and the job waits forever (simulator, seed 160843).
+  std::vector<std::string> fresh;
+  if (announced_clock_ > 0) {
+    const std::vector<uint32_t> was_live = map_->LiveServers();
+    for (uint32_t r : view->LiveServers()) {
+      const bool known = r < map_->num_servers() && map_->server(r).node_id() == view->server(r).node_id() &&
+                         std::find(was_live.begin(), was_live.end(), r) != was_live.end();
+      if (!known) fresh.push_back(view->server(r).address());
+    }
+  }
   map_ = std::make_shared<const ShardMapView>(std::move(*view));
   if (changed != nullptr) *changed = true;
+  for (std::string& to : fresh) {
+    Message m = NewRequest();
+    m.header.set_request_id(0);  // a notice, as ClockNotice
+    m.header.mutable_clock_advance()->set_clock(announced_clock_);
+    effects.sends.push_back({std::move(to), std::move(m)});
+  }
   // A server was lost (or moved): resend what went to it, and what waited
   // for this map.
   SendAgain(now, 0, effects);

@@ -248,6 +248,7 @@ class WorkerCore {
   // seen answered, and in_flight_bytes is the sum of its values.
   std::map<uint32_t, ServerQueue> queues_;  // server rank -> its queue (scheduled() only; ordered: deterministic)
   uint64_t known_clock_ = 0;
+  uint64_t announced_clock_ = 0;  // the highest clock this worker has announced (ClockAdvance, ClockNotice)
   Nanos last_now_ = 0;  // the latest `now` seen (OnReply and FailAll have none): when queued parts leave
 };
 

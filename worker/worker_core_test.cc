@@ -358,6 +358,49 @@ TEST(WorkerCoreTest, AClockAckRaisesTheKnownClock) {
   EXPECT_EQ(core->known_clock(), 7u);
 }
 
+// Found by the simulator (seed 160843): a server that joined after a
+// worker's last Clock() never heard that clock, and held the worker's pulls
+// for it forever. A worker tells every server new in a map the clock it has
+// announced, before anything else it sends there.
+TEST(WorkerCoreTest, ANewServerInTheMapHearsTheAnnouncedClockFirst) {
+  const proto::ShardMap map = MakeMap(2);
+  auto core = MakeCore(map);
+  proto::NodeInfo added;
+  added.set_node_id(9);
+  added.set_rank(2);
+  added.set_role(proto::SERVER);
+  added.set_address(ServerAddress(2));
+  auto grown = WithServerAdded(map, added);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  grown->set_epoch(map.epoch() + 1);
+  // Nothing announced yet: nothing to tell.
+  EXPECT_TRUE(core->OnMapUpdate(*grown, 1).sends.empty());
+
+  ASSERT_EQ(core->ClockAdvance(NewHandle(), 4, 2).sends.size(), 3u);
+  core->ClockNotice(6);  // a notice counts as announced too
+  proto::NodeInfo another = added;
+  another.set_node_id(10);
+  another.set_rank(3);
+  another.set_address(ServerAddress(3));
+  auto again = WithServerAdded(*grown, another);
+  ASSERT_TRUE(again.ok()) << again.status();
+  again->set_epoch(grown->epoch() + 1);
+  auto e = core->OnMapUpdate(*again, 3);
+  ASSERT_EQ(e.sends.size(), 1u) << "only the new server, not the three that heard it";
+  EXPECT_EQ(e.sends[0].to, ServerAddress(3));
+  EXPECT_EQ(e.sends[0].message.header.request_id(), 0u) << "a notice: nothing waits for it";
+  EXPECT_EQ(e.sends[0].message.header.clock_advance().clock(), 6u);
+
+  // A rank taken over by another process (a new node id) is new too.
+  proto::ShardMap replaced = *again;
+  replaced.mutable_servers(1)->set_node_id(77);
+  replaced.set_epoch(again->epoch() + 1);
+  e = core->OnMapUpdate(replaced, 4);
+  ASSERT_EQ(e.sends.size(), 1u);
+  EXPECT_EQ(e.sends[0].to, ServerAddress(1));
+  EXPECT_EQ(e.sends[0].message.header.clock_advance().clock(), 6u);
+}
+
 TEST(WorkerCoreTest, ANewerMapSendsThePartsOfTheLostServerToTheNewPrimaries) {
   const proto::ShardMap map = MakeMap(3, 2);
   auto core = MakeCore(map);
