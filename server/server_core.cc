@@ -693,8 +693,12 @@ void ServerCore::SendTransfer(uint32_t rank, const std::vector<uint32_t>& vshard
   Message wire = f;
   wire.header.set_epoch(map_->epoch());
   stream.unacked.push_back(Forward{r->position(), 0, std::move(f), now, std::move(carried)});
-  stats_.forwards_sent++;
-  stats_.transfers_sent++;
+  if (vshards.empty()) {
+    stats_.table_configs_sent++;  // SendTablesToBackups
+  } else {
+    stats_.forwards_sent++;
+    stats_.transfers_sent++;
+  }
   stats_.rows_transferred += rows;
   out.push_back(Outgoing{map_->server(rank).address(), std::move(wire)});
 }
@@ -1359,7 +1363,7 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
   expected++;
   if (r.has_transfer()) {
     absl::Status status = ApplyTransfer(m, from);
-    if (status.ok()) stats_.transfers_applied++;
+    if (status.ok() && r.transfer().vshards_size() > 0) stats_.transfers_applied++;
     ack(r.position(), status);
     return;
   }

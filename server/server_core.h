@@ -176,6 +176,7 @@ struct ServerStats {
   uint64_t forwards_applied = 0;   // Replicate messages this server applied as a backup
   uint64_t forwards_rejected = 0;  // Replicate messages this server refused (stale epoch, not a backup, bad)
   uint64_t transfers_sent = 0;     // state transfers to new backups (shards' rows, windows, clocks)
+  uint64_t table_configs_sent = 0;  // transfers of no shards: a new table's config to the backups
   uint64_t transfers_applied = 0;  // state transfers this server took as a new backup
   uint64_t rows_transferred = 0;   // rows in the transfers sent
   uint64_t behind_epoch = 0;       // pushes and pulls sent back: stamped with a newer map than this server's

@@ -397,6 +397,20 @@ std::vector<RequestTracker::PartSpec> WorkerCore::Redirect(const RequestTracker:
     effects.sends.push_back({map.server(r.server_rank).address(), std::move(m)});
     return parts;
   }
+  if (h.epoch() == map.epoch() && !map.IsDead(r.server_rank)) {
+    // Sent under this very map (silent, or refused by a server whose map
+    // was behind): its route has not changed, so it goes again where it
+    // went, as it is. (Sending such a push whole to every primary of its
+    // keys made a copy per primary at every resend; with two lagging
+    // servers refusing theirs the copies doubled each time, until the
+    // simulator ran out of memory: seed 30783.)
+    Message m = r.request;
+    m.header.set_request_id(++next_request_);
+    if (h.has_push()) m.header.mutable_push()->set_resend(true);
+    parts.push_back({m.header.request_id(), r.server_rank, r.scatter, std::move(m), r.transfer});
+    Dispatch(parts.back(), effects);
+    return parts;
+  }
   const uint32_t table = h.has_push() ? h.push().table_id() : h.pull().table_id();
   const auto keys = r.request.frames[0].As<Key>();
   std::vector<std::vector<uint32_t>> rows(map.num_servers());

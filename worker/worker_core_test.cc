@@ -401,6 +401,58 @@ TEST(WorkerCoreTest, ANewServerInTheMapHearsTheAnnouncedClockFirst) {
   EXPECT_EQ(e.sends[0].message.header.clock_advance().clock(), 6u);
 }
 
+// Found by the simulator (seed 30783: out of memory): a push sent whole to
+// every new primary of its keys after a failover, refused by a primary whose
+// map was behind ("send it again"), went whole to every primary again, and
+// so at every resend; with two lagging primaries the copies doubled each
+// time. Sent under the map the worker still has, it goes again only where
+// it went.
+TEST(WorkerCoreTest, APartRefusedByALaggingServerGoesAgainOnlyThere) {
+  const proto::ShardMap map = MakeMap(3);
+  auto core = MakeCore(map);
+  std::vector<Key> keys = KeysOn(map, 1, 4);
+  std::vector<float> values(keys.size(), 1.0f);
+  auto push = core->Push(NewHandle(), kTable, keys, values, 1, 0, nullptr, 0);
+  ASSERT_TRUE(push.ok());
+  ASSERT_EQ(push->sends.size(), 1u);
+  // Server 1 is lost; its shards go to servers 0 and 2 in turn.
+  proto::ShardMap next = map;
+  next.set_epoch(map.epoch() + 1);
+  next.add_dead_server_ranks(1);
+  bool to_zero = true;
+  for (int v = 0; v < next.vshard_server_rank_size(); ++v) {
+    if (next.vshard_server_rank(v) != 1) continue;
+    next.set_vshard_server_rank(v, to_zero ? 0 : 2);
+    to_zero = !to_zero;
+  }
+  auto e = core->OnMapUpdate(next, 5);
+  ASSERT_EQ(e.sends.size(), 2u) << "whole, to each new primary of its keys";
+  for (const Outgoing& o : e.sends) EXPECT_EQ(o.message.header.push().num_keys(), keys.size());
+  // Server 0 takes its keys; server 2's map is behind: Aborted at its epoch.
+  Message to2 = (e.sends[0].to == ServerAddress(2) ? e.sends[0] : e.sends[1]).message;
+  const Message& to0 = (e.sends[0].to == ServerAddress(0) ? e.sends[0] : e.sends[1]).message;
+  EXPECT_TRUE(core->OnReply(Ack(to0)).done.empty());
+  for (int round = 0; round < 3; ++round) {
+    Message refused;
+    refused.header.set_request_id(to2.header.request_id());
+    refused.header.set_epoch(map.epoch());
+    refused.header.mutable_error()->set_code(static_cast<int>(absl::StatusCode::kAborted));
+    refused.header.mutable_error()->set_message("server 2 has shard map epoch 1, older than the request's 2");
+    EXPECT_TRUE(core->OnReply(refused).done.empty());
+    auto t = core->Tick(10 + round);
+    ASSERT_EQ(t.sends.size(), 1u) << "round " << round << ": only to the server that refused it";
+    EXPECT_EQ(t.sends[0].to, ServerAddress(2));
+    EXPECT_TRUE(t.sends[0].message.header.push().resend());
+    EXPECT_EQ(t.sends[0].message.header.epoch(), next.epoch());
+    to2 = t.sends[0].message;
+    if (round == 2) {
+      auto done = core->OnReply(Ack(t.sends[0].message)).done;
+      ASSERT_EQ(done.size(), 1u);
+      EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+    }
+  }
+}
+
 TEST(WorkerCoreTest, ANewerMapSendsThePartsOfTheLostServerToTheNewPrimaries) {
   const proto::ShardMap map = MakeMap(3, 2);
   auto core = MakeCore(map);
