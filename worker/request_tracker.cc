@@ -133,7 +133,12 @@ std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& r
   Part& part = it->second;
   Op* op = part.op;
   const proto::Envelope& h = reply.header;
-  const bool resendable = part.request.header.has_push() || part.request.header.has_pull();
+  // A table creation is refused this way too, by a server removed from the
+  // job (drained) under a map this worker does not have yet; under that
+  // map the server is dead and its part is done (TakeResends). The
+  // simulator found the job failing on it instead (seed 296058).
+  const bool resendable =
+      part.request.header.has_push() || part.request.header.has_pull() || part.request.header.has_create_table();
   if (resendable && h.has_error() && h.error().code() == static_cast<int>(absl::StatusCode::kAborted) &&
       h.epoch() != part.request.header.epoch()) {
     // Not (or no longer) the primary: wait for the map of the server's

@@ -453,6 +453,37 @@ TEST(WorkerCoreTest, APartRefusedByALaggingServerGoesAgainOnlyThere) {
   }
 }
 
+// Found by the simulator (seed 296058): a table creation that reached a
+// server just removed from the job (drained) was refused, Aborted at the
+// newer map, and failed the worker. It now waits for that map, under which
+// the server is gone and its part is done.
+TEST(WorkerCoreTest, ATableCreationRefusedByARemovedServerEndsWithTheNewerMap) {
+  const proto::ShardMap map = MakeMap(3, 2);
+  auto core = MakeCore(map);
+  proto::TableConfig config;
+  config.set_table_id(kTable);
+  config.set_width(1);
+  auto create = core->CreateTable(NewHandle(), config, 0);
+  ASSERT_EQ(create.sends.size(), 3u);
+  for (const Outgoing& o : create.sends) {
+    if (o.to != ServerAddress(1)) {
+      EXPECT_TRUE(core->OnReply(Ack(o.message)).done.empty());
+      continue;
+    }
+    Message refused;
+    refused.header.set_request_id(o.message.header.request_id());
+    refused.header.set_epoch(map.epoch() + 1);
+    refused.header.mutable_error()->set_code(static_cast<int>(absl::StatusCode::kAborted));
+    refused.header.mutable_error()->set_message("server 1 was removed from the job at map epoch 2; it holds nothing");
+    EXPECT_TRUE(core->OnReply(refused).done.empty()) << "not an error: the worker's map is behind";
+  }
+  EXPECT_TRUE(core->Tick(1).done.empty()) << "still waiting for the map";
+  auto e = core->OnMapUpdate(*WithoutServer(map, 1), 2);
+  ASSERT_EQ(e.done.size(), 1u);
+  EXPECT_TRUE(e.done[0].status.ok()) << e.done[0].status;
+  EXPECT_TRUE(e.sends.empty()) << "nothing goes to the removed server again";
+}
+
 TEST(WorkerCoreTest, ANewerMapSendsThePartsOfTheLostServerToTheNewPrimaries) {
   const proto::ShardMap map = MakeMap(3, 2);
   auto core = MakeCore(map);
