@@ -329,13 +329,12 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
     }
   }
   const bool is_workers_left = h.has_workers_left();
-  const bool creates_table = h.has_create_table() && !tables_.contains(h.create_table().config().table_id());
-  const uint32_t new_table_id = creates_table ? h.create_table().config().table_id() : 0;
+  const size_t tables_before = tables_.size();
   if (!is_workers_left && wants_reply) {
     const bool pull = h.has_pull();
     SendAnswer(out, reply_to, Answer(std::move(request), 0), pull);
   }
-  if (creates_table && tables_.contains(new_table_id)) SendTablesToBackups(now, out);
+  if (tables_.size() > tables_before) SendTablesToBackups(now, out);  // this request created a table
   if (clocks_moved) ReleaseHeld(now, out);
   return out;
 }

@@ -141,15 +141,17 @@ WorkerCore::Effects WorkerCore::ClockAdvance(Handle handle, uint64_t clock, Nano
   return ToEveryServer(std::move(handle), absl::StrCat("clock ", clock), body, now, options_.hold_timeout);
 }
 
+Outgoing WorkerCore::ClockNoticeTo(std::string address, uint64_t clock) {
+  Message m = NewRequest();
+  m.header.set_request_id(0);  // a notice: servers record it and answer nothing
+  m.header.mutable_clock_advance()->set_clock(clock);
+  return {std::move(address), std::move(m)};
+}
+
 std::vector<Outgoing> WorkerCore::ClockNotice(uint64_t clock) {
   announced_clock_ = std::max(announced_clock_, clock);
   std::vector<Outgoing> sends;
-  for (uint32_t r : map_->LiveServers()) {
-    Message m = NewRequest();
-    m.header.set_request_id(0);  // a notice: servers record it and answer nothing
-    m.header.mutable_clock_advance()->set_clock(clock);
-    sends.push_back({map_->server(r).address(), std::move(m)});
-  }
+  for (uint32_t r : map_->LiveServers()) sends.push_back(ClockNoticeTo(map_->server(r).address(), clock));
   return sends;
 }
 
@@ -324,12 +326,7 @@ WorkerCore::Effects WorkerCore::OnMapUpdate(const proto::ShardMap& map, Nanos no
   }
   map_ = std::make_shared<const ShardMapView>(std::move(*view));
   if (changed != nullptr) *changed = true;
-  for (std::string& to : fresh) {
-    Message m = NewRequest();
-    m.header.set_request_id(0);  // a notice, as ClockNotice
-    m.header.mutable_clock_advance()->set_clock(announced_clock_);
-    effects.sends.push_back({std::move(to), std::move(m)});
-  }
+  for (std::string& to : fresh) effects.sends.push_back(ClockNoticeTo(std::move(to), announced_clock_));
   // A server was lost (or moved): resend what went to it, and what waited
   // for this map.
   SendAgain(now, 0, effects);

@@ -194,6 +194,8 @@ class WorkerCore {
  private:
   WorkerCore(WorkerCoreOptions options, std::shared_ptr<const ShardMapView> map, std::vector<std::string> names);
   Message NewRequest();
+  // A clock notice (request id 0: recorded, never answered) to one server.
+  Outgoing ClockNoticeTo(std::string address, uint64_t clock);
   // One request of the same header to every live server, under one operation.
   Effects ToEveryServer(Handle handle, std::string what, const proto::Envelope& body, Nanos now, Nanos hold);
   // Forgets the push numbers of completed operations.
