@@ -10,14 +10,16 @@
 # receiver adding each payload into a row of floats (the work a Tessera server
 # does for a push). Then it runs the Tessera driver (tessera-push-pull-bench:
 # 1 server, 1 worker, through launcher/tessera-launch with
-# configs/bench_push_pull.yaml) twice: with the same-host shared-memory path
-# off (every frame over TCP loopback) and on (shm.enabled, the default:
-# frames of 64 KiB and more go through rings); and bench/memcpy_bench
+# configs/bench_push_pull.yaml) three times: with the same-host shared-memory
+# path off (every frame over TCP loopback); on but with pull values copied
+# through the ring (shm.cross_memory=false: frames of 64 KiB and more go
+# through rings); and on as by default (pull values lent by the server and
+# read in place by the worker, one copy); and bench/memcpy_bench
 # (single-thread memcpy bandwidth, the baseline of the same-host goal).
 # It prints two Markdown tables of medians. The first compares Tessera over
 # TCP with raw ZeroMQ, like with like: sequential with sequential, 8 in flight
 # with 8 in flight, and the raw one-way PUSH/PULL stream with Tessera pushes
-# 64 in flight. The second compares both Tessera runs with memcpy.
+# 64 in flight. The second compares the Tessera runs with memcpy.
 #
 # Environment: REPEATS (default 5), MIN_SECONDS (0.5), MIN_MESSAGES (20),
 # SIZES (4096,1048576,16777216), KEEP=1 to keep the raw results and the run
@@ -57,13 +59,13 @@ echo "memcpy baseline ..." >&2
 "$BUILD/bench/memcpy_bench" --sizes "$SIZES" --repeats "$REPEATS" --min_seconds "$MIN_SECONDS" \
   --json "$WORK/memcpy.json"
 
-# run: run directory name, shared memory on or off
-for variant in "run:false" "run-shm:true"; do
-  IFS=: read -r run shm <<<"$variant"
-  echo "Tessera push/pull (1 server, 1 worker, shm.enabled=$shm) ..." >&2
+# run: run directory name, shared memory on or off, pull values lent or not
+for variant in "run:false:false" "run-ring:true:false" "run-shm:true:true"; do
+  IFS=: read -r run shm lend <<<"$variant"
+  echo "Tessera push/pull (1 server, 1 worker, shm.enabled=$shm, shm.cross_memory=$lend) ..." >&2
   if ! "$PYTHON" "$ROOT/launcher/tessera-launch" local --config "$ROOT/configs/bench_push_pull.yaml" \
       --build-dir "$BUILD" --run-dir "$WORK/$run" --quiet --timeout 1200 \
-      --set "worker.program=$BUILD/bench/tessera-push-pull-bench" --set "shm.enabled=$shm" \
+      --set "worker.program=$BUILD/bench/tessera-push-pull-bench" --set "shm.enabled=$shm" --set "shm.cross_memory=$lend" \
       --set "worker.args.sizes=\"$SIZES\"" --set "worker.args.repeats=$REPEATS" \
       --set "worker.args.min_seconds=$MIN_SECONDS" --set "worker.args.min_messages=$MIN_MESSAGES" >&2; then
     echo "run_push_pull.sh: the Tessera run failed; logs in $WORK/$run/logs" >&2
@@ -83,6 +85,7 @@ def tessera_results(run):
             for r in summary["worker_reports"][0]["report"]["results"]}
 
 tessera = tessera_results("run")
+tessera_ring = tessera_results("run-ring")
 tessera_shm = tessera_results("run-shm")
 memcpy = {r["size"]: r["median_mbps"] for r in json.load(open(f"{work}/memcpy.json"))["results"]}
 raw = {}
@@ -117,18 +120,22 @@ print()
 print("MB/s of payload (1 MB = 10^6 bytes), medians. 'raw ZMQ' and 'raw ZMQ + accumulate' run with the allocator")
 print("settings of Tessera's binaries (--keep_allocations_mapped); the ratios compare with those.")
 print()
-print("| size | mode | memcpy (1 thread) | push, TCP | push, shm | pull, TCP | pull, shm | push shm/memcpy "
-      "| pull shm/memcpy |")
-print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+print("| size | mode | memcpy (1 thread) | push, TCP | push, shm | pull, TCP | pull, shm ring | pull, shm lent "
+      "| push shm/memcpy | pull ring/memcpy | pull lent/memcpy |")
+print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for size in sizes:
     for label, mode in (("sequential", "sequential"), ("8 in flight", "inflight8")):
         base = memcpy.get(size)
         push, pull = (tessera.get((size, op, mode)) for op in ("push", "pull"))
         push_shm, pull_shm = (tessera_shm.get((size, op, mode)) for op in ("push", "pull"))
+        pull_ring = tessera_ring.get((size, "pull", mode))
         print(f"| {size_name(size)} | {label} | {fmt(base)} | {fmt(push)} | {fmt(push_shm)} | {fmt(pull)} | "
-              f"{fmt(pull_shm)} | {ratio(push_shm, base)} | {ratio(pull_shm, base)} |")
+              f"{fmt(pull_ring)} | {fmt(pull_shm)} | {ratio(push_shm, base)} | {ratio(pull_ring, base)} | "
+              f"{ratio(pull_shm, base)} |")
 print()
-print("Same host: the Tessera driver with the shared-memory path off (TCP loopback) and on, against")
-print("single-thread memcpy bandwidth (bench/memcpy_bench) measured in the same run.")
+print("Same host: the Tessera driver with the shared-memory path off (TCP loopback), on with pull values")
+print("through the ring (shm.cross_memory=false) and on as by default (pull values lent: the worker copies")
+print("them out of the server with process_vm_readv), against single-thread memcpy bandwidth")
+print("(bench/memcpy_bench) measured in the same run. 'push, shm' is from the default run.")
 PY
 if [ "${KEEP:-0}" = 1 ]; then echo "results kept in $WORK" >&2; fi

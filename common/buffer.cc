@@ -40,9 +40,38 @@ Buffer Buffer::Adopt(std::shared_ptr<void> owner, void* data, size_t size) {
   return Buffer(std::move(owner), static_cast<std::byte*>(data), size);
 }
 
+Buffer Buffer::Remote(std::shared_ptr<const RemoteBytes> bytes, size_t size) {
+  Buffer b;
+  b.remote_ = std::move(bytes);
+  b.size_ = size;
+  return b;
+}
+
 Buffer Buffer::Slice(size_t offset, size_t length) const {
   assert(offset + length <= size_);
+  if (remote_) {
+    Buffer b = *this;
+    b.remote_offset_ += offset;
+    b.size_ = length;
+    return b;
+  }
   return Buffer(owner_, data_ + offset, length);
+}
+
+absl::Status Buffer::CopyOut(std::span<const CopyRange> ranges) const {
+#ifndef NDEBUG
+  for (const CopyRange& r : ranges) assert(r.offset + r.length <= size_);
+#endif
+  if (!remote_) {
+    for (const CopyRange& r : ranges) {
+      if (r.length > 0) std::memcpy(r.dst, data_ + r.offset, r.length);
+    }
+    return absl::OkStatus();
+  }
+  if (remote_offset_ == 0) return remote_->Read(ranges);
+  std::vector<CopyRange> shifted(ranges.begin(), ranges.end());
+  for (CopyRange& r : shifted) r.offset += remote_offset_;
+  return remote_->Read(shifted);
 }
 
 struct BufferPool::State {

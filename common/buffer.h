@@ -11,6 +11,13 @@
 //   Buffer is handed to a transport nobody writes to it.
 // - Thread safety: a Buffer object is a value (like shared_ptr); distinct
 //   objects sharing bytes may be used from different threads.
+// - Remote buffers (Buffer::Remote) hold bytes that lie in another process
+//   on this host, lent by its transport (transport/shm_transport.h): data()
+//   is null, size() is the length, and the bytes are read only through
+//   CopyOut, which may fail (the lending process is gone). A transport makes
+//   them only for messages whose sender set Message::lendable, so code that
+//   reads such messages' frames must read them with CopyOut; every other
+//   Buffer reads the same through CopyOut as through data().
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -21,8 +28,28 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 
 namespace tessera {
+
+// One piece of a CopyOut: `length` bytes from `offset` in the buffer to `dst`.
+struct CopyRange {
+  size_t offset = 0;
+  void* dst = nullptr;
+  size_t length = 0;
+};
+
+// Bytes in another process, readable on demand (implemented by a transport).
+// The object keeps them lent: the owner process keeps them unchanged until
+// this object is destroyed.
+class RemoteBytes {
+ public:
+  virtual ~RemoteBytes() = default;
+  // Copies each range (offsets relative to the start of the lent bytes, all
+  // inside them) into its destination. Unavailable: the lending process is
+  // gone (nothing read may be trusted); Internal: another failure.
+  virtual absl::Status Read(std::span<const CopyRange> ranges) const = 0;
+};
 
 class Buffer {
  public:
@@ -36,7 +63,16 @@ class Buffer {
   static Buffer Borrow(const void* data, size_t size);
   // Takes shared ownership of `owner`, which keeps [data, data+size) alive.
   static Buffer Adopt(std::shared_ptr<void> owner, void* data, size_t size);
+  // `size` bytes lent by another process; see the class contract.
+  static Buffer Remote(std::shared_ptr<const RemoteBytes> bytes, size_t size);
 
+  bool remote() const { return remote_ != nullptr; }
+  // Copies ranges of this buffer (each inside it) to their destinations:
+  // memcpy for local bytes, RemoteBytes::Read for remote ones (one call for
+  // all ranges). Errors only for remote buffers, as RemoteBytes::Read.
+  absl::Status CopyOut(std::span<const CopyRange> ranges) const;
+
+  // Null for remote buffers.
   const std::byte* data() const { return data_; }
   std::byte* mutable_data() { return data_; }
   size_t size() const { return size_; }
@@ -66,6 +102,8 @@ class Buffer {
       : owner_(std::move(owner)), data_(data), size_(size) {}
 
   std::shared_ptr<void> owner_;
+  std::shared_ptr<const RemoteBytes> remote_;  // set for remote buffers (data_ null)
+  size_t remote_offset_ = 0;                   // of this view within remote_'s bytes
   std::byte* data_ = nullptr;
   size_t size_ = 0;
 };

@@ -2,7 +2,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -72,6 +74,69 @@ TEST(BufferTest, CopiesShareBytesAndKeepThemAlive) {
   EXPECT_EQ(slice.As<uint64_t>()[1], 30u);
   slice = Buffer();
   EXPECT_TRUE(released->load());
+}
+
+// Remote bytes for the test: a local vector read through the interface,
+// recording the reads and failing on demand.
+class FakeRemote final : public RemoteBytes {
+ public:
+  explicit FakeRemote(std::vector<uint8_t> bytes, std::shared_ptr<int> reads, std::shared_ptr<bool> released)
+      : bytes_(std::move(bytes)), reads_(std::move(reads)), released_(std::move(released)) {}
+  ~FakeRemote() override { *released_ = true; }
+  absl::Status Read(std::span<const CopyRange> ranges) const override {
+    ++*reads_;
+    if (fail) return absl::UnavailableError("lender gone");
+    for (const CopyRange& r : ranges) std::memcpy(r.dst, bytes_.data() + r.offset, r.length);
+    return absl::OkStatus();
+  }
+  bool fail = false;
+
+ private:
+  std::vector<uint8_t> bytes_;
+  std::shared_ptr<int> reads_;
+  std::shared_ptr<bool> released_;
+};
+
+TEST(BufferTest, RemoteBuffersReadThroughCopyOutWithSliceOffsets) {
+  auto reads = std::make_shared<int>(0);
+  auto released = std::make_shared<bool>(false);
+  std::vector<uint8_t> bytes(100);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i);
+  auto remote = std::make_shared<FakeRemote>(bytes, reads, released);
+  FakeRemote* raw = remote.get();
+  Buffer slice;
+  {
+    Buffer b = Buffer::Remote(std::move(remote), bytes.size());
+    EXPECT_TRUE(b.remote());
+    EXPECT_EQ(b.data(), nullptr);
+    EXPECT_EQ(b.size(), 100u);
+    slice = b.Slice(10, 50).Slice(5, 20);  // bytes 15..34
+  }
+  EXPECT_FALSE(*released) << "a slice keeps the lent bytes";
+  EXPECT_TRUE(slice.remote());
+  EXPECT_EQ(slice.size(), 20u);
+  uint8_t a[4] = {}, c[3] = {};
+  const CopyRange ranges[] = {{0, a, 4}, {17, c, 3}};
+  ASSERT_TRUE(slice.CopyOut(ranges).ok());
+  EXPECT_EQ(*reads, 1) << "all ranges in one read";
+  EXPECT_EQ(a[0], 15);
+  EXPECT_EQ(a[3], 18);
+  EXPECT_EQ(c[0], 32);
+  EXPECT_EQ(c[2], 34);
+  raw->fail = true;
+  EXPECT_EQ(slice.CopyOut(ranges).code(), absl::StatusCode::kUnavailable);
+  slice = Buffer();
+  EXPECT_TRUE(*released);
+}
+
+TEST(BufferTest, LocalBuffersCopyOutByMemcpy) {
+  Buffer b = Buffer::CopyOf("abcdefgh", 8);
+  EXPECT_FALSE(b.remote());
+  char x[3] = {}, y[2] = {};
+  const CopyRange ranges[] = {{1, x, 3}, {6, y, 2}};
+  ASSERT_TRUE(b.Slice(0, 8).CopyOut(ranges).ok());
+  EXPECT_EQ(std::string(x, 3), "bcd");
+  EXPECT_EQ(std::string(y, 2), "gh");
 }
 
 TEST(BufferTest, TypedViews) {

@@ -12,6 +12,11 @@ namespace tessera {
 struct Message {
   proto::Envelope header;
   std::vector<Buffer> frames;
+  // The sender allows a same-host transport to lend these frames instead of
+  // copying them: the receiver may get Buffer::remote() frames, views of the
+  // sender's memory read with Buffer::CopyOut (transport/shm_transport.h).
+  // Set only where the receiving code reads frames with CopyOut. Not sent.
+  bool lendable = false;
 
   // Total bytes of the data frames (what the data path moves).
   size_t FrameBytes() const {

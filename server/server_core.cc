@@ -167,9 +167,12 @@ void ServerCore::AbortHeldReplies(const std::function<bool(uint32_t)>& moved, st
 }
 
 void ServerCore::Emit(std::vector<Outgoing>& out, std::string to, Message reply) const {
+  // Plain values are read by the worker with Buffer::CopyOut
+  // (worker/request_tracker.cc): a same-host transport may lend them.
+  const bool plain_values = reply.header.has_pull_reply() && reply.header.pull_reply().value_parts() == 0;
+  reply.lendable = plain_values;
   const size_t piece = options_.pull_reply_piece_bytes;
-  if (piece == 0 || !reply.header.has_pull_reply() || reply.header.pull_reply().value_parts() > 0 ||
-      reply.frames.size() != 1 || reply.frames[0].size() <= piece) {
+  if (piece == 0 || !plain_values || reply.frames.size() != 1 || reply.frames[0].size() <= piece) {
     out.push_back(Outgoing{std::move(to), std::move(reply)});
     return;
   }
@@ -190,6 +193,7 @@ void ServerCore::Emit(std::vector<Outgoing>& out, std::string to, Message reply)
     std::memcpy(descriptor.mutable_data(), words, sizeof(words));
     m.frames.push_back(values.Slice(offset, n));
     m.frames.push_back(std::move(descriptor));
+    m.lendable = true;
     out.push_back(Outgoing{to, std::move(m)});
   }
 }

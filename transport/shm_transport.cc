@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "transport/cross_memory.h"
 #include "transport/shm_ring.h"
 
 namespace tessera {
@@ -39,13 +40,52 @@ struct RegionHold {
   uint64_t begin;
 };
 
+// Where the releases of lent frames go: the transport while it runs.
+// Shared with every lent Buffer, which may outlive the transport.
+struct ReleaseSink {
+  std::mutex mu;
+  std::function<void(const std::string&, uint64_t)> release;  // empty once the transport stopped
+  void Release(const std::string& lender, uint64_t id) {
+    std::lock_guard lock(mu);
+    if (release) release(lender, id);
+  }
+};
+
+// One lent message's frames: released when the last of them is dropped.
+struct LendGroup {
+  LendGroup(std::shared_ptr<ReleaseSink> s, std::string l, uint64_t i)
+      : sink(std::move(s)), lender(std::move(l)), id(i) {}
+  LendGroup(const LendGroup&) = delete;
+  LendGroup& operator=(const LendGroup&) = delete;
+  ~LendGroup() { sink->Release(lender, id); }
+  std::shared_ptr<ReleaseSink> sink;
+  std::string lender;
+  uint64_t id;
+};
+
+// One lent frame, read from the lender's memory on demand.
+class LentFrame final : public RemoteBytes {
+ public:
+  LentFrame(std::shared_ptr<LendGroup> g, std::shared_ptr<xmem::ProcessHandle> p, uint64_t a)
+      : group_(std::move(g)), process_(std::move(p)), address_(a) {}
+  absl::Status Read(std::span<const CopyRange> ranges) const override { return process_->Read(address_, ranges); }
+
+ private:
+  std::shared_ptr<LendGroup> group_;
+  std::shared_ptr<xmem::ProcessHandle> process_;
+  uint64_t address_;
+};
+
+constexpr int64_t kSweepEveryMs = 100;  // how often a lender looks for readers that ended
+
 }  // namespace
 
 class ShmTransport::Impl {
  public:
   Impl(std::unique_ptr<Transport> inner, Options options)
-      : inner_(std::move(inner)), options_(options) {
+      : inner_(std::move(inner)), options_(options), sink_(std::make_shared<ReleaseSink>()) {
     if (options_.host_identity == 0) options_.host_identity = shm::HostIdentity();
+    sink_->release = [this](const std::string& lender, uint64_t id) { SendRelease(lender, id); };
   }
 
   absl::Status Start(Handler handler) {
@@ -64,14 +104,40 @@ class ShmTransport::Impl {
     message.header.clear_shm_frames();
     message.header.set_shm_host(options_.host_identity);
     std::shared_ptr<Peer> peer = PeerFor(to);
+    if (options_.cross_memory) {
+      const xmem::SelfIdentity self = xmem::Self();
+      message.header.set_shm_pid(self.pid);
+      message.header.set_shm_pid_namespace(self.pid_namespace);
+      message.header.set_shm_probe(self.probe_address);
+      message.header.set_shm_token(self.token);
+      message.header.set_shm_reads_pid(peer->readable_pid.load(std::memory_order_relaxed));
+    }
     const bool local = options_.assume_local_peers || peer->host.load(std::memory_order_relaxed) == options_.host_identity;
     if (!local || !HasLargeFrame(message)) {
       return inner_->Send(to, std::move(message));
     }
-    std::lock_guard lock(peer->mu);
+    if (message.lendable) SweepExitedReaders();
+    std::unique_lock lock(peer->mu);
+    // Lend (no copy; the peer reads the frames in place) when the peer has
+    // proven it reads this process and the lent bytes stay in bounds.
+    const bool lend = message.lendable && options_.cross_memory && peer->reads_us && peer->process != nullptr;
+    std::vector<Buffer> lent;
+    std::vector<int> lent_descriptors;
+    uint64_t lent_bytes = 0;
     for (size_t i = 0; i < message.frames.size(); ++i) {
       Buffer& frame = message.frames[i];
       if (frame.size() < options_.min_frame_bytes) continue;
+      if (lend && peer->book.Fits(lent_bytes + frame.size(), options_.ring_bytes)) {
+        proto::ShmFrame* d = message.header.add_shm_frames();
+        d->set_index(static_cast<uint32_t>(i));
+        d->set_address(reinterpret_cast<uint64_t>(frame.data()));
+        d->set_length(frame.size());
+        lent_descriptors.push_back(message.header.shm_frames_size() - 1);
+        lent_bytes += frame.size();
+        lent.push_back(std::move(frame));
+        frame = Buffer();
+        continue;
+      }
       std::optional<shm::Region> region = Place(to, *peer, frame.size());
       if (!region) {
         shm_fallback_frames_.fetch_add(1, std::memory_order_relaxed);
@@ -88,11 +154,34 @@ class ShmTransport::Impl {
       shm_bytes_sent_.fetch_add(frame.size(), std::memory_order_relaxed);
       frame = Buffer();
     }
-    return inner_->Send(to, std::move(message));
+    if (lent.empty()) return inner_->Send(to, std::move(message));
+    const size_t lent_frames = lent.size();
+    const uint64_t id = peer->book.Lend(std::move(lent));
+    for (int k : lent_descriptors) message.header.mutable_shm_frames(k)->set_lend_id(id);
+    lent_bytes_now_.fetch_add(lent_bytes, std::memory_order_relaxed);
+    if (!peer->lend_logged) {
+      peer->lend_logged = true;
+      TLOG_INFO("same-host peer {} (pid {}) reads our large frames in place (cross-memory, one copy)", to,
+                peer->process->pid());
+    }
+    absl::Status sent = inner_->Send(to, std::move(message));
+    if (!sent.ok()) {
+      if (peer->book.Release(id)) lent_bytes_now_.fetch_sub(lent_bytes, std::memory_order_relaxed);
+      return sent;
+    }
+    shm_lent_frames_sent_.fetch_add(lent_frames, std::memory_order_relaxed);
+    shm_lent_bytes_sent_.fetch_add(lent_bytes, std::memory_order_relaxed);
+    return sent;
   }
 
   void Stop() {
     stopped_.store(true, std::memory_order_release);
+    {
+      // Lent frames dropped from now on release nothing (the lender keeps
+      // them until this process ends; cross_memory.h).
+      std::lock_guard lock(sink_->mu);
+      sink_->release = nullptr;
+    }
     inner_->Stop();
     // No Send or OnReceive runs past this point that could use a ring
     // (Send checks stopped_ before it takes a peer's lock).
@@ -111,8 +200,14 @@ class ShmTransport::Impl {
     s.shm_bytes_received = shm_bytes_received_.load(std::memory_order_relaxed);
     s.shm_fallback_frames = shm_fallback_frames_.load(std::memory_order_relaxed);
     s.shm_peers = shm_peers_.load(std::memory_order_relaxed);
-    s.bytes_sent += s.shm_bytes_sent;
-    s.bytes_received += s.shm_bytes_received;
+    s.shm_lent_frames_sent = shm_lent_frames_sent_.load(std::memory_order_relaxed);
+    s.shm_lent_bytes_sent = shm_lent_bytes_sent_.load(std::memory_order_relaxed);
+    s.shm_lent_frames_received = shm_lent_frames_received_.load(std::memory_order_relaxed);
+    s.shm_lent_bytes_received = shm_lent_bytes_received_.load(std::memory_order_relaxed);
+    s.shm_lent_bytes_now = lent_bytes_now_.load(std::memory_order_relaxed);
+    s.shm_lends_reclaimed = lends_reclaimed_.load(std::memory_order_relaxed);
+    s.bytes_sent += s.shm_bytes_sent + s.shm_lent_bytes_sent;
+    s.bytes_received += s.shm_bytes_received + s.shm_lent_bytes_received;
     s.malformed_received += malformed_.load(std::memory_order_relaxed);
     return s;
   }
@@ -126,6 +221,13 @@ class ShmTransport::Impl {
     std::unique_ptr<shm::ShmSegment> ring;
     std::optional<shm::ShmRingWriter> writer;
     bool disabled = false;  // a ring could not be made: wire only
+    // Cross-memory reads (guarded by mu; readable_pid is also read without it).
+    uint32_t pid = 0;                                 // the pid the peer last advertised
+    std::shared_ptr<xmem::ProcessHandle> process;     // that process, proven readable (or null)
+    std::atomic<uint32_t> readable_pid{0};            // process->pid() once proven, else 0
+    bool reads_us = false;                            // it proved it reads this process
+    bool lend_logged = false;
+    xmem::LendBook book;                              // our frames it holds
   };
 
   bool HasLargeFrame(const Message& m) const {
@@ -185,34 +287,168 @@ class ShmTransport::Impl {
   }
 
   void OnReceive(Message m) {
-    if (const uint64_t host = m.header.shm_host(); host != 0 && !m.header.sender_address().empty()) {
-      std::shared_ptr<Peer> peer = PeerFor(m.header.sender_address());
+    std::shared_ptr<Peer> peer;
+    const std::string& sender = m.header.sender_address();
+    if (const uint64_t host = m.header.shm_host(); host != 0 && !sender.empty()) {
+      peer = PeerFor(sender);
       if (peer->host.load(std::memory_order_relaxed) != host) peer->host.store(host, std::memory_order_relaxed);
+      if (options_.cross_memory && host == options_.host_identity) LearnProcess(*peer, m.header);
     }
+    const bool internal = m.header.shm_internal();
+    const uint32_t sender_pid = m.header.shm_pid();
     m.header.clear_shm_host();
+    m.header.clear_shm_pid();
+    m.header.clear_shm_pid_namespace();
+    m.header.clear_shm_probe();
+    m.header.clear_shm_token();
+    m.header.clear_shm_reads_pid();
+    m.header.clear_shm_released();
+    m.header.clear_shm_internal();
+    if (internal) return;  // releases only, taken above
     if (m.header.shm_frames_size() > 0) {
-      if (absl::Status s = AttachFrames(m); !s.ok()) {
+      if (absl::Status s = AttachFrames(m, peer.get(), sender_pid); !s.ok()) {
+        // Lends in a message we drop are released at once (the sender keeps
+        // them otherwise until this process ends).
+        for (const proto::ShmFrame& d : m.header.shm_frames()) {
+          if (d.lend_id() != 0 && !sender.empty()) {
+            SendRelease(sender, d.lend_id());
+            break;  // one lend per message
+          }
+        }
+        m.frames.clear();
         malformed_.fetch_add(1, std::memory_order_relaxed);
         const uint64_t n = bad_logged_.fetch_add(1, std::memory_order_relaxed);
         if (n < 10 || n % 1000 == 0) {
-          TLOG_WARN("dropped a message from {}: {}", m.header.sender_address(), s.message());
+          TLOG_WARN("dropped a message from {}: {}", sender, s.message());
         }
         return;
       }
-      uint64_t bytes = 0;
-      for (const proto::ShmFrame& d : m.header.shm_frames()) bytes += d.length();
-      shm_frames_received_.fetch_add(m.header.shm_frames_size(), std::memory_order_relaxed);
+      uint64_t bytes = 0, lent_bytes = 0, lent_frames = 0;
+      for (const proto::ShmFrame& d : m.header.shm_frames()) {
+        if (d.lend_id() != 0) {
+          lent_bytes += d.length();
+          ++lent_frames;
+        } else {
+          bytes += d.length();
+        }
+      }
+      shm_frames_received_.fetch_add(m.header.shm_frames_size() - lent_frames, std::memory_order_relaxed);
       shm_bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
+      shm_lent_frames_received_.fetch_add(lent_frames, std::memory_order_relaxed);
+      shm_lent_bytes_received_.fetch_add(lent_bytes, std::memory_order_relaxed);
       m.header.clear_shm_frames();
     }
     handler_(std::move(m));  // last: the handler may destroy this transport
   }
 
-  // Replaces every described frame with a view of its ring.
-  absl::Status AttachFrames(Message& m) {
+  // Cross-memory state from a same-host peer's header: proves once per peer
+  // process that we can read it, takes its releases, and notes whether it
+  // reads us. A new pid at the same address is a new process: what the old
+  // one held lent is released.
+  void LearnProcess(Peer& peer, const proto::Envelope& h) {
+    const xmem::SelfIdentity self = xmem::Self();
+    std::lock_guard lock(peer.mu);
+    if (h.shm_pid() != peer.pid) {
+      ReclaimLocked(peer, peer.pid == 0 ? nullptr : "restarted");
+      peer.pid = h.shm_pid();
+      peer.process.reset();
+      peer.readable_pid.store(0, std::memory_order_relaxed);
+      peer.reads_us = false;
+      if (h.shm_pid() != 0 && h.shm_pid_namespace() == self.pid_namespace && self.pid_namespace != 0) {
+        absl::Status s;
+        if (auto handle = xmem::ProcessHandle::Open(h.shm_pid()); handle.ok()) {
+          s = (*handle)->Verify(h.shm_probe(), h.shm_token());
+          if (s.ok()) peer.process = std::move(*handle);
+        } else {
+          s = handle.status();
+        }
+        if (s.ok()) {
+          peer.readable_pid.store(h.shm_pid(), std::memory_order_relaxed);
+        } else {
+          TLOG_INFO("cannot read the memory of same-host peer {} (pid {}): {}; its large frames come through the "
+                    "ring",
+                    h.sender_address(), h.shm_pid(), s.message());
+        }
+      }
+    }
+    peer.reads_us = peer.process != nullptr && h.shm_reads_pid() == self.pid;
+    for (uint64_t id : h.shm_released()) {
+      const uint64_t before = peer.book.lent_bytes();
+      if (peer.book.Release(id)) lent_bytes_now_.fetch_sub(before - peer.book.lent_bytes(), std::memory_order_relaxed);
+    }
+  }
+
+  // Drops every lend `peer` holds (its process ended); logs why when given.
+  void ReclaimLocked(Peer& peer, const char* why) {
+    if (peer.book.lends() == 0) return;
+    const uint64_t bytes = peer.book.lent_bytes();
+    const size_t n = peer.book.ReleaseAll();
+    lent_bytes_now_.fetch_sub(bytes, std::memory_order_relaxed);
+    lends_reclaimed_.fetch_add(n, std::memory_order_relaxed);
+    if (why != nullptr) {
+      TLOG_INFO("same-host peer (pid {}) {} holding {} lent frames ({} bytes); they are free again", peer.pid, why,
+                n, bytes);
+    }
+  }
+
+  // At most every kSweepEveryMs: frees what readers whose process ended held.
+  void SweepExitedReaders() {
+    if (lent_bytes_now_.load(std::memory_order_relaxed) == 0) return;
+    const int64_t now = NowMs();
+    int64_t last = last_sweep_ms_.load(std::memory_order_relaxed);
+    if (now - last < kSweepEveryMs || !last_sweep_ms_.compare_exchange_strong(last, now)) return;
+    std::vector<std::shared_ptr<Peer>> peers;
+    {
+      std::shared_lock lock(peers_mu_);
+      for (const auto& [address, peer] : peers_) peers.push_back(peer);
+    }
+    for (const auto& peer : peers) {
+      std::lock_guard lock(peer->mu);
+      if (peer->book.lends() > 0 && peer->process && peer->process->Exited()) {
+        ReclaimLocked(*peer, "exited");
+        peer->process.reset();
+        peer->readable_pid.store(0, std::memory_order_relaxed);
+        peer->reads_us = false;
+      }
+    }
+  }
+
+  // Tells `lender` we are done with its lend `id`.
+  void SendRelease(const std::string& lender, uint64_t id) {
+    Message m;
+    m.header.set_shm_internal(true);
+    m.header.add_shm_released(id);
+    (void)Send(lender, std::move(m));  // best effort: a lost release is reclaimed when this process ends
+  }
+
+  // Replaces every described frame with a view of its ring, or, for lent
+  // frames, with a remote Buffer reading the sender's memory.
+  absl::Status AttachFrames(Message& m, Peer* peer, uint32_t sender_pid) {
+    std::shared_ptr<LendGroup> group;
+    std::shared_ptr<xmem::ProcessHandle> process;
     for (const proto::ShmFrame& d : m.header.shm_frames()) {
       if (d.index() >= m.frames.size() || !m.frames[d.index()].empty()) {
         return absl::InvalidArgumentError(absl::StrCat("shared-memory frame index ", d.index(), " is not an empty frame"));
+      }
+      if (d.lend_id() != 0) {
+        if (!group) {
+          if (peer != nullptr) {
+            std::lock_guard lock(peer->mu);
+            if (sender_pid != 0 && peer->pid == sender_pid) process = peer->process;
+          }
+          if (!process) {
+            return absl::FailedPreconditionError(
+                absl::StrCat("frames lent by pid ", sender_pid, ", whose memory this process cannot read"));
+          }
+          group = std::make_shared<LendGroup>(sink_, m.header.sender_address(), d.lend_id());
+        }
+        if (d.lend_id() != group->id || d.length() == 0 || d.address() == 0) {
+          return absl::InvalidArgumentError(absl::StrCat("bad lent frame: lend ", d.lend_id(), ", ", d.length(),
+                                                         " bytes at ", d.address()));
+        }
+        m.frames[d.index()] =
+            Buffer::Remote(std::make_shared<LentFrame>(group, process, d.address()), d.length());
+        continue;
       }
       auto reader = ReaderFor(m.header.sender_address(), d.ring());
       if (!reader.ok()) return reader.status();
@@ -250,6 +486,10 @@ class ShmTransport::Impl {
 
   std::atomic<uint64_t> shm_frames_sent_{0}, shm_bytes_sent_{0}, shm_frames_received_{0}, shm_bytes_received_{0},
       shm_fallback_frames_{0}, shm_peers_{0}, malformed_{0}, bad_logged_{0};
+  std::atomic<uint64_t> shm_lent_frames_sent_{0}, shm_lent_bytes_sent_{0}, shm_lent_frames_received_{0},
+      shm_lent_bytes_received_{0}, lent_bytes_now_{0}, lends_reclaimed_{0};
+  std::atomic<int64_t> last_sweep_ms_{0};
+  std::shared_ptr<ReleaseSink> sink_;
 };
 
 ShmTransport::ShmTransport(std::unique_ptr<Transport> inner, Options options)

@@ -27,6 +27,28 @@
 //   one if a ring cannot be made (that peer then gets everything through the
 //   inner transport). stats() counts frames and bytes both ways and the
 //   frames that fell back.
+// - Lending (one copy instead of two; options.cross_memory): a frame of a
+//   message marked Message::lendable is not copied into the ring when the
+//   peer has proven it can read this process's memory. Its descriptor names
+//   where the bytes lie here, the Buffer is kept (lent) and the receiver's
+//   handler gets a Buffer::remote() frame that copies straight out of this
+//   process (process_vm_readv) when read. When the receiver drops the last
+//   reference, its transport sends a release and the lend ends. A lend ends
+//   otherwise only when the reader's process has ended (checked through a
+//   pidfd at most every 100 ms while sending, and at once when a new process
+//   appears at the reader's address), never on a timeout: a slow reader is
+//   never read from reused memory. At most options.ring_bytes are lent to
+//   one peer at once; past that, frames take the ring.
+//   Proof of readability, per peer process: every header carries the
+//   sender's pid, pid namespace and the address and value of a random token
+//   (transport/cross_memory.h); the receiver reads the token through a pidfd
+//   and, when it matches, says so in its headers (shm_reads_pid). Where that
+//   fails (no ptrace rights, another pid namespace, no pidfds) one line is
+//   logged and the ring is used. A lender that ends while its frames are
+//   being read makes the read fail (Unavailable): the worker then treats the
+//   reply as lost and asks again (worker/request_tracker.cc).
+//   If this transport stops while lent frames are held, their releases are
+//   never sent: the lender keeps them until this process ends.
 // - Received descriptors are checked (ring name form, owner, bounds, order);
 //   a message with a bad one is logged (rate-limited), counted in
 //   malformed_received and dropped. The shm fields are removed from every
@@ -59,6 +81,9 @@ class ShmTransport final : public Transport {
     // from it (for tests, and for jobs known to run on one host; a peer that
     // cannot map the rings then drops those messages).
     bool assume_local_peers = false;
+    // Lend frames of Message::lendable messages to peers that can read this
+    // process, and read frames peers lend (see "Lending" above).
+    bool cross_memory = true;
   };
 
   // Takes ownership of `inner`, which must not be started.

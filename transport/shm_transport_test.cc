@@ -7,8 +7,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "gtest/gtest.h"
 #include "transport/shm_ring.h"
@@ -254,6 +259,15 @@ TEST(ShmTransportTest, BadDescriptorsAreDroppedAndCounted) {
   ASSERT_TRUE(raw.Send(b->address(), forged("tessera-shm-1-2-3", 0, {Buffer()})).ok());  // no such ring
   ASSERT_TRUE(raw.Send(b->address(), forged("tessera-shm-1-2-3", 5, {Buffer()})).ok());  // no such frame
   ASSERT_TRUE(raw.Send(b->address(), forged("tessera-shm-1-2-3", 0, {Pattern(8, 1)})).ok());  // not empty
+  // A lent frame from a process nobody proved readable.
+  Message lent = Msg(9, {Buffer()});
+  proto::ShmFrame* d = lent.header.add_shm_frames();
+  d->set_index(0);
+  d->set_lend_id(1);
+  d->set_address(reinterpret_cast<uint64_t>(&b));
+  d->set_length(64);
+  lent.header.set_shm_pid(static_cast<uint32_t>(::getpid()));
+  ASSERT_TRUE(raw.Send(b->address(), std::move(lent)).ok());
   Message good = Msg(8, {Pattern(8, 1)});
   ASSERT_TRUE(raw.Send(b->address(), std::move(good)).ok());
   ASSERT_TRUE(b_in.WaitForCount(1));
@@ -261,7 +275,8 @@ TEST(ShmTransportTest, BadDescriptorsAreDroppedAndCounted) {
   std::vector<Message> got = b_in.Take();
   ASSERT_EQ(got.size(), 1u) << "a message with a bad descriptor reached the handler";
   EXPECT_EQ(got[0].header.request_id(), 8u);
-  EXPECT_EQ(b->stats().malformed_received, 4u);
+  EXPECT_EQ(b->stats().malformed_received, 5u);
+  EXPECT_EQ(b->stats().shm_lent_frames_received, 0u);
 }
 
 TEST(ShmTransportTest, StopRemovesTheRingsButHeldFramesStayReadable) {
@@ -280,6 +295,186 @@ TEST(ShmTransportTest, StopRemovesTheRingsButHeldFramesStayReadable) {
   b->Stop();
   EXPECT_TRUE(Same(got[0].frames[0], big));
   got.clear();  // releasing into a ring nobody reads is harmless
+}
+
+Message Lendable(uint64_t id, std::vector<Buffer> frames) {
+  Message m = Msg(id, std::move(frames));
+  m.lendable = true;
+  return m;
+}
+
+// A and B exchange one message each way, so each has proven it reads the
+// other (and said so to it).
+void Introduce(Transport& a, Inbox& a_in, Transport& b, Inbox& b_in) {
+  ASSERT_TRUE(a.Send(b.address(), Msg(100, {})).ok());
+  ASSERT_TRUE(b_in.WaitForCount(1));
+  ASSERT_TRUE(b.Send(a.address(), Msg(101, {})).ok());
+  ASSERT_TRUE(a_in.WaitForCount(1));
+  ASSERT_TRUE(a.Send(b.address(), Msg(102, {})).ok());  // tells B that A reads it
+  ASSERT_TRUE(b_in.WaitForCount(2));
+  a_in.Take();
+  b_in.Take();
+}
+
+bool Eventually(const std::function<bool()>& condition) {
+  for (int i = 0; i < 2000; ++i) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return condition();
+}
+
+TEST(ShmTransportTest, LendableFramesAreReadInPlaceAndKeptUntilReleased) {
+  Inbox a_in, b_in;
+  auto a = Make(Small());
+  auto b = Make(Small());
+  ASSERT_TRUE(a->Start(a_in.handler()).ok());
+  ASSERT_TRUE(b->Start(b_in.handler()).ok());
+  Introduce(*a, a_in, *b, b_in);
+
+  auto freed = std::make_shared<std::atomic<bool>>(false);
+  Buffer pattern = Pattern(300'000, 9);
+  std::shared_ptr<void> owner(new Buffer(pattern), [freed](void* p) {
+    delete static_cast<Buffer*>(p);
+    freed->store(true);
+  });
+  Buffer big = Buffer::Adopt(std::move(owner), pattern.mutable_data(), pattern.size());
+  ASSERT_TRUE(a->Send(b->address(), Lendable(1, {big, Pattern(100, 1)})).ok());
+  big = Buffer();
+  ASSERT_TRUE(b_in.WaitForCount(1));
+  std::vector<Message> got = b_in.Take();
+  ASSERT_EQ(got[0].frames.size(), 2u);
+  const Buffer& frame = got[0].frames[0];
+  ASSERT_TRUE(frame.remote()) << "a lendable large frame to a proven reader is lent";
+  EXPECT_FALSE(got[0].frames[1].remote()) << "small frames go over the wire";
+  EXPECT_EQ(got[0].header.shm_pid(), 0u) << "transport fields are removed";
+  std::vector<std::byte> copy(frame.size());
+  const CopyRange all{0, copy.data(), copy.size()};
+  ASSERT_TRUE(frame.CopyOut({&all, 1}).ok());
+  EXPECT_EQ(std::memcmp(copy.data(), pattern.data(), copy.size()), 0);
+  EXPECT_EQ(a->stats().shm_lent_frames_sent, 1u);
+  EXPECT_EQ(a->stats().shm_frames_sent, 0u) << "nothing copied into the ring";
+  EXPECT_EQ(b->stats().shm_lent_bytes_received, 300'000u);
+  EXPECT_EQ(a->stats().shm_lent_bytes_now, 300'000u);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(freed->load()) << "the lender keeps a lent frame while the reader holds it";
+  got.clear();  // B drops it: a release goes back
+  EXPECT_TRUE(Eventually([&] { return a->stats().shm_lent_bytes_now == 0; }));
+  EXPECT_TRUE(freed->load());
+  EXPECT_EQ(a_in.size(), 0u) << "releases never reach the handler";
+
+  // Not lendable: the ring, as before.
+  ASSERT_TRUE(a->Send(b->address(), Msg(2, {Pattern(300'000, 3)})).ok());
+  ASSERT_TRUE(b_in.WaitForCount(1));
+  got = b_in.Take();
+  EXPECT_FALSE(got[0].frames[0].remote());
+  EXPECT_TRUE(Same(got[0].frames[0], Pattern(300'000, 3)));
+  EXPECT_EQ(a->stats().shm_frames_sent, 1u);
+}
+
+TEST(ShmTransportTest, LentBytesPerPeerAreBoundedByTheRingSize) {
+  Inbox a_in, b_in;
+  auto a = Make(Small());  // 1 MiB
+  auto b = Make(Small());
+  ASSERT_TRUE(a->Start(a_in.handler()).ok());
+  ASSERT_TRUE(b->Start(b_in.handler()).ok());
+  Introduce(*a, a_in, *b, b_in);
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(a->Send(b->address(), Lendable(i, {Pattern(300'000, 5)})).ok());
+  ASSERT_TRUE(b_in.WaitForCount(4));
+  std::vector<Message> got = b_in.Take();  // held
+  EXPECT_EQ(a->stats().shm_lent_frames_sent, 3u);
+  EXPECT_EQ(a->stats().shm_frames_sent, 1u) << "the fourth would pass 1 MiB lent: it takes the ring";
+  EXPECT_TRUE(got[2].frames[0].remote());
+  EXPECT_FALSE(got[3].frames[0].remote());
+  got.clear();
+  EXPECT_TRUE(Eventually([&] { return a->stats().shm_lent_bytes_now == 0; }));
+}
+
+TEST(ShmTransportTest, NoLendingWhenEitherSideTurnsItOff) {
+  ShmTransport::Options off = Small();
+  off.cross_memory = false;
+  for (bool lender_on : {false, true}) {
+    Inbox a_in, b_in;
+    auto a = Make(lender_on ? Small() : off);
+    auto b = Make(lender_on ? off : Small());
+    ASSERT_TRUE(a->Start(a_in.handler()).ok());
+    ASSERT_TRUE(b->Start(b_in.handler()).ok());
+    Introduce(*a, a_in, *b, b_in);
+    ASSERT_TRUE(a->Send(b->address(), Lendable(1, {Pattern(300'000, 6)})).ok());
+    ASSERT_TRUE(b_in.WaitForCount(1));
+    std::vector<Message> got = b_in.Take();
+    EXPECT_FALSE(got[0].frames[0].remote()) << lender_on;
+    EXPECT_TRUE(Same(got[0].frames[0], Pattern(300'000, 6)));
+    EXPECT_EQ(a->stats().shm_lent_frames_sent, 0u);
+  }
+}
+
+TEST(ShmTransportTest, TheLendsOfAReaderWhoseProcessEndedAreReclaimed) {
+  // The reader is a child process with its own transport; it is forked
+  // before this process makes any transport (so it inherits no threads).
+  int where[2], read_ok[2];
+  ASSERT_EQ(::pipe(where), 0);
+  ASSERT_EQ(::pipe(read_ok), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(where[0]);
+    ::close(read_ok[0]);
+    std::vector<Message> held;
+    std::mutex mu;
+    ShmTransport* self = nullptr;
+    auto t = Make(Small());
+    self = t.get();
+    absl::Status started = t->Start([&](Message m) {
+      std::lock_guard lock(mu);
+      if (m.frames.empty()) {
+        (void)self->Send(m.header.sender_address(), Msg(200, {}));  // answer: so the parent learns this process
+        return;
+      }
+      std::vector<std::byte> copy(m.frames[0].size());
+      const CopyRange all{0, copy.data(), copy.size()};
+      char ok = m.frames[0].remote() && m.frames[0].CopyOut({&all, 1}).ok() ? 'y' : 'n';
+      held.push_back(std::move(m));  // kept until the process is killed
+      (void)!::write(read_ok[1], &ok, 1);
+    });
+    if (!started.ok()) ::_exit(3);
+    const std::string& address = t->address();
+    const uint32_t n = static_cast<uint32_t>(address.size());
+    (void)!::write(where[1], &n, sizeof(n));
+    (void)!::write(where[1], address.data(), n);
+    for (;;) ::pause();
+  }
+  ::close(where[1]);
+  ::close(read_ok[1]);
+  uint32_t n = 0;
+  ASSERT_EQ(::read(where[0], &n, sizeof(n)), static_cast<ssize_t>(sizeof(n)));
+  std::string reader(n, '\0');
+  ASSERT_EQ(::read(where[0], reader.data(), n), static_cast<ssize_t>(n));
+
+  Inbox a_in;
+  auto a = Make(Small());
+  ASSERT_TRUE(a->Start(a_in.handler()).ok());
+  ASSERT_TRUE(a->Send(reader, Msg(1, {})).ok());
+  ASSERT_TRUE(a_in.WaitForCount(1));  // its answer: A now reads it
+  ASSERT_TRUE(a->Send(reader, Msg(2, {})).ok());
+  ASSERT_TRUE(a_in.WaitForCount(2));  // and it reads A
+  ASSERT_TRUE(a->Send(reader, Lendable(3, {Pattern(200'000, 7)})).ok());
+  char ok = 0;
+  ASSERT_EQ(::read(read_ok[0], &ok, 1), 1);
+  EXPECT_EQ(ok, 'y') << "the child read the lent frame";
+  EXPECT_EQ(a->stats().shm_lent_bytes_now, 200'000u);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(a->stats().shm_lent_bytes_now, 200'000u) << "never released on a timeout";
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  std::this_thread::sleep_for(150ms);
+  // The next lendable send looks for readers that ended; the dead reader
+  // gets no new lend (the message goes nowhere, as any send to a dead peer).
+  ASSERT_TRUE(a->Send(reader, Lendable(4, {Pattern(200'000, 8)})).ok());
+  EXPECT_EQ(a->stats().shm_lends_reclaimed, 1u);
+  EXPECT_EQ(a->stats().shm_lent_bytes_now, 0u);
+  EXPECT_EQ(a->stats().shm_lent_frames_sent, 1u);
+  ::close(where[0]);
+  ::close(read_ok[0]);
 }
 
 TEST(ShmTransportTest, OptionsAreChecked) {

@@ -43,6 +43,14 @@ struct TransportStats {
   uint64_t shm_bytes_received = 0;
   uint64_t shm_fallback_frames = 0;  // frames for a same-host peer sent over the wire: ring full
   uint64_t shm_peers = 0;            // destinations with a ring now
+  // Lent frames (cross-memory reads, transport/cross_memory.h): counted in
+  // neither the shm_frames/shm_bytes figures nor the fallback.
+  uint64_t shm_lent_frames_sent = 0;      // frames lent to a same-host peer
+  uint64_t shm_lent_bytes_sent = 0;
+  uint64_t shm_lent_frames_received = 0;  // frames a same-host peer lent us
+  uint64_t shm_lent_bytes_received = 0;
+  uint64_t shm_lent_bytes_now = 0;        // lent by us and not yet released
+  uint64_t shm_lends_reclaimed = 0;       // lends dropped because their reader's process ended
 };
 
 class Transport {

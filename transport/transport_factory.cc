@@ -80,7 +80,8 @@ absl::StatusOr<TransportChoice> TransportChoiceFromEnvironment() {
                          EnvCount("TESSERA_RDMA_MAX_PINNED_BYTES", &c.rdma_max_pinned_bytes),
                          EnvFlag("TESSERA_SHM", &c.shm),
                          EnvCount("TESSERA_SHM_MIN_FRAME_BYTES", &c.shm_options.min_frame_bytes),
-                         EnvCount("TESSERA_SHM_RING_BYTES", &c.shm_options.ring_bytes)}) {
+                         EnvCount("TESSERA_SHM_RING_BYTES", &c.shm_options.ring_bytes),
+                         EnvFlag("TESSERA_SHM_CROSS_MEMORY", &c.shm_options.cross_memory)}) {
     if (!s.ok()) return s;
   }
   if (c.shm) {

@@ -8,6 +8,10 @@
 //   tessera_transport_shm_bytes_total{direction}
 //   tessera_transport_shm_fallback_frames_total         same-host frames sent over the wire: ring full
 //   tessera_transport_shm_peers                         destinations with a shared-memory ring now
+//   tessera_transport_shm_lent_frames_total{direction}  frames lent (read in place by a same-host peer)
+//   tessera_transport_shm_lent_bytes_total{direction}
+//   tessera_transport_shm_lent_bytes                    lent by this process and not yet released
+//   tessera_transport_shm_lends_reclaimed_total         lends dropped because the reader's process ended
 #include "common/metrics.h"
 #include "transport/transport.h"
 
@@ -31,6 +35,14 @@ inline metrics::TextWriter& WriteTransportMetrics(metrics::TextWriter& w, const 
                 both(s.shm_bytes_sent, s.shm_bytes_received))
       .Counter("tessera_transport_shm_fallback_frames_total",
                "Frames for a same-host peer sent over the wire because its ring was full", s.shm_fallback_frames)
+      .Counters("tessera_transport_shm_lent_frames_total", "Data frames lent to or by a same-host peer",
+                both(s.shm_lent_frames_sent, s.shm_lent_frames_received))
+      .Counters("tessera_transport_shm_lent_bytes_total", "Data frame bytes lent to or by a same-host peer",
+                both(s.shm_lent_bytes_sent, s.shm_lent_bytes_received))
+      .Gauge("tessera_transport_shm_lent_bytes", "Bytes lent by this process and not yet released",
+             s.shm_lent_bytes_now)
+      .Counter("tessera_transport_shm_lends_reclaimed_total",
+               "Lends dropped because the reading process ended", s.shm_lends_reclaimed)
       .Gauge("tessera_transport_shm_peers", "Destinations with a shared-memory ring now", s.shm_peers);
 }
 

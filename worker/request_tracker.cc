@@ -37,22 +37,26 @@ namespace {
 
 constexpr size_t kPieceDescriptorBytes = 16;  // {offset, total} as uint64 (server/server_core.h)
 
-// Copies bytes [offset, offset + len) of a part's values (rows of row_bytes,
-// row i going to output row rows[i], or first_row + i when rows is empty).
-void PlaceBytes(const RequestTracker::Scatter& sc, std::byte* dst, const std::byte* src, uint64_t offset, uint64_t len,
-                size_t row_bytes) {
+// Copies bytes [offset, offset + len) of a part's values, which `src` holds
+// from its start (rows of row_bytes, row i going to output row rows[i], or
+// first_row + i when rows is empty). `src` may be a frame lent by a
+// same-host server (Buffer::remote()): all rows are read in one CopyOut.
+absl::Status PlaceBytes(const RequestTracker::Scatter& sc, std::byte* dst, const Buffer& src, uint64_t offset,
+                        uint64_t len, size_t row_bytes) {
   if (sc.rows.empty()) {
-    std::memcpy(dst + sc.first_row * row_bytes + offset, src, len);
-    return;
+    const CopyRange whole{0, dst + sc.first_row * row_bytes + offset, len};
+    return src.CopyOut({&whole, 1});
   }
-  while (len > 0) {
-    const uint64_t row = offset / row_bytes, in_row = offset % row_bytes;
-    const uint64_t n = std::min<uint64_t>(len, row_bytes - in_row);
-    std::memcpy(dst + sc.rows[row] * row_bytes + in_row, src, n);
-    src += n;
-    offset += n;
-    len -= n;
+  std::vector<CopyRange> ranges;
+  ranges.reserve(len / row_bytes + 2);
+  uint64_t at = 0;
+  while (at < len) {
+    const uint64_t row = (offset + at) / row_bytes, in_row = (offset + at) % row_bytes;
+    const uint64_t n = std::min<uint64_t>(len - at, row_bytes - in_row);
+    ranges.push_back(CopyRange{at, dst + sc.rows[row] * row_bytes + in_row, n});
+    at += n;
   }
+  return src.CopyOut(ranges);
 }
 
 }  // namespace
@@ -88,21 +92,21 @@ absl::Status RequestTracker::ApplyReply(Part& part, const Message& reply, bool* 
     if (reply.frames[0].size() != total) {
       return malformed(absl::StrCat(reply.frames[0].size(), " bytes for ", sc.num_keys, " rows of width ", op.width));
     }
-    PlaceBytes(sc, dst, reply.frames[0].data(), 0, total, row_bytes);
-    return absl::OkStatus();
+    return PlaceBytes(sc, dst, reply.frames[0], 0, total, row_bytes);
   }
   if (reply.frames.size() != 2 || reply.frames[1].size() != kPieceDescriptorBytes) {
     return malformed(absl::StrCat(reply.frames.size(), " frames"));
   }
   uint64_t words[2];
-  std::memcpy(words, reply.frames[1].data(), sizeof(words));
+  const CopyRange descriptor{0, words, sizeof(words)};
+  if (absl::Status s = reply.frames[1].CopyOut({&descriptor, 1}); !s.ok()) return s;
   const uint64_t offset = words[0], piece_total = words[1], len = reply.frames[0].size();
   if (piece_total != total || offset != part.received || len == 0 || len > total - offset) {
     return malformed(absl::StrCat("piece of ", len, " bytes at offset ", offset, " of ", piece_total, "; expected offset ",
                                   part.received, " of ", total, " bytes for ", sc.num_keys, " rows of width ",
                                   op.width));
   }
-  PlaceBytes(sc, dst, reply.frames[0].data(), offset, len, row_bytes);
+  if (absl::Status s = PlaceBytes(sc, dst, reply.frames[0], offset, len, row_bytes); !s.ok()) return s;
   part.received += len;
   *part_done = part.received == total;
   return absl::OkStatus();
@@ -151,6 +155,14 @@ std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& r
   bool part_done = true;
   if (op->status.ok()) {
     absl::Status s = ApplyReply(part, reply, &part_done);
+    if (absl::IsUnavailable(s)) {
+      // Lent values whose server is gone before they were read (the only
+      // Unavailable ApplyReply gives): as if this message never came. The
+      // part is sent again when the map drops that server, or when it
+      // stays silent.
+      ++lost_lent_replies_;
+      return done;
+    }
     if (!s.ok()) op->status = s;
   }
   if (!part_done) return done;  // more pieces to come

@@ -147,6 +147,9 @@ class RequestTracker {
   // the row width); 0 for an unknown request or one that is not a pull.
   uint64_t ExpectedValues(uint64_t request_id) const;
   uint64_t ignored_replies() const { return ignored_replies_; }
+  // Replies whose lent values could not be read because their server was
+  // gone (Buffer::CopyOut Unavailable); each was treated as never received.
+  uint64_t lost_lent_replies() const { return lost_lent_replies_; }
 
  private:
   struct Op {
@@ -185,6 +188,7 @@ class RequestTracker {
   absl::flat_hash_map<uint64_t, Part> parts_;
   absl::flat_hash_map<uint64_t, Op*> resend_ops_;  // parts taken by TakeResends, not yet reissued
   uint64_t ignored_replies_ = 0;
+  uint64_t lost_lent_replies_ = 0;
 };
 
 }  // namespace tessera

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "server/server_core.h"
 
 namespace tessera {
@@ -203,6 +205,70 @@ TEST(RequestTrackerTest, PullScattersRowsIntoTheCallersBuffer) {
   ASSERT_EQ(done.size(), 1u);
   EXPECT_TRUE(done[0].status.ok()) << done[0].status;
   EXPECT_EQ(out, (std::vector<float>{0, 1, 10, 11, 20, 21, 30, 31}));
+}
+
+// Values lent by a same-host server (Buffer::remote()), read through the
+// interface; `gone` makes every read fail as when the server has exited.
+class LentValues final : public RemoteBytes {
+ public:
+  explicit LentValues(std::vector<float> v) : values_(std::move(v)) {}
+  absl::Status Read(std::span<const CopyRange> ranges) const override {
+    ++reads;
+    if (gone) return absl::UnavailableError("server process gone");
+    for (const CopyRange& r : ranges) {
+      std::memcpy(r.dst, reinterpret_cast<const std::byte*>(values_.data()) + r.offset, r.length);
+    }
+    return absl::OkStatus();
+  }
+  mutable int reads = 0;
+  bool gone = false;
+
+ private:
+  std::vector<float> values_;
+};
+
+Message Lent(uint64_t id, std::shared_ptr<LentValues> values, size_t count) {
+  Message m;
+  m.header.set_request_id(id);
+  m.header.mutable_pull_reply()->set_num_keys(count);
+  m.frames.push_back(Buffer::Remote(std::move(values), count * sizeof(float)));
+  return m;
+}
+
+TEST(RequestTrackerTest, LentValuesAreScatteredInOneRead) {
+  RequestTracker t({"a"});
+  std::vector<float> out(6, -1);
+  RequestTracker::Scatter s0{0, {2, 0, 1}, 3};
+  t.Begin(std::make_shared<int>(0), "pull", {{10, 0, s0}}, 100, out, 2);
+  auto lent = std::make_shared<LentValues>(std::vector<float>{20, 21, 0, 1, 10, 11});
+  auto done = t.OnReply(Lent(10, lent, 6));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  EXPECT_EQ(out, (std::vector<float>{0, 1, 10, 11, 20, 21}));
+  EXPECT_EQ(lent->reads, 1);
+}
+
+TEST(RequestTrackerTest, LentValuesOfAServerThatIsGoneAreAsIfNeverReceived) {
+  RequestTracker t({"a"});
+  std::vector<float> out(2, -1);
+  Message pull;
+  pull.header.mutable_pull();
+  t.Begin(std::make_shared<int>(0), "pull", {{10, 0, {0, {}, 1}, pull}}, 1'000'000, out, 2, /*now=*/0);
+  auto lent = std::make_shared<LentValues>(std::vector<float>{5, 6});
+  lent->gone = true;
+  EXPECT_TRUE(t.OnReply(Lent(10, lent, 2)).empty()) << "not an error: the part is still awaited";
+  EXPECT_EQ(t.lost_lent_replies(), 1u);
+  EXPECT_EQ(t.in_flight(), 1u);
+  // Sent again when it stays silent, and the answer to that completes it.
+  auto never_dead = [](uint32_t) { return false; };
+  std::vector<RequestTracker::Completion> done;
+  auto again = t.TakeResends(1, never_dead, &done, 100, 100);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_TRUE(t.Reissue(again[0], {{11, 0, {0, {}, 1}, pull}}, 100).empty());
+  done = t.OnReply(Values(11, {7, 8}));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  EXPECT_EQ(out, (std::vector<float>{7, 8}));
 }
 
 TEST(RequestTrackerTest, MalformedReplyFailsWithoutWritingOutside) {

@@ -117,6 +117,7 @@ class ShmSection:
     enabled: bool = True
     min_frame_bytes: int = 64 << 10
     ring_bytes: int = 64 << 20
+    cross_memory: bool = True
 
 
 @dataclass(frozen=True)
@@ -621,6 +622,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "ring_bytes": Field(_ring_bytes, 64 << 20,
                             "ring size per sender->receiver pair: a power of two, at least 1 MiB and "
                             "2 * shm.min_frame_bytes"),
+        "cross_memory": Field(_boolean, True,
+                              "a server lends large pull values to a same-host worker, which copies them "
+                              "straight into its buffer (one copy instead of two; needs ptrace rights over "
+                              "the server, else the ring is used)"),
     },
     "transfer": {
         "part_bytes": Field(_byte_count_or_zero, 0,

@@ -84,7 +84,7 @@ def connect(address, timeout):
 
 TRANSPORT_VARIABLES = ("TESSERA_TRANSPORT", "TESSERA_RDMA_REQUIRED", "TESSERA_RDMA_POOL_BYTES",
                        "TESSERA_RDMA_MAX_PINNED_BYTES", "TESSERA_SHM", "TESSERA_SHM_MIN_FRAME_BYTES",
-                       "TESSERA_SHM_RING_BYTES")
+                       "TESSERA_SHM_RING_BYTES", "TESSERA_SHM_CROSS_MEMORY")
 
 
 def make_transport(name):

@@ -350,7 +350,8 @@ def test_transport_sections_default_and_land_in_the_resolved_config(tmp_path):
     assert (config.shm.enabled, config.shm.min_frame_bytes, config.shm.ring_bytes) == (True, 65536, 64 << 20)
     resolved = yaml.safe_load(config.to_yaml())
     assert resolved["rdma"] == {"required": False, "pool_bytes": 67108864, "max_pinned_bytes": 1073741824}
-    assert resolved["shm"] == {"enabled": True, "min_frame_bytes": 65536, "ring_bytes": 67108864}
+    assert resolved["shm"] == {"enabled": True, "min_frame_bytes": 65536, "ring_bytes": 67108864,
+                               "cross_memory": True}
     assert resolved["cluster"]["transport"] == "tcp"
 
 

@@ -48,7 +48,7 @@ worker:
 EXPECTED = {
     "TESSERA_TRANSPORT": "auto", "TESSERA_RDMA_REQUIRED": "0", "TESSERA_RDMA_POOL_BYTES": "1048576",
     "TESSERA_RDMA_MAX_PINNED_BYTES": "4194304", "TESSERA_SHM": "1", "TESSERA_SHM_MIN_FRAME_BYTES": "4096",
-    "TESSERA_SHM_RING_BYTES": "2097152",
+    "TESSERA_SHM_RING_BYTES": "2097152", "TESSERA_SHM_CROSS_MEMORY": "1",
 }
 
 
@@ -65,6 +65,7 @@ def test_transport_env_values(tmp_path):
         assert transport_env(load_config(path, [f"cluster.transport={transport}"]))["TESSERA_TRANSPORT"] == wire
     changed = transport_env(load_config(path, ["cluster.transport=rdma", "rdma.required=true", "shm.enabled=false"]))
     assert (changed["TESSERA_RDMA_REQUIRED"], changed["TESSERA_SHM"]) == ("1", "0")
+    assert transport_env(load_config(path, ["shm.cross_memory=false"]))["TESSERA_SHM_CROSS_MEMORY"] == "0"
     defaults = transport_env(load_config(path, ["cluster.transport=tcp", "rdma.pool_bytes=67108864",
                                                 "rdma.max_pinned_bytes=1073741824"]))
     assert defaults["TESSERA_RDMA_MAX_PINNED_BYTES"] == "1073741824" and defaults["TESSERA_TRANSPORT"] == "zmq"
@@ -163,4 +164,4 @@ def test_dry_run_shows_the_variables(tmp_path, fake_build):
     assert code == 0
     assert ("environment of every process: TESSERA_TRANSPORT=auto TESSERA_RDMA_REQUIRED=0 "
             "TESSERA_RDMA_POOL_BYTES=1048576 TESSERA_RDMA_MAX_PINNED_BYTES=4194304 TESSERA_SHM=0 "
-            "TESSERA_SHM_MIN_FRAME_BYTES=4096 TESSERA_SHM_RING_BYTES=2097152") in terminal.getvalue()
+            "TESSERA_SHM_MIN_FRAME_BYTES=4096 TESSERA_SHM_RING_BYTES=2097152 TESSERA_SHM_CROSS_MEMORY=1") in terminal.getvalue()
