@@ -139,6 +139,10 @@ struct ServerCoreOptions {
   // Pull replies with more value bytes than this go out in pieces of at most
   // this many bytes (0 = never split); see "Pull replies in pieces" below.
   size_t pull_reply_piece_bytes = 0;
+  // Whether the transport would lend a reply's values to this address
+  // (Transport::LendsTo): such replies are not split, since the receiver
+  // reads them in place and pieces would only add messages. Null: split.
+  std::function<bool(const std::string& to)> reads_in_place;
   Nanos replicate_retry = 200 * kMillis;    // resend unacknowledged forwards to backups this often
   // Audit mode (fault experiments): every row also keeps the list of pushes
   // applied to it, (worker node, incarnation, seq), replicated and
@@ -160,7 +164,8 @@ struct ServerCoreOptions {
 // where descriptor is 16 bytes: the piece's byte offset and the total value
 // bytes, as two little-endian uint64. Pieces are contiguous and in offset
 // order. An unsplit reply has one frame and no descriptor. The receiver can
-// place each piece while the next is still on the wire.
+// place each piece while the next is still on the wire. A reply to an
+// address for which options.reads_in_place says true is never split.
 inline constexpr size_t kPullPieceDescriptorBytes = 16;
 
 struct ServerStats {

@@ -261,10 +261,40 @@ TEST_F(ServerCoreTest, LargePullRepliesGoOutInPieces) {
     expected_offset += m.frames[0].size();
   }
   EXPECT_EQ(joined, values);
+  for (const Outgoing& o : out) EXPECT_TRUE(o.message.lendable) << "pieces of plain values may be lent";
   // Errors and other replies are never split.
   auto bad = core.Step(Pull(4, 1, {keys[0], 1u << 30}));
   ASSERT_EQ(bad.size(), 1u);
   EXPECT_TRUE(bad[0].message.header.has_error());
+}
+
+TEST_F(ServerCoreTest, RepliesReadInPlaceAreNotSplitAndPlainValuesAreLendable) {
+  std::vector<std::string> asked;
+  ServerCore core(ServerCoreOptions{.node_id = 7,
+                                    .pull_reply_piece_bytes = 1000,
+                                    .reads_in_place = [&](const std::string& to) {
+                                      asked.push_back(to);
+                                      return true;
+                                    }});
+  ASSERT_TRUE(core.InstallShardMap(map_, 0).ok());
+  Message c = Request(1);
+  auto* cfg = c.header.mutable_create_table()->mutable_config();
+  cfg->set_table_id(1);
+  cfg->set_width(300);
+  cfg->set_kind(proto::SPARSE);
+  cfg->set_optimizer(proto::ACCUMULATE);
+  core.Step(std::move(c));
+  auto keys = OwnKeys(1, 2);
+  std::vector<float> values(600, 2.0f);
+  auto ack = core.Step(Push(2, 1, keys, values));
+  ASSERT_EQ(ack.size(), 1u);
+  EXPECT_FALSE(ack[0].message.lendable) << "only pull replies";
+  auto out = core.Step(Pull(3, 1, keys));
+  ASSERT_EQ(out.size(), 1u) << "the reader reads in place: one message";
+  EXPECT_TRUE(out[0].message.lendable);
+  ASSERT_EQ(out[0].message.frames.size(), 1u);
+  EXPECT_EQ(out[0].message.frames[0].size(), 2400u);
+  EXPECT_EQ(asked, std::vector<std::string>{"inproc://worker"});
 }
 
 class ApplyAfterAckTest : public ServerCoreTest {

@@ -22,7 +22,11 @@ ServerNode::ServerNode(CoordinatorSession::Options session, std::unique_ptr<Tran
         session.role = proto::SERVER;
         return session;
       }(), transport_.get()),
-      core_options_(core_options) {}
+      core_options_([&] {
+        // Replies the transport would lend go out whole (ServerCoreOptions).
+        core_options.reads_in_place = [t = transport_.get()](const std::string& to) { return t->LendsTo(to); };
+        return core_options;
+      }()) {}
 
 ServerNode::~ServerNode() { transport_->Stop(); }
 

@@ -214,6 +214,19 @@ class ShmTransport::Impl {
 
   const Options& options() const { return options_; }
 
+  bool LendsTo(const std::string& to) const {
+    if (!options_.cross_memory || stopped_.load(std::memory_order_acquire)) return false;
+    std::shared_ptr<Peer> peer;
+    {
+      std::shared_lock lock(peers_mu_);
+      auto it = peers_.find(to);
+      if (it == peers_.end()) return false;
+      peer = it->second;
+    }
+    std::lock_guard lock(peer->mu);
+    return peer->reads_us && peer->process != nullptr;
+  }
+
  private:
   struct Peer {
     std::atomic<uint64_t> host{0};
@@ -480,7 +493,7 @@ class ShmTransport::Impl {
   Handler handler_;
   std::atomic<bool> stopped_{false};
 
-  std::shared_mutex peers_mu_;
+  mutable std::shared_mutex peers_mu_;
   std::unordered_map<std::string, std::shared_ptr<Peer>> peers_;
   std::unordered_map<std::string, std::shared_ptr<RingReader>> readers_;  // by sender address; delivery thread
 
@@ -504,6 +517,7 @@ absl::Status ShmTransport::Send(const std::string& to, Message message) {
 }
 void ShmTransport::Stop() { impl_->Stop(); }
 TransportStats ShmTransport::stats() const { return impl_->stats(); }
+bool ShmTransport::LendsTo(const std::string& to) const { return impl_->LendsTo(to); }
 
 absl::Status ShmTransport::Validate(const Options& o) {
   if (o.ring_bytes < (1ull << 20) || (o.ring_bytes & (o.ring_bytes - 1)) != 0) {

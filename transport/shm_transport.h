@@ -97,6 +97,7 @@ class ShmTransport final : public Transport {
   absl::Status Send(const std::string& to, Message message) override;
   void Stop() override;
   TransportStats stats() const override;
+  bool LendsTo(const std::string& to) const override;
 
   // Checks options: InvalidArgument naming the bad one.
   static absl::Status Validate(const Options& options);

@@ -330,7 +330,10 @@ TEST(ShmTransportTest, LendableFramesAreReadInPlaceAndKeptUntilReleased) {
   auto b = Make(Small());
   ASSERT_TRUE(a->Start(a_in.handler()).ok());
   ASSERT_TRUE(b->Start(b_in.handler()).ok());
+  EXPECT_FALSE(a->LendsTo(b->address())) << "not before B has proven it reads A";
   Introduce(*a, a_in, *b, b_in);
+  EXPECT_TRUE(a->LendsTo(b->address()));
+  EXPECT_FALSE(a->LendsTo("tcp://127.0.0.1:1")) << "a peer never heard from";
 
   auto freed = std::make_shared<std::atomic<bool>>(false);
   Buffer pattern = Pattern(300'000, 9);
@@ -406,6 +409,7 @@ TEST(ShmTransportTest, NoLendingWhenEitherSideTurnsItOff) {
     EXPECT_FALSE(got[0].frames[0].remote()) << lender_on;
     EXPECT_TRUE(Same(got[0].frames[0], Pattern(300'000, 6)));
     EXPECT_EQ(a->stats().shm_lent_frames_sent, 0u);
+    EXPECT_FALSE(a->LendsTo(b->address()));
   }
 }
 
