@@ -39,10 +39,13 @@ constexpr size_t kPieceDescriptorBytes = 16;  // {offset, total} as uint64 (serv
 
 // Copies bytes [offset, offset + len) of a part's values, which `src` holds
 // from its start (rows of row_bytes, row i going to output row rows[i], or
-// first_row + i when rows is empty). `src` may be a frame lent by a
-// same-host server (Buffer::remote()): all rows are read in one CopyOut.
+// first_row + i when rows is empty). Rows that land next to each other are
+// copied as one range. `src` may be a frame lent by a same-host server
+// (Buffer::remote()): then all ranges are read in one CopyOut, or, when the
+// ranges are small (a cross-memory read costs per range), the frame is read
+// whole into `scratch` and scattered from there.
 absl::Status PlaceBytes(const RequestTracker::Scatter& sc, std::byte* dst, const Buffer& src, uint64_t offset,
-                        uint64_t len, size_t row_bytes) {
+                        uint64_t len, size_t row_bytes, std::vector<std::byte>& scratch) {
   if (sc.rows.empty()) {
     const CopyRange whole{0, dst + sc.first_row * row_bytes + offset, len};
     return src.CopyOut({&whole, 1});
@@ -53,10 +56,23 @@ absl::Status PlaceBytes(const RequestTracker::Scatter& sc, std::byte* dst, const
   while (at < len) {
     const uint64_t row = (offset + at) / row_bytes, in_row = (offset + at) % row_bytes;
     const uint64_t n = std::min<uint64_t>(len - at, row_bytes - in_row);
-    ranges.push_back(CopyRange{at, dst + sc.rows[row] * row_bytes + in_row, n});
+    std::byte* to = dst + sc.rows[row] * row_bytes + in_row;
+    CopyRange* last = ranges.empty() ? nullptr : &ranges.back();
+    if (last != nullptr && static_cast<std::byte*>(last->dst) + last->length == to) {
+      last->length += n;
+    } else {
+      ranges.push_back(CopyRange{at, to, n});
+    }
     at += n;
   }
-  return src.CopyOut(ranges);
+  constexpr uint64_t kSmallestRemoteRange = 16 * 1024;
+  if (!src.remote() || ranges.size() == 1 || len / ranges.size() >= kSmallestRemoteRange) return src.CopyOut(ranges);
+  if (scratch.size() < len) scratch.resize(len);
+  const CopyRange whole{0, scratch.data(), len};
+  if (absl::Status s = src.CopyOut({&whole, 1}); !s.ok()) return s;
+  for (const CopyRange& r : ranges) std::memcpy(r.dst, scratch.data() + r.offset, r.length);
+  if (scratch.size() > (64u << 20)) std::vector<std::byte>().swap(scratch);  // keep no huge buffer
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -92,7 +108,7 @@ absl::Status RequestTracker::ApplyReply(Part& part, const Message& reply, bool* 
     if (reply.frames[0].size() != total) {
       return malformed(absl::StrCat(reply.frames[0].size(), " bytes for ", sc.num_keys, " rows of width ", op.width));
     }
-    return PlaceBytes(sc, dst, reply.frames[0], 0, total, row_bytes);
+    return PlaceBytes(sc, dst, reply.frames[0], 0, total, row_bytes, scratch_);
   }
   if (reply.frames.size() != 2 || reply.frames[1].size() != kPieceDescriptorBytes) {
     return malformed(absl::StrCat(reply.frames.size(), " frames"));
@@ -106,7 +122,7 @@ absl::Status RequestTracker::ApplyReply(Part& part, const Message& reply, bool* 
                                   part.received, " of ", total, " bytes for ", sc.num_keys, " rows of width ",
                                   op.width));
   }
-  if (absl::Status s = PlaceBytes(sc, dst, reply.frames[0], offset, len, row_bytes); !s.ok()) return s;
+  if (absl::Status s = PlaceBytes(sc, dst, reply.frames[0], offset, len, row_bytes, scratch_); !s.ok()) return s;
   part.received += len;
   *part_done = part.received == total;
   return absl::OkStatus();

@@ -189,6 +189,7 @@ class RequestTracker {
   absl::flat_hash_map<uint64_t, Op*> resend_ops_;  // parts taken by TakeResends, not yet reissued
   uint64_t ignored_replies_ = 0;
   uint64_t lost_lent_replies_ = 0;
+  std::vector<std::byte> scratch_;  // lent values of small scattered rows are read whole into this first
 };
 
 }  // namespace tessera

@@ -214,6 +214,7 @@ class LentValues final : public RemoteBytes {
   explicit LentValues(std::vector<float> v) : values_(std::move(v)) {}
   absl::Status Read(std::span<const CopyRange> ranges) const override {
     ++reads;
+    last_ranges = ranges.size();
     if (gone) return absl::UnavailableError("server process gone");
     for (const CopyRange& r : ranges) {
       std::memcpy(r.dst, reinterpret_cast<const std::byte*>(values_.data()) + r.offset, r.length);
@@ -221,6 +222,7 @@ class LentValues final : public RemoteBytes {
     return absl::OkStatus();
   }
   mutable int reads = 0;
+  mutable size_t last_ranges = 0;
   bool gone = false;
 
  private:
@@ -246,6 +248,28 @@ TEST(RequestTrackerTest, LentValuesAreScatteredInOneRead) {
   EXPECT_TRUE(done[0].status.ok()) << done[0].status;
   EXPECT_EQ(out, (std::vector<float>{0, 1, 10, 11, 20, 21}));
   EXPECT_EQ(lent->reads, 1);
+  EXPECT_EQ(lent->last_ranges, 1u) << "small rows: the frame is read whole, then scattered";
+}
+
+TEST(RequestTrackerTest, LentRowsThatLandTogetherAreReadAsOneRangeAndLargeOnesDirectly) {
+  RequestTracker t({"a"});
+  const size_t width = 8192;  // 32 KiB rows: read straight into out, one range each
+  std::vector<float> out(4 * width, -1);
+  std::vector<float> values(4 * width);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  // Reply rows 0..3 go to out rows 1, 2, 0, 3: rows 1-2 are one range.
+  t.Begin(std::make_shared<int>(0), "pull", {{10, 0, {0, {1, 2, 0, 3}, 4}}}, 100, out, width);
+  auto lent = std::make_shared<LentValues>(values);
+  auto done = t.OnReply(Lent(10, lent, values.size()));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  EXPECT_EQ(lent->reads, 1);
+  EXPECT_EQ(lent->last_ranges, 3u);
+  for (size_t r = 0; r < 4; ++r) {
+    const size_t from = std::vector<size_t>{2, 0, 1, 3}[r];  // out row r holds reply row from
+    ASSERT_EQ(out[r * width], values[from * width]) << r;
+    ASSERT_EQ(out[r * width + width - 1], values[from * width + width - 1]) << r;
+  }
 }
 
 TEST(RequestTrackerTest, LentValuesOfAServerThatIsGoneAreAsIfNeverReceived) {
