@@ -16,8 +16,9 @@
 #
 # Environment: SECONDS_EACH (default 3), DIMS (16,64), SHM (1: the default
 # same-host shared-memory path carries the large frames; 0: everything over
-# TCP, like the baseline), KEEP=1 keeps the results, SKIP_BUILD=1 uses the
-# binaries in BUILD_DIR as they are.
+# TCP, like the baseline), CROSS_MEMORY (1: the default, pull values lent and
+# read in place; 0: through the rings), KEEP=1 keeps the results,
+# SKIP_BUILD=1 uses the binaries in BUILD_DIR as they are.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,8 +27,13 @@ PYTHON=/usr/bin/python3
 SECONDS_EACH=${SECONDS_EACH:-3}
 DIMS=${DIMS:-16,64}
 SHM=${SHM:-1}
+CROSS_MEMORY=${CROSS_MEMORY:-1}
+case "$CROSS_MEMORY" in 0) LEND=false; LEND_NAME="pull values through the rings" ;;
+  1) LEND=true; LEND_NAME="pull values lent, read in place" ;;
+  *) echo "run_sparse.sh: CROSS_MEMORY must be 0 or 1, got '$CROSS_MEMORY'" >&2; exit 2 ;; esac
 case "$SHM" in 0) SHM_ENABLED=false; PATH_NAME="TCP loopback (shm off)" ;;
-  1) SHM_ENABLED=true; PATH_NAME="the same-host path (shared-memory rings for frames >= 64 KiB, headers over TCP)" ;;
+  1) SHM_ENABLED=true
+     PATH_NAME="the same-host path (shared-memory rings for frames >= 64 KiB, $LEND_NAME; headers over TCP)" ;;
   *) echo "run_sparse.sh: SHM must be 0 or 1, got '$SHM'" >&2; exit 2 ;; esac
 
 WORK=$(mktemp -d /tmp/tessera-sparse.XXXXXX)
@@ -45,7 +51,7 @@ taskset -c 0 "$BUILD/bench/sparse_lookup_bench" --dims "$DIMS" --json "$WORK/loo
 for workers in 1 2; do
   echo "Tessera sparse push/pull, 1 server, $workers worker(s) ..." >&2
   if ! "$PYTHON" "$ROOT/launcher/tessera-launch" local --config "$ROOT/configs/bench_sparse.yaml" \
-      --build-dir "$BUILD" --run-dir "$WORK/run-$workers" --quiet --timeout 600 --set "cluster.workers=$workers" --set "shm.enabled=$SHM_ENABLED" \
+      --build-dir "$BUILD" --run-dir "$WORK/run-$workers" --quiet --timeout 600 --set "cluster.workers=$workers" --set "shm.enabled=$SHM_ENABLED" --set "shm.cross_memory=$LEND" \
       --set "worker.program=$BUILD/bench/tessera-sparse-bench" \
       --set "worker.args.dims=\"$DIMS\"" --set "worker.args.seconds=$SECONDS_EACH" >&2; then
     echo "run_sparse.sh: the Tessera run failed; logs in $WORK/run-$workers/logs" >&2

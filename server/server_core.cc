@@ -173,7 +173,7 @@ void ServerCore::Emit(std::vector<Outgoing>& out, std::string to, Message reply)
   reply.lendable = plain_values;
   const size_t piece = options_.pull_reply_piece_bytes;
   if (piece == 0 || !plain_values || reply.frames.size() != 1 || reply.frames[0].size() <= piece ||
-      (options_.reads_in_place && options_.reads_in_place(to))) {
+      (options_.reads_in_place && options_.reads_in_place(to, reply.frames[0].size()))) {
     out.push_back(Outgoing{std::move(to), std::move(reply)});
     return;
   }

@@ -139,10 +139,11 @@ struct ServerCoreOptions {
   // Pull replies with more value bytes than this go out in pieces of at most
   // this many bytes (0 = never split); see "Pull replies in pieces" below.
   size_t pull_reply_piece_bytes = 0;
-  // Whether the transport would lend a reply's values to this address
-  // (Transport::LendsTo): such replies are not split, since the receiver
-  // reads them in place and pieces would only add messages. Null: split.
-  std::function<bool(const std::string& to)> reads_in_place;
+  // Whether the transport would lend values of this many bytes to this
+  // address (Transport::LendsTo): such replies are not split, since the
+  // receiver reads them in place and pieces would only add messages.
+  // Null: split.
+  std::function<bool(const std::string& to, size_t bytes)> reads_in_place;
   Nanos replicate_retry = 200 * kMillis;    // resend unacknowledged forwards to backups this often
   // Audit mode (fault experiments): every row also keeps the list of pushes
   // applied to it, (worker node, incarnation, seq), replicated and

@@ -272,9 +272,9 @@ TEST_F(ServerCoreTest, RepliesReadInPlaceAreNotSplitAndPlainValuesAreLendable) {
   std::vector<std::string> asked;
   ServerCore core(ServerCoreOptions{.node_id = 7,
                                     .pull_reply_piece_bytes = 1000,
-                                    .reads_in_place = [&](const std::string& to) {
+                                    .reads_in_place = [&](const std::string& to, size_t bytes) {
                                       asked.push_back(to);
-                                      return true;
+                                      return bytes >= 2400;
                                     }});
   ASSERT_TRUE(core.InstallShardMap(map_, 0).ok());
   Message c = Request(1);
@@ -295,6 +295,7 @@ TEST_F(ServerCoreTest, RepliesReadInPlaceAreNotSplitAndPlainValuesAreLendable) {
   ASSERT_EQ(out[0].message.frames.size(), 1u);
   EXPECT_EQ(out[0].message.frames[0].size(), 2400u);
   EXPECT_EQ(asked, std::vector<std::string>{"inproc://worker"});
+  EXPECT_EQ(core.Step(Pull(4, 1, {keys[0]})).size(), 2u) << "1200 bytes would not be lent: pieces";
 }
 
 class ApplyAfterAckTest : public ServerCoreTest {

@@ -24,7 +24,9 @@ ServerNode::ServerNode(CoordinatorSession::Options session, std::unique_ptr<Tran
       }(), transport_.get()),
       core_options_([&] {
         // Replies the transport would lend go out whole (ServerCoreOptions).
-        core_options.reads_in_place = [t = transport_.get()](const std::string& to) { return t->LendsTo(to); };
+        core_options.reads_in_place = [t = transport_.get()](const std::string& to, size_t bytes) {
+          return t->LendsTo(to, bytes);
+        };
         return core_options;
       }()) {}
 

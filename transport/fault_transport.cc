@@ -241,7 +241,7 @@ class FaultTransport::Impl : public std::enable_shared_from_this<Impl> {
   absl::Status Send(const std::string& to, Message message);
   void Stop();
   TransportStats stats() const { return inner_->stats(); }
-  bool LendsTo(const std::string& to) const { return inner_->LendsTo(to); }
+  bool LendsTo(const std::string& to, size_t bytes) const { return inner_->LendsTo(to, bytes); }
   FaultStats fault_stats() const {
     std::lock_guard lock(mu_);
     return fault_stats_;
@@ -502,7 +502,7 @@ absl::Status FaultTransport::Send(const std::string& to, Message message) {
 void FaultTransport::Stop() { impl_->Stop(); }
 
 TransportStats FaultTransport::stats() const { return impl_->stats(); }
-bool FaultTransport::LendsTo(const std::string& to) const { return impl_->LendsTo(to); }
+bool FaultTransport::LendsTo(const std::string& to, size_t bytes) const { return impl_->LendsTo(to, bytes); }
 
 FaultStats FaultTransport::fault_stats() const { return impl_->fault_stats(); }
 

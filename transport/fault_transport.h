@@ -191,7 +191,7 @@ class FaultTransport final : public Transport {
   absl::Status Send(const std::string& to, Message message) override;
   void Stop() override;
   TransportStats stats() const override;
-  bool LendsTo(const std::string& to) const override;
+  bool LendsTo(const std::string& to, size_t bytes) const override;
 
   FaultStats fault_stats() const;
   const FaultSpec& spec() const;

@@ -127,7 +127,8 @@ class ShmTransport::Impl {
     for (size_t i = 0; i < message.frames.size(); ++i) {
       Buffer& frame = message.frames[i];
       if (frame.size() < options_.min_frame_bytes) continue;
-      if (lend && peer->book.Fits(lent_bytes + frame.size(), options_.ring_bytes)) {
+      if (lend && frame.size() >= options_.min_lend_bytes &&
+          peer->book.Fits(lent_bytes + frame.size(), options_.ring_bytes)) {
         proto::ShmFrame* d = message.header.add_shm_frames();
         d->set_index(static_cast<uint32_t>(i));
         d->set_address(reinterpret_cast<uint64_t>(frame.data()));
@@ -214,8 +215,10 @@ class ShmTransport::Impl {
 
   const Options& options() const { return options_; }
 
-  bool LendsTo(const std::string& to) const {
-    if (!options_.cross_memory || stopped_.load(std::memory_order_acquire)) return false;
+  bool LendsTo(const std::string& to, size_t bytes) const {
+    if (!options_.cross_memory || bytes < options_.min_lend_bytes || stopped_.load(std::memory_order_acquire)) {
+      return false;
+    }
     std::shared_ptr<Peer> peer;
     {
       std::shared_lock lock(peers_mu_);
@@ -517,7 +520,7 @@ absl::Status ShmTransport::Send(const std::string& to, Message message) {
 }
 void ShmTransport::Stop() { impl_->Stop(); }
 TransportStats ShmTransport::stats() const { return impl_->stats(); }
-bool ShmTransport::LendsTo(const std::string& to) const { return impl_->LendsTo(to); }
+bool ShmTransport::LendsTo(const std::string& to, size_t bytes) const { return impl_->LendsTo(to, bytes); }
 
 absl::Status ShmTransport::Validate(const Options& o) {
   if (o.ring_bytes < (1ull << 20) || (o.ring_bytes & (o.ring_bytes - 1)) != 0) {
@@ -529,6 +532,7 @@ absl::Status ShmTransport::Validate(const Options& o) {
                                                    o.min_frame_bytes));
   }
   if (o.stuck_ms <= 0) return absl::InvalidArgumentError("shared-memory stuck_ms must be positive");
+  if (o.min_lend_bytes == 0) return absl::InvalidArgumentError("shared-memory min_lend_bytes must be positive");
   return absl::OkStatus();
 }
 

@@ -38,7 +38,8 @@
 //   pidfd at most every 100 ms while sending, and at once when a new process
 //   appears at the reader's address), never on a timeout: a slow reader is
 //   never read from reused memory. At most options.ring_bytes are lent to
-//   one peer at once; past that, frames take the ring.
+//   one peer at once; past that, frames take the ring. Only frames of at
+//   least options.min_lend_bytes are lent.
 //   Proof of readability, per peer process: every header carries the
 //   sender's pid, pid namespace and the address and value of a random token
 //   (transport/cross_memory.h); the receiver reads the token through a pidfd
@@ -84,6 +85,10 @@ class ShmTransport final : public Transport {
     // Lend frames of Message::lendable messages to peers that can read this
     // process, and read frames peers lend (see "Lending" above).
     bool cross_memory = true;
+    // Only frames at least this big are lent; smaller ones take the ring,
+    // where two processes copying at once beat one cross-memory read (on a
+    // 2-vCPU VM the crossover lay between 1 and 2 MiB; docs/benchmarks.md).
+    size_t min_lend_bytes = 2 << 20;
   };
 
   // Takes ownership of `inner`, which must not be started.
@@ -97,7 +102,7 @@ class ShmTransport final : public Transport {
   absl::Status Send(const std::string& to, Message message) override;
   void Stop() override;
   TransportStats stats() const override;
-  bool LendsTo(const std::string& to) const override;
+  bool LendsTo(const std::string& to, size_t bytes) const override;
 
   // Checks options: InvalidArgument naming the bad one.
   static absl::Status Validate(const Options& options);

@@ -104,6 +104,7 @@ ShmTransport::Options Small() {
   o.min_frame_bytes = 4096;
   o.ring_bytes = 1 << 20;
   o.stuck_ms = 200;
+  o.min_lend_bytes = 100'000;
   return o;
 }
 
@@ -330,10 +331,11 @@ TEST(ShmTransportTest, LendableFramesAreReadInPlaceAndKeptUntilReleased) {
   auto b = Make(Small());
   ASSERT_TRUE(a->Start(a_in.handler()).ok());
   ASSERT_TRUE(b->Start(b_in.handler()).ok());
-  EXPECT_FALSE(a->LendsTo(b->address())) << "not before B has proven it reads A";
+  EXPECT_FALSE(a->LendsTo(b->address(), 300'000)) << "not before B has proven it reads A";
   Introduce(*a, a_in, *b, b_in);
-  EXPECT_TRUE(a->LendsTo(b->address()));
-  EXPECT_FALSE(a->LendsTo("tcp://127.0.0.1:1")) << "a peer never heard from";
+  EXPECT_TRUE(a->LendsTo(b->address(), 300'000));
+  EXPECT_FALSE(a->LendsTo(b->address(), 99'999)) << "below min_lend_bytes";
+  EXPECT_FALSE(a->LendsTo("tcp://127.0.0.1:1", 300'000)) << "a peer never heard from";
 
   auto freed = std::make_shared<std::atomic<bool>>(false);
   Buffer pattern = Pattern(300'000, 9);
@@ -342,21 +344,23 @@ TEST(ShmTransportTest, LendableFramesAreReadInPlaceAndKeptUntilReleased) {
     freed->store(true);
   });
   Buffer big = Buffer::Adopt(std::move(owner), pattern.mutable_data(), pattern.size());
-  ASSERT_TRUE(a->Send(b->address(), Lendable(1, {big, Pattern(100, 1)})).ok());
+  ASSERT_TRUE(a->Send(b->address(), Lendable(1, {big, Pattern(100, 1), Pattern(50'000, 2)})).ok());
   big = Buffer();
   ASSERT_TRUE(b_in.WaitForCount(1));
   std::vector<Message> got = b_in.Take();
-  ASSERT_EQ(got[0].frames.size(), 2u);
+  ASSERT_EQ(got[0].frames.size(), 3u);
   const Buffer& frame = got[0].frames[0];
   ASSERT_TRUE(frame.remote()) << "a lendable large frame to a proven reader is lent";
   EXPECT_FALSE(got[0].frames[1].remote()) << "small frames go over the wire";
+  EXPECT_FALSE(got[0].frames[2].remote()) << "frames under min_lend_bytes take the ring";
+  EXPECT_TRUE(Same(got[0].frames[2], Pattern(50'000, 2)));
   EXPECT_EQ(got[0].header.shm_pid(), 0u) << "transport fields are removed";
   std::vector<std::byte> copy(frame.size());
   const CopyRange all{0, copy.data(), copy.size()};
   ASSERT_TRUE(frame.CopyOut({&all, 1}).ok());
   EXPECT_EQ(std::memcmp(copy.data(), pattern.data(), copy.size()), 0);
   EXPECT_EQ(a->stats().shm_lent_frames_sent, 1u);
-  EXPECT_EQ(a->stats().shm_frames_sent, 0u) << "nothing copied into the ring";
+  EXPECT_EQ(a->stats().shm_frames_sent, 1u) << "only the 50 KB frame was copied into the ring";
   EXPECT_EQ(b->stats().shm_lent_bytes_received, 300'000u);
   EXPECT_EQ(a->stats().shm_lent_bytes_now, 300'000u);
   std::this_thread::sleep_for(50ms);
@@ -372,7 +376,7 @@ TEST(ShmTransportTest, LendableFramesAreReadInPlaceAndKeptUntilReleased) {
   got = b_in.Take();
   EXPECT_FALSE(got[0].frames[0].remote());
   EXPECT_TRUE(Same(got[0].frames[0], Pattern(300'000, 3)));
-  EXPECT_EQ(a->stats().shm_frames_sent, 1u);
+  EXPECT_EQ(a->stats().shm_frames_sent, 2u);
 }
 
 TEST(ShmTransportTest, LentBytesPerPeerAreBoundedByTheRingSize) {
@@ -409,7 +413,7 @@ TEST(ShmTransportTest, NoLendingWhenEitherSideTurnsItOff) {
     EXPECT_FALSE(got[0].frames[0].remote()) << lender_on;
     EXPECT_TRUE(Same(got[0].frames[0], Pattern(300'000, 6)));
     EXPECT_EQ(a->stats().shm_lent_frames_sent, 0u);
-    EXPECT_FALSE(a->LendsTo(b->address()));
+    EXPECT_FALSE(a->LendsTo(b->address(), 300'000));
   }
 }
 
@@ -490,6 +494,9 @@ TEST(ShmTransportTest, OptionsAreChecked) {
   o.min_frame_bytes = 1 << 20;
   EXPECT_FALSE(ShmTransport::Validate(o).ok());
   o.min_frame_bytes = 0;
+  EXPECT_FALSE(ShmTransport::Validate(o).ok());
+  o = ShmTransport::Options();
+  o.min_lend_bytes = 0;
   EXPECT_FALSE(ShmTransport::Validate(o).ok());
   ShmTransport::Options bad;
   bad.ring_bytes = 1000;

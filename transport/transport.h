@@ -63,11 +63,11 @@ class Transport {
   virtual absl::Status Send(const std::string& to, Message message) = 0;
   virtual void Stop() = 0;
   virtual TransportStats stats() const = 0;
-  // Whether a large frame of a Message::lendable message to `to` would be
-  // lent now (read in place by the receiver; ShmTransport), so that
+  // Whether a frame of `bytes` in a Message::lendable message to `to` would
+  // be lent now (read in place by the receiver; ShmTransport), so that
   // splitting it to pipeline copies gains nothing. A hint: the send may
   // still copy (a bound reached meanwhile). Thread-safe.
-  virtual bool LendsTo(const std::string& /*to*/) const { return false; }
+  virtual bool LendsTo(const std::string& /*to*/, size_t /*bytes*/) const { return false; }
 };
 
 }  // namespace tessera

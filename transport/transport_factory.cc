@@ -81,7 +81,8 @@ absl::StatusOr<TransportChoice> TransportChoiceFromEnvironment() {
                          EnvFlag("TESSERA_SHM", &c.shm),
                          EnvCount("TESSERA_SHM_MIN_FRAME_BYTES", &c.shm_options.min_frame_bytes),
                          EnvCount("TESSERA_SHM_RING_BYTES", &c.shm_options.ring_bytes),
-                         EnvFlag("TESSERA_SHM_CROSS_MEMORY", &c.shm_options.cross_memory)}) {
+                         EnvFlag("TESSERA_SHM_CROSS_MEMORY", &c.shm_options.cross_memory),
+                         EnvCount("TESSERA_SHM_MIN_LEND_BYTES", &c.shm_options.min_lend_bytes)}) {
     if (!s.ok()) return s;
   }
   if (c.shm) {

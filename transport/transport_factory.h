@@ -37,8 +37,8 @@
 //     of one host go through shared memory; TESSERA_SHM_MIN_FRAME_BYTES and
 //     TESSERA_SHM_RING_BYTES set its options, and TESSERA_SHM_CROSS_MEMORY=1|0
 //     (default 1) whether pull values are lent and read in place
-//     (ShmTransport::Options::cross_memory). Where the host identity cannot
-//     be read, no wrapping.
+//     (ShmTransport::Options::cross_memory), TESSERA_SHM_MIN_LEND_BYTES from
+//     what size. Where the host identity cannot be read, no wrapping.
 // A value that does not parse is an InvalidArgument naming the variable.
 // Thread safety: every function here may be called from any thread (as long
 // as nobody changes the environment meanwhile).

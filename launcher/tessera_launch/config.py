@@ -118,6 +118,7 @@ class ShmSection:
     min_frame_bytes: int = 64 << 10
     ring_bytes: int = 64 << 20
     cross_memory: bool = True
+    min_lend_bytes: int = 2 << 20
 
 
 @dataclass(frozen=True)
@@ -626,6 +627,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                               "a server lends large pull values to a same-host worker, which copies them "
                               "straight into its buffer (one copy instead of two; needs ptrace rights over "
                               "the server, else the ring is used)"),
+        "min_lend_bytes": Field(_byte_count, 2 << 20,
+                                "pull values of at least this many bytes are lent (shm.cross_memory); smaller "
+                                "ones take the ring"),
     },
     "transfer": {
         "part_bytes": Field(_byte_count_or_zero, 0,

@@ -577,8 +577,9 @@ def job_summary(config: JobConfig, hosts: list) -> list:
     if shm.enabled:
         lines.append(f"same-host pairs: shared memory (shm.enabled) for frames of {format_bytes(shm.min_frame_bytes)} "
                      f"or more, a {format_bytes(shm.ring_bytes)} ring per sender and receiver; smaller frames "
-                     "as above" + ("; large pull values read in place where a worker may read its server's memory "
-                                   "(shm.cross_memory)" if shm.cross_memory else ""))
+                     "as above" + (f"; pull values of {format_bytes(shm.min_lend_bytes)} or more read in place where a "
+                                   "worker may read its server's memory (shm.cross_memory)" if shm.cross_memory
+                                   else ""))
     else:
         lines.append("same-host pairs: as above (shm.enabled: false)")
     gpus = [h for h in hosts if h["probe"]["cuda"]["available"]]
@@ -617,7 +618,8 @@ def build_report(config: JobConfig, backend: str, launches: list, running: list)
         "rdma": {"required": config.rdma.required, "pool_bytes": config.rdma.pool_bytes,
                  "max_pinned_bytes": config.rdma.max_pinned_bytes},
         "shm": {"enabled": config.shm.enabled, "min_frame_bytes": config.shm.min_frame_bytes,
-                "ring_bytes": config.shm.ring_bytes, "cross_memory": config.shm.cross_memory},
+                "ring_bytes": config.shm.ring_bytes, "cross_memory": config.shm.cross_memory,
+                "min_lend_bytes": config.shm.min_lend_bytes},
         "hosts": hosts, "would_use": job_summary(config, hosts), "problems": problems, "warnings": warnings,
         "ok": ok, "exit_status": EXIT_OK if ok else EXIT_FAILED,
     }

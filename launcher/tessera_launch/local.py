@@ -325,6 +325,7 @@ def transport_env(config: JobConfig) -> dict:
         "TESSERA_SHM_MIN_FRAME_BYTES": str(shm.min_frame_bytes),
         "TESSERA_SHM_RING_BYTES": str(shm.ring_bytes),
         "TESSERA_SHM_CROSS_MEMORY": "1" if shm.cross_memory else "0",
+        "TESSERA_SHM_MIN_LEND_BYTES": str(shm.min_lend_bytes),
     }
 
 

@@ -351,7 +351,7 @@ def test_transport_sections_default_and_land_in_the_resolved_config(tmp_path):
     resolved = yaml.safe_load(config.to_yaml())
     assert resolved["rdma"] == {"required": False, "pool_bytes": 67108864, "max_pinned_bytes": 1073741824}
     assert resolved["shm"] == {"enabled": True, "min_frame_bytes": 65536, "ring_bytes": 67108864,
-                               "cross_memory": True}
+                               "cross_memory": True, "min_lend_bytes": 2097152}
     assert resolved["cluster"]["transport"] == "tcp"
 
 
