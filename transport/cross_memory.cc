@@ -125,14 +125,12 @@ absl::Status ProcessHandle::Read(uint64_t address, std::span<const CopyRange> ra
   return absl::OkStatus();
 }
 
-uint64_t LendBook::Lend(std::vector<Buffer> frames) {
+void LendBook::Lend(uint64_t id, std::vector<Buffer> frames) {
   Lent l;
   for (const Buffer& f : frames) l.bytes += f.size();
   l.frames = std::move(frames);
   lent_bytes_ += l.bytes;
-  const uint64_t id = next_id_++;
   lends_.emplace(id, std::move(l));
-  return id;
 }
 
 bool LendBook::Release(uint64_t id) {

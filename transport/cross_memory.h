@@ -78,8 +78,10 @@ class LendBook {
  public:
   // Whether `bytes` more may be lent with at most `limit` bytes outstanding.
   bool Fits(uint64_t bytes, uint64_t limit) const { return lent_bytes_ + bytes <= limit; }
-  // Keeps `frames` until Release(id); returns id (never 0).
-  uint64_t Lend(std::vector<Buffer> frames);
+  // Keeps `frames` until Release(id). `id` is chosen by the caller, unique
+  // across every book of the process (a release meant for another book must
+  // never match), and not 0.
+  void Lend(uint64_t id, std::vector<Buffer> frames);
   // Drops the frames of `id`; false if unknown (released already, or never
   // lent: a peer's message is not trusted to be right).
   bool Release(uint64_t id);
@@ -94,7 +96,6 @@ class LendBook {
     std::vector<Buffer> frames;
     uint64_t bytes = 0;
   };
-  uint64_t next_id_ = 1;
   uint64_t lent_bytes_ = 0;
   std::unordered_map<uint64_t, Lent> lends_;
 };

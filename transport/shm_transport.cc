@@ -127,7 +127,7 @@ class ShmTransport::Impl {
     for (size_t i = 0; i < message.frames.size(); ++i) {
       Buffer& frame = message.frames[i];
       if (frame.size() < options_.min_frame_bytes) continue;
-      if (lend && frame.size() >= options_.min_lend_bytes &&
+      if (lend && frame.size() >= options_.min_lend_bytes && !frame.remote() &&
           peer->book.Fits(lent_bytes + frame.size(), options_.ring_bytes)) {
         proto::ShmFrame* d = message.header.add_shm_frames();
         d->set_index(static_cast<uint32_t>(i));
@@ -157,7 +157,8 @@ class ShmTransport::Impl {
     }
     if (lent.empty()) return inner_->Send(to, std::move(message));
     const size_t lent_frames = lent.size();
-    const uint64_t id = peer->book.Lend(std::move(lent));
+    const uint64_t id = next_lend_id_.fetch_add(1, std::memory_order_relaxed);
+    peer->book.Lend(id, std::move(lent));
     for (int k : lent_descriptors) message.header.mutable_shm_frames(k)->set_lend_id(id);
     lent_bytes_now_.fetch_add(lent_bytes, std::memory_order_relaxed);
     if (!peer->lend_logged) {
@@ -238,6 +239,8 @@ class ShmTransport::Impl {
     std::optional<shm::ShmRingWriter> writer;
     bool disabled = false;  // a ring could not be made: wire only
     // Cross-memory reads (guarded by mu; readable_pid is also read without it).
+    // Lends go only to a proven process, so `process` is set whenever `book`
+    // holds anything.
     uint32_t pid = 0;                                 // the pid the peer last advertised
     std::shared_ptr<xmem::ProcessHandle> process;     // that process, proven readable (or null)
     std::atomic<uint32_t> readable_pid{0};            // process->pid() once proven, else 0
@@ -365,7 +368,14 @@ class ShmTransport::Impl {
     const xmem::SelfIdentity self = xmem::Self();
     std::lock_guard lock(peer.mu);
     if (h.shm_pid() != peer.pid) {
-      ReclaimLocked(peer, peer.pid == 0 ? nullptr : "restarted");
+      // Another process at this address. The one before may still be alive
+      // (it stopped its transport but holds lent frames): its lends stay
+      // until its own process ends.
+      if (peer.book.lends() > 0) {
+        std::lock_guard retired_lock(retired_mu_);
+        retired_.push_back(Retired{peer.process, std::move(peer.book)});
+        peer.book = xmem::LendBook();
+      }
       peer.pid = h.shm_pid();
       peer.process.reset();
       peer.readable_pid.store(0, std::memory_order_relaxed);
@@ -394,17 +404,14 @@ class ShmTransport::Impl {
     }
   }
 
-  // Drops every lend `peer` holds (its process ended); logs why when given.
-  void ReclaimLocked(Peer& peer, const char* why) {
-    if (peer.book.lends() == 0) return;
-    const uint64_t bytes = peer.book.lent_bytes();
-    const size_t n = peer.book.ReleaseAll();
+  // Drops every lend in `book`, held by process `pid`, which has ended.
+  void ReclaimLocked(xmem::LendBook& book, uint32_t pid) {
+    if (book.lends() == 0) return;
+    const uint64_t bytes = book.lent_bytes();
+    const size_t n = book.ReleaseAll();
     lent_bytes_now_.fetch_sub(bytes, std::memory_order_relaxed);
     lends_reclaimed_.fetch_add(n, std::memory_order_relaxed);
-    if (why != nullptr) {
-      TLOG_INFO("same-host peer (pid {}) {} holding {} lent frames ({} bytes); they are free again", peer.pid, why,
-                n, bytes);
-    }
+    TLOG_INFO("same-host reader pid {} ended holding {} lent frames ({} bytes); they are free again", pid, n, bytes);
   }
 
   // At most every kSweepEveryMs: frees what readers whose process ended held.
@@ -421,10 +428,19 @@ class ShmTransport::Impl {
     for (const auto& peer : peers) {
       std::lock_guard lock(peer->mu);
       if (peer->book.lends() > 0 && peer->process && peer->process->Exited()) {
-        ReclaimLocked(*peer, "exited");
+        ReclaimLocked(peer->book, peer->pid);
         peer->process.reset();
         peer->readable_pid.store(0, std::memory_order_relaxed);
         peer->reads_us = false;
+      }
+    }
+    std::lock_guard lock(retired_mu_);
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      if (it->process->Exited()) {
+        ReclaimLocked(it->book, it->process->pid());
+        it = retired_.erase(it);
+      } else {
+        ++it;
       }
     }
   }
@@ -505,6 +521,14 @@ class ShmTransport::Impl {
   std::atomic<uint64_t> shm_lent_frames_sent_{0}, shm_lent_bytes_sent_{0}, shm_lent_frames_received_{0},
       shm_lent_bytes_received_{0}, lent_bytes_now_{0}, lends_reclaimed_{0};
   std::atomic<int64_t> last_sweep_ms_{0};
+  std::atomic<uint64_t> next_lend_id_{1};
+  // Lends held by a process that another one replaced at its address.
+  struct Retired {
+    std::shared_ptr<xmem::ProcessHandle> process;
+    xmem::LendBook book;
+  };
+  std::mutex retired_mu_;  // after a peer's mu when both are held
+  std::vector<Retired> retired_;
   std::shared_ptr<ReleaseSink> sink_;
 };
 

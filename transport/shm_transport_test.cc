@@ -10,6 +10,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -417,72 +418,143 @@ TEST(ShmTransportTest, NoLendingWhenEitherSideTurnsItOff) {
   }
 }
 
-TEST(ShmTransportTest, TheLendsOfAReaderWhoseProcessEndedAreReclaimed) {
-  // The reader is a child process with its own transport; it is forked
-  // before this process makes any transport (so it inherits no threads).
-  int where[2], read_ok[2];
-  ASSERT_EQ(::pipe(where), 0);
-  ASSERT_EQ(::pipe(read_ok), 0);
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::close(where[0]);
-    ::close(read_ok[0]);
-    std::vector<Message> held;
-    std::mutex mu;
-    ShmTransport* self = nullptr;
-    auto t = Make(Small());
-    self = t.get();
-    absl::Status started = t->Start([&](Message m) {
-      std::lock_guard lock(mu);
-      if (m.frames.empty()) {
-        (void)self->Send(m.header.sender_address(), Msg(200, {}));  // answer: so the parent learns this process
-        return;
-      }
-      std::vector<std::byte> copy(m.frames[0].size());
-      const CopyRange all{0, copy.data(), copy.size()};
-      char ok = m.frames[0].remote() && m.frames[0].CopyOut({&all, 1}).ok() ? 'y' : 'n';
-      held.push_back(std::move(m));  // kept until the process is killed
-      (void)!::write(read_ok[1], &ok, 1);
-    });
-    if (!started.ok()) ::_exit(3);
-    const std::string& address = t->address();
-    const uint32_t n = static_cast<uint32_t>(address.size());
-    (void)!::write(where[1], &n, sizeof(n));
-    (void)!::write(where[1], address.data(), n);
-    for (;;) ::pause();
-  }
-  ::close(where[1]);
-  ::close(read_ok[1]);
-  uint32_t n = 0;
-  ASSERT_EQ(::read(where[0], &n, sizeof(n)), static_cast<ssize_t>(sizeof(n)));
-  std::string reader(n, '\0');
-  ASSERT_EQ(::read(where[0], reader.data(), n), static_cast<ssize_t>(n));
+std::unique_ptr<ShmTransport> MakeAt(const std::string& bind, ShmTransport::Options o) {
+  return std::make_unique<ShmTransport>(std::make_unique<ZmqTransport>(ZmqTransport::Options{.bind = bind}), o);
+}
 
+// A reader in a child process with its own transport bound at `bind`: it
+// answers every message without frames (so the parent learns this
+// process), reads every lent frame, keeps it, and writes 'y' (read and
+// right) or 'n' to `reports`. With `stop_after_read` it then stops its
+// transport but lives on, holding the frame. With `greet` set it first
+// sends one message there. Fork it before this process makes a transport
+// (so the child inherits no threads); kill it with SIGKILL.
+struct ForkedReader {
+  pid_t pid = -1;
+  std::string address;
+  int reports = -1;
+
+  ForkedReader() = default;
+  ForkedReader(ForkedReader&& o) noexcept
+      : pid(std::exchange(o.pid, -1)), address(std::move(o.address)), reports(std::exchange(o.reports, -1)) {}
+  ForkedReader(const ForkedReader&) = delete;
+  ForkedReader& operator=(const ForkedReader&) = delete;
+
+  static ForkedReader Start(const std::string& bind, bool stop_after_read, const std::string& greet) {
+    int where[2], reports[2];
+    EXPECT_EQ(::pipe(where), 0);
+    EXPECT_EQ(::pipe(reports), 0);
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::close(where[0]);
+      ::close(reports[0]);
+      std::vector<Message> held;
+      std::mutex mu;
+      auto t = MakeAt(bind, Small());
+      ShmTransport* self = t.get();
+      absl::Status started = t->Start([&](Message m) {
+        std::lock_guard lock(mu);
+        if (m.frames.empty()) {
+          (void)self->Send(m.header.sender_address(), Msg(200, {}));
+          return;
+        }
+        std::vector<std::byte> copy(m.frames[0].size());
+        const CopyRange all{0, copy.data(), copy.size()};
+        const bool same = m.frames[0].remote() && m.frames[0].CopyOut({&all, 1}).ok() &&
+                          std::memcmp(copy.data(), Pattern(copy.size(), 7).data(), copy.size()) == 0;
+        held.push_back(std::move(m));  // kept until the process is killed
+        const char ok = same ? 'y' : 'n';
+        (void)!::write(reports[1], &ok, 1);
+        if (stop_after_read) {
+          std::thread([self] { self->Stop(); }).detach();  // not from inside the handler's lock
+        }
+      });
+      if (!started.ok()) ::_exit(3);
+      if (!greet.empty()) (void)t->Send(greet, Msg(201, {}));
+      const std::string& address = t->address();
+      const uint32_t n = static_cast<uint32_t>(address.size());
+      (void)!::write(where[1], &n, sizeof(n));
+      (void)!::write(where[1], address.data(), n);
+      for (;;) ::pause();
+    }
+    ::close(where[1]);
+    ::close(reports[1]);
+    ForkedReader r;
+    r.pid = child;
+    r.reports = reports[0];
+    uint32_t n = 0;
+    EXPECT_EQ(::read(where[0], &n, sizeof(n)), static_cast<ssize_t>(sizeof(n)));
+    r.address.resize(n);
+    EXPECT_EQ(::read(where[0], r.address.data(), n), static_cast<ssize_t>(n));
+    ::close(where[0]);
+    return r;
+  }
+  char Report() const {
+    char c = 0;
+    return ::read(reports, &c, 1) == 1 ? c : 0;
+  }
+  void Kill() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+  }
+  ~ForkedReader() {
+    Kill();
+    if (reports >= 0) ::close(reports);
+  }
+};
+
+TEST(ShmTransportTest, TheLendsOfAReaderWhoseProcessEndedAreReclaimed) {
+  ForkedReader reader = ForkedReader::Start("tcp://127.0.0.1:0", false, "");
   Inbox a_in;
   auto a = Make(Small());
   ASSERT_TRUE(a->Start(a_in.handler()).ok());
-  ASSERT_TRUE(a->Send(reader, Msg(1, {})).ok());
-  ASSERT_TRUE(a_in.WaitForCount(1));  // its answer: A now reads it
-  ASSERT_TRUE(a->Send(reader, Msg(2, {})).ok());
-  ASSERT_TRUE(a_in.WaitForCount(2));  // and it reads A
-  ASSERT_TRUE(a->Send(reader, Lendable(3, {Pattern(200'000, 7)})).ok());
-  char ok = 0;
-  ASSERT_EQ(::read(read_ok[0], &ok, 1), 1);
-  EXPECT_EQ(ok, 'y') << "the child read the lent frame";
+  ASSERT_TRUE(a->Send(reader.address, Msg(1, {})).ok());
+  ASSERT_TRUE(a_in.WaitForCount(1));  // its answer: A now reads it, and knows it reads A
+  ASSERT_TRUE(a->Send(reader.address, Lendable(3, {Pattern(200'000, 7)})).ok());
+  EXPECT_EQ(reader.Report(), 'y') << "the child read the lent frame";
   EXPECT_EQ(a->stats().shm_lent_bytes_now, 200'000u);
   std::this_thread::sleep_for(200ms);
   EXPECT_EQ(a->stats().shm_lent_bytes_now, 200'000u) << "never released on a timeout";
-  ::kill(child, SIGKILL);
-  ::waitpid(child, nullptr, 0);
+  reader.Kill();
   std::this_thread::sleep_for(150ms);
   // The next lendable send looks for readers that ended; the dead reader
   // gets no new lend (the message goes nowhere, as any send to a dead peer).
-  ASSERT_TRUE(a->Send(reader, Lendable(4, {Pattern(200'000, 8)})).ok());
+  ASSERT_TRUE(a->Send(reader.address, Lendable(4, {Pattern(200'000, 8)})).ok());
   EXPECT_EQ(a->stats().shm_lends_reclaimed, 1u);
   EXPECT_EQ(a->stats().shm_lent_bytes_now, 0u);
   EXPECT_EQ(a->stats().shm_lent_frames_sent, 1u);
-  ::close(where[0]);
-  ::close(read_ok[0]);
+}
+
+TEST(ShmTransportTest, AReaderReplacedAtItsAddressKeepsItsLendsUntilItsProcessEnds) {
+  // The first reader stops its transport after reading but lives on with
+  // the frame; a second process then binds the same address.
+  ForkedReader first = ForkedReader::Start("tcp://127.0.0.1:0", /*stop_after_read=*/true, "");
+  Inbox a_in;
+  auto a = Make(Small());
+  ASSERT_TRUE(a->Start(a_in.handler()).ok());
+  ASSERT_TRUE(a->Send(first.address, Msg(1, {})).ok());
+  ASSERT_TRUE(a_in.WaitForCount(1));
+  ASSERT_TRUE(a->Send(first.address, Lendable(2, {Pattern(200'000, 7)})).ok());
+  ASSERT_EQ(first.Report(), 'y');
+  std::this_thread::sleep_for(200ms);  // its transport has stopped and freed the port
+  std::unique_ptr<ForkedReader> second;
+  for (int attempt = 0; attempt < 50 && a_in.size() < 2; ++attempt) {
+    second = std::make_unique<ForkedReader>(ForkedReader::Start(first.address, false, a->address()));
+    if (a_in.WaitForCount(2)) break;
+  }
+  ASSERT_GE(a_in.size(), 2u) << "the second process never spoke from " << first.address;
+  std::this_thread::sleep_for(150ms);
+  ASSERT_TRUE(a->Send(first.address, Lendable(4, {Pattern(8192, 1)})).ok());  // rings: under min_lend_bytes
+  EXPECT_EQ(a->stats().shm_lends_reclaimed, 0u) << "the first reader is alive and may still read";
+  EXPECT_EQ(a->stats().shm_lent_bytes_now, 200'000u);
+  first.Kill();
+  std::this_thread::sleep_for(150ms);
+  ASSERT_TRUE(a->Send(first.address, Lendable(5, {Pattern(8192, 1)})).ok());
+  EXPECT_EQ(a->stats().shm_lends_reclaimed, 1u);
+  EXPECT_EQ(a->stats().shm_lent_bytes_now, 0u);
 }
 
 TEST(ShmTransportTest, OptionsAreChecked) {

@@ -88,6 +88,7 @@ def test_tcp_job_on_a_host_without_rdma_is_fine(capsys, probe_build, spec):
     assert "CUDA          none (libcuda.so.1 not found)" in out
     assert "GPUDirect     no (no nvidia_peermem or nv_peer_mem kernel module)" in out
     assert "same-host pairs: shared memory (shm.enabled) for frames of 64 KiB or more" in out
+    assert "pull values of 2 MiB or more read in place" in out
     assert out.rstrip().endswith("the job could run as configured")
     argv = json.loads(spec.record.read_text().splitlines()[0])[1:]
     assert argv == ["--pool-bytes", "67108864", "--listen", "127.0.0.1", "--listen-seconds", "10"]
