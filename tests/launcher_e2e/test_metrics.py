@@ -3,6 +3,7 @@ coordinator of a real job twice and check that the named series are there
 and their counters grow. The job's frames of 4 KiB and more take the
 same-host shared-memory path, which the transport series and the logs show."""
 
+import json
 import re
 import socket
 import subprocess
@@ -59,7 +60,8 @@ def test_scrapes_show_growing_counters(source_dir, binaries, tmp_path):
             "--set", "cluster.servers=1", "--set", "cluster.workers=1", "--set", f"metrics.port={base}",
             "--set", "worker.args.epochs=1", "--set", "worker.args.train_examples=60000",
             "--set", "worker.args.step_ms=10",  # 300 steps of at least 10 ms: a few seconds to watch
-            "--set", "shm.min_frame_bytes=4096"]  # the batches' key frames (about 32 KB) take the rings
+            "--set", "shm.min_frame_bytes=4096",  # the batches' key frames (about 32 KB) take the rings
+            "--set", "shm.min_lend_bytes=4096"]  # and their pull replies (about 16 KB) are lent
     job = subprocess.Popen(argv, cwd=source_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -98,6 +100,18 @@ def test_scrapes_show_growing_counters(source_dir, binaries, tmp_path):
         server1, 'tessera_transport_shm_bytes_total{direction="received"}')
     assert value(worker2, "tessera_transport_shm_peers") == 1
     assert value(server2, "tessera_transport_malformed_total") == 0
+    # Pull replies are lent by the server and read in place by the worker.
+    assert value(server2, 'tessera_transport_shm_lent_frames_total{direction="sent"}') > value(
+        server1, 'tessera_transport_shm_lent_frames_total{direction="sent"}')
+    assert value(worker2, 'tessera_transport_shm_lent_bytes_total{direction="received"}') > value(
+        worker1, 'tessera_transport_shm_lent_bytes_total{direction="received"}')
+    assert value(server2, "tessera_transport_shm_lends_reclaimed_total") == 0
     worker_log = (tmp_path / "run" / "logs" / "worker-0.log").read_text()
     assert re.search(r"same-host peer tcp://\S+: frames of at least 4096 bytes go through shared memory",
                      worker_log), worker_log[-2000:]
+    # ... and the values read that way are right: the model learns.
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["test_auc"] > 0.7, summary
+    server_log = (tmp_path / "run" / "logs" / "server-0.log").read_text()
+    assert re.search(r"same-host peer tcp://\S+ \(pid \d+\) reads our large frames in place", server_log), \
+        server_log[-2000:]
