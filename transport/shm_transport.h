@@ -35,9 +35,9 @@
 //   process (process_vm_readv) when read. When the receiver drops the last
 //   reference, its transport sends a release and the lend ends. A lend ends
 //   otherwise only when the reader's process has ended (checked through a
-//   pidfd at most every 100 ms while sending, and at once when a new process
-//   appears at the reader's address), never on a timeout: a slow reader is
-//   never read from reused memory. At most options.ring_bytes are lent to
+//   pidfd at most every 100 ms while sending lendable messages; a new
+//   process at the reader's address does not end the old one's lends),
+//   never on a timeout: a slow reader is never read from reused memory. At most options.ring_bytes are lent to
 //   one peer at once; past that, frames take the ring. Only frames of at
 //   least options.min_lend_bytes are lent.
 //   Proof of readability, per peer process: every header carries the
