@@ -241,10 +241,10 @@ class ShmTransport::Impl {
     // Cross-memory reads (guarded by mu; readable_pid is also read without it).
     // Lends go only to a proven process, so `process` is set whenever `book`
     // holds anything.
-    uint32_t pid = 0;                                 // the pid the peer last advertised
+    std::atomic<uint32_t> pid{0};                     // the pid the peer last advertised
     std::shared_ptr<xmem::ProcessHandle> process;     // that process, proven readable (or null)
     std::atomic<uint32_t> readable_pid{0};            // process->pid() once proven, else 0
-    bool reads_us = false;                            // it proved it reads this process
+    std::atomic<bool> reads_us{false};                // it proved it reads this process
     bool lend_logged = false;
     xmem::LendBook book;                              // our frames it holds
   };
@@ -366,6 +366,13 @@ class ShmTransport::Impl {
   // one held lent is released.
   void LearnProcess(Peer& peer, const proto::Envelope& h) {
     const xmem::SelfIdentity self = xmem::Self();
+    // Nothing new (the common case): no lock, so that receiving never waits
+    // for a send to this peer copying into its ring.
+    if (h.shm_pid() == peer.pid.load(std::memory_order_relaxed) && h.shm_released_size() == 0 &&
+        (peer.readable_pid.load(std::memory_order_relaxed) != 0 && h.shm_reads_pid() == self.pid) ==
+            peer.reads_us.load(std::memory_order_relaxed)) {
+      return;
+    }
     std::lock_guard lock(peer.mu);
     if (h.shm_pid() != peer.pid) {
       // Another process at this address. The one before may still be alive
