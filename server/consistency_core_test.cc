@@ -254,6 +254,25 @@ TEST_F(ConsistencyCoreTest, ARequestOverALimitIsRefusedNamingItAndChangesNothing
   pull.frames.push_back(Buffer::CopyOf(&fresh, sizeof fresh));
   EXPECT_NE(ErrorOf(core_->Step(std::move(pull), 0)).find("past its limit"), std::string::npos);
   EXPECT_EQ(core_->rows(), 3u);
+  // A dense table makes its rows at once: four rows of width 1 do not fit
+  // (found by fuzzing: a huge dense table took all memory), three do.
+  auto dense = [&](uint32_t table, uint64_t rows) {
+    Message m = From(kW0, 20 + table);
+    auto* c = m.header.mutable_create_table()->mutable_config();
+    c->set_table_id(table);
+    c->set_width(1);
+    c->set_kind(proto::DENSE);
+    c->set_dense_rows(rows);
+    c->set_optimizer(proto::ACCUMULATE);
+    return core_->Step(std::move(m), 0);
+  };
+  EXPECT_NE(ErrorOf(dense(5, 4)).find("--max-table-mb"), std::string::npos);
+  EXPECT_EQ(core_->table(5), nullptr);
+  EXPECT_NE(ErrorOf(dense(6, uint64_t{1} << 32)).find("--max-table-mb"), std::string::npos) << "stops counting early";
+  auto fits = dense(7, 3);
+  ASSERT_EQ(fits.size(), 1u);
+  EXPECT_FALSE(fits[0].message.header.has_error()) << fits[0].message.header.ShortDebugString();
+  EXPECT_NE(core_->table(7), nullptr);
 }
 
 TEST_F(ConsistencyCoreTest, RequestsHeldPerSenderAreCapped) {

@@ -477,7 +477,22 @@ absl::Status ServerCore::HandleCreateTable(const proto::CreateTable& req) {
   if (!c.pull_compression().empty()) {  // validated above
     pull_codecs_.try_emplace(id, *compress::Codec::Create(*compress::ParsePullSpec(c.pull_compression())));
   }
-  tables_.emplace(id, std::make_unique<Table>(c, [&](Key k) { return map.Holds(rank, map.VShardOfKey(id, k)); }));
+  auto holds = [&](Key k) { return map.Holds(rank, map.VShardOfKey(id, k)); };
+  if (c.kind() == proto::DENSE && options_.max_table_bytes > 0) {
+    // A dense table makes its rows at once: its share here must fit the
+    // per-table limit as a sparse table's growth must (CheckGrowth). The
+    // count stops at the first row past the limit.
+    const uint64_t row_bytes = Table::RowBytes(c);
+    uint64_t held = 0;
+    for (uint64_t k = 0; k < c.dense_rows(); ++k) {
+      if (holds(k) && ++held * row_bytes > options_.max_table_bytes) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "dense table ", id, " (", c.dense_rows(), " rows of ", row_bytes, " bytes) would hold more than ",
+            options_.max_table_bytes, " bytes on this server (tessera-server --max-table-mb)"));
+      }
+    }
+  }
+  tables_.emplace(id, std::make_unique<Table>(c, holds));
   return absl::OkStatus();
 }
 

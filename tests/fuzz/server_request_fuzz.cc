@@ -49,7 +49,10 @@ Message CreateTable(uint32_t id, uint32_t width, proto::TableKind kind, const st
 }
 
 std::unique_ptr<ServerCore> MakeCore() {
-  auto core = std::make_unique<ServerCore>(/*node_id=*/1);
+  // Limits as a production server would set them (tessera-server
+  // --max-table-mb): without one, a request for a huge dense table is
+  // honoured and takes more memory than the fuzzer allows.
+  auto core = std::make_unique<ServerCore>(ServerCoreOptions{.node_id = 1, .max_table_bytes = 16u << 20});
   std::vector<proto::NodeInfo> servers = {Node(0, 1), Node(1, 2)};
   (void)core->InstallShardMap(RoundRobinShardMap(1, 16, servers, 2), 0);
   core->SetWorkers({{10, 0}, {11, 1}});
