@@ -236,6 +236,17 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
   auto send = [&](Message reply) {
     if (wants_reply) Emit(out, reply_to, std::move(reply));
   };
+  // Frames lent by a same-host peer (Buffer::remote()) are read only with
+  // CopyOut, which the worker does for pull replies; no request may carry
+  // them (a peer's bug would otherwise make this core read null data).
+  for (const Buffer& f : request.frames) {
+    if (!f.remote()) continue;
+    Message reply = Reply(request);
+    SetError(reply, absl::InvalidArgumentError("a request with lent (remote) frames; only pull replies may be lent"));
+    stats_.bad_requests++;
+    send(std::move(reply));
+    return out;
+  }
   if (!map_) {
     Message reply = Reply(request);
     SetError(reply, absl::UnavailableError("server has no shard map yet"));

@@ -268,6 +268,25 @@ TEST_F(ServerCoreTest, LargePullRepliesGoOutInPieces) {
   EXPECT_TRUE(bad[0].message.header.has_error());
 }
 
+// Bytes "lent" by a peer; reading them is never expected of the server.
+class NeverRead final : public RemoteBytes {
+ public:
+  absl::Status Read(std::span<const CopyRange>) const override {
+    ADD_FAILURE() << "the server read a lent frame";
+    return absl::InternalError("read");
+  }
+};
+
+TEST_F(ServerCoreTest, ARequestWithLentFramesIsRefused) {
+  Message push = Push(2, 1, OwnKeys(1, 1), {1.0f, 2.0f});
+  push.frames[1] = Buffer::Remote(std::make_shared<NeverRead>(), push.frames[1].size());
+  auto out = core_.Step(std::move(push));
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_TRUE(out[0].message.header.has_error());
+  EXPECT_NE(out[0].message.header.error().message().find("lent"), std::string::npos);
+  EXPECT_EQ(core_.stats().bad_requests, 1u);
+}
+
 TEST_F(ServerCoreTest, RepliesReadInPlaceAreNotSplitAndPlainValuesAreLendable) {
   std::vector<std::string> asked;
   ServerCore core(ServerCoreOptions{.node_id = 7,

@@ -133,12 +133,13 @@ void LendBook::Lend(uint64_t id, std::vector<Buffer> frames) {
   lends_.emplace(id, std::move(l));
 }
 
-bool LendBook::Release(uint64_t id) {
+uint64_t LendBook::Release(uint64_t id) {
   auto it = lends_.find(id);
-  if (it == lends_.end()) return false;
-  lent_bytes_ -= it->second.bytes;
+  if (it == lends_.end()) return 0;
+  const uint64_t bytes = it->second.bytes;
+  lent_bytes_ -= bytes;
   lends_.erase(it);
-  return true;
+  return bytes;
 }
 
 size_t LendBook::ReleaseAll() {

@@ -82,9 +82,9 @@ class LendBook {
   // across every book of the process (a release meant for another book must
   // never match), and not 0.
   void Lend(uint64_t id, std::vector<Buffer> frames);
-  // Drops the frames of `id`; false if unknown (released already, or never
-  // lent: a peer's message is not trusted to be right).
-  bool Release(uint64_t id);
+  // Drops the frames of `id` and returns their bytes; 0 if unknown
+  // (released already, or never lent: a peer's message is not trusted).
+  uint64_t Release(uint64_t id);
   // Drops every lend (the peer's process ended); returns how many.
   size_t ReleaseAll();
 

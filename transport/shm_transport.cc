@@ -122,8 +122,8 @@ class ShmTransport::Impl {
     // proven it reads this process and the lent bytes stay in bounds.
     const bool lend = message.lendable && options_.cross_memory && peer->reads_us && peer->process != nullptr;
     std::vector<Buffer> lent;
-    std::vector<int> lent_descriptors;
     uint64_t lent_bytes = 0;
+    const uint64_t id = lend ? next_lend_id_.fetch_add(1, std::memory_order_relaxed) : 0;  // unused ids are harmless
     for (size_t i = 0; i < message.frames.size(); ++i) {
       Buffer& frame = message.frames[i];
       if (frame.size() < options_.min_frame_bytes) continue;
@@ -133,7 +133,7 @@ class ShmTransport::Impl {
         d->set_index(static_cast<uint32_t>(i));
         d->set_address(reinterpret_cast<uint64_t>(frame.data()));
         d->set_length(frame.size());
-        lent_descriptors.push_back(message.header.shm_frames_size() - 1);
+        d->set_lend_id(id);
         lent_bytes += frame.size();
         lent.push_back(std::move(frame));
         frame = Buffer();
@@ -157,9 +157,7 @@ class ShmTransport::Impl {
     }
     if (lent.empty()) return inner_->Send(to, std::move(message));
     const size_t lent_frames = lent.size();
-    const uint64_t id = next_lend_id_.fetch_add(1, std::memory_order_relaxed);
     peer->book.Lend(id, std::move(lent));
-    for (int k : lent_descriptors) message.header.mutable_shm_frames(k)->set_lend_id(id);
     lent_bytes_now_.fetch_add(lent_bytes, std::memory_order_relaxed);
     if (!peer->lend_logged) {
       peer->lend_logged = true;
@@ -168,7 +166,7 @@ class ShmTransport::Impl {
     }
     absl::Status sent = inner_->Send(to, std::move(message));
     if (!sent.ok()) {
-      if (peer->book.Release(id)) lent_bytes_now_.fetch_sub(lent_bytes, std::memory_order_relaxed);
+      lent_bytes_now_.fetch_sub(peer->book.Release(id), std::memory_order_relaxed);
       return sent;
     }
     shm_lent_frames_sent_.fetch_add(lent_frames, std::memory_order_relaxed);
@@ -405,10 +403,7 @@ class ShmTransport::Impl {
       }
     }
     peer.reads_us = peer.process != nullptr && h.shm_reads_pid() == self.pid;
-    for (uint64_t id : h.shm_released()) {
-      const uint64_t before = peer.book.lent_bytes();
-      if (peer.book.Release(id)) lent_bytes_now_.fetch_sub(before - peer.book.lent_bytes(), std::memory_order_relaxed);
-    }
+    for (uint64_t id : h.shm_released()) lent_bytes_now_.fetch_sub(peer.book.Release(id), std::memory_order_relaxed);
   }
 
   // Drops every lend in `book`, held by process `pid`, which has ended.
