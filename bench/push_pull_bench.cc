@@ -9,6 +9,10 @@
 //   ops:   push      one Push of the row (S bytes to the server, a tiny ack back)
 //          pull      one Pull of the row (a tiny request, S bytes back)
 //          pushpull  a Push then a Pull of the row, both in flight (2 S bytes)
+//          pullview  one PullView of the row (worker/pulled_rows.h): as pull,
+//                    but the row stays in the buffer it arrived in (no copy
+//                    into the caller's buffer); the view is dropped once
+//                    done, as the raw ZeroMQ receiver drops each message
 //   modes: sequential  one op outstanding at a time
 //          inflight8   8 ops outstanding (each pull into its own buffer)
 //          stream      push only: 64 pushes outstanding, the closest match to
@@ -86,13 +90,15 @@ class PushPullBench {
   Worker& worker_;
   std::vector<float> values_;            // what every push sends
   std::vector<std::vector<float>> out_;  // one pull destination per window slot
+  std::vector<PulledRows> views_;        // the same for pullview
   uint64_t ops_ = 0;
 };
 
 absl::StatusOr<double> PushPullBench::Repeat(uint32_t table, size_t floats, const std::string& op,
                                              const std::string& mode, double min_seconds, uint64_t min_messages) {
   const int window = WindowOf(mode);
-  const bool push = op != "pull";
+  const bool view = op == "pullview";
+  const bool push = op == "push" || op == "pushpull";
   const bool pull = op != "push";
   const Key key = 0;
   const std::span<const Key> keys(&key, 1);
@@ -108,13 +114,23 @@ absl::StatusOr<double> PushPullBench::Repeat(uint32_t table, size_t floats, cons
   };
   const auto issue = [&](int s) {
     if (push) slots[s].push = worker_.Push(table, keys, values);
-    if (pull) slots[s].pull = worker_.Pull(table, keys, std::span<float>(out_[s].data(), floats));
+    if (pull && view) {
+      slots[s].pull = worker_.PullView(table, keys, &views_[s]);
+    } else if (pull) {
+      slots[s].pull = worker_.Pull(table, keys, std::span<float>(out_[s].data(), floats));
+    }
   };
   // Waits for both requests of a slot (its buffers must outlive them, even
   // on error); returns the first error.
   const auto wait = [&](int s) -> absl::Status {
     absl::Status st = push ? slots[s].push.Wait() : absl::OkStatus();
     if (pull) st.Update(slots[s].pull.Wait());
+    if (view && st.ok()) {
+      if (views_[s].size() != 1 || views_[s].row(0).size() != floats) {
+        st = absl::InternalError(absl::StrCat("PullView gave ", views_[s].size(), " rows"));
+      }
+      views_[s].Clear();
+    }
     return st;
   };
 
@@ -146,6 +162,7 @@ absl::Status PushPullBench::Run() {
   const size_t max_size = *std::max_element(flags_.sizes.begin(), flags_.sizes.end());
   values_.assign(max_size / sizeof(float), 1.0f / 1024);
   out_.assign(8, std::vector<float>(max_size / sizeof(float), 0.0f));
+  views_.resize(8);
 
   for (size_t i = 0; i < flags_.sizes.size(); ++i) {
     TableOptions t;
@@ -216,9 +233,9 @@ int Main(int argc, char** argv) {
   app.add_option("--sizes", flags.sizes, "row sizes in bytes, comma-separated, multiples of 4")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
-  app.add_option("--ops", flags.ops, "push, pull, pushpull")
+  app.add_option("--ops", flags.ops, "push, pull, pushpull, pullview")
       ->delimiter(',')
-      ->check(CLI::IsMember({"push", "pull", "pushpull"}));
+      ->check(CLI::IsMember({"push", "pull", "pushpull", "pullview"}));
   app.add_option("--modes", flags.modes, "sequential, inflight8, stream (push only)")
       ->delimiter(',')
       ->check(CLI::IsMember({"sequential", "inflight8", "stream"}));

@@ -59,14 +59,16 @@ echo "memcpy baseline ..." >&2
 "$BUILD/bench/memcpy_bench" --sizes "$SIZES" --repeats "$REPEATS" --min_seconds "$MIN_SECONDS" \
   --json "$WORK/memcpy.json"
 
-# run: run directory name, shared memory on or off, pull values lent or not
-for variant in "run:false:false" "run-ring:true:false" "run-shm:true:true"; do
-  IFS=: read -r run shm lend <<<"$variant"
+# run: run directory name, shared memory on or off, pull values lent or not,
+# the ops measured (the same-host table compares pushes and pulls only)
+for variant in "run:false:false:push,pull,pushpull,pullview" "run-ring:true:false:push,pull" \
+               "run-shm:true:true:push,pull"; do
+  IFS=: read -r run shm lend ops <<<"$variant"
   echo "Tessera push/pull (1 server, 1 worker, shm.enabled=$shm, shm.cross_memory=$lend) ..." >&2
   if ! "$PYTHON" "$ROOT/launcher/tessera-launch" local --config "$ROOT/configs/bench_push_pull.yaml" \
       --build-dir "$BUILD" --run-dir "$WORK/$run" --quiet --timeout 1200 \
       --set "worker.program=$BUILD/bench/tessera-push-pull-bench" --set "shm.enabled=$shm" --set "shm.cross_memory=$lend" \
-      --set "worker.args.sizes=\"$SIZES\"" --set "worker.args.repeats=$REPEATS" \
+      --set "worker.args.sizes=\"$SIZES\"" --set "worker.args.ops=\"$ops\"" --set "worker.args.repeats=$REPEATS" \
       --set "worker.args.min_seconds=$MIN_SECONDS" --set "worker.args.min_messages=$MIN_MESSAGES" >&2; then
     echo "run_push_pull.sh: the Tessera run failed; logs in $WORK/$run/logs" >&2
     trap - EXIT
@@ -104,21 +106,24 @@ def ratio(a, b):
     return "–" if a is None or not b else f"{a / b:.2f}"
 
 print("| size | mode | raw ZMQ, default malloc | raw ZMQ | raw ZMQ + accumulate | Tessera push | Tessera pull "
-      "| Tessera push+pull | push/raw | push/(raw+acc) | pull/raw |")
-print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| Tessera pull, view | Tessera push+pull | push/raw | push/(raw+acc) | pull/raw | view/raw |")
+print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for size in sizes:
     for label, mode in (("sequential", "sequential"), ("8 in flight", "inflight8"), ("stream", "stream")):
         default = raw["default"].get((size, mode))
         base = raw["mapped"].get((size, mode))
         base_acc = raw["mapped-acc"].get((size, mode))
-        push, pull, both = (tessera.get((size, op, mode)) for op in ("push", "pull", "pushpull"))
+        push, pull, view, both = (tessera.get((size, op, mode)) for op in ("push", "pull", "pullview", "pushpull"))
         if label == "stream":
             label = "stream (raw PUSH/PULL; Tessera 64 pushes in flight)"
         print(f"| {size_name(size)} | {label} | {fmt(default)} | {fmt(base)} | {fmt(base_acc)} | {fmt(push)} | "
-              f"{fmt(pull)} | {fmt(both)} | {ratio(push, base)} | {ratio(push, base_acc)} | {ratio(pull, base)} |")
+              f"{fmt(pull)} | {fmt(view)} | {fmt(both)} | {ratio(push, base)} | {ratio(push, base_acc)} | "
+              f"{ratio(pull, base)} | {ratio(view, base)} |")
 print()
 print("MB/s of payload (1 MB = 10^6 bytes), medians. 'raw ZMQ' and 'raw ZMQ + accumulate' run with the allocator")
-print("settings of Tessera's binaries (--keep_allocations_mapped); the ratios compare with those.")
+print("settings of Tessera's binaries (--keep_allocations_mapped); the ratios compare with those. 'pull' is")
+print("Worker::Pull (rows copied into the caller's buffer); 'pull, view' is Worker::PullView (rows left in the")
+print("message they arrived in, as the raw receiver gets them).")
 print()
 print("| size | mode | memcpy (1 thread) | push, TCP | push, shm | pull, TCP | pull, shm ring | pull, shm lent "
       "| push shm/memcpy | pull ring/memcpy | pull lent/memcpy |")

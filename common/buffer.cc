@@ -55,7 +55,9 @@ Buffer Buffer::Slice(size_t offset, size_t length) const {
     b.size_ = length;
     return b;
   }
-  return Buffer(owner_, data_ + offset, length);
+  Buffer b(owner_, data_ + offset, length);
+  b.transient_ = transient_;
+  return b;
 }
 
 absl::Status Buffer::CopyOut(std::span<const CopyRange> ranges) const {

@@ -18,6 +18,12 @@
 //   them only for messages whose sender set Message::lendable, so code that
 //   reads such messages' frames must read them with CopyOut; every other
 //   Buffer reads the same through CopyOut as through data().
+// - Transient buffers (MarkTransient) view memory a transport must get back
+//   soon (a shared-memory ring that its sender reuses in order). Reading
+//   them in the handler is fine; code that keeps a received frame after
+//   its handler returns (worker/pulled_rows.h) copies a transient one
+//   instead, so that holding it never stalls the sender. Slices keep the
+//   mark.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -67,6 +73,12 @@ class Buffer {
   static Buffer Remote(std::shared_ptr<const RemoteBytes> bytes, size_t size);
 
   bool remote() const { return remote_ != nullptr; }
+  bool transient() const { return transient_; }
+  // Marks this buffer transient (see the class contract); returns it.
+  Buffer&& MarkTransient() && {
+    transient_ = true;
+    return std::move(*this);
+  }
   // Copies ranges of this buffer (each inside it) to their destinations:
   // memcpy for local bytes, RemoteBytes::Read for remote ones (one call for
   // all ranges). Errors only for remote buffers, as RemoteBytes::Read.
@@ -106,6 +118,7 @@ class Buffer {
   size_t remote_offset_ = 0;                   // of this view within remote_'s bytes
   std::byte* data_ = nullptr;
   size_t size_ = 0;
+  bool transient_ = false;
 };
 
 // BufferPool: recycles large allocations so that receiving or building many

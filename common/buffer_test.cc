@@ -23,6 +23,18 @@ TEST(BufferTest, DefaultIsEmpty) {
   EXPECT_EQ(b.owner(), nullptr);
 }
 
+TEST(BufferTest, TheTransientMarkIsKeptBySlicesAndCopiesOnly) {
+  Buffer b = Buffer::Allocate(64);
+  EXPECT_FALSE(b.transient());
+  Buffer t = Buffer(b).MarkTransient();
+  EXPECT_TRUE(t.transient());
+  EXPECT_FALSE(b.transient()) << "marking a copy leaves the original as it was";
+  EXPECT_TRUE(t.Slice(8, 16).transient());
+  const Buffer copy = t;
+  EXPECT_TRUE(copy.transient());
+  EXPECT_EQ(t.data(), b.data());
+}
+
 TEST(BufferTest, AllocateGivesAlignedOwnedStorage) {
   for (size_t size : {1u, 7u, 64u, 100u, 4096u, 1u << 20}) {
     Buffer b = Buffer::Allocate(size);

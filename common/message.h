@@ -17,6 +17,9 @@ struct Message {
   // sender's memory read with Buffer::CopyOut (transport/shm_transport.h).
   // Set only where the receiving code reads frames with CopyOut. Not sent.
   bool lendable = false;
+  // A pull reply its receiver keeps as it arrives (Worker::PullView, the
+  // request's Pull.whole): sent as one message, never in pieces. Not sent.
+  bool unsplit = false;
 
   // Total bytes of the data frames (what the data path moves).
   size_t FrameBytes() const {

@@ -172,7 +172,7 @@ void ServerCore::Emit(std::vector<Outgoing>& out, std::string to, Message reply)
   const bool plain_values = reply.header.has_pull_reply() && reply.header.pull_reply().value_parts() == 0;
   reply.lendable = plain_values;
   const size_t piece = options_.pull_reply_piece_bytes;
-  if (piece == 0 || !plain_values || reply.frames.size() != 1 || reply.frames[0].size() <= piece ||
+  if (piece == 0 || !plain_values || reply.unsplit || reply.frames.size() != 1 || reply.frames[0].size() <= piece ||
       (options_.reads_in_place && options_.reads_in_place(to, reply.frames[0].size()))) {
     out.push_back(Outgoing{std::move(to), std::move(reply)});
     return;
@@ -412,6 +412,7 @@ Message ServerCore::Answer(Message request, Nanos held_for) {
       auto values = HandlePull(h.pull(), request);
       status = values.status();
       if (status.ok()) {
+        reply.unsplit = h.pull().whole();
         auto* pr = reply.header.mutable_pull_reply();
         pr->set_num_keys(h.pull().num_keys());
         pr->set_width(values->size() / sizeof(float) / std::max<uint64_t>(1, h.pull().num_keys()));

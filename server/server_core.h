@@ -166,7 +166,9 @@ struct ServerCoreOptions {
 // bytes, as two little-endian uint64. Pieces are contiguous and in offset
 // order. An unsplit reply has one frame and no descriptor. The receiver can
 // place each piece while the next is still on the wire. A reply to an
-// address for which options.reads_in_place says true is never split.
+// address for which options.reads_in_place says true is never split, nor
+// one to a pull with Pull.whole set (Worker::PullView keeps the values in
+// the message they arrive in: pieces would have to be joined by a copy).
 inline constexpr size_t kPullPieceDescriptorBytes = 16;
 
 struct ServerStats {

@@ -262,6 +262,14 @@ TEST_F(ServerCoreTest, LargePullRepliesGoOutInPieces) {
   }
   EXPECT_EQ(joined, values);
   for (const Outgoing& o : out) EXPECT_TRUE(o.message.lendable) << "pieces of plain values may be lent";
+  // A pull that keeps its values as they arrive (Pull.whole) gets one message.
+  Message whole = Pull(5, 1, keys);
+  whole.header.mutable_pull()->set_whole(true);
+  auto one = core.Step(std::move(whole));
+  ASSERT_EQ(one.size(), 1u);
+  ASSERT_EQ(one[0].message.frames.size(), 1u);
+  EXPECT_EQ(one[0].message.frames[0].size(), 2400u);
+  EXPECT_TRUE(one[0].message.unsplit);
   // Errors and other replies are never split.
   auto bad = core.Step(Pull(4, 1, {keys[0], 1u << 30}));
   ASSERT_EQ(bad.size(), 1u);

@@ -491,7 +491,7 @@ class ShmTransport::Impl {
       if (auto s = (*reader)->releaser.Arrived(region); !s.ok()) return s;
       auto hold = std::make_shared<RegionHold>(*reader, region.begin);
       std::byte* bytes = (*reader)->segment->at(region.data);
-      m.frames[d.index()] = Buffer::Adopt(std::move(hold), bytes, region.length);
+      m.frames[d.index()] = Buffer::Adopt(std::move(hold), bytes, region.length).MarkTransient();
     }
     return absl::OkStatus();
   }

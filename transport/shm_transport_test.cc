@@ -140,6 +140,8 @@ TEST(ShmTransportTest, LargeFramesTakeTheRingOnceThePeerIsKnownToShareTheHost) {
   EXPECT_TRUE(Same(got[1].frames[1], big));
   EXPECT_TRUE(got[1].frames[2].empty());
   EXPECT_EQ(reinterpret_cast<uintptr_t>(got[1].frames[1].data()) % 64, 0u);
+  EXPECT_TRUE(got[1].frames[1].transient()) << "a view of the ring: kept frames are copied (Buffer contract)";
+  EXPECT_FALSE(got[1].frames[0].transient()) << "a frame that came over the wire is the receiver's own";
   EXPECT_EQ(got[1].header.shm_frames_size(), 0) << "transport fields reach the handler";
   EXPECT_EQ(got[1].header.shm_host(), 0u);
   EXPECT_EQ(got[1].header.sender_address(), a->address());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -13,11 +14,17 @@ std::string RequestTracker::ServerName(uint32_t rank) const {
 }
 
 void RequestTracker::Begin(Handle handle, std::string what, std::vector<PartSpec> parts, Nanos deadline,
-                           std::span<float> out, uint32_t width, Nanos now) {
+                           Destination dest, uint32_t width, Nanos now) {
   auto op = std::make_unique<Op>();
   op->handle = std::move(handle);
   op->what = std::move(what);
-  op->out = out;
+  op->out = dest.out;
+  op->view = dest.view;
+  if (op->view != nullptr) {
+    uint64_t rows = 0;
+    for (const PartSpec& p : parts) rows += p.scatter.num_keys;
+    op->view->Reset(rows, width);
+  }
   op->width = width;
   op->deadline = deadline;
   op->remaining = parts.size();
@@ -103,12 +110,11 @@ absl::Status RequestTracker::ApplyReply(Part& part, const Message& reply, bool* 
   if (first ? !h.has_pull_reply() : h.body_case() != proto::Envelope::BODY_NOT_SET) {
     return malformed(absl::StrCat("unexpected reply type ", h.body_case()));
   }
-  auto* dst = reinterpret_cast<std::byte*>(op.out.data());
   if (reply.frames.size() == 1 && first) {
     if (reply.frames[0].size() != total) {
       return malformed(absl::StrCat(reply.frames[0].size(), " bytes for ", sc.num_keys, " rows of width ", op.width));
     }
-    return PlaceBytes(sc, dst, reply.frames[0], 0, total, row_bytes, scratch_);
+    return Place(part, reply.frames[0], 0, total, true);
   }
   if (reply.frames.size() != 2 || reply.frames[1].size() != kPieceDescriptorBytes) {
     return malformed(absl::StrCat(reply.frames.size(), " frames"));
@@ -122,9 +128,37 @@ absl::Status RequestTracker::ApplyReply(Part& part, const Message& reply, bool* 
                                   part.received, " of ", total, " bytes for ", sc.num_keys, " rows of width ",
                                   op.width));
   }
-  if (absl::Status s = PlaceBytes(sc, dst, reply.frames[0], offset, len, row_bytes, scratch_); !s.ok()) return s;
+  if (absl::Status s = Place(part, reply.frames[0], offset, len, part.received + len == total); !s.ok()) return s;
   part.received += len;
   *part_done = part.received == total;
+  return absl::OkStatus();
+}
+
+absl::Status RequestTracker::Place(Part& part, const Buffer& frame, uint64_t offset, uint64_t len, bool done) {
+  Op& op = *part.op;
+  const Scatter& sc = part.scatter;
+  const size_t row_bytes = size_t{op.width} * sizeof(float);
+  if (op.view == nullptr) {
+    return PlaceBytes(sc, reinterpret_cast<std::byte*>(op.out.data()), frame, offset, len, row_bytes, scratch_);
+  }
+  // Rows of the part i -> rows of the view, pointing into `values`.
+  auto point = [&](const Buffer& values) {
+    const auto* base = reinterpret_cast<const float*>(values.data());
+    for (uint64_t i = 0; i < sc.num_keys; ++i) {
+      op.view->rows_[sc.rows.empty() ? sc.first_row + i : sc.rows[i]] = base + i * op.width;
+    }
+    op.view->held_.push_back(values);
+  };
+  const bool in_place = offset == 0 && done && !frame.remote() && !frame.transient() &&
+                        reinterpret_cast<uintptr_t>(frame.data()) % alignof(float) == 0;
+  if (in_place) {
+    point(frame);
+    return absl::OkStatus();
+  }
+  if (part.assembled.empty()) part.assembled = Buffer::Allocate(sc.num_keys * row_bytes);
+  const CopyRange range{0, part.assembled.mutable_data() + offset, len};
+  if (absl::Status s = frame.CopyOut({&range, 1}); !s.ok()) return s;
+  if (done) point(std::exchange(part.assembled, Buffer()));
   return absl::OkStatus();
 }
 
@@ -166,6 +200,7 @@ std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& r
     part.parked = true;
     part.ready_epoch = std::max(h.epoch(), part.request.header.epoch());
     part.received = 0;
+    part.assembled = Buffer();
     return done;
   }
   bool part_done = true;

@@ -19,6 +19,11 @@
 //   pieces"): each piece is placed in the caller's output as it arrives, and
 //   the part is answered once its last byte is in. Pieces must arrive in
 //   offset order without gaps or overlap; anything else fails the operation.
+// - A pull with a PulledRows destination (Worker::PullView) leaves its rows
+//   in the reply frames when a reply came whole, local, not transient and
+//   aligned for floats (the view holds the frames); otherwise the part's
+//   values are assembled into one buffer of the view (pieces, lent or
+//   transient frames): never more than one copy. The view is reset at Begin.
 // - Failover: a part that keeps its request (pushes and pulls) is never
 //   failed by an Aborted reply (a server that is not, or no longer, the
 //   primary of its keys) sent at a newer map epoch than the part's, or by a
@@ -43,6 +48,7 @@
 //   never resent for silence until MarkSent says it left (its resend timer
 //   starts there), while its operation's deadline counts from Begin. It is
 //   handed back by TakeResends when its server is dead, and by TakeQueued.
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -54,8 +60,21 @@
 #include "absl/status/status.h"
 #include "common/clock.h"
 #include "common/message.h"
+#include "worker/pulled_rows.h"
 
 namespace tessera {
+
+// Where a pull's rows go: the caller's `out`, or a view that keeps them in
+// the reply frames (see RequestTracker's contract).
+struct PullDestination {
+  PullDestination() = default;
+  template <typename T>
+    requires std::convertible_to<T&&, std::span<float>>
+  PullDestination(T&& o) : out(std::span<float>(o)) {}  // NOLINT(google-explicit-constructor): as a span converts
+  PullDestination(PulledRows* v) : view(v) {}      // NOLINT(google-explicit-constructor)
+  std::span<float> out;
+  PulledRows* view = nullptr;
+};
 
 class RequestTracker {
  public:
@@ -105,10 +124,12 @@ class RequestTracker {
   // `server_names` name servers by rank in error messages.
   explicit RequestTracker(std::vector<std::string> server_names) : server_names_(std::move(server_names)) {}
 
-  // Starts an operation. For pulls, `out` is the caller's output and `width`
+  using Destination = PullDestination;
+
+  // Starts an operation. For pulls, `dest` is where the rows go and `width`
   // the row width. `what` describes it in errors ("pull of table 3").
-  void Begin(Handle handle, std::string what, std::vector<PartSpec> parts, Nanos deadline,
-             std::span<float> out = {}, uint32_t width = 0, Nanos now = 0);
+  void Begin(Handle handle, std::string what, std::vector<PartSpec> parts, Nanos deadline, Destination dest = {},
+             uint32_t width = 0, Nanos now = 0);
 
   // Feeds a reply; returns the operation if this reply completed it.
   std::vector<Completion> OnReply(const Message& reply);
@@ -156,6 +177,7 @@ class RequestTracker {
     Handle handle;
     std::string what;
     std::span<float> out;
+    PulledRows* view = nullptr;  // set: rows stay in frames (out unused)
     uint32_t width = 0;
     Nanos deadline = 0;
     size_t remaining = 0;
@@ -168,6 +190,7 @@ class RequestTracker {
     Scatter scatter;
     Message request;         // kept for a resend (pushes and pulls)
     uint64_t received = 0;   // value bytes placed so far (pulls in pieces)
+    Buffer assembled;        // view pulls: the values, when they cannot stay in their frame
     bool parked = false;     // answered Aborted: waits for the map of ready_epoch
     uint64_t ready_epoch = 0;
     Nanos sent_at = 0;
@@ -178,6 +201,9 @@ class RequestTracker {
   // Applies a reply (or one piece of it) to its part; sets *part_done when
   // the part needs nothing more (it answered, or failed).
   absl::Status ApplyReply(Part& part, const Message& reply, bool* part_done);
+  // Places bytes [offset, offset + len) of `part`'s values, which `frame`
+  // holds from its start, in the op's destination; `done`: they complete it.
+  absl::Status Place(Part& part, const Buffer& frame, uint64_t offset, uint64_t len, bool done);
   Completion Finish(Op* op);
   std::string ServerName(uint32_t rank) const;
 

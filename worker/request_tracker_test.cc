@@ -511,5 +511,97 @@ TEST(RequestTrackerTest, TakeQueuedHandsBackTheQueuedPartsItIsAskedFor) {
   EXPECT_TRUE(done[0].status.ok());
 }
 
+// The floats of a view's rows, in row order.
+std::vector<float> ViewFloats(const PulledRows& v) {
+  std::vector<float> all(v.size() * v.width());
+  v.CopyTo(all);
+  return all;
+}
+
+bool PointsInto(const PulledRows& v, size_t row, const Buffer& frame) {
+  const auto* p = reinterpret_cast<const std::byte*>(v.row(row).data());
+  return p >= frame.data() && p < frame.data() + frame.size();
+}
+
+TEST(RequestTrackerTest, AViewLeavesWholeRepliesInTheirFramesAndHoldsThem) {
+  RequestTracker t({"a", "b"});
+  PulledRows view;
+  // Server 0 holds keys 0 and 2 (scattered), server 1 keys 1 and 3 (as a
+  // contiguous run would be: rows 1.. would not be; use first_row for a run).
+  t.Begin(std::make_shared<int>(0), "pull", {{10, 0, {0, {0, 2}, 2}}, {11, 1, {3, {}, 1}}, {12, 1, {0, {1}, 1}}}, 100,
+          &view, 2);
+  EXPECT_EQ(view.size(), 4u);
+  EXPECT_EQ(view.width(), 2u);
+  Message a = Values(10, {0, 1, 20, 21});
+  const Buffer frame_a = a.frames[0];
+  EXPECT_TRUE(t.OnReply(a).empty());
+  EXPECT_TRUE(t.OnReply(Values(11, {30, 31})).empty());
+  auto done = t.OnReply(Values(12, {10, 11}));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  EXPECT_EQ(ViewFloats(view), (std::vector<float>{0, 1, 10, 11, 20, 21, 30, 31}));
+  EXPECT_TRUE(PointsInto(view, 0, frame_a)) << "read in place, not copied";
+  EXPECT_TRUE(PointsInto(view, 2, frame_a));
+  EXPECT_EQ(view.held_bytes(), 32u);  // the three frames, nothing more
+  a = Message();  // the reply is gone; the view still holds its frame
+  EXPECT_EQ(view.row(2)[1], 21.0f);
+  view.Clear();
+  EXPECT_EQ(view.size(), 0u);
+  EXPECT_EQ(view.held_bytes(), 0u);
+}
+
+TEST(RequestTrackerTest, AViewAssemblesPiecesTransientLentAndMisalignedFrames) {
+  RequestTracker t({"a", "b", "c", "d"});
+  PulledRows view;
+  // Part 10: pieces (server 0); 11: a transient frame (a ring, server 1);
+  // 12: lent by a same-host server; 13: a frame not aligned for floats.
+  t.Begin(std::make_shared<int>(0), "pull",
+          {{10, 0, {0, {}, 2}}, {11, 1, {2, {}, 1}}, {12, 2, {0, {4, 3}, 2}}, {13, 3, {5, {}, 1}}}, 100, &view, 2);
+  const std::vector<float> rows0 = {0, 1, 10, 11};
+  Message p0 = Piece(10, rows0, 0, 6, true);
+  const Buffer piece = p0.frames[0];
+  EXPECT_TRUE(t.OnReply(p0).empty());
+  EXPECT_TRUE(t.OnReply(Piece(10, rows0, 6, 10, false)).empty());
+  Message ring = Values(11, {20, 21});
+  ring.frames[0] = Buffer(ring.frames[0]).MarkTransient();
+  const Buffer ring_frame = ring.frames[0];
+  EXPECT_TRUE(t.OnReply(ring).empty());
+  auto lent = std::make_shared<LentValues>(std::vector<float>{40, 41, 30, 31});
+  EXPECT_TRUE(t.OnReply(Lent(12, lent, 4)).empty());
+  Message odd;
+  odd.header.set_request_id(13);
+  odd.header.mutable_pull_reply()->set_num_keys(1);
+  Buffer block = Buffer::Allocate(9);
+  const float row5[2] = {50, 51};
+  std::memcpy(block.mutable_data() + 1, row5, sizeof(row5));
+  odd.frames.push_back(block.Slice(1, 8));
+  auto done = t.OnReply(odd);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  EXPECT_EQ(ViewFloats(view), (std::vector<float>{0, 1, 10, 11, 20, 21, 30, 31, 40, 41, 50, 51}));
+  EXPECT_FALSE(PointsInto(view, 0, piece));
+  EXPECT_FALSE(PointsInto(view, 2, ring_frame)) << "a transient frame is copied, not held";
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(view.row(5).data()) % alignof(float), 0u);
+  EXPECT_EQ(lent->reads, 1);
+}
+
+TEST(RequestTrackerTest, AViewPartParkedAndResentStartsItsPiecesAgain) {
+  RequestTracker t({"a", "b"});
+  PulledRows view;
+  t.Begin(std::make_shared<int>(0), "pull", {{10, 0, {0, {}, 1}, PullRequest(3)}}, 100, &view, 2);
+  const std::vector<float> stale = {-5, -6};
+  EXPECT_TRUE(t.OnReply(Piece(10, stale, 0, 4, true)).empty());
+  EXPECT_TRUE(t.OnReply(Aborted(10, 5)).empty());
+  std::vector<RequestTracker::Completion> done;
+  auto resends = t.TakeResends(5, [](uint32_t) { return false; }, &done);
+  ASSERT_EQ(resends.size(), 1u);
+  EXPECT_TRUE(t.Reissue(resends[0], {{11, 1, resends[0].scatter, PullRequest(5)}}).empty());
+  done = t.OnReply(Values(11, {7, 8}));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  EXPECT_EQ(ViewFloats(view), (std::vector<float>{7, 8}));
+  EXPECT_EQ(view.held_bytes(), 8u) << "nothing of the abandoned pieces is kept";
+}
+
 }  // namespace
 }  // namespace tessera

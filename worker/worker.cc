@@ -335,6 +335,22 @@ class WorkerImpl final : public Worker {
     });
   }
 
+  Future PullView(uint32_t table, std::span<const Key> keys, PulledRows* rows, int32_t priority) override {
+    auto width = TableWidth(table);
+    if (!width.ok()) return Future::Ready(width.status());
+    if (rows == nullptr) return Future::Ready(absl::InvalidArgumentError("PullView needs a PulledRows to fill"));
+    if (keys.empty()) {
+      rows->Clear();
+      return Future::Ready(absl::OkStatus());
+    }
+    const uint64_t clock = clock_.load();
+    pulls_++;
+    bytes_pulled_ += keys.size_bytes() + keys.size() * uint64_t{*width} * sizeof(float);
+    return Issue(&pull_latency_, [&](const WorkerCore::Handle& h, Nanos now) {
+      return core_->Pull(h, table, keys, rows, *width, clock, now, {}, priority);
+    });
+  }
+
   absl::Status Clock() override {
     const Nanos start = MonotonicNow();
     // With replication, a push may have to go again to another server after

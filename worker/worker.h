@@ -17,6 +17,11 @@
 //   ZERO-COPY: the caller keeps keys, values and out valid and unchanged (out:
 //   untouched) until the returned Future is ready. Duplicate keys are allowed:
 //   a push applies each occurrence; a pull returns the row for each.
+// - PullView(table, keys, rows): a pull whose rows stay in the buffers they
+//   arrived in (no copy on the worker; worker/pulled_rows.h): once the
+//   Future is ready with OK, rows->row(i) is key i's row. The caller keeps
+//   keys unchanged and *rows alive and unused until then. Everything else
+//   (clocks, failover, read-my-writes, timeouts) is as for Pull.
 // - A pull issued after a push from the same Worker object reflects that push
 //   (requests to one server are handled in issue order).
 // - Clocks (../shared/DESIGN.md section 5): clock() starts at 0; every push
@@ -75,6 +80,7 @@
 #include "transport/transport.h"
 #include "common/keys.h"
 #include "proto/tessera.pb.h"
+#include "worker/pulled_rows.h"
 
 namespace tessera {
 
@@ -225,6 +231,10 @@ class Worker {
   virtual Future Push(uint32_t table, std::span<const Key> keys, std::span<const float> values,
                       int32_t priority) = 0;
   virtual Future Pull(uint32_t table, std::span<const Key> keys, std::span<float> out, int32_t priority) = 0;
+  Future PullView(uint32_t table, std::span<const Key> keys, PulledRows* rows) {
+    return PullView(table, keys, rows, kDefaultPriority);
+  }
+  virtual Future PullView(uint32_t table, std::span<const Key> keys, PulledRows* rows, int32_t priority) = 0;
 
   // Announces that this worker finished its current clock, and blocks while
   // it is more than the strictest staleness ahead of the slowest live worker.

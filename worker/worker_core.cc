@@ -241,8 +241,9 @@ absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t tab
   return effects;
 }
 
-WorkerCore::Effects WorkerCore::Pull(Handle handle, uint32_t table, std::span<const Key> keys, std::span<float> out,
-                                     uint32_t width, uint64_t clock, Nanos now, std::string what, int32_t priority) {
+WorkerCore::Effects WorkerCore::Pull(Handle handle, uint32_t table, std::span<const Key> keys,
+                                     RequestTracker::Destination dest, uint32_t width, uint64_t clock, Nanos now,
+                                     std::string what, int32_t priority) {
   if (what.empty()) what = absl::StrCat("pull from table ", table, " at clock ", clock);
   const size_t row_bytes = size_t{width} * sizeof(float);
   const size_t rows_per_part = RowsPerPart(row_bytes);
@@ -256,6 +257,7 @@ WorkerCore::Effects WorkerCore::Pull(Handle handle, uint32_t table, std::span<co
     p->set_num_keys(scatter.num_keys);
     p->set_clock(clock);
     p->set_hold_timeout_ms(options_.hold_timeout / kMillis);
+    p->set_whole(dest.view != nullptr);  // a view keeps the reply as it arrives: no pieces to assemble
     m.frames.push_back(std::move(k));
     const uint64_t id = m.header.request_id();
     const uint64_t bytes = scatter.num_keys * row_bytes;
@@ -279,7 +281,7 @@ WorkerCore::Effects WorkerCore::Pull(Handle handle, uint32_t table, std::span<co
   // Servers may hold a pull for slower workers up to hold_timeout, on top of
   // the request timeout.
   tracker_.Begin(std::move(handle), std::move(what), std::move(parts),
-                 now + options_.request_timeout + options_.hold_timeout, out, width, now);
+                 now + options_.request_timeout + options_.hold_timeout, dest, width, now);
   Pump(now, effects);
   return effects;
 }

@@ -152,10 +152,12 @@ class WorkerCore {
                                std::span<const float> values, uint32_t width, uint64_t clock,
                                compress::RowCompressor* compressor, Nanos now, std::string what = {},
                                int32_t priority = kDefaultTransferPriority);
-  // `out` has room for keys.size() * width floats; keys non-empty. The
-  // caller keeps keys unchanged and out untouched until completion.
-  Effects Pull(Handle handle, uint32_t table, std::span<const Key> keys, std::span<float> out, uint32_t width,
-               uint64_t clock, Nanos now, std::string what = {}, int32_t priority = kDefaultTransferPriority);
+  // `dest`: the caller's `out`, with room for keys.size() * width floats,
+  // or a PulledRows view (Worker::PullView); keys non-empty. The caller
+  // keeps keys unchanged and the destination untouched until completion.
+  Effects Pull(Handle handle, uint32_t table, std::span<const Key> keys, RequestTracker::Destination dest,
+               uint32_t width, uint64_t clock, Nanos now, std::string what = {},
+               int32_t priority = kDefaultTransferPriority);
   // Announces `clock` and waits (servers hold the acks) per the tables' staleness.
   Effects ClockAdvance(Handle handle, uint64_t clock, Nanos now);
   // Announces `clock` to every live server without waiting (all tables ASP).

@@ -249,6 +249,29 @@ TEST(WorkerCoreTest, PullRowsLandInTheCallersOrderWhateverOrderRepliesCome) {
   EXPECT_EQ(core->tracker().in_flight(), 0u);
 }
 
+TEST(WorkerCoreTest, AViewPullAsksForWholeRepliesAndGetsItsRowsInOrder) {
+  const proto::ShardMap map = MakeMap(3);
+  auto core = MakeCore(map);
+  const uint32_t width = 3;
+  const std::vector<Key> keys = {11, 2, 7, 5, 2, 40, 1, 9};
+  PulledRows view;
+  auto e = core->Pull(NewHandle(), kTable, keys, &view, width, /*clock=*/6, 0);
+  ASSERT_GE(e.sends.size(), 2u);
+  for (const Outgoing& o : e.sends) EXPECT_TRUE(o.message.header.pull().whole());
+  std::vector<RequestTracker::Completion> done;
+  for (auto it = e.sends.rbegin(); it != e.sends.rend(); ++it) done = core->OnReply(RowsReply(it->message, width)).done;
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  ASSERT_EQ(view.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i)
+    for (uint32_t j = 0; j < width; ++j) ASSERT_EQ(view.row(i)[j], static_cast<float>(keys[i] * 10 + j)) << i;
+  // A plain pull does not ask for whole replies.
+  std::vector<float> out(keys.size() * width);
+  for (const Outgoing& o : core->Pull(NewHandle(), kTable, keys, out, width, 6, 0).sends) {
+    EXPECT_FALSE(o.message.header.pull().whole());
+  }
+}
+
 TEST(WorkerCoreTest, PushNumbersAreForgottenOnEveryWayOut) {
   const proto::ShardMap map = MakeMap(2);
   auto core = MakeCore(map);

@@ -63,18 +63,22 @@ TEST(InProcClusterTest, PulledRowsEqualTheExactSumOfEveryPush) {
   std::iota(all.begin(), all.end(), 0);
   statuses = OnEachWorker(workers, [&](Worker& w) -> absl::Status {
     std::vector<float> rows(kKeys * kWidth, -1.0f), counts(kKeys, -1.0f);
+    PulledRows view;  // the same rows, left in the reply frames
     Future a = w.Pull(1, all, rows);
     Future b = w.Pull(2, all, counts);
+    Future c = w.PullView(1, all, &view);
     if (auto s = a.Wait(); !s.ok()) return s;
     if (auto s = b.Wait(); !s.ok()) return s;
+    if (auto s = c.Wait(); !s.ok()) return s;
+    if (view.size() != kKeys || view.width() != kWidth) return absl::InternalError("view of the wrong shape");
     for (Key k = 0; k < kKeys; ++k) {
       for (uint32_t j = 0; j < kWidth; ++j) {
         float expected = 0;
         for (uint32_t wr = 0; wr < kWorkers; ++wr)
           for (uint32_t round = 0; round < kRounds; ++round) expected += Gradient(wr, k, j, round);
-        if (rows[k * kWidth + j] != expected) {
+        if (rows[k * kWidth + j] != expected || view.row(k)[j] != expected) {
           return absl::InternalError(absl::StrCat("key ", k, " element ", j, ": pulled ", rows[k * kWidth + j],
-                                                  ", expected ", expected));
+                                                  " (view ", view.row(k)[j], "), expected ", expected));
         }
       }
       if (counts[k] != kWorkers * kRounds) {
@@ -97,6 +101,42 @@ TEST(InProcClusterTest, PulledRowsEqualTheExactSumOfEveryPush) {
   std::string summary = cluster.Summary();
   EXPECT_NE(summary.find("\"status\": \"ok\""), std::string::npos) << summary;
   EXPECT_NE(summary.find("{\"checked\": true}"), std::string::npos) << summary;
+}
+
+// A view holds the rows as the server answered them: later pushes change
+// the server's row (copy-on-write, server/table.h), never the view.
+TEST(InProcClusterTest, AViewKeepsTheRowsItWasAnsweredWith) {
+  InProcCluster cluster({.servers = 1, .workers = 1, .started_servers = 1});
+  auto workers = Unwrap(cluster.ConnectWorkers());
+  ASSERT_EQ(workers.size(), 1u);
+  Worker& w = *workers[0];
+  constexpr uint32_t kWidth = 1 << 16;  // 256 KiB rows: answered straight from the table's memory
+  ASSERT_TRUE(w.CreateTable({.id = 3, .width = kWidth, .kind = proto::DENSE, .dense_rows = 2,
+                             .optimizer = proto::ACCUMULATE}).ok());
+  const std::vector<Key> keys = {1, 0, 1};
+  std::vector<float> ones(keys.size() * kWidth, 1.0f);
+  ASSERT_TRUE(w.Push(3, keys, ones).Wait().ok());
+  PulledRows view, single;  // single: one row, answered with a view of the table's own chunk
+  ASSERT_TRUE(w.PullView(3, keys, &view).Wait().ok());
+  ASSERT_TRUE(w.PullView(3, std::vector<Key>{1}, &single).Wait().ok());
+  ASSERT_TRUE(w.Push(3, keys, ones).Wait().ok());
+  ASSERT_EQ(single.size(), 1u);
+  EXPECT_EQ(single.row(0)[kWidth / 2], 2.0f);
+  std::vector<float> now(keys.size() * kWidth);
+  ASSERT_TRUE(w.Pull(3, keys, now).Wait().ok());
+  ASSERT_EQ(view.size(), 3u);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const float before = keys[i] == 1 ? 2.0f : 1.0f;  // key 1 appears twice per push
+    EXPECT_EQ(view.row(i)[0], before) << i;
+    EXPECT_EQ(view.row(i)[kWidth - 1], before) << i;
+    EXPECT_EQ(now[i * kWidth + kWidth - 1], 2 * before) << i;
+  }
+  PulledRows none;
+  EXPECT_TRUE(w.PullView(3, {}, &none).Wait().ok());
+  EXPECT_EQ(none.size(), 0u);
+  EXPECT_EQ(w.PullView(3, keys, nullptr).Wait().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.PullView(9, keys, &none).Wait().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(w.Finish({}).ok());
 }
 
 // A worker whose tables are all ASP does not wait in Clock(), yet workers of a
