@@ -16,12 +16,13 @@
 //   answered. Rows never change afterwards: the frames are held by this
 //   object, and a server's row that is later updated is copied first
 //   (copy-on-write), never changed under a view.
-// - Rows are read in place only when a reply came whole, as plain floats in
-//   this process's memory and aligned for floats. A reply that came in
-//   pieces (server flag --pull-reply-piece-bytes), compressed
-//   (pull_compression, decoded into a new buffer), or lent by a same-host
-//   server (read once into a buffer of this object) is assembled first:
-//   still one copy at most, never two.
+// - Rows are read in place when a reply came whole, as plain floats in
+//   this process's memory and aligned for floats (PullView asks servers for
+//   whole replies: Pull.whole). A compressed reply (pull_compression) is
+//   viewed in the buffer it was decoded into. A reply lent by a same-host
+//   server, or one that views a shared-memory ring its sender wants back
+//   (Buffer::transient()), is copied once into a buffer of this object:
+//   one copy at most, never two.
 // - The object holds the frames (their memory) until it is destroyed,
 //   Clear()ed or used for another pull. Reusing it for a new PullView is
 //   allowed once the previous pull completed.

@@ -238,6 +238,12 @@ TEST(InProcClusterCompressionTest, CompressedPushesAndPullsCarryTheValues) {
   // fp16 replies: about 2 bytes per value (plus keys sent and headers).
   const uint64_t pulled = w.stats().wire_bytes_pulled - pulled_before;
   EXPECT_LT(pulled, keys.size() * sizeof(Key) + v.size() * 2 + 1024) << pulled;
+  // A view of encoded replies holds what they were decoded into.
+  PulledRows view;
+  ASSERT_TRUE(w.PullView(1, keys, &view).Wait().ok());
+  ASSERT_EQ(view.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i)
+    for (uint32_t j = 0; j < kWidth; ++j) ASSERT_EQ(view.row(i)[j], 2 * v[i * kWidth + j]) << i;
 
   // Top-k 1% with error feedback: after T pushes of v the servers hold T*v
   // minus what is still in the worker's residual, which stays bounded; the
