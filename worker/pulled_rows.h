@@ -27,6 +27,7 @@
 //   Clear()ed or used for another pull. Reusing it for a new PullView is
 //   allowed once the previous pull completed.
 // - Not thread-safe: one pull at a time, read after completion.
+#include <cassert>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -47,7 +48,11 @@ class PulledRows {
 
   size_t size() const { return rows_.size(); }
   uint32_t width() const { return width_; }
-  std::span<const float> row(size_t i) const { return {rows_[i], width_}; }
+  // Requires i < size().
+  std::span<const float> row(size_t i) const {
+    assert(i < rows_.size());
+    return {rows_[i], width_};
+  }
   // Copies every row into `out` (size() * width() floats), row i at i * width().
   void CopyTo(std::span<float> out) const;
   // Drops the rows and the frames that hold them.
