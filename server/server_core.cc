@@ -172,7 +172,8 @@ void ServerCore::Emit(std::vector<Outgoing>& out, std::string to, Message reply)
   const bool plain_values = reply.header.has_pull_reply() && reply.header.pull_reply().value_parts() == 0;
   reply.lendable = plain_values;
   const size_t piece = options_.pull_reply_piece_bytes;
-  if (piece == 0 || !plain_values || reply.unsplit || reply.frames.size() != 1 || reply.frames[0].size() <= piece ||
+  if (piece == 0 || !plain_values || reply.frames.size() != 1 || reply.frames[0].size() <= piece ||
+      (reply.unsplit && reply.frames[0].size() <= options_.max_whole_reply_bytes) ||
       (options_.reads_in_place && options_.reads_in_place(to, reply.frames[0].size()))) {
     out.push_back(Outgoing{std::move(to), std::move(reply)});
     return;

@@ -139,6 +139,10 @@ struct ServerCoreOptions {
   // Pull replies with more value bytes than this go out in pieces of at most
   // this many bytes (0 = never split); see "Pull replies in pieces" below.
   size_t pull_reply_piece_bytes = 0;
+  // A pull that asks for its reply whole (Pull.whole) gets it whole only up
+  // to this many value bytes, so that it fits the transport's message limit
+  // (tessera-server sets it under --max-message-mb); past it, pieces.
+  size_t max_whole_reply_bytes = size_t{1} << 30;
   // Whether the transport would lend values of this many bytes to this
   // address (Transport::LendsTo): such replies are not split, since the
   // receiver reads them in place and pieces would only add messages.
@@ -168,7 +172,8 @@ struct ServerCoreOptions {
 // place each piece while the next is still on the wire. A reply to an
 // address for which options.reads_in_place says true is never split, nor
 // one to a pull with Pull.whole set (Worker::PullView keeps the values in
-// the message they arrive in: pieces would have to be joined by a copy).
+// the message they arrive in: pieces would have to be joined by a copy)
+// when it has at most options.max_whole_reply_bytes.
 inline constexpr size_t kPullPieceDescriptorBytes = 16;
 
 struct ServerStats {

@@ -270,6 +270,19 @@ TEST_F(ServerCoreTest, LargePullRepliesGoOutInPieces) {
   ASSERT_EQ(one[0].message.frames.size(), 1u);
   EXPECT_EQ(one[0].message.frames[0].size(), 2400u);
   EXPECT_TRUE(one[0].message.unsplit);
+  // ...unless it would pass the largest whole reply (the message limit).
+  ServerCore bounded(ServerCoreOptions{.node_id = 7, .pull_reply_piece_bytes = 1000, .max_whole_reply_bytes = 2000});
+  ASSERT_TRUE(bounded.InstallShardMap(map_, 0).ok());
+  Message c2 = Request(1);
+  auto* cfg2 = c2.header.mutable_create_table()->mutable_config();
+  cfg2->set_table_id(1);
+  cfg2->set_width(300);
+  cfg2->set_kind(proto::SPARSE);
+  cfg2->set_optimizer(proto::ACCUMULATE);
+  bounded.Step(std::move(c2));
+  Message too_big = Pull(6, 1, keys);
+  too_big.header.mutable_pull()->set_whole(true);
+  EXPECT_EQ(bounded.Step(std::move(too_big)).size(), 3u) << "2400 bytes: pieces after all";
   // Errors and other replies are never split.
   auto bad = core.Step(Pull(4, 1, {keys[0], 1u << 30}));
   ASSERT_EQ(bad.size(), 1u);

@@ -1,5 +1,6 @@
 // tessera-server: parses flags and runs a ServerNode. Exits 0 when the
 // coordinator ends the job in order, 1 on any failure with one line saying why.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -75,7 +76,8 @@ int main(int argc, char** argv) {
                  "Requests of one sender held at once, waiting for slower workers; more are refused")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--max-message-mb", max_message_mb,
-                 "Largest message accepted (header and frames); a larger one is dropped by the transport")
+                 "Largest message accepted (header and frames); a larger one is dropped by the transport. "
+                 "Pull replies asked for whole (Worker::PullView) go in pieces past half of it")
       ->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
   app.add_flag("--debug", debug, "Log debug lines");
   CLI11_PARSE(app, argc, argv);
@@ -93,6 +95,8 @@ int main(int argc, char** argv) {
   tessera::ZmqTransport::Options transport_options;
   transport_options.bind = bind;
   transport_options.max_message_bytes = max_message_mb << 20;
+  // Whole pull replies (Worker::PullView) must fit one message, headers included.
+  core.max_whole_reply_bytes = std::min<size_t>(core.max_whole_reply_bytes, (max_message_mb << 20) / 2);
   auto transport = tessera::MakeTransport(std::move(transport_options));
   if (!transport.ok()) {
     TLOG_ERROR("cannot create transport: {}", transport.status().message());

@@ -21,8 +21,9 @@
 //   whole replies: Pull.whole). A compressed reply (pull_compression) is
 //   viewed in the buffer it was decoded into. A reply lent by a same-host
 //   server, or one that views a shared-memory ring its sender wants back
-//   (Buffer::transient()), is copied once into a buffer of this object:
-//   one copy at most, never two.
+//   (Buffer::transient()), or a reply too large for one message (sent in
+//   pieces after all: ServerCoreOptions::max_whole_reply_bytes), is copied
+//   once into a buffer of this object: one copy at most, never two.
 // - The object holds the frames (their memory) until it is destroyed,
 //   Clear()ed or used for another pull. Reusing it for a new PullView is
 //   allowed once the previous pull completed.
