@@ -155,7 +155,7 @@ class LogRegJob {
   // --weights dense: feature key -> index in the row, and the pulled row.
   bool dense_ = false;
   absl::flat_hash_map<Key, uint32_t> dense_index_;
-  std::vector<float> dense_row_;
+  PulledRows dense_row_;  // the dense weights as last pulled
   // Pulls the weights of `keys` into `out` (one per key) and the bias: in
   // dense mode the whole row, then gathered.
   absl::Status PullWeights(std::span<const Key> keys, std::vector<float>& out, float& bias, const char* what);
@@ -216,12 +216,14 @@ absl::Status LogRegJob::PullWeights(std::span<const Key> keys, std::vector<float
                             worker_.Pull(kBiasTable, std::span<const Key>(&bias_key, 1), std::span<float>(&bias, 1))};
     return WaitAll(pulls, what);
   }
+  // The whole dense row is only read here (a few of its entries per
+  // step): a view of it, where it arrived, instead of a copy.
   const Key row = 0;
-  dense_row_.resize(flags_.features);
-  const Future pulls[] = {worker_.Pull(kWeightTable, std::span<const Key>(&row, 1), dense_row_),
+  const Future pulls[] = {worker_.PullView(kWeightTable, std::span<const Key>(&row, 1), &dense_row_),
                           worker_.Pull(kBiasTable, std::span<const Key>(&bias_key, 1), std::span<float>(&bias, 1))};
   if (absl::Status s = WaitAll(pulls, what); !s.ok()) return s;
-  for (size_t i = 0; i < keys.size(); ++i) out[i] = dense_row_[dense_index_.at(keys[i])];
+  const std::span<const float> w = dense_row_.row(0);
+  for (size_t i = 0; i < keys.size(); ++i) out[i] = w[dense_index_.at(keys[i])];
   return absl::OkStatus();
 }
 
