@@ -126,8 +126,9 @@ absl::StatusOr<double> PushPullBench::Repeat(uint32_t table, size_t floats, cons
     absl::Status st = push ? slots[s].push.Wait() : absl::OkStatus();
     if (pull) st.Update(slots[s].pull.Wait());
     if (view && st.ok()) {
-      if (views_[s].size() != 1 || views_[s].row(0).size() != floats) {
-        st = absl::InternalError(absl::StrCat("PullView gave ", views_[s].size(), " rows"));
+      if (views_[s].size() != 1 || views_[s].width() != floats) {
+        st = absl::InternalError(absl::StrCat("PullView gave ", views_[s].size(), " rows of ", views_[s].width(),
+                                              " floats; expected 1 of ", floats));
       }
       views_[s].Clear();
     }

@@ -41,7 +41,7 @@ class ServerCoreTest : public ::testing::Test {
     return out[0].message.header;
   }
 
-  proto::Envelope Create(uint32_t id, uint32_t width, proto::TableKind kind = proto::SPARSE, uint64_t rows = 0) {
+  Message CreateRequest(uint32_t id, uint32_t width, proto::TableKind kind = proto::SPARSE, uint64_t rows = 0) {
     Message m = Request(100 + id);
     auto* c = m.header.mutable_create_table()->mutable_config();
     c->set_table_id(id);
@@ -49,7 +49,19 @@ class ServerCoreTest : public ::testing::Test {
     c->set_kind(kind);
     c->set_dense_rows(rows);
     c->set_optimizer(proto::ACCUMULATE);
-    return StepOne(std::move(m));
+    return m;
+  }
+
+  proto::Envelope Create(uint32_t id, uint32_t width, proto::TableKind kind = proto::SPARSE, uint64_t rows = 0) {
+    return StepOne(CreateRequest(id, width, kind, rows));
+  }
+
+  // A core made by the test gets the map and a sparse ACCUMULATE table.
+  void StartWithTable(ServerCore& core, uint32_t id, uint32_t width) {
+    ASSERT_TRUE(core.InstallShardMap(map_, 0).ok());
+    auto out = core.Step(CreateRequest(id, width));
+    ASSERT_EQ(out.size(), 1u);
+    ASSERT_FALSE(out[0].message.header.has_error()) << out[0].message.header.error().message();
   }
 
   // Keys of `table` that this server (rank 0) holds.
@@ -188,13 +200,7 @@ TEST_F(ServerCoreTest, WithoutShardMapEverythingIsUnavailable) {
 TEST_F(ServerCoreTest, PullRepliesComeFromThePool) {
   BufferPool pool;
   ServerCore core(1, &pool);
-  ASSERT_TRUE(core.InstallShardMap(map_, 0).ok());
-  Message c = Request(1);
-  auto* cfg = c.header.mutable_create_table()->mutable_config();
-  cfg->set_table_id(1);
-  cfg->set_width(1 << 16);  // 256 KiB rows: replies of 512 KiB, pooled
-  cfg->set_kind(proto::SPARSE);
-  core.Step(std::move(c));
+  StartWithTable(core, 1, 1 << 16);  // 256 KiB rows: replies of 512 KiB, pooled
   auto keys = OwnKeys(1, 2);  // two rows: copied into one reply (a single large row would be lent)
   for (int i = 0; i < 3; ++i) {
     auto out = core.Step(Pull(10 + i, 1, keys));
@@ -224,14 +230,7 @@ TEST_F(ServerCoreTest, LargeRowPullRepliesDoNotChangeWhenPushesFollow) {
 
 TEST_F(ServerCoreTest, LargePullRepliesGoOutInPieces) {
   ServerCore core(ServerCoreOptions{.node_id = 7, .pull_reply_piece_bytes = 1000});
-  ASSERT_TRUE(core.InstallShardMap(map_, 0).ok());
-  Message c = Request(1);
-  auto* cfg = c.header.mutable_create_table()->mutable_config();
-  cfg->set_table_id(1);
-  cfg->set_width(300);  // 1200-byte rows
-  cfg->set_kind(proto::SPARSE);
-  cfg->set_optimizer(proto::ACCUMULATE);
-  core.Step(std::move(c));
+  StartWithTable(core, 1, 300);  // 1200-byte rows
   auto keys = OwnKeys(1, 2);
   std::vector<float> values(600);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
@@ -272,14 +271,7 @@ TEST_F(ServerCoreTest, LargePullRepliesGoOutInPieces) {
   EXPECT_TRUE(one[0].message.unsplit);
   // ...unless it would pass the largest whole reply (the message limit).
   ServerCore bounded(ServerCoreOptions{.node_id = 7, .pull_reply_piece_bytes = 1000, .max_whole_reply_bytes = 2000});
-  ASSERT_TRUE(bounded.InstallShardMap(map_, 0).ok());
-  Message c2 = Request(1);
-  auto* cfg2 = c2.header.mutable_create_table()->mutable_config();
-  cfg2->set_table_id(1);
-  cfg2->set_width(300);
-  cfg2->set_kind(proto::SPARSE);
-  cfg2->set_optimizer(proto::ACCUMULATE);
-  bounded.Step(std::move(c2));
+  StartWithTable(bounded, 1, 300);
   Message too_big = Pull(6, 1, keys);
   too_big.header.mutable_pull()->set_whole(true);
   EXPECT_EQ(bounded.Step(std::move(too_big)).size(), 3u) << "2400 bytes: pieces after all";
@@ -316,14 +308,7 @@ TEST_F(ServerCoreTest, RepliesReadInPlaceAreNotSplitAndPlainValuesAreLendable) {
                                       asked.push_back(to);
                                       return bytes >= 2400;
                                     }});
-  ASSERT_TRUE(core.InstallShardMap(map_, 0).ok());
-  Message c = Request(1);
-  auto* cfg = c.header.mutable_create_table()->mutable_config();
-  cfg->set_table_id(1);
-  cfg->set_width(300);
-  cfg->set_kind(proto::SPARSE);
-  cfg->set_optimizer(proto::ACCUMULATE);
-  core.Step(std::move(c));
+  StartWithTable(core, 1, 300);
   auto keys = OwnKeys(1, 2);
   std::vector<float> values(600, 2.0f);
   auto ack = core.Step(Push(2, 1, keys, values));

@@ -327,12 +327,7 @@ class WorkerImpl final : public Worker {
           keys.size() * *width, " values, got ", out.size())));
     }
     if (keys.empty()) return Future::Ready(absl::OkStatus());
-    const uint64_t clock = clock_.load();
-    pulls_++;
-    bytes_pulled_ += keys.size_bytes() + out.size_bytes();
-    return Issue(&pull_latency_, [&](const WorkerCore::Handle& h, Nanos now) {
-      return core_->Pull(h, table, keys, out, *width, clock, now, {}, priority);
-    });
+    return IssuePull(table, keys, out, *width, priority);
   }
 
   Future PullView(uint32_t table, std::span<const Key> keys, PulledRows* rows, int32_t priority) override {
@@ -343,11 +338,17 @@ class WorkerImpl final : public Worker {
       rows->Clear();
       return Future::Ready(absl::OkStatus());
     }
+    return IssuePull(table, keys, rows, *width, priority);
+  }
+
+  // A checked, non-empty pull of rows of `width` floats into `dest`.
+  Future IssuePull(uint32_t table, std::span<const Key> keys, PullDestination dest, uint32_t width,
+                   int32_t priority) {
     const uint64_t clock = clock_.load();
     pulls_++;
-    bytes_pulled_ += keys.size_bytes() + keys.size() * uint64_t{*width} * sizeof(float);
+    bytes_pulled_ += keys.size_bytes() + keys.size() * uint64_t{width} * sizeof(float);
     return Issue(&pull_latency_, [&](const WorkerCore::Handle& h, Nanos now) {
-      return core_->Pull(h, table, keys, rows, *width, clock, now, {}, priority);
+      return core_->Pull(h, table, keys, dest, width, clock, now, {}, priority);
     });
   }
 

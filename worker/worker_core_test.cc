@@ -102,8 +102,9 @@ std::shared_ptr<int> NewHandle() { return std::make_shared<int>(0); }
 // Answers every pull part in `sends` (last first: the parts may come back
 // in any order), checks that the pull completes once, OK, with every row of
 // `keys` in `out` (RowsReply's values).
-void AnswerInReverseAndCheckRows(WorkerCore& core, const std::vector<Outgoing>& sends, std::span<const Key> keys,
-                                 std::span<const float> out, uint32_t width) {
+// Answers every request with RowsReply, last first; expects the operation
+// to complete OK with the last answer.
+void AnswerInReverse(WorkerCore& core, const std::vector<Outgoing>& sends, uint32_t width) {
   std::vector<RequestTracker::Completion> done;
   for (auto it = sends.rbegin(); it != sends.rend(); ++it) {
     EXPECT_TRUE(done.empty());
@@ -111,6 +112,11 @@ void AnswerInReverseAndCheckRows(WorkerCore& core, const std::vector<Outgoing>& 
   }
   ASSERT_EQ(done.size(), 1u);
   EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+}
+
+void AnswerInReverseAndCheckRows(WorkerCore& core, const std::vector<Outgoing>& sends, std::span<const Key> keys,
+                                 std::span<const float> out, uint32_t width) {
+  AnswerInReverse(core, sends, width);
   for (size_t i = 0; i < keys.size(); ++i)
     for (uint32_t j = 0; j < width; ++j) ASSERT_EQ(out[i * width + j], static_cast<float>(keys[i] * 10 + j)) << i;
 }
@@ -258,10 +264,7 @@ TEST(WorkerCoreTest, AViewPullAsksForWholeRepliesAndGetsItsRowsInOrder) {
   auto e = core->Pull(NewHandle(), kTable, keys, &view, width, /*clock=*/6, 0);
   ASSERT_GE(e.sends.size(), 2u);
   for (const Outgoing& o : e.sends) EXPECT_TRUE(o.message.header.pull().whole());
-  std::vector<RequestTracker::Completion> done;
-  for (auto it = e.sends.rbegin(); it != e.sends.rend(); ++it) done = core->OnReply(RowsReply(it->message, width)).done;
-  ASSERT_EQ(done.size(), 1u);
-  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  AnswerInReverse(*core, e.sends, width);
   ASSERT_EQ(view.size(), keys.size());
   for (size_t i = 0; i < keys.size(); ++i)
     for (uint32_t j = 0; j < width; ++j) ASSERT_EQ(view.row(i)[j], static_cast<float>(keys[i] * 10 + j)) << i;
