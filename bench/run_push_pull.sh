@@ -10,8 +10,10 @@
 # receiver adding each payload into a row of floats (the work a Tessera server
 # does for a push). Then it runs the Tessera driver (tessera-push-pull-bench:
 # 1 server, 1 worker, through launcher/tessera-launch with
-# configs/bench_push_pull.yaml) three times: with the same-host shared-memory
-# path off (every frame over TCP loopback); on but with pull values copied
+# configs/bench_push_pull.yaml) four times: with the same-host shared-memory
+# path off (every frame over TCP loopback); the same for pushes only, with
+# transfer.part_bytes 0 (rows pushed whole, not in the config's 2 MiB
+# pieces); on but with pull values copied
 # through the ring (shm.cross_memory=false: frames of 64 KiB and more go
 # through rings); and on as by default (pull values lent by the server and
 # read in place by the worker, one copy); and bench/memcpy_bench
@@ -60,13 +62,17 @@ echo "memcpy baseline ..." >&2
   --json "$WORK/memcpy.json"
 
 # run: run directory name, shared memory on or off, pull values lent or not,
-# the ops measured (the same-host table compares pushes and pulls only)
-for variant in "run:false:false:push,pull,pushpull,pullview" "run-ring:true:false:push,pull" \
-               "run-shm:true:true:push,pull"; do
-  IFS=: read -r run shm lend ops <<<"$variant"
-  echo "Tessera push/pull (1 server, 1 worker, shm.enabled=$shm, shm.cross_memory=$lend) ..." >&2
+# the ops measured (the same-host table compares pushes and pulls only), and
+# transfer.part_bytes if not the config's (run-whole: pushes of whole rows,
+# no pieces, for the "whole rows" column)
+for variant in "run:false:false:push,pull,pushpull,pullview:" "run-whole:false:false:push:0" \
+               "run-ring:true:false:push,pull:" "run-shm:true:true:push,pull:"; do
+  IFS=: read -r run shm lend ops parts <<<"$variant"
+  parts_flag=()
+  if [ -n "$parts" ]; then parts_flag=(--set "transfer.part_bytes=$parts"); fi
+  echo "Tessera push/pull (1 server, 1 worker, shm.enabled=$shm, shm.cross_memory=$lend${parts:+, transfer.part_bytes=$parts}) ..." >&2
   if ! "$PYTHON" "$ROOT/launcher/tessera-launch" local --config "$ROOT/configs/bench_push_pull.yaml" \
-      --build-dir "$BUILD" --run-dir "$WORK/$run" --quiet --timeout 1200 \
+      --build-dir "$BUILD" --run-dir "$WORK/$run" --quiet --timeout 1200 "${parts_flag[@]}" \
       --set "worker.program=$BUILD/bench/tessera-push-pull-bench" --set "shm.enabled=$shm" --set "shm.cross_memory=$lend" \
       --set "worker.args.sizes=\"$SIZES\"" --set "worker.args.ops=\"$ops\"" --set "worker.args.repeats=$REPEATS" \
       --set "worker.args.min_seconds=$MIN_SECONDS" --set "worker.args.min_messages=$MIN_MESSAGES" >&2; then
@@ -87,6 +93,7 @@ def tessera_results(run):
             for r in summary["worker_reports"][0]["report"]["results"]}
 
 tessera = tessera_results("run")
+tessera_whole = tessera_results("run-whole")
 tessera_ring = tessera_results("run-ring")
 tessera_shm = tessera_results("run-shm")
 memcpy = {r["size"]: r["median_mbps"] for r in json.load(open(f"{work}/memcpy.json"))["results"]}
@@ -105,25 +112,28 @@ def fmt(v):
 def ratio(a, b):
     return "–" if a is None or not b else f"{a / b:.2f}"
 
-print("| size | mode | raw ZMQ, default malloc | raw ZMQ | raw ZMQ + accumulate | Tessera push | Tessera pull "
-      "| Tessera pull, view | Tessera push+pull | push/raw | push/(raw+acc) | pull/raw | view/raw |")
-print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| size | mode | raw ZMQ, default malloc | raw ZMQ | raw ZMQ + accumulate | Tessera push "
+      "| Tessera push, whole rows | Tessera pull | Tessera pull, view | Tessera push+pull | push/raw "
+      "| whole/raw | push/(raw+acc) | pull/raw | view/raw |")
+print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for size in sizes:
     for label, mode in (("sequential", "sequential"), ("8 in flight", "inflight8"), ("stream", "stream")):
         default = raw["default"].get((size, mode))
         base = raw["mapped"].get((size, mode))
         base_acc = raw["mapped-acc"].get((size, mode))
         push, pull, view, both = (tessera.get((size, op, mode)) for op in ("push", "pull", "pullview", "pushpull"))
+        whole = tessera_whole.get((size, "push", mode))
         if label == "stream":
             label = "stream (raw PUSH/PULL; Tessera 64 pushes in flight)"
         print(f"| {size_name(size)} | {label} | {fmt(default)} | {fmt(base)} | {fmt(base_acc)} | {fmt(push)} | "
-              f"{fmt(pull)} | {fmt(view)} | {fmt(both)} | {ratio(push, base)} | {ratio(push, base_acc)} | "
-              f"{ratio(pull, base)} | {ratio(view, base)} |")
+              f"{fmt(whole)} | {fmt(pull)} | {fmt(view)} | {fmt(both)} | {ratio(push, base)} | "
+              f"{ratio(whole, base)} | {ratio(push, base_acc)} | {ratio(pull, base)} | {ratio(view, base)} |")
 print()
 print("MB/s of payload (1 MB = 10^6 bytes), medians. 'raw ZMQ' and 'raw ZMQ + accumulate' run with the allocator")
 print("settings of Tessera's binaries (--keep_allocations_mapped); the ratios compare with those. 'pull' is")
 print("Worker::Pull (rows copied into the caller's buffer); 'pull, view' is Worker::PullView (rows left in the")
-print("message they arrived in, as the raw receiver gets them).")
+print("message they arrived in, as the raw receiver gets them). 'push' runs with the config's transfer.part_bytes")
+print("(2 MiB: rows wider than that go in pieces the server updates one by one); 'push, whole rows' with 0.")
 print()
 print("| size | mode | memcpy (1 thread) | push, TCP | push, shm | pull, TCP | pull, shm ring | pull, shm lent "
       "| push shm/memcpy | pull ring/memcpy | pull lent/memcpy |")

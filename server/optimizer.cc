@@ -1,5 +1,6 @@
 #include "server/optimizer.h"
 
+#include <cassert>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -66,11 +67,16 @@ void InitOptimizerState(const proto::TableConfig& c, std::span<float> state) {
   for (float& x : state) x = fill;
 }
 
-void ApplyOptimizer(const proto::TableConfig& c, float* __restrict w, const float* __restrict g) {
-  const size_t n = c.width();
+bool UpdatesPiecesOfRows(proto::OptimizerKind kind) { return kind != proto::ADAM; }
+
+void ApplyOptimizer(const proto::TableConfig& c, float* __restrict row, const float* __restrict g, Columns cols) {
+  assert(cols.whole() || (UpdatesPiecesOfRows(c.optimizer()) && uint64_t{cols.first} + cols.count <= c.width()));
+  const size_t width = c.width();  // the stride of the state arrays
+  const size_t n = cols.Width(c.width());
   const float lr = c.learning_rate();
   const proto::OptimizerParams& p = c.optimizer_params();
-  float* __restrict s = w + n;  // the state after the weights
+  float* __restrict w = row + cols.first;          // the piece's weights
+  float* __restrict s = row + width + cols.first;  // its first state array (after the weights)
   switch (c.optimizer()) {
     case proto::ACCUMULATE:
       for (size_t j = 0; j < n; ++j) w[j] += g[j];
@@ -93,8 +99,8 @@ void ApplyOptimizer(const proto::TableConfig& c, float* __restrict w, const floa
     }
     case proto::ADAM: {
       float* __restrict m = s;
-      float* __restrict v = s + n;
-      float& t = s[2 * n];
+      float* __restrict v = s + width;
+      float& t = row[3 * width];  // whole rows only (asserted above)
       t += 1.0f;
       const float b1 = p.beta1(), b2 = p.beta2(), eps = p.epsilon();
       const float c1 = 1.0f - std::pow(b1, t);
@@ -110,7 +116,7 @@ void ApplyOptimizer(const proto::TableConfig& c, float* __restrict w, const floa
     }
     case proto::FTRL: {
       float* __restrict z = s;
-      float* __restrict acc = s + n;
+      float* __restrict acc = s + width;
       const float inv_alpha = 1.0f / lr;
       const float beta = p.ftrl_beta(), l1 = p.l1(), l2 = p.l2();
       for (size_t j = 0; j < n; ++j) {

@@ -55,9 +55,27 @@ inline uint32_t StoredRowFloats(const proto::TableConfig& config) {
 // OptimizerStateFloats(config)).
 void InitOptimizerState(const proto::TableConfig& config, std::span<float> state);
 
+// Columns [first, first + count) of a row; count 0: the whole row.
+struct Columns {
+  uint32_t first = 0;
+  uint32_t count = 0;
+  bool whole() const { return count == 0; }
+  // Floats of a row's piece: count, or the whole row's width.
+  uint32_t Width(uint32_t row_width) const { return count == 0 ? row_width : count; }
+};
+
+// Whether the optimizer can update a piece of a row alone (Columns): every
+// element-wise rule can; ADAM cannot (its step count is per row and push,
+// and would advance once per piece).
+bool UpdatesPiecesOfRows(proto::OptimizerKind kind);
+
 // One update of one row: `row` holds StoredRowFloats(config) floats
-// (weights, then state), `gradient` holds width floats.
-void ApplyOptimizer(const proto::TableConfig& config, float* row, const float* gradient);
+// (weights, then state). With whole `columns`, `gradient` holds width
+// floats; with a piece, it holds columns.count floats, the gradient of
+// those columns, and only they (and their state) change, exactly as the
+// whole-row update changes them. A piece must lie inside the row, and its
+// optimizer must be UpdatesPiecesOfRows (asserted).
+void ApplyOptimizer(const proto::TableConfig& config, float* row, const float* gradient, Columns columns = {});
 
 // Whether the optimizer keeps state (its update is not linear in the
 // gradient, so duplicate keys in one push are summed before one update).

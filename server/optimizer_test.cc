@@ -223,6 +223,88 @@ TEST(OptimizerBitsTest, EveryRuleGivesTheBitsOfThePlainLoop) {
   }
 }
 
+// A row updated piece by piece (Columns) ends with the bits of the row
+// updated whole, state included, for every optimizer that allows pieces;
+// ADAM (a step count per row and push) does not.
+TEST(OptimizerPiecesTest, PiecesOfARowGiveTheBitsOfTheWholeRowUpdate) {
+  for (proto::OptimizerKind kind : {proto::ACCUMULATE, proto::SGD, proto::MOMENTUM, proto::ADAGRAD, proto::FTRL}) {
+    ASSERT_TRUE(UpdatesPiecesOfRows(kind)) << proto::OptimizerKind_Name(kind);
+    proto::TableConfig c = Config(kind, 0.05f);
+    c.set_width(1037);
+    const size_t stored = StoredRowFloats(c);
+    std::mt19937_64 rng(11);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> whole(stored);
+    for (size_t j = 0; j < c.width(); ++j) whole[j] = normal(rng);
+    InitOptimizerState(c, std::span(whole).subspan(c.width(), stored - c.width()));
+    std::vector<float> pieces = whole;
+    for (int step = 0; step < 5; ++step) {
+      std::vector<float> g(c.width());
+      for (float& x : g) x = normal(rng);
+      ApplyOptimizer(c, whole.data(), g.data());
+      // Pieces of 0-400, 400-1000 and 1000-1037, out of order.
+      for (const Columns piece : {Columns{400, 600}, Columns{0, 400}, Columns{1000, 37}}) {
+        ApplyOptimizer(c, pieces.data(), g.data() + piece.first, piece);
+      }
+      for (size_t j = 0; j < stored; ++j) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(whole[j]), std::bit_cast<uint32_t>(pieces[j]))
+            << proto::OptimizerKind_Name(kind) << " step " << step << " float " << j;
+      }
+    }
+    // One piece changes its columns (and their state) only.
+    std::vector<float> before = pieces;
+    std::vector<float> g(10, 0.5f);
+    ApplyOptimizer(c, pieces.data(), g.data(), Columns{100, 10});
+    for (size_t j = 0; j < stored; ++j) {
+      const size_t column = j % c.width();
+      if (column < 100 || column >= 110) ASSERT_EQ(pieces[j], before[j]) << proto::OptimizerKind_Name(kind) << " " << j;
+    }
+    EXPECT_NE(pieces[100], before[100]) << proto::OptimizerKind_Name(kind);
+  }
+  EXPECT_FALSE(UpdatesPiecesOfRows(proto::ADAM));
+}
+
+TEST(OptimizerPiecesTest, TablesCheckPiecesAndApplyThemInPlace) {
+  Table sgd(Config(proto::ACCUMULATE, 1), [](Key) { return true; });
+  const std::vector<Key> keys = {3, 8};
+  // Outside the row, columns without a count, a values size for whole rows: errors naming the problem.
+  std::vector<float> two(2 * 2, 1.0f);
+  absl::Status s = sgd.ApplyPush(keys, two, 0, Columns{kWidth - 1, 2});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), testing::HasSubstr("outside rows of width"));
+  s = sgd.CheckColumns(Columns{2, 0});
+  EXPECT_THAT(std::string(s.message()), testing::HasSubstr("has no columns"));
+  std::vector<float> whole_rows(keys.size() * kWidth, 1.0f);
+  EXPECT_FALSE(sgd.ApplyPush(keys, whole_rows, 0, Columns{0, 2}).ok());
+  // A piece: columns 1 and 2 of each key's row.
+  ASSERT_TRUE(sgd.ApplyPush(keys, std::vector<float>{1, 2, 3, 4}, 0, Columns{1, 2}).ok());
+  std::vector<float> out(keys.size() * kWidth);
+  ASSERT_TRUE(sgd.ReadRows(keys, out).ok());
+  std::vector<float> want(keys.size() * kWidth, 0.0f);
+  want[1] = 1, want[2] = 2, want[kWidth + 1] = 3, want[kWidth + 2] = 4;
+  std::vector<float> initial(keys.size() * kWidth);
+  Table fresh(Config(proto::ACCUMULATE, 1), [](Key) { return true; });
+  ASSERT_TRUE(fresh.ReadRows(keys, initial).ok());
+  for (size_t j = 0; j < out.size(); ++j) EXPECT_EQ(out[j], initial[j] + want[j]) << j;
+
+  // SGD (the table's own inline loop): w -= lr * g in the piece's columns only.
+  Table plain(Config(proto::SGD, 0.5f), [](Key) { return true; });
+  std::vector<float> start(keys.size() * kWidth), after(keys.size() * kWidth);
+  ASSERT_TRUE(plain.ReadRows(keys, start).ok());
+  ASSERT_TRUE(plain.ApplyPush(keys, std::vector<float>{2, 4}, 0, Columns{3, 1}).ok());
+  ASSERT_TRUE(plain.ReadRows(keys, after).ok());
+  for (size_t j = 0; j < after.size(); ++j) {
+    const float step = j == 3 ? 1.0f : j == kWidth + 3 ? 2.0f : 0.0f;
+    EXPECT_EQ(after[j], start[j] - step) << j;
+  }
+
+  Table adam(Config(proto::ADAM, 0.05f), [](Key) { return true; });
+  s = adam.ApplyPush(keys, two, 0, Columns{0, 2});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), testing::HasSubstr("ADAM updates whole rows only"));
+  EXPECT_TRUE(adam.CheckColumns(Columns{}).ok());
+}
+
 TEST(OptimizerStateTest, StoredRowsCarryTheStateSoACopyContinuesExactly) {
   for (proto::OptimizerKind kind : {proto::MOMENTUM, proto::ADAGRAD, proto::ADAM, proto::FTRL}) {
     const proto::TableConfig c = Config(kind, 0.05f);

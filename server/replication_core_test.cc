@@ -340,6 +340,44 @@ TEST_F(ReplicationTest, ARepeatedSequenceNumberIsAcknowledgedButAppliedOnce) {
   EXPECT_EQ(PullFrom(0, keys), std::vector<float>(6, 4.0f));
 }
 
+// A push of a piece of each row (Push.columns) is forwarded as that piece
+// and de-duplicated like any push: after failover the backup serves exactly
+// the primary's rows.
+TEST_F(ReplicationTest, APieceOfEachRowIsForwardedAsThatPieceAndAppliedOnce) {
+  const auto keys = KeysOf(0, 3, map_);
+  auto piece = [&](uint64_t id, float value, uint64_t seq, uint32_t first) {
+    Message m = Request(id);
+    auto* p = m.header.mutable_push();
+    p->set_table_id(kTable);
+    p->set_num_keys(keys.size());
+    p->set_seq(seq);
+    p->set_first_column(first);
+    p->set_columns(1);
+    const std::vector<float> values(keys.size(), value);
+    m.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
+    m.frames.push_back(Buffer::CopyOf(values.data(), values.size() * sizeof(float)));
+    return m;
+  };
+  Send(ServerAddress(0), piece(1, 5.0f, 1, /*first=*/1));
+  DeliverOne();  // the primary applies it and forwards it
+  ASSERT_EQ(net_.size(), 1u);
+  ASSERT_TRUE(net_.front().message.header.has_replicate());
+  EXPECT_EQ(net_.front().message.header.replicate().first_column(), 1u);
+  EXPECT_EQ(net_.front().message.header.replicate().columns(), 1u);
+  Send(ServerAddress(0), piece(2, 7.0f, 2, /*first=*/0));
+  Send(ServerAddress(0), piece(3, 5.0f, 1, /*first=*/1));  // a repeat of the first piece
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 3u);
+  for (const Message& m : inbox_) EXPECT_TRUE(m.header.has_ack()) << m.header.ShortDebugString();
+  const std::vector<float> want = {7, 5, 7, 5, 7, 5};
+  EXPECT_EQ(PullFrom(0, keys), want);
+  EXPECT_EQ(cores_[1]->stats().forwards_applied, 3u);
+  EXPECT_EQ(cores_[1]->stats().forwards_rejected, 0u);
+  Fail(0);
+  DeliverAll();
+  EXPECT_EQ(PullFrom(1, keys), want) << "the backup's rows differ from the primary's";
+}
+
 TEST_F(ReplicationTest, LostAndRepeatedForwardsAreResentAndAppliedOnce) {
   const auto keys = KeysOf(1, 2, map_);
   Send(ServerAddress(1), Push(1, keys, 1.0f, 1));

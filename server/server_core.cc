@@ -50,6 +50,14 @@ void SetError(Message& reply, const absl::Status& status) {
   e->set_message(std::string(status.message()));
 }
 
+// The piece of each row a push (or its forward) carries, checked against
+// the table: whole rows (columns 0), or columns inside its rows.
+absl::StatusOr<Columns> PieceOf(uint32_t first_column, uint32_t columns, const Table& table) {
+  const Columns piece{first_column, columns};
+  if (auto s = table.CheckColumns(piece); !s.ok()) return s;
+  return piece;
+}
+
 }  // namespace
 
 absl::Status ServerCore::InstallShardMap(const proto::ShardMap& map, uint32_t my_rank) {
@@ -221,7 +229,7 @@ absl::StatusOr<uint64_t> ServerCore::RequiredMinClock(const Message& m) {
 void ServerCore::ApplyPending() {
   for (PendingPush& p : pending_) {
     // Validated in AcceptPush, and nothing since can make it fail.
-    absl::Status s = p.table->ApplyPush(p.keys.As<Key>(), p.values.As<float>(), p.clock);
+    absl::Status s = p.table->ApplyPush(p.keys.As<Key>(), p.values.As<float>(), p.clock, p.columns);
     assert(s.ok());
     (void)s;
   }
@@ -520,7 +528,9 @@ absl::Status ServerCore::DecodePushValues(const proto::Push& req, Message& m) {
   // values are no more than an uncompressed push of these keys would carry),
   // and the parts' headers tile exactly those values.
   if (auto keys = KeysFrame(m, req.num_keys(), req.table_id(), false); !keys.ok()) return keys.status();
-  const uint64_t n = req.num_keys() * (*table)->width();
+  auto piece = PieceOf(req.first_column(), req.columns(), **table);
+  if (!piece.ok()) return piece.status();
+  const uint64_t n = req.num_keys() * piece->Width((*table)->width());
   if (auto s = compress::CheckRowParts(std::span<const Buffer>(m.frames).subspan(1), n); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("push to table ", req.table_id(), ": ", s.message()));
   }
@@ -652,6 +662,8 @@ void ServerCore::ExportShardState(const absl::flat_hash_set<uint32_t>& shards, p
       a->add_workers(e.worker);
       a->add_incarnations(e.incarnation);
       a->add_seqs(e.seq);
+      a->add_first_columns(e.piece.first);
+      a->add_columns(e.piece.count);
     }
   }
 }
@@ -668,8 +680,11 @@ void ServerCore::ImportShardState(const proto::ShardTransfer& t, const std::func
     if (!keep(map_->VShardOfKey(a.table_id(), a.key()))) continue;
     std::vector<AuditEntry>& entries = audit_[{a.table_id(), a.key()}];
     entries.clear();
-    for (int i = 0; i < a.workers_size() && i < a.incarnations_size() && i < a.seqs_size(); ++i)
-      entries.push_back(AuditEntry{a.workers(i), a.incarnations(i), a.seqs(i)});
+    const bool pieces = a.first_columns_size() == a.seqs_size() && a.columns_size() == a.seqs_size();
+    for (int i = 0; i < a.workers_size() && i < a.incarnations_size() && i < a.seqs_size(); ++i) {
+      entries.push_back(AuditEntry{a.workers(i), a.incarnations(i), a.seqs(i),
+                                   pieces ? Columns{a.first_columns(i), a.columns(i)} : Columns{}});
+    }
   }
 }
 
@@ -964,9 +979,9 @@ absl::StatusOr<uint64_t> ServerCore::RestoreShards(const ShardSnapshot& snapshot
   return rows;
 }
 
-void ServerCore::AuditApplied(uint32_t table_id, std::span<const Key> keys, const Origin& origin) {
+void ServerCore::AuditApplied(uint32_t table_id, std::span<const Key> keys, const Origin& origin, Columns piece) {
   if (!options_.audit) return;
-  for (Key k : keys) audit_[{table_id, k}].push_back(AuditEntry{origin.worker, origin.incarnation, origin.seq});
+  for (Key k : keys) audit_[{table_id, k}].push_back(AuditEntry{origin.worker, origin.incarnation, origin.seq, piece});
 }
 
 std::string ServerCore::AuditDump() const {
@@ -988,7 +1003,10 @@ std::string ServerCore::AuditDump() const {
       absl::StrAppend(&out, "row ", id, " ", k, primary ? " primary " : " backup ");
       for (size_t i = 0; i < values.size(); ++i) absl::StrAppend(&out, i ? "," : "", values[i]);
       if (auto it = audit_.find({id, k}); it != audit_.end()) {
-        for (const AuditEntry& e : it->second) absl::StrAppend(&out, " ", e.worker, ":", e.incarnation, ":", e.seq);
+        for (const AuditEntry& e : it->second) {
+          absl::StrAppend(&out, " ", e.worker, ":", e.incarnation, ":", e.seq);
+          if (!e.piece.whole()) absl::StrAppend(&out, ":", e.piece.first, ":", e.piece.count);  // a piece of the row
+        }
       }
       out += "\n";
     }
@@ -1164,11 +1182,15 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
   auto keys_or = KeysFrame(m, req.num_keys(), req.table_id(), false);
   if (!keys_or.ok()) return keys_or.status();
   const std::span<const Key> keys = *keys_or;
-  const size_t row_bytes = size_t{table->width()} * sizeof(float);
+  auto piece = PieceOf(req.first_column(), req.columns(), *table);
+  if (!piece.ok()) return piece.status();
+  // The bytes of each key's values: its row, or the piece of it the push carries.
+  const size_t row_bytes = size_t{piece->Width(table->width())} * sizeof(float);
   if (m.frames[1].size() != keys.size() * row_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("values frame has ", m.frames[1].size(), " bytes, expected ",
                                                    keys.size() * row_bytes, " for ", req.num_keys(),
-                                                   " keys of width ", table->width()));
+                                                   " keys of width ", table->width(),
+                                                   piece->whole() ? "" : absl::StrCat(" (", piece->count, " columns)")));
   }
   if (auto s = CheckGrowth(*table, keys); !s.ok()) return s;
   // Each key's shard; which keys are this server's to take.
@@ -1207,15 +1229,15 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
       if (map_->ServerRankOf(vshard[i]) == my_rank_ && !duplicate.contains(vshard[i])) idx.push_back(i);
     GatherRows(m.frames[0], m.frames[1], idx, row_bytes, &apply_keys, &apply_values);
   }
-  if (auto s = table->CheckPush(apply_keys.As<Key>(), apply_values.As<float>()); !s.ok()) return s;
+  if (auto s = table->CheckPush(apply_keys.As<Key>(), apply_values.As<float>(), *piece); !s.ok()) return s;
   // Borrowed frames (owner() null: an in-process sender's own memory) may
   // be reused by the sender as soon as it sees the ack: apply those now.
   const bool defer = options_.apply_after_ack && apply_keys.owner() != nullptr && apply_values.owner() != nullptr;
   if (!apply_keys.empty()) {
     if (defer) {
-      pending_.push_back(PendingPush{table, apply_keys, apply_values, req.clock()});
+      pending_.push_back(PendingPush{table, apply_keys, apply_values, req.clock(), *piece});
     } else {
-      absl::Status s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>(), req.clock());
+      absl::Status s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>(), req.clock(), *piece);
       assert(s.ok());  // checked above
       (void)s;
     }
@@ -1226,7 +1248,7 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
     applied_[v]++;
   }
   if (!duplicate.empty()) stats_.duplicate_pushes++;
-  AuditApplied(req.table_id(), apply_keys.As<Key>(), origin);
+  AuditApplied(req.table_id(), apply_keys.As<Key>(), origin, *piece);
 
   // Forwards: each backup gets the keys (of this server's shards, applied
   // here now or before) of the shards it backs up; backups de-duplicate.
@@ -1255,6 +1277,8 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
     r->set_acked_below(origin.acked_below);
     r->set_table_id(req.table_id());
     r->set_clock(req.clock());
+    r->set_first_column(piece->first);
+    r->set_columns(piece->count);
     r->set_num_keys(idx.size());
     if (idx.size() == keys.size()) {
       f.frames = {m.frames[0], m.frames[1]};
@@ -1407,7 +1431,9 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
     auto keys_or = KeysFrame(m, r.num_keys(), r.table_id(), false);
     if (!keys_or.ok()) return keys_or.status();
     const std::span<const Key> keys = *keys_or;
-    const size_t row_bytes = size_t{table->width()} * sizeof(float);
+    auto piece = PieceOf(r.first_column(), r.columns(), *table);
+    if (!piece.ok()) return piece.status();
+    const size_t row_bytes = size_t{piece->Width(table->width())} * sizeof(float);
     if (m.frames[1].size() != keys.size() * row_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("forward values frame has ", m.frames[1].size(),
                                                      " bytes, expected ", keys.size() * row_bytes));
@@ -1437,13 +1463,15 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
       GatherRows(m.frames[0], m.frames[1], idx, row_bytes, &apply_keys, &apply_values);
       stats_.duplicate_pushes++;
     }
-    if (auto s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>(), r.clock()); !s.ok()) return s;
+    if (auto s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>(), r.clock(), *piece); !s.ok()) {
+      return s;
+    }
     for (uint32_t v : shards) {
       if (duplicate.contains(v)) continue;
       RecordApplied(v, origin);
       applied_[v]++;
     }
-    AuditApplied(r.table_id(), apply_keys.As<Key>(), origin);
+    AuditApplied(r.table_id(), apply_keys.As<Key>(), origin, *piece);
     return absl::OkStatus();
   }();
   if (status.ok()) stats_.forwards_applied++;

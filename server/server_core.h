@@ -333,7 +333,7 @@ class ServerCore {
   void RecordApplied(uint32_t vshard, const Origin& origin);
   uint32_t RankOfNode(uint32_t node_id) const;  // the map's rank of a server node, or UINT32_MAX
   // Audit mode: records that the push `origin` was applied to these keys.
-  void AuditApplied(uint32_t table_id, std::span<const Key> keys, const Origin& origin);
+  void AuditApplied(uint32_t table_id, std::span<const Key> keys, const Origin& origin, Columns piece);
   // A compressed push (value_parts > 0): replaces the parts by the decoded
   // fp32 values frame, so the rest handles it like any push.
   absl::Status DecodePushValues(const proto::Push& req, Message& m);
@@ -363,6 +363,7 @@ class ServerCore {
     Buffer keys;   // keep the frames alive
     Buffer values;
     uint64_t clock = 0;  // the push's clock stamp
+    Columns columns;     // the piece of each row it updates
   };
 
   // Replication state (see the contract).
@@ -450,6 +451,7 @@ class ServerCore {
   struct AuditEntry {
     uint32_t worker, incarnation;
     uint64_t seq;
+    Columns piece;  // the columns the push carried (whole rows: count 0)
   };
   absl::flat_hash_map<std::pair<uint32_t, Key>, std::vector<AuditEntry>> audit_;  // (table, key) -> pushes applied
   uint64_t next_push_id_ = 1;

@@ -1,5 +1,6 @@
 #include "server/server_core.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -111,6 +112,43 @@ TEST_F(ServerCoreTest, PushThenPullReturnsTheSum) {
   EXPECT_EQ(PullValues(1, keys), (std::vector<float>{2, 3, 4, 5, 6, 7}));
   EXPECT_EQ(core_.stats().push_requests, 2u);
   EXPECT_EQ(core_.stats().pull_requests, 1u);
+}
+
+// A push of a piece of each row (Push.first_column, Push.columns) updates
+// only those columns; a piece outside the rows, a values frame of the wrong
+// size, or a piece for an ADAM table is refused and changes nothing.
+TEST_F(ServerCoreTest, APushOfAPieceOfEachRowUpdatesOnlyThoseColumns) {
+  ASSERT_TRUE(Create(1, 4).has_ack());
+  const auto keys = OwnKeys(1, 2);
+  auto piece = [&](uint64_t id, uint32_t table, uint32_t first, uint32_t columns, const std::vector<float>& values) {
+    Message m = Push(id, table, keys, values);
+    m.header.mutable_push()->set_first_column(first);
+    m.header.mutable_push()->set_columns(columns);
+    return m;
+  };
+  ASSERT_TRUE(StepOne(piece(1, 1, 1, 2, {1, 2, 3, 4})).has_ack());
+  ASSERT_TRUE(StepOne(piece(2, 1, 3, 1, {5, 6})).has_ack());
+  EXPECT_EQ(PullValues(1, keys), (std::vector<float>{0, 1, 2, 5, 0, 3, 4, 6}));
+
+  auto refused = [&](Message m, const std::string& says) {
+    const proto::Envelope h = StepOne(std::move(m));
+    ASSERT_TRUE(h.has_error()) << h.ShortDebugString();
+    EXPECT_EQ(h.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(h.error().message(), testing::HasSubstr(says));
+  };
+  refused(piece(3, 1, 3, 2, {1, 1, 1, 1}), "columns [3, 5) are outside rows of width 4");
+  refused(piece(4, 1, 0, 2, {1, 1, 1, 1, 1, 1, 1, 1}), "(2 columns)");
+  refused(piece(5, 1, 2, 0, {1, 1, 1, 1, 1, 1, 1, 1}), "has no columns");
+  refused(piece(6, 1, 0xFFFFFFFFu, 2, {1, 1, 1, 1}), "are outside rows");
+  Message adam = CreateRequest(2, 4);
+  adam.header.mutable_create_table()->mutable_config()->set_optimizer(proto::ADAM);
+  adam.header.mutable_create_table()->mutable_config()->set_learning_rate(0.1f);
+  adam.header.mutable_create_table()->mutable_config()->mutable_optimizer_params()->set_beta1(0.9f);
+  adam.header.mutable_create_table()->mutable_config()->mutable_optimizer_params()->set_beta2(0.999f);
+  adam.header.mutable_create_table()->mutable_config()->mutable_optimizer_params()->set_epsilon(1e-8f);
+  ASSERT_TRUE(StepOne(std::move(adam)).has_ack());
+  refused(piece(7, 2, 0, 2, {1, 1, 1, 1}), "ADAM updates whole rows only");
+  EXPECT_EQ(PullValues(1, keys), (std::vector<float>{0, 1, 2, 5, 0, 3, 4, 6})) << "a refused piece changed rows";
 }
 
 TEST_F(ServerCoreTest, RepliesEchoTheRequestId) {
@@ -349,6 +387,17 @@ class ApplyAfterAckTest : public ServerCoreTest {
   std::optional<ServerCore> late_;
   std::vector<Key> keys_;
 };
+
+TEST_F(ApplyAfterAckTest, APieceAcknowledgedFirstIsAppliedAsThatPiece) {
+  Message m = Push(2, 1, keys_, {5, 6});
+  m.header.mutable_push()->set_first_column(1);
+  m.header.mutable_push()->set_columns(1);
+  auto out = late_->Step(std::move(m));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].message.header.has_ack());
+  EXPECT_EQ(late_->pending_pushes(), 1u);
+  EXPECT_EQ(LatePull(3), (std::vector<float>{0, 5, 0, 6}));
+}
 
 TEST_F(ApplyAfterAckTest, AckComesFirstAndTheNextRequestSeesThePush) {
   auto out = late_->Step(Push(2, 1, keys_, {1, 2, 3, 4}));

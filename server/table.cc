@@ -222,8 +222,28 @@ float* Table::WritableRow(size_t row) {
   return chunk->data.get() + (row & (rows_per_chunk_ - 1)) * stride_;
 }
 
-absl::Status Table::CheckPush(std::span<const Key> keys, std::span<const float> values) const {
-  const size_t w = config_.width();
+absl::Status Table::CheckColumns(Columns columns) const {
+  if (columns.whole()) {
+    if (columns.first == 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", config_.table_id(), ": a piece of rows from column ", columns.first, " has no columns"));
+  }
+  if (uint64_t{columns.first} + columns.count > config_.width()) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", config_.table_id(), ": columns [", columns.first, ", ",
+                                                   uint64_t{columns.first} + columns.count,
+                                                   ") are outside rows of width ", config_.width()));
+  }
+  if (!UpdatesPiecesOfRows(config_.optimizer())) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", config_.table_id(), ": ",
+                                                   proto::OptimizerKind_Name(config_.optimizer()),
+                                                   " updates whole rows only, not a piece of each row"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Table::CheckPush(std::span<const Key> keys, std::span<const float> values, Columns columns) const {
+  if (auto s = CheckColumns(columns); !s.ok()) return s;
+  const size_t w = columns.Width(config_.width());
   if (values.size() != keys.size() * w) {
     return absl::InvalidArgumentError(absl::StrCat("table ", config_.table_id(), ": push of ", keys.size(),
                                                    " keys needs ", keys.size() * w, " values, got ", values.size()));
@@ -231,20 +251,22 @@ absl::Status Table::CheckPush(std::span<const Key> keys, std::span<const float> 
   return CheckKeys(keys);
 }
 
-void Table::ApplyRow(uint32_t row, const float* __restrict gradient) {
+void Table::ApplyRow(uint32_t row, const float* __restrict gradient, Columns columns) {
   Touch(row);
   float* __restrict w = WritableRow(row);
   if (config_.optimizer() == proto::SGD) {  // the common case, inline
     const float lr = config_.learning_rate();
-    for (uint32_t j = 0, n = config_.width(); j < n; ++j) w[j] -= lr * gradient[j];
+    w += columns.first;
+    for (uint32_t j = 0, n = columns.Width(config_.width()); j < n; ++j) w[j] -= lr * gradient[j];
     return;
   }
-  ApplyOptimizer(config_, w, gradient);
+  ApplyOptimizer(config_, w, gradient, columns);
 }
 
-absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> values, uint64_t clock) {
-  const size_t w = config_.width();
-  if (auto s = CheckPush(keys, values); !s.ok()) return s;
+absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> values, uint64_t clock,
+                              Columns columns) {
+  const size_t w = columns.Width(config_.width());
+  if (auto s = CheckPush(keys, values, columns); !s.ok()) return s;
   AdvanceClock(clock);
   if (IsStateful(config_.optimizer()) && keys.size() > 1) {
     // One optimizer step per key and push: sum the rows of a key listed twice.
@@ -252,17 +274,17 @@ absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> 
     if (!batch.ok()) return batch.status();
     if (batch->unique().size() < keys.size()) {
       std::vector<float> sums(batch->unique().size() * w);
-      if (auto s = batch->ScatterAdd(values, config_.width(), sums); !s.ok()) return s;
+      if (auto s = batch->ScatterAdd(values, static_cast<uint32_t>(w), sums); !s.ok()) return s;
       for (size_t u = 0; u < batch->unique().size(); ++u) {
         const uint32_t row = RowForPush(batch->unique()[u]);
-        if (row != kNoRow) ApplyRow(row, sums.data() + u * w);
+        if (row != kNoRow) ApplyRow(row, sums.data() + u * w, columns);
       }
       return absl::OkStatus();
     }
   }
   for (size_t i = 0; i < keys.size(); ++i) {
     const uint32_t row = RowForPush(keys[i]);
-    if (row != kNoRow) ApplyRow(row, values.data() + i * w);
+    if (row != kNoRow) ApplyRow(row, values.data() + i * w, columns);
   }
   return absl::OkStatus();
 }

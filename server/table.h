@@ -131,11 +131,22 @@ class Table {
   // SGD and ACCUMULATE apply every occurrence of a key listed twice; the
   // stateful optimizers sum the rows of a key listed twice and make one
   // update from the sum (one optimizer step per push).
-  absl::Status ApplyPush(std::span<const Key> keys, std::span<const float> values, uint64_t clock = 0);
+  // With a piece of the rows (`columns` not whole), values holds
+  // keys.size() * columns.count floats, the gradients of those columns of
+  // each key's row, and only those columns change (exactly as a whole-row
+  // push of the same gradients with zeros elsewhere would change them, for
+  // every optimizer that UpdatesPiecesOfRows; ADAM tables refuse pieces).
+  absl::Status ApplyPush(std::span<const Key> keys, std::span<const float> values, uint64_t clock = 0,
+                         Columns columns = {});
   // The checks ApplyPush makes before it changes anything: OK means that
-  // ApplyPush(keys, values) will succeed (as long as the table does not
-  // change in between; pushes only add rows, so other pushes do not matter).
-  absl::Status CheckPush(std::span<const Key> keys, std::span<const float> values) const;
+  // ApplyPush(keys, values, clock, columns) will succeed (as long as the
+  // table does not change in between; pushes only add rows, so other pushes
+  // do not matter).
+  absl::Status CheckPush(std::span<const Key> keys, std::span<const float> values, Columns columns = {}) const;
+  // Whether a push may carry `columns` of each row: whole rows, or a piece
+  // inside the row (first + count <= width) of a table whose optimizer
+  // UpdatesPiecesOfRows. The first check of CheckPush.
+  absl::Status CheckColumns(Columns columns) const;
 
   // Copies the row of each key into out (keys.size() * width floats).
   // SPARSE rows are created on first touch when pull_creates_rows(); else a
@@ -210,7 +221,7 @@ class Table {
   float* WritableRow(size_t row);              // copies a lent chunk first
   size_t CreateRow(Key key);                   // a new row with its initial values
   size_t AddRow(Key key);                      // a new row, values unset (drops the LRU row at the budget)
-  void ApplyRow(uint32_t row, const float* gradient);
+  void ApplyRow(uint32_t row, const float* gradient, Columns columns);
   void AdvanceClock(uint64_t clock);           // and drops rows too old
   void Touch(uint32_t row);                    // most recently used, at clock_
   void Unlink(uint32_t row);

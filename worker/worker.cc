@@ -9,6 +9,8 @@
 #include <optional>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/keys.h"
@@ -286,6 +288,7 @@ class WorkerImpl final : public Worker {
     if (s.ok()) {
       std::lock_guard lock(mu_);
       widths_[options.id] = options.width;
+      if (options.optimizer == proto::ADAM) whole_row_tables_.insert(options.id);  // one step count per row and push
       if (options.consistency != proto::ASP) synchronous_tables_++;
       if (compressor) compressors_.try_emplace(options.id, std::move(compressor));  // keep residuals on a repeat
     }
@@ -309,7 +312,8 @@ class WorkerImpl final : public Worker {
     // The core slices the push by the map (all keys on one server: no copy),
     // numbers it, and encodes each part with the table's compressor.
     return Issue(&push_latency_, [&](const WorkerCore::Handle& h, Nanos now) {
-      auto effects = core_->Push(h, table, keys, values, *width, clock, CompressorLocked(table), now, {}, priority);
+      auto effects = core_->Push(h, table, keys, values, *width, clock, CompressorLocked(table), now, {}, priority,
+                                 /*row_pieces=*/!whole_row_tables_.contains(table));
       if (effects.ok()) {  // a push that failed to encode is not counted
         pushes_++;
         bytes_pushed_ += keys.size_bytes() + values.size_bytes();
@@ -621,6 +625,7 @@ class WorkerImpl final : public Worker {
   // map() takes a snapshot); set once in Start()
   std::unique_ptr<WorkerCore> core_;
   absl::flat_hash_map<uint32_t, uint32_t> widths_;     // guarded by mu_: table -> width
+  absl::flat_hash_set<uint32_t> whole_row_tables_;     // guarded by mu_: tables that refuse pieces of rows (ADAM)
   uint32_t synchronous_tables_ = 0;                     // guarded by mu_: open BSP or SSP tables
   // guarded by mu_ (the map; a compressor serializes its own calls): tables with compressed pushes
   absl::flat_hash_map<uint32_t, std::unique_ptr<compress::RowCompressor>> compressors_;

@@ -52,7 +52,10 @@
 //   (plus any hold) in all.
 // - Transfer scheduling (docs/design.md, "Transfer scheduling"): with
 //   options.part_bytes, each server's share of a push or a pull goes in
-//   parts of at most that many value bytes; with
+//   parts of at most that many value bytes (at least one row a part; but
+//   a row wider than part_bytes in an uncompressed push to a table that is
+//   not ADAM goes in pieces of part_bytes, which the server applies one by
+//   one as they arrive); with
 //   options.max_bytes_in_flight_per_server, parts wait in a queue per
 //   server and leave by priority (the `priority` argument of Push and Pull:
 //   lower numbers first, then issue order) as answers free room. A pull
@@ -102,7 +105,8 @@ struct WorkerOptions {
   int metrics_port = -1;                     // serve Prometheus metrics on this port (0: any free port; -1: off)
   std::string metrics_host = "127.0.0.1";    // IPv4 address the metrics endpoint listens on
   uint64_t part_bytes = 0;                   // split each server's share of a push or pull into parts of at most
-                                             // this many value bytes (0: one part per server)
+                                             // this many value bytes (0: one part per server); wider push rows go
+                                             // in pieces of columns (see Transfer scheduling above)
   uint64_t max_bytes_in_flight_per_server = 0;  // value bytes sent to one server and unanswered; parts wait by
                                                 // priority beyond it (0: unbounded, everything sent at once)
 };

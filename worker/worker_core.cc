@@ -158,7 +158,7 @@ std::vector<Outgoing> WorkerCore::ClockNotice(uint64_t clock) {
 absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t table, std::span<const Key> keys,
                                                      std::span<const float> values, uint32_t width, uint64_t clock,
                                                      compress::RowCompressor* compressor, Nanos now,
-                                                     std::string what, int32_t priority) {
+                                                     std::string what, int32_t priority, bool row_pieces) {
   if (what.empty()) what = absl::StrCat("push to table ", table);
   const size_t row_bytes = size_t{width} * sizeof(float);
   const size_t rows_per_part = RowsPerPart(row_bytes);
@@ -179,12 +179,17 @@ absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t tab
     return last_push_seq_;
   };
   if (!number_per_part) next_seq();
-  auto add_part = [&](uint32_t server, Buffer k, Buffer v, uint64_t n) {
+  // A part: n keys, and their whole rows or (columns > 0) those columns of
+  // one row from first_column.
+  auto add_part = [&](uint32_t server, Buffer k, Buffer v, uint64_t n, uint32_t first_column = 0,
+                      uint32_t columns = 0) {
     Message m = NewRequest();
     auto* p = m.header.mutable_push();
     p->set_table_id(table);
     p->set_num_keys(n);
     p->set_clock(clock);
+    p->set_first_column(first_column);
+    p->set_columns(columns);
     p->set_seq(number_per_part ? next_seq() : first_seq);
     p->set_acked_below(acked_below);
     p->set_incarnation(options_.incarnation);
@@ -205,15 +210,40 @@ absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t tab
       m.frames.push_back(std::move(v));
     }
     const uint64_t id = m.header.request_id();
-    parts.push_back({id, server, {}, std::move(m), {priority, id, n * row_bytes}});
+    const uint64_t bytes = columns > 0 ? uint64_t{columns} * sizeof(float) : n * row_bytes;
+    parts.push_back({id, server, {}, std::move(m), {priority, id, bytes}});
+  };
+  // Rows wider than a part go in pieces of columns (uncompressed pushes of
+  // tables that allow it), each a slice of the caller's row: key i's row
+  // from column c.
+  const size_t piece_columns = PieceColumns(row_bytes, compressor == nullptr && row_pieces);
+  auto add_pieces = [&](uint32_t server, Buffer k, size_t i) {
+    for (size_t c = 0; c < width && encode_error.ok(); c += piece_columns) {
+      const size_t n = std::min(piece_columns, width - c);
+      add_part(server, k, Buffer::Borrow(values.data() + i * width + c, n * sizeof(float)), 1,
+               static_cast<uint32_t>(c), static_cast<uint32_t>(n));
+    }
   };
   Slice(map, table, keys, [&](uint32_t server) {  // all keys on one server: no copy (slices of the caller's memory)
+    if (piece_columns > 0) {
+      for (size_t i = 0; i < keys.size() && encode_error.ok(); ++i)
+        add_pieces(server, Buffer::Borrow(keys.data() + i, sizeof(Key)), i);
+      return;
+    }
     for (size_t b = 0; b < keys.size() && encode_error.ok(); b += rows_per_part) {
       const size_t n = std::min(rows_per_part, keys.size() - b);
       add_part(server, Buffer::Borrow(keys.data() + b, n * sizeof(Key)),
                Buffer::Borrow(values.data() + b * width, n * row_bytes), n);
     }
   }, [&](uint32_t server, const std::vector<uint32_t>& rows) {
+    if (piece_columns > 0) {
+      for (size_t r = 0; r < rows.size() && encode_error.ok(); ++r) {
+        Buffer k = Buffer::Allocate(sizeof(Key));
+        k.AsMutable<Key>()[0] = keys[rows[r]];
+        add_pieces(server, std::move(k), rows[r]);
+      }
+      return;
+    }
     const auto* src = reinterpret_cast<const std::byte*>(values.data());
     for (size_t b = 0; b < rows.size() && encode_error.ok(); b += rows_per_part) {
       const size_t n = std::min(rows_per_part, rows.size() - b);
@@ -284,6 +314,12 @@ WorkerCore::Effects WorkerCore::Pull(Handle handle, uint32_t table, std::span<co
                  now + options_.request_timeout + options_.hold_timeout, dest, width, now);
   Pump(now, effects);
   return effects;
+}
+
+size_t WorkerCore::PieceColumns(size_t row_bytes, bool allowed) const {
+  if (!allowed || options_.part_bytes == 0 || row_bytes <= options_.part_bytes) return 0;
+  const size_t columns = std::max<size_t>(1, options_.part_bytes / sizeof(float));
+  return columns * sizeof(float) >= row_bytes ? 0 : columns;  // a "piece" of the whole row is the row
 }
 
 size_t WorkerCore::RowsPerPart(size_t row_bytes) const {

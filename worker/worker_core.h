@@ -50,6 +50,13 @@
 //   parts of at most part_bytes value bytes (rows * width * 4, uncompressed;
 //   at least one row per part), in the caller's key order. Parts of keys all
 //   on one server still borrow the caller's memory (a slice of it).
+//   Rows wider than part_bytes, in an uncompressed push with row_pieces:
+//   each row goes in pieces of part_bytes / 4 columns (the last one
+//   shorter), one part per piece (Push.first_column, Push.columns), each a
+//   slice of the caller's row, so that a server updates a wide row piece by
+//   piece as the pieces arrive instead of after the whole row did. Pieces
+//   of one push go to one server, in column order, each with its own
+//   sequence number; a pull still gets whole rows.
 // - max_bytes_in_flight_per_server > 0: push and pull parts wait in a queue
 //   per server, ordered by (priority, issue order): lower priority numbers
 //   go first (a layer's index, say), equal ones in issue order. A part
@@ -148,10 +155,13 @@ class WorkerCore {
   // `values` holds keys.size() * width floats; keys non-empty. The caller
   // keeps keys and values unchanged until the operation completes.
   // `compressor` may be null. On error nothing is registered.
+  // `row_pieces`: the table updates pieces of rows (its optimizer is not
+  // ADAM), so that rows wider than part_bytes may go in pieces (see
+  // Transfer scheduling).
   absl::StatusOr<Effects> Push(Handle handle, uint32_t table, std::span<const Key> keys,
                                std::span<const float> values, uint32_t width, uint64_t clock,
                                compress::RowCompressor* compressor, Nanos now, std::string what = {},
-                               int32_t priority = kDefaultTransferPriority);
+                               int32_t priority = kDefaultTransferPriority, bool row_pieces = false);
   // `dest`: the caller's `out`, with room for keys.size() * width floats,
   // or a PulledRows view (Worker::PullView); keys non-empty. The caller
   // keeps keys unchanged and the destination untouched until completion.
@@ -211,6 +221,9 @@ class WorkerCore {
   bool scheduled() const { return options_.max_bytes_in_flight_per_server > 0; }
   // Rows per part for rows of `row_bytes` (part_bytes; at least one).
   size_t RowsPerPart(size_t row_bytes) const;
+  // Columns per piece for a push of rows of row_bytes: 0 (whole rows) unless
+  // pieces are allowed and the rows are wider than part_bytes.
+  size_t PieceColumns(size_t row_bytes, bool allowed) const;
   // Sends a new push or pull part now (no bound), or queues it (marks it queued).
   void Dispatch(RequestTracker::PartSpec& part, Effects& effects);
   // Frees the bytes of answered parts and sends what the bounds allow.

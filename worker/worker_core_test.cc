@@ -759,6 +759,74 @@ TEST(WorkerCoreTransferTest, PartBytesSplitsEachServersShareAndNumbersEveryPart)
   EXPECT_EQ(tiny->last_push_seq(), one.size());
 }
 
+// Rows wider than part_bytes go in pieces of columns (with row_pieces):
+// each piece a slice of the caller's row, numbered on its own, in column
+// order; compressed pushes and tables without row_pieces keep whole rows.
+TEST(WorkerCoreTransferTest, RowsWiderThanAPartGoInPiecesOfColumns) {
+  const proto::ShardMap map = MakeMap(2);
+  const uint32_t width = 5;  // 20 value bytes a row: pieces of 2, 2 and 1 columns
+  auto core = MakeCore(map, TransferOptions(/*part_bytes=*/8, 0));
+  std::vector<Key> keys = KeysOn(map, 0, 1);
+  for (Key k : KeysOn(map, 1, 2)) keys.push_back(k);
+  std::vector<float> values(keys.size() * width);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  auto e = core->Push(NewHandle(), kTable, keys, values, width, 0, nullptr, 0, {}, 0, /*row_pieces=*/true);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ(e->sends.size(), 3 * keys.size());
+  std::map<Key, std::vector<float>> rebuilt;
+  std::map<Key, std::vector<uint32_t>> firsts;
+  std::set<uint64_t> seqs;
+  for (const Outgoing& o : e->sends) {
+    const proto::Push& p = o.message.header.push();
+    const auto k = o.message.frames[0].As<Key>();
+    const auto v = o.message.frames[1].As<float>();
+    ASSERT_EQ(p.num_keys(), 1u);
+    ASSERT_EQ(k.size(), 1u);
+    ASSERT_GT(p.columns(), 0u);
+    ASSERT_EQ(v.size(), p.columns());
+    EXPECT_LE(p.columns() * sizeof(float), 8u);
+    EXPECT_EQ(ServerAddress(core->map()->ServerRankOfKey(kTable, k[0])), o.to);
+    // A slice of the caller's row, not a copy.
+    const size_t i = static_cast<size_t>(std::find(keys.begin(), keys.end(), k[0]) - keys.begin());
+    EXPECT_EQ(static_cast<const void*>(v.data()), static_cast<const void*>(values.data() + i * width + p.first_column()));
+    std::vector<float>& row = rebuilt[k[0]];
+    row.resize(width, -1);
+    for (size_t j = 0; j < v.size(); ++j) row[p.first_column() + j] = v[j];
+    firsts[k[0]].push_back(p.first_column());
+    seqs.insert(p.seq());
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(rebuilt[keys[i]], std::vector<float>(values.begin() + i * width, values.begin() + (i + 1) * width));
+    EXPECT_EQ(firsts[keys[i]], (std::vector<uint32_t>{0, 2, 4}));  // in column order
+  }
+  EXPECT_EQ(seqs.size(), e->sends.size());  // every piece its own number
+  EXPECT_EQ(core->last_push_seq(), e->sends.size());
+  // The push completes with its last piece.
+  for (size_t i = 0; i + 1 < e->sends.size(); ++i) EXPECT_TRUE(core->OnReply(Ack(e->sends[i].message)).done.empty());
+  EXPECT_EQ(core->OnReply(Ack(e->sends.back().message)).done.size(), 1u);
+
+  // Without row_pieces (an ADAM table), or with rows no wider than a part: whole rows.
+  auto whole = core->Push(NewHandle(), kTable, keys, values, width, 0, nullptr, 0, {}, 0, /*row_pieces=*/false);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(whole->sends.size(), keys.size());
+  auto wide_parts = MakeCore(map, TransferOptions(/*part_bytes=*/20, 0));
+  auto fits = wide_parts->Push(NewHandle(), kTable, keys, values, width, 0, nullptr, 0, {}, 0, true);
+  ASSERT_TRUE(fits.ok());
+  for (const Outgoing& o : fits->sends) EXPECT_EQ(o.message.header.push().columns(), 0u);
+  // A compressed push encodes whole rows (a codec's state is per row).
+  auto spec = compress::ParseCodecSpec("fp16:raw_below=1");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto compressor = compress::RowCompressor::Create(*spec, width, 1);
+  ASSERT_TRUE(compressor.ok());
+  auto encoded = core->Push(NewHandle(), kTable, keys, values, width, 0, compressor->get(), 0, {}, 0, true);
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  EXPECT_EQ(encoded->sends.size(), keys.size());
+  for (const Outgoing& o : encoded->sends) {
+    EXPECT_EQ(o.message.header.push().columns(), 0u);
+    EXPECT_GE(o.message.header.push().value_parts(), 1u);
+  }
+}
+
 TEST(WorkerCoreTransferTest, PulledPartsLandInTheCallersRows) {
   const proto::ShardMap map = MakeMap(3);
   const uint32_t width = 3;

@@ -30,6 +30,8 @@ struct ClusterOptions {
   Nanos hold_timeout = 120 * kSeconds;  // workers' wait for slower workers
   Nanos rejoin_timeout = 60 * kSeconds;  // with WorkerLossPolicy::kWait
   ServerCoreOptions server;  // e.g. the test-only answer_early switch
+  uint32_t replication = 1;  // copies of each shard
+  uint64_t part_bytes = 0;   // the workers' WorkerOptions::part_bytes
 };
 
 class InProcCluster {
@@ -42,6 +44,7 @@ class InProcCluster {
     co.servers = o.servers;
     co.workers = o.workers;
     co.vshards = o.vshards;
+    co.replication = o.replication;
     co.assemble_timeout = o.assemble_timeout;
     co.lease = o.lease;
     co.on_worker_loss = o.on_worker_loss;
@@ -81,6 +84,7 @@ class InProcCluster {
     wo.request_timeout = 20 * kSeconds;
     wo.heartbeat_interval = options_.lease / 5;
     wo.hold_timeout = options_.hold_timeout;
+    wo.part_bytes = options_.part_bytes;
     return Worker::Connect(wo, net_.Create(absl::StrCat("worker-", rank, "-", next_process_++)));
   }
 

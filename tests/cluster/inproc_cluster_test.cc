@@ -105,6 +105,62 @@ TEST(InProcClusterTest, PulledRowsEqualTheExactSumOfEveryPush) {
 
 // A view holds the rows as the server answered them: later pushes change
 // the server's row (copy-on-write, server/table.h), never the view.
+// Rows wider than the workers' part_bytes are pushed in pieces of columns
+// (WorkerOptions::part_bytes): with every shard on two servers, the pulled
+// rows equal the exact sum of every push, on the primaries and, after the
+// sums are read, the same rows for a table whose optimizer takes whole rows
+// only (ADAM: its wide pushes go whole and are applied).
+TEST(InProcClusterTest, WideRowsPushedInPiecesSumExactly) {
+  constexpr uint32_t kWorkers = 2, kWidth = 1000, kRows = 8, kRounds = 3;
+  InProcCluster cluster({.servers = 2, .workers = kWorkers, .started_servers = 2, .vshards = 16,
+                         .replication = 2, .part_bytes = 1024});  // pieces of 256 columns
+  auto workers = Unwrap(cluster.ConnectWorkers());
+  ASSERT_EQ(workers.size(), kWorkers);
+  TableOptions dense{.id = 1, .name = "wide", .width = kWidth, .kind = proto::DENSE, .dense_rows = kRows,
+                     .optimizer = proto::ACCUMULATE};
+  TableOptions adam{.id = 2, .name = "wide-adam", .width = kWidth, .kind = proto::DENSE, .dense_rows = kRows,
+                    .optimizer = proto::ADAM, .learning_rate = 0.01f};
+  std::vector<Key> keys(kRows);
+  std::iota(keys.begin(), keys.end(), 0);
+  auto statuses = OnEachWorker(workers, [&](Worker& w) -> absl::Status {
+    if (auto s = w.CreateTable(dense); !s.ok()) return s;
+    if (auto s = w.CreateTable(adam); !s.ok()) return s;
+    if (auto s = w.Barrier("created"); !s.ok()) return s;
+    std::vector<std::vector<float>> values;
+    for (uint32_t round = 0; round < kRounds; ++round) {
+      std::vector<float> v;
+      for (Key key : keys)
+        for (uint32_t j = 0; j < kWidth; ++j) v.push_back(Gradient(w.rank(), key, j, round));
+      values.push_back(std::move(v));
+    }
+    std::vector<Future> futures;  // every round in flight at once
+    for (const auto& v : values) {
+      futures.push_back(w.Push(1, keys, v));
+      futures.push_back(w.Push(2, keys, v));
+    }
+    for (auto& f : futures)
+      if (auto s = f.Wait(); !s.ok()) return s;
+    return w.Barrier("pushed");
+  });
+  for (auto& s : statuses) ASSERT_TRUE(s.ok()) << s;
+  std::vector<float> out(kRows * kWidth);
+  ASSERT_TRUE(workers[0]->Pull(1, keys, out).Wait().ok());
+  for (Key key : keys) {
+    for (uint32_t j = 0; j < kWidth; ++j) {
+      float want = 0;
+      for (uint32_t w = 0; w < kWorkers; ++w)
+        for (uint32_t r = 0; r < kRounds; ++r) want += Gradient(w, key, j, r);
+      ASSERT_EQ(out[key * kWidth + j], want) << "key " << key << " column " << j;
+    }
+  }
+  std::vector<float> moved(kRows * kWidth, 0.0f);
+  ASSERT_TRUE(workers[1]->Pull(2, keys, moved).Wait().ok());
+  EXPECT_NE(moved, std::vector<float>(kRows * kWidth, 0.0f)) << "the ADAM table took no step";
+  statuses = OnEachWorker(workers, [](Worker& w) { return w.Finish(proto::WorkerDone()); });
+  for (auto& s : statuses) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(cluster.CoordinatorResult().ok());
+}
+
 TEST(InProcClusterTest, AViewKeepsTheRowsItWasAnsweredWith) {
   InProcCluster cluster({.servers = 1, .workers = 1, .started_servers = 1});
   auto workers = Unwrap(cluster.ConnectWorkers());

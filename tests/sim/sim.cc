@@ -667,7 +667,8 @@ class WorkerProc final : public Proc {
       const uint64_t seq_before = core_->last_push_seq();
       const int32_t priority =  // (only with a bound: other runs keep their random stream)
           world_->scenario().max_bytes_in_flight > 0 ? static_cast<int32_t>(world_->rng().Below(3)) : 0;
-      auto effects = core_->Push(op, kTable, op->keys, op->values, W, clock_, nullptr, now, op->what, priority);
+      auto effects = core_->Push(op, kTable, op->keys, op->values, W, clock_, nullptr, now, op->what, priority,
+                                 /*row_pieces=*/true);  // ACCUMULATE: rows wider than part_bytes go in pieces
       if (!effects.ok()) {
         world_->Violation(absl::StrCat(address, ": push refused: ", effects.status().message()));
         continue;
@@ -1411,6 +1412,7 @@ void World::CheckAudit(RunResult& r) {
     bool primary;
     std::vector<float> values;
     std::multiset<std::string> entries;
+    std::set<std::string> pushes;  // NODE:INC:SEQ of each entry (without a piece's columns)
   };
   // Rank -> key -> row, from each rank's current live process.
   std::vector<std::map<Key, Row>> rows(servers_.size());
@@ -1438,28 +1440,35 @@ void World::CheckAudit(RunResult& r) {
         row.values.push_back(x);
       }
       for (size_t i = 5; i < f.size(); ++i) {
+        // NODE:INC:SEQ, then :FIRST:COUNT for a push of a piece of the row.
         std::vector<absl::string_view> parts = absl::StrSplit(f[i], ':');
         uint32_t node = 0, incarnation = 0;
         uint64_t seq = 0;
-        if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &node) || !absl::SimpleAtoi(parts[1], &incarnation) ||
-            !absl::SimpleAtoi(parts[2], &seq)) {
+        if ((parts.size() != 3 && parts.size() != 5) || !absl::SimpleAtoi(parts[0], &node) ||
+            !absl::SimpleAtoi(parts[1], &incarnation) || !absl::SimpleAtoi(parts[2], &seq)) {
           continue;
         }
         const std::string where = absl::StrCat(s->address, " key ", key);
         if (row.entries.count(std::string(f[i])) > 0) Violation(absl::StrCat("push ", f[i], " applied twice to ", where));
         row.entries.insert(std::string(f[i]));
+        row.pushes.insert(absl::StrCat(node, ":", incarnation, ":", seq));
         auto it = issued.find({node, incarnation, seq});
         if (it == issued.end() || std::find(it->second->keys.begin(), it->second->keys.end(), key) == it->second->keys.end()) {
           Violation(absl::StrCat("push ", f[i], " applied to ", where, " was never issued for that key"));
         }
       }
-      // Each column counts its worker's applied pushes exactly.
+      // Each column counts its worker's applied pushes exactly (a piece
+      // counts for the columns it carried).
       std::vector<float> expect(row.values.size(), 0.0f);
       for (const std::string& e : row.entries) {
-        uint32_t node = 0;
-        if (!absl::SimpleAtoi(e.substr(0, e.find(':')), &node)) continue;
+        std::vector<absl::string_view> parts = absl::StrSplit(e, ':');
+        uint32_t node = 0, first = 0, count = 0;
+        if (!absl::SimpleAtoi(parts[0], &node)) continue;
+        if (parts.size() == 5 && (!absl::SimpleAtoi(parts[3], &first) || !absl::SimpleAtoi(parts[4], &count))) continue;
         auto rk = rank_of.find(node);
-        if (rk != rank_of.end() && rk->second < expect.size()) expect[rk->second] += 1.0f;
+        if (rk == rank_of.end() || rk->second >= expect.size()) continue;
+        if (parts.size() == 5 && (rk->second < first || rk->second >= uint64_t{first} + count)) continue;
+        expect[rk->second] += 1.0f;
       }
       if (expect != row.values) {
         Violation(absl::StrCat(s->address, " key ", key, ": values ", absl::StrJoin(row.values, ","),
@@ -1493,7 +1502,7 @@ void World::CheckAudit(RunResult& r) {
       auto it = rows[primary].find(k);
       bool found = false;
       for (uint64_t seq = p.seq; it != rows[primary].end() && seq <= p.seq_last && !found; ++seq)
-        found = it->second.entries.count(absl::StrCat(p.worker_node, ":", p.incarnation, ":", seq)) > 0;
+        found = it->second.pushes.count(absl::StrCat(p.worker_node, ":", p.incarnation, ":", seq)) > 0;
       if (!found) {
         Violation(absl::StrCat("acknowledged push ", entry, " (worker ", p.worker_rank, ") is missing from key ", k,
                                " at its primary, server ", primary));
@@ -1578,9 +1587,13 @@ Scenario Scenario::FromSeed(uint64_t seed) {
   if (rng.Chance(0.25)) s.servers_added = 1;
   if (rng.Chance(0.25)) s.drains = 1;
   if (rng.Chance(0.25)) s.workers_added = 1;
-  if (rng.Chance(0.3)) {  // transfer scheduling: parts of 1-3 rows, 1-4 parts in flight per server
-    const uint64_t row_bytes = uint64_t{4} * (s.workers + s.workers_added);
-    s.part_bytes = row_bytes * rng.Between(1, 3);
+  if (rng.Chance(0.3)) {  // transfer scheduling: parts of 1-2 rows or pieces of rows, 1-4 parts in flight per server
+    const uint32_t width = s.workers + s.workers_added;
+    const uint64_t row_bytes = uint64_t{4} * width;
+    const uint64_t rows = rng.Between(1, 3);
+    // 3: pieces of half a row (rounded up), when a row has 2 columns or more
+    // (the same draws as before pieces existed, so older seeds keep their runs).
+    s.part_bytes = rows == 3 && width >= 2 ? uint64_t{4} * ((width + 1) / 2) : row_bytes * rows;
     if (rng.Chance(0.7)) s.max_bytes_in_flight = s.part_bytes * rng.Between(1, 4);
   }
   return s;

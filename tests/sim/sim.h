@@ -114,7 +114,8 @@ struct Scenario {
   // servers' fastest worker's clock; the table has a column for them.
   uint32_t workers_added = 0;
   // Transfer scheduling (WorkerCoreOptions): pushes and pulls split into
-  // parts of at most part_bytes value bytes (0: one per server), at most
+  // parts of at most part_bytes value bytes (0: one per server; less than a
+  // row: pushes go in pieces of rows), at most
   // max_bytes_in_flight to a server at once (0: no bound); each push draws
   // a priority 0-2.
   uint64_t part_bytes = 0;
