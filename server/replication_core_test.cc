@@ -345,17 +345,12 @@ TEST_F(ReplicationTest, ARepeatedSequenceNumberIsAcknowledgedButAppliedOnce) {
 // the primary's rows.
 TEST_F(ReplicationTest, APieceOfEachRowIsForwardedAsThatPieceAndAppliedOnce) {
   const auto keys = KeysOf(0, 3, map_);
-  auto piece = [&](uint64_t id, float value, uint64_t seq, uint32_t first) {
-    Message m = Request(id);
-    auto* p = m.header.mutable_push();
-    p->set_table_id(kTable);
-    p->set_num_keys(keys.size());
-    p->set_seq(seq);
-    p->set_first_column(first);
-    p->set_columns(1);
+  auto piece = [&](uint64_t id, float value, uint64_t seq, uint32_t first) {  // column `first` of each row
+    Message m = Push(id, keys, value, seq);
+    m.header.mutable_push()->set_first_column(first);
+    m.header.mutable_push()->set_columns(1);
     const std::vector<float> values(keys.size(), value);
-    m.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
-    m.frames.push_back(Buffer::CopyOf(values.data(), values.size() * sizeof(float)));
+    m.frames[1] = Buffer::CopyOf(values.data(), values.size() * sizeof(float));
     return m;
   };
   Send(ServerAddress(0), piece(1, 5.0f, 1, /*first=*/1));
