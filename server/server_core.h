@@ -26,6 +26,13 @@
 //   sender's own memory, which it may reuse once it sees the Ack) is applied
 //   before its Ack, as without the option.
 //   Without the option, Step applies a push before it returns its Ack.
+// - Pieces of rows: a push (and its forward) may carry columns
+//   [first_column, first_column + columns) of each key's row instead of
+//   whole rows (columns > 0). The piece must lie inside the row and the
+//   table's optimizer must update pieces (not ADAM), else the push gets an
+//   InvalidArgument Error and changes nothing; it updates those columns
+//   (and their optimizer state) only, is forwarded as the same piece, and
+//   is de-duplicated and audited (with its columns) like any push.
 // - Consistency (../shared/DESIGN.md section 5): a Pull stamped clock c of a
 //   table with staleness s is answered only once every live worker has
 //   announced clock >= c - s (BSP: s = 0; ASP: never held), so it reflects
