@@ -223,8 +223,9 @@ class ServerCore {
   // Audit mode: the rows of every shard this server holds, with their
   // values and applied pushes, one line each, sorted:
   //   row TABLE KEY ROLE V1,V2,.. WORKER:INCARNATION:SEQ ...
-  // ROLE is "primary" or "backup"; a first line "# tessera audit server RANK
-  // epoch E" names the server. Empty outside audit mode.
+  // ROLE is "primary" or "backup"; a push of a piece of the row adds
+  // :FIRST:COUNT (its columns) to its entry. A first line "# tessera audit
+  // server RANK epoch E" names the server. Empty outside audit mode.
   std::string AuditDump() const;
 
   // Checkpoints (server/checkpoint.h): the shards this server is primary of

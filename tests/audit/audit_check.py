@@ -11,8 +11,10 @@ writes only its header), and proves, for every row of the table:
                             server that holds a copy of it;
   applied <= issued         every push in a row was issued, to that key;
   no duplicates             no copy lists a push twice;
-  values agree              a row's value is the number of pushes it lists
-                            (each adds +1);
+  values agree              a row's value (its first column) is the number
+                            of pushes it lists (each adds +1; a push of a
+                            piece of the row counts if the piece holds
+                            that column);
   replicas equal            every copy of a row lists the same pushes.
 
 Prints a summary and the first violations; exits 0 when everything holds,
@@ -68,8 +70,15 @@ def read_audits(audit: Path):
                 raise ValueError(f"{path}:{number}: cannot read {line!r}")
             table, key, role = int(parts[1]), int(parts[2]), parts[3]
             value = float(parts[4].split(",")[0])
-            pushes = [tuple(int(x) for x in p.split(":")) for p in parts[5:]]
-            rows[(table, key)].append((path.name, role, value, pushes))
+            # NODE:INC:SEQ, or NODE:INC:SEQ:FIRST:COUNT for a push of a piece
+            # of the row (columns FIRST .. FIRST+COUNT-1).
+            entries = [tuple(int(x) for x in p.split(":")) for p in parts[5:]]
+            if any(len(e) not in (3, 5) for e in entries):
+                raise ValueError(f"{path}:{number}: cannot read {line!r}")
+            pushes = [e[:3] for e in entries]
+            # The pushes that added to column 0, the value checked.
+            adds = sum(1 for e in entries if len(e) == 3 or e[3] == 0)
+            rows[(table, key)].append((path.name, role, value, pushes, adds))
     return rows, servers
 
 
@@ -86,7 +95,7 @@ def check(issued, acked, rows):
             occurrences[(push, k)] += 1
     for (table, key), copies in sorted(rows.items()):
         lists = []
-        for server, role, value, pushes in copies:
+        for server, role, value, pushes, adds in copies:
             counted = defaultdict(int)
             for p in pushes:
                 counted[p] += 1
@@ -95,9 +104,9 @@ def check(issued, acked, rows):
                     kind = "duplicates" if (p, key) in occurrences else "phantoms"
                     violations[kind].append(f"{server}: row {table}/{key} lists push {p} {n} times, "
                                             f"issued to it {occurrences.get((p, key), 0)} times")
-            if value != len(pushes):
+            if value != adds:
                 violations["values"].append(f"{server}: row {table}/{key} ({role}) has value {value:g} "
-                                            f"but lists {len(pushes)} pushes")
+                                            f"but lists {adds} pushes to its first column")
             lists.append((server, sorted(pushes)))
             applied.update(pushes)
         first = lists[0]
@@ -115,7 +124,7 @@ def check(issued, acked, rows):
             if k not in keys_held or not copies:
                 violations["lost"].append(f"acknowledged push {push} to key {k}: no server holds the row")
                 continue
-            for server, role, value, pushes in copies:
+            for server, role, value, pushes, _ in copies:
                 if push not in pushes:
                     violations["lost"].append(f"acknowledged push {push} missing from key {k} on {server} ({role})")
     return applied, violations

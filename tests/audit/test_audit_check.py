@@ -52,6 +52,28 @@ def test_each_violation_is_caught(tmp_path, kind, server, old, new):
     assert not verdict["ok"]
 
 
+def test_pieces_of_rows_count_for_the_columns_they_carried(tmp_path):
+    # Push 7:0:2 went to key 10 in two pieces (seqs 2 and 3): columns 0-1, then 2-3.
+    pushes = "I 7 0 1 10 11\nA 7 0 1\nI 7 0 2 10\nA 7 0 2\nI 7 0 3 10\nA 7 0 3\n"
+    dumps = {
+        "server-0-node-1.audit": "# tessera audit server 0 epoch 2\n"
+                                 "row 5 10 primary 2,2,1,1 7:0:1 7:0:2:0:2 7:0:3:2:2\nrow 5 11 primary 1 7:0:1\n",
+    }
+    code, verdict = run(tmp_path, dumps, pushes)
+    assert code == 0 and verdict["ok"], verdict
+    # Column 0 holds 2: counting the piece without it would make 3.
+    bad = dict(dumps)
+    bad["server-0-node-1.audit"] = bad["server-0-node-1.audit"].replace("7:0:3:2:2", "7:0:3:0:2")
+    (tmp_path / "bad").mkdir()
+    code, verdict = run(tmp_path / "bad", bad, pushes)
+    assert code == 1 and verdict["values"] == 1
+    # An entry of 4 fields is not an audit dump.
+    odd = {"server-0-node-1.audit": dumps["server-0-node-1.audit"].replace("7:0:3:2:2", "7:0:3:2")}
+    (tmp_path / "odd").mkdir()
+    code, _ = run(tmp_path / "odd", odd, pushes)
+    assert code == 2
+
+
 def test_a_deposed_servers_dump_is_not_a_copy(tmp_path):
     dumps = dict(GOOD, **{"server-2-node-3.audit": "# tessera audit server 2 epoch 3 deposed\n"})
     code, verdict = run(tmp_path, dumps)
