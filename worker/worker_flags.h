@@ -43,7 +43,8 @@ struct WorkerProcessFlags {
     app.add_option("--metrics_host,--metrics-host", metrics_host, "IPv4 address the metrics endpoint listens on");
     app.add_option("--transfer_part_bytes,--transfer-part-bytes", transfer_part_bytes,
                    "split each server's share of a push or pull into parts of at most this many value bytes "
-                   "(0: one part per server)")
+                   "(0: one part per server); a pushed row wider than this goes in pieces of columns that the "
+                   "server updates as they arrive (not for compressed pushes or ADAM tables)")
         ->check(ByteCountOrZero());
     app.add_option("--transfer_max_bytes_in_flight_per_server,--transfer-max-bytes-in-flight-per-server",
                    transfer_max_bytes_in_flight_per_server,

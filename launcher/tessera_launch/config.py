@@ -634,7 +634,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "transfer": {
         "part_bytes": Field(_byte_count_or_zero, 0,
                             "workers split each server's share of a push or pull into parts of at most this many "
-                            "value bytes (at least one row); 0: one part per server"),
+                            "value bytes (at least one row, but a pushed row wider than this goes in pieces of "
+                            "columns, except compressed pushes and ADAM tables); 0: one part per server"),
         "max_bytes_in_flight_per_server": Field(_byte_count_or_zero, 0,
                                                 "value bytes a worker has sent to one server and not seen answered; "
                                                 "more parts wait, lower priority numbers first (one part always "
