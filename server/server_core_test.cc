@@ -141,11 +141,12 @@ TEST_F(ServerCoreTest, APushOfAPieceOfEachRowUpdatesOnlyThoseColumns) {
   refused(piece(5, 1, 2, 0, {1, 1, 1, 1, 1, 1, 1, 1}), "has no columns");
   refused(piece(6, 1, 0xFFFFFFFFu, 2, {1, 1, 1, 1}), "are outside rows");
   Message adam = CreateRequest(2, 4);
-  adam.header.mutable_create_table()->mutable_config()->set_optimizer(proto::ADAM);
-  adam.header.mutable_create_table()->mutable_config()->set_learning_rate(0.1f);
-  adam.header.mutable_create_table()->mutable_config()->mutable_optimizer_params()->set_beta1(0.9f);
-  adam.header.mutable_create_table()->mutable_config()->mutable_optimizer_params()->set_beta2(0.999f);
-  adam.header.mutable_create_table()->mutable_config()->mutable_optimizer_params()->set_epsilon(1e-8f);
+  proto::TableConfig& adam_config = *adam.header.mutable_create_table()->mutable_config();
+  adam_config.set_optimizer(proto::ADAM);
+  adam_config.set_learning_rate(0.1f);
+  adam_config.mutable_optimizer_params()->set_beta1(0.9f);
+  adam_config.mutable_optimizer_params()->set_beta2(0.999f);
+  adam_config.mutable_optimizer_params()->set_epsilon(1e-8f);
   ASSERT_TRUE(StepOne(std::move(adam)).has_ack());
   refused(piece(7, 2, 0, 2, {1, 1, 1, 1}), "ADAM updates whole rows only");
   EXPECT_EQ(PullValues(1, keys), (std::vector<float>{0, 1, 2, 5, 0, 3, 4, 6})) << "a refused piece changed rows";

@@ -217,17 +217,17 @@ absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t tab
   // tables that allow it), each a slice of the caller's row: key i's row
   // from column c.
   const size_t piece_columns = PieceColumns(row_bytes, compressor == nullptr && row_pieces);
-  auto add_pieces = [&](uint32_t server, Buffer k, size_t i) {
+  auto add_pieces = [&](uint32_t server, size_t i) {  // key i and its row: slices of the caller's memory
     for (size_t c = 0; c < width && encode_error.ok(); c += piece_columns) {
       const size_t n = std::min(piece_columns, width - c);
-      add_part(server, k, Buffer::Borrow(values.data() + i * width + c, n * sizeof(float)), 1,
-               static_cast<uint32_t>(c), static_cast<uint32_t>(n));
+      add_part(server, Buffer::Borrow(keys.data() + i, sizeof(Key)),
+               Buffer::Borrow(values.data() + i * width + c, n * sizeof(float)), 1, static_cast<uint32_t>(c),
+               static_cast<uint32_t>(n));
     }
   };
   Slice(map, table, keys, [&](uint32_t server) {  // all keys on one server: no copy (slices of the caller's memory)
     if (piece_columns > 0) {
-      for (size_t i = 0; i < keys.size() && encode_error.ok(); ++i)
-        add_pieces(server, Buffer::Borrow(keys.data() + i, sizeof(Key)), i);
+      for (size_t i = 0; i < keys.size() && encode_error.ok(); ++i) add_pieces(server, i);
       return;
     }
     for (size_t b = 0; b < keys.size() && encode_error.ok(); b += rows_per_part) {
@@ -237,11 +237,7 @@ absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t tab
     }
   }, [&](uint32_t server, const std::vector<uint32_t>& rows) {
     if (piece_columns > 0) {
-      for (size_t r = 0; r < rows.size() && encode_error.ok(); ++r) {
-        Buffer k = Buffer::Allocate(sizeof(Key));
-        k.AsMutable<Key>()[0] = keys[rows[r]];
-        add_pieces(server, std::move(k), rows[r]);
-      }
+      for (size_t r = 0; r < rows.size() && encode_error.ok(); ++r) add_pieces(server, rows[r]);
       return;
     }
     const auto* src = reinterpret_cast<const std::byte*>(values.data());
