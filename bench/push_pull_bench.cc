@@ -19,7 +19,10 @@
 //                      a one-way ZeroMQ PUSH/PULL stream (every push is still
 //                      acknowledged, and all acks are awaited)
 // Each repeat lasts at least --min_seconds and --min_messages ops; a result
-// is the median of --repeats repeats after one short warm-up repeat.
+// is the median of --repeats repeats after one short warm-up repeat. Around
+// every repeat the program probes how close the two CPUs are
+// (bench/cpu_pair_probe.h): a result's probe_ns[r] is measured before repeat
+// r, the last entry after the last repeat; -1 where the probe cannot run.
 //
 // Process contract: the flags every worker program gets (--coordinator,
 // --rank, --name, --bind), progress on stdout as TESSERA_PROGRESS lines, one
@@ -32,6 +35,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "bench/cpu_pair_probe.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -190,7 +194,9 @@ absl::Status PushPullBench::Run() {
                                              std::min<uint64_t>(5, flags_.min_messages));
         if (!warm.ok()) return warm.status();
         std::vector<double> mbps;
+        std::vector<double> probe_ns;  // before each repeat, and after the last
         for (int r = 0; r < flags_.repeats; ++r) {
+          probe_ns.push_back(ProbeRoundTripNs("tessera-push-pull-bench"));
           absl::StatusOr<double> rate = Repeat(table, floats, op, mode, flags_.min_seconds, flags_.min_messages);
           if (!rate.ok()) {
             return absl::Status(rate.status().code(), absl::StrCat(op, " ", mode, " of ", flags_.sizes[i],
@@ -198,11 +204,15 @@ absl::Status PushPullBench::Run() {
           }
           mbps.push_back(*rate);
         }
+        probe_ns.push_back(ProbeRoundTripNs("tessera-push-pull-bench"));
         const double median = Median(mbps);
         TLOG_INFO("size {} {} {}: median {:.1f} MB/s", flags_.sizes[i], op, mode, median);
+        const auto numbers = [](const std::vector<double>& v) {
+          return absl::StrJoin(v, ",", [](std::string* o, double x) { absl::StrAppendFormat(o, "%.1f", x); });
+        };
         const std::string item = absl::StrFormat(
-            "{\"size\":%d,\"op\":\"%s\",\"mode\":\"%s\",\"median_mbps\":%.1f,\"mbps\":[%s]}", flags_.sizes[i], op,
-            mode, median, absl::StrJoin(mbps, ",", [](std::string* o, double v) { absl::StrAppendFormat(o, "%.1f", v); }));
+            "{\"size\":%d,\"op\":\"%s\",\"mode\":\"%s\",\"median_mbps\":%.1f,\"mbps\":[%s],\"probe_ns\":[%s]}",
+            flags_.sizes[i], op, mode, median, numbers(mbps), numbers(probe_ns));
         EmitLine("TESSERA_PROGRESS", absl::StrCat("{\"step\":", ops_, ",\"result\":", item, "}"));
         results.push_back(item);
       }

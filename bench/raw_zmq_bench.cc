@@ -18,9 +18,14 @@
 // Tessera's binaries (large blocks from an untrimmed heap, so that libzmq's
 // receive buffers do not fault in again for every message).
 //
+// Around every repeat the sender probes how close the two CPUs are
+// (bench/cpu_pair_probe.h): probe_ns[r] is measured before repeat r, the
+// last entry after the last repeat; -1 where the probe cannot run.
+//
 // Output: a human-readable line per (size, mode) on stderr, and one JSON
 // object on stdout (or in --json FILE):
-//   {"sizes":[...],"results":[{"size":4096,"mode":"stream","mbps":[...],"median_mbps":...}]}
+//   {"sizes":[...],"results":[{"size":4096,"mode":"stream","median_mbps":...,"mbps":[...],
+//                              "probe_ns":[...]}]}
 // Exit status 0 on success, 1 on any failure (with one line saying why).
 #include <signal.h>
 #include <malloc.h>
@@ -39,6 +44,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "bench/cpu_pair_probe.h"
 
 namespace {
 
@@ -316,9 +322,12 @@ int Run(const Flags& flags) {
       for (const std::string& mode : flags.modes) {
         sender.Repeat(mode, i, size, std::min(0.1, flags.min_seconds), std::min<uint64_t>(5, flags.min_messages));
         std::vector<double> mbps;
+        std::vector<double> probe_ns;  // before each repeat, and after the last
         for (int r = 0; r < flags.repeats; ++r) {
+          probe_ns.push_back(tessera::bench::ProbeRoundTripNs("raw_zmq_bench"));
           mbps.push_back(sender.Repeat(mode, i, size, flags.min_seconds, flags.min_messages));
         }
+        probe_ns.push_back(tessera::bench::ProbeRoundTripNs("raw_zmq_bench"));
         const double median = Median(mbps);
         std::fprintf(stderr, "raw zmq  size %9zu  %-10s  median %9.1f MB/s\n", size, mode.c_str(), median);
         char item[256];
@@ -327,6 +336,11 @@ int Run(const Flags& flags) {
         json += item;
         for (size_t i = 0; i < mbps.size(); ++i) {
           std::snprintf(item, sizeof(item), "%s%.1f", i ? "," : "", mbps[i]);
+          json += item;
+        }
+        json += "],\"probe_ns\":[";
+        for (size_t i = 0; i < probe_ns.size(); ++i) {
+          std::snprintf(item, sizeof(item), "%s%.1f", i ? "," : "", probe_ns[i]);
           json += item;
         }
         json += "]}";

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Tessera push/pull against raw ZeroMQ over TCP loopback, compared only where
+# both ran with the machine's CPUs placed the same way.
+#
+#   bench/run_paired.sh [BUILD_DIR]
+#
+# Why: on a virtual machine the host moves the two CPUs between cores that
+# share a cache and cores that do not, for seconds at a time, and loopback
+# transfers change speed with it several-fold (raw ZeroMQ at 1 MiB, 8 in
+# flight: about 6,000-7,500 MB/s one way, about 1,700 MB/s the other). A
+# ratio of two runs that caught different placements measures the host, not
+# Tessera. Both programs here probe the placement before and after every
+# repeat (bench/cpu_pair_probe.h), and bench/paired_report.py compares each
+# placement's steady repeats only with the same placement's.
+#
+# Rounds of: raw ZeroMQ (bench/raw_zmq_bench --keep_allocations_mapped), and
+# Tessera (tessera-push-pull-bench through the launcher, 1 server, 1 worker,
+# configs/bench_push_pull.yaml with shm.enabled=false), in alternating order
+# (odd rounds raw first). Prints one Markdown table.
+#
+# Environment: ROUNDS (4), SIZES (1048576,16777216), OPS
+# (push,pull,pullview), MODES (sequential,inflight8,stream), REPEATS (3),
+# MIN_SECONDS (0.5), SKIP_BUILD=1 to run the binaries in BUILD_DIR as they
+# are, KEEP=1 to keep the results (printed at the end). The probe uses the
+# first two CPUs this script may run on; on a machine with more, pin the
+# script to two (taskset -c 0,1 bench/run_paired.sh) so that the probe
+# measures the CPUs the benchmark runs on.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=$(realpath -m "${1:-${TESSERA_BUILD_DIR:-$ROOT/build}}")
+PYTHON=/usr/bin/python3
+ROUNDS=${ROUNDS:-4}
+SIZES=${SIZES:-1048576,16777216}
+OPS=${OPS:-push,pull,pullview}
+MODES=${MODES:-sequential,inflight8,stream}
+REPEATS=${REPEATS:-3}
+MIN_SECONDS=${MIN_SECONDS:-0.5}
+
+WORK=$(mktemp -d /tmp/tessera-paired.XXXXXX)
+if [ "${KEEP:-0}" != 1 ]; then trap 'rm -rf "$WORK"' EXIT; fi
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  # shellcheck source=bench/lib.sh
+  source "$ROOT/bench/lib.sh"
+  bench_build run_paired.sh "$BUILD" "$WORK/build.log" raw_zmq_bench tessera-push-pull-bench \
+    tessera-coordinator tessera-server
+fi
+
+run_raw() {
+  echo "round $1/$ROUNDS: raw ZeroMQ ..." >&2
+  "$BUILD/bench/raw_zmq_bench" --sizes "$SIZES" --modes "$MODES" --repeats "$REPEATS" \
+    --min_seconds "$MIN_SECONDS" --keep_allocations_mapped --json "$WORK/raw-$1.json" 2>/dev/null
+}
+
+run_tessera() {
+  echo "round $1/$ROUNDS: Tessera ..." >&2
+  if ! "$PYTHON" "$ROOT/launcher/tessera-launch" local --config "$ROOT/configs/bench_push_pull.yaml" \
+      --build-dir "$BUILD" --run-dir "$WORK/tessera-$1" --quiet --timeout 1200 \
+      --set "worker.program=$BUILD/bench/tessera-push-pull-bench" --set shm.enabled=false \
+      --set "worker.args.sizes=\"$SIZES\"" --set "worker.args.ops=\"$OPS\"" --set "worker.args.modes=\"$MODES\"" \
+      --set "worker.args.repeats=$REPEATS" --set "worker.args.min_seconds=$MIN_SECONDS" >&2; then
+    echo "run_paired.sh: the Tessera run failed; logs in $WORK/tessera-$1/logs" >&2
+    trap - EXIT
+    exit 1
+  fi
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+  if [ $((round % 2)) = 1 ]; then
+    run_raw "$round"
+    run_tessera "$round"
+  else
+    run_tessera "$round"
+    run_raw "$round"
+  fi
+done
+
+"$PYTHON" "$ROOT/bench/paired_report.py" "$WORK" "$ROUNDS"
+if [ "${KEEP:-0}" = 1 ]; then echo "results kept in $WORK" >&2; fi
