@@ -214,6 +214,13 @@ class ShmTransport::Impl {
 
   const Options& options() const { return options_; }
 
+  // Caller delivery is the inner transport's: every message, ring frames
+  // included, reaches this transport's handler through it.
+  bool DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait) {
+    return inner_->DeliverUntil(done, max_wait);
+  }
+  void WakeCallerDelivery() { inner_->WakeCallerDelivery(); }
+
   bool LendsTo(const std::string& to, size_t bytes) const {
     if (!options_.cross_memory || bytes < options_.min_lend_bytes || stopped_.load(std::memory_order_acquire)) {
       return false;
@@ -547,6 +554,10 @@ absl::Status ShmTransport::Send(const std::string& to, Message message) {
 void ShmTransport::Stop() { impl_->Stop(); }
 TransportStats ShmTransport::stats() const { return impl_->stats(); }
 bool ShmTransport::LendsTo(const std::string& to, size_t bytes) const { return impl_->LendsTo(to, bytes); }
+bool ShmTransport::DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait) {
+  return impl_->DeliverUntil(done, max_wait);
+}
+void ShmTransport::WakeCallerDelivery() { impl_->WakeCallerDelivery(); }
 
 absl::Status ShmTransport::Validate(const Options& o) {
   if (o.ring_bytes < (1ull << 20) || (o.ring_bytes & (o.ring_bytes - 1)) != 0) {

@@ -103,6 +103,9 @@ class ShmTransport final : public Transport {
   void Stop() override;
   TransportStats stats() const override;
   bool LendsTo(const std::string& to, size_t bytes) const override;
+  // Caller delivery through the inner transport (transport/transport.h).
+  bool DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait) override;
+  void WakeCallerDelivery() override;
 
   // Checks options: InvalidArgument naming the bad one.
   static absl::Status Validate(const Options& options);

@@ -14,12 +14,14 @@
 //   A send to an address nobody listens on is not an error (the message may
 //   be queued or dropped); callers time out on replies, never on Send.
 //   Send before Start() or after Stop() returns FailedPrecondition.
-// - The handler runs on the transport's delivery thread, one message at a
-//   time, in arrival order. It must not block for long; it may call Send.
+// - The handler runs on the transport's delivery thread (or on a thread
+//   inside DeliverUntil, below), one message at a time, in arrival order.
+//   It must not block for long; it may call Send.
 // - Stop() stops delivery and returns once the handler is no longer running
 //   and will not run again. Idempotent. The destructor calls Stop().
 // - Malformed incoming data (a header that does not parse) is logged and
 //   counted, never delivered, never fatal.
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -68,6 +70,30 @@ class Transport {
   // splitting it to pipeline copies gains nothing. A hint: the send may
   // still copy (a bound reached meanwhile). Thread-safe.
   virtual bool LendsTo(const std::string& /*to*/, size_t /*bytes*/) const { return false; }
+
+  // Caller delivery (optional): a thread about to block until done() holds
+  // may deliver incoming messages itself meanwhile, so that the reply it
+  // waits for reaches it without a hand-off from the delivery thread (on a
+  // virtual machine each hand-off costs tens of microseconds).
+  // - Returns false at once, having delivered nothing, where the transport
+  //   does not support it (the default), is not running, is called from
+  //   inside its own handler, another thread is delivering this way, or
+  //   the delivery thread is busy (messages are flowing, so it will deliver
+  //   the reply soon anyway). The caller then waits as it otherwise would.
+  // - Otherwise returns true once done() holds or the transport stops.
+  //   Meanwhile the handler may run on this thread; the contract above
+  //   still holds: one message at a time, in arrival order, never two
+  //   handler calls at once, and Stop() from inside the handler works.
+  // - done() is called on this thread, between messages and after each
+  //   wake; it must be cheap and thread-safe. Whoever makes it true from
+  //   another thread calls WakeCallerDelivery(); without that, the caller
+  //   notices within `max_wait`.
+  virtual bool DeliverUntil(const std::function<bool()>& /*done*/, std::chrono::milliseconds /*max_wait*/) {
+    return false;
+  }
+  // Makes a thread inside DeliverUntil check its done() now. Thread-safe,
+  // cheap when nobody delivers that way; a no-op where unsupported.
+  virtual void WakeCallerDelivery() {}
 };
 
 }  // namespace tessera

@@ -1,5 +1,7 @@
 #include "transport/zmq_transport.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -7,8 +9,10 @@
 #include <bit>
 #include <cerrno>
 #include <climits>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -96,6 +100,8 @@ class ZmqTransport::Impl {
   absl::Status Send(const std::string& to, Message message);
   void Stop();
   TransportStats stats() const;
+  bool DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait);
+  void WakeCallerDelivery();
   const std::string& address() const { return address_; }
   const Options& options() const { return options_; }
 
@@ -112,7 +118,7 @@ class ZmqTransport::Impl {
     size_t frames_over_limit = 0;       // parts beyond the cap, read and dropped
     uint64_t bytes = 0;                 // header + data frames, all of them
   };
-  enum class ReadResult { kMessage, kTerminated };
+  enum class ReadResult { kMessage, kEmpty, kTerminated };
   enum State : int { kNew, kRunning, kStopping };
 
   absl::Status Validate() const;
@@ -121,7 +127,9 @@ class ZmqTransport::Impl {
   zmq::message_t FrameToZmq(Buffer frame) const;
   Buffer ZmqToFrame(zmq::message_t&& part);
   void ReceiveLoop();
-  ReadResult ReadMessage(Incoming& in);
+  ReadResult Drain(const std::function<bool()>* stop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(router_mu_);
+  ReadResult ReadMessage(Incoming& in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(router_mu_);
+  void WakeEveryone();
   void Deliver(Incoming& in);
   void DropMalformed(const std::string& reason);
   void CloseDealers();
@@ -137,13 +145,34 @@ class ZmqTransport::Impl {
   // Lifecycle. Start and Finish hold lifecycle_mu_; state_ is also read
   // without it (Send, the delivery loop).
   // Invariants: ctx_ is set from a successful Start until Finish; router_ is
-  // used only by Start (before the thread exists) and then by the delivery
-  // thread, which closes it on exit; the context is terminated only after
-  // the thread is joined and every DEALER is closed.
+  // used only by Start (before the thread exists) and then under router_mu_
+  // by the delivery thread, which closes it on exit, or by a borrower; the
+  // context is terminated only after the thread is joined and every DEALER
+  // is closed.
   std::mutex lifecycle_mu_;
   std::atomic<int> state_{kNew};
   std::optional<zmq::context_t> ctx_;  // written under lifecycle_mu_ before/after the thread
-  zmq::socket_t router_;
+  // The ROUTER and the handler calls: whoever reads the ROUTER holds
+  // router_mu_ from reading a message until its handler call returns, so
+  // that messages are handled one at a time and in order, whichever thread
+  // does it (the delivery thread, or a caller in DeliverUntil).
+  std::mutex router_mu_;
+  zmq::socket_t router_ ABSL_GUARDED_BY(router_mu_);
+  Incoming incoming_ ABSL_GUARDED_BY(router_mu_);  // reused across reads
+  // Caller delivery (DeliverUntil). Invariants: at most one borrower
+  // (borrowers_ is 0 or 1); while there is one, the delivery thread does not
+  // read the ROUTER (it may still be woken by its descriptor, and then
+  // leaves the message to the borrower); a borrower leaves the ROUTER read
+  // to empty or wakes the delivery thread; the ROUTER is closed only when
+  // there is no borrower, so the descriptors polled stay valid.
+  int router_fd_ = -1;       // the ROUTER's ZMQ_FD: readable when it may have messages
+  int wake_fd_ = -1;         // eventfd: the delivery thread leaves its poll
+  int caller_wake_fd_ = -1;  // eventfd: the borrower checks done() again
+  std::atomic<int> borrowers_{0};
+  std::atomic<std::thread::id> borrower_{};
+  std::atomic<bool> delivery_idle_{false};  // the delivery thread waits in poll for messages
+  std::mutex park_mu_;                      // borrowers_ becoming 0, for the delivery thread's exit
+  std::condition_variable park_cv_;
   std::thread thread_ ABSL_GUARDED_BY(lifecycle_mu_);
   std::string address_;  // written once in Start, before state_ becomes kRunning
   Handler handler_;      // written once in Start, then only called by the thread
@@ -276,6 +305,7 @@ absl::Status ZmqTransport::Impl::Start(std::shared_ptr<Impl> self, Handler handl
 
   std::string endpoint;
   zmq::socket_t zap;
+  std::lock_guard router_lock(router_mu_);  // uncontended: no thread reads the ROUTER yet
   if (curve()) zmq_z85_decode(curve_public_binary_, options_.curve_public_key.c_str());  // checked by Validate
   try {
     ctx_.emplace(options_.io_threads);
@@ -294,11 +324,25 @@ absl::Status ZmqTransport::Impl::Start(std::shared_ptr<Impl> self, Handler handl
     }
     router_.bind(options_.bind);
     endpoint = router_.get(zmq::sockopt::last_endpoint);
+    router_fd_ = router_.get(zmq::sockopt::fd);
   } catch (const zmq::error_t& e) {
     router_.close();
     zap.close();
     ctx_.reset();
     return absl::UnavailableError(absl::StrCat("cannot bind ", options_.bind, ": ", ErrorText(e)));
+  }
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  caller_wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0 || caller_wake_fd_ < 0) {
+    const int err = errno;
+    for (int* fd : {&wake_fd_, &caller_wake_fd_}) {
+      if (*fd >= 0) close(*fd);
+      *fd = -1;
+    }
+    router_.close();
+    zap.close();
+    ctx_.reset();
+    return absl::ResourceExhaustedError(absl::StrCat("cannot make an eventfd: ", std::strerror(err)));
   }
   address_ = AdvertisedAddress(endpoint);
   RememberIpcFile(endpoint);
@@ -432,12 +476,20 @@ ZmqTransport::Impl::ReadResult ZmqTransport::Impl::ReadMessage(Incoming& in) {
   in.frames_over_limit = 0;
   in.bytes = 0;
   const size_t cap = 2 + options_.max_data_frames;  // identity + header + data frames
-  for (;;) {
+  for (bool first = true;; first = false) {
     zmq::message_t part;
     try {
-      if (!router_.recv(part, zmq::recv_flags::none)) continue;  // EAGAIN: no timeout is set
+      // The first part without waiting (EAGAIN: nothing there; the caller
+      // polls router_fd_). Once it is there, so is the rest of the message.
+      if (!router_.recv(part, first ? zmq::recv_flags::dontwait : zmq::recv_flags::none)) {
+        if (first) return ReadResult::kEmpty;
+        continue;
+      }
     } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) continue;  // nothing was consumed; read the same part again
+      if (e.num() == EINTR) {  // nothing was consumed; read the same part again
+        if (first) return ReadResult::kEmpty;
+        continue;
+      }
       if (e.num() != ETERM) TLOG_ERROR("{}: receive failed, delivery stops: {}", address_, ErrorText(e));
       return ReadResult::kTerminated;
     }
@@ -490,16 +542,141 @@ void ZmqTransport::Impl::Deliver(Incoming& in) {
   }
 }
 
+namespace {
+
+void SignalFd(int fd) {
+  if (fd >= 0) eventfd_write(fd, 1);
+}
+
+void ClearFd(int fd) {
+  eventfd_t ignored;
+  eventfd_read(fd, &ignored);  // non-blocking: EAGAIN when already clear
+}
+
+}  // namespace
+
+ZmqTransport::Impl::ReadResult ZmqTransport::Impl::Drain(const std::function<bool()>* stop) {
+  for (;;) {
+    const ReadResult r = ReadMessage(incoming_);
+    if (r != ReadResult::kMessage) return r;
+    Deliver(incoming_);
+    WakeCallerDelivery();  // a borrower waiting for router_mu_, or whose reply this was
+    if (state_.load(std::memory_order_acquire) != kRunning) return ReadResult::kTerminated;
+    if (stop != nullptr && (*stop)()) return ReadResult::kMessage;
+  }
+}
+
 void ZmqTransport::Impl::ReceiveLoop() {
   tls_delivering_transport = this;
-  Incoming in;
+  int deferred = 0;  // wakes in a row that found a borrower reading
   while (state_.load(std::memory_order_acquire) == kRunning) {
-    if (ReadMessage(in) == ReadResult::kTerminated) break;
-    Deliver(in);
+    int timeout_ms = -1;
+    if (borrowers_.load() == 0) {
+      ReadResult r;
+      {
+        std::lock_guard lock(router_mu_);
+        r = Drain(nullptr);
+      }
+      if (r == ReadResult::kTerminated) break;
+      deferred = 0;
+      // A caller that came meanwhile may be waiting for router_mu_.
+      if (borrowers_.load() > 0) WakeCallerDelivery();
+    } else if (++deferred > 8) {
+      // The borrower has not read what woke us: do not spin on the
+      // descriptor; look again in a millisecond (or when woken).
+      timeout_ms = 1;
+    } else {
+      std::this_thread::yield();  // let the borrower read what woke us both
+    }
+    // Sleep until the ROUTER may have a message (its ZMQ_FD signals only
+    // after a read found it empty: the Drain above, or the borrower's last)
+    // or a borrower leaving unread messages, or Stop, wakes us.
+    delivery_idle_.store(true);
+    pollfd fds[2] = {{router_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (timeout_ms < 0) {
+      poll(fds, 2, -1);  // EINTR: go round again
+    } else {
+      poll(fds + 1, 1, timeout_ms);
+      fds[0].revents = 0;
+    }
+    delivery_idle_.store(false);
+    if (fds[1].revents & POLLIN) ClearFd(wake_fd_);
   }
-  in.parts.clear();
-  router_.close();
+  // A borrower may still be reading: let it notice the stop and leave before
+  // the ROUTER (and the descriptor it polls) goes.
+  {
+    std::unique_lock lock(park_mu_);
+    park_cv_.wait(lock, [&] { return borrowers_.load() == 0; });
+  }
+  {
+    std::lock_guard lock(router_mu_);
+    incoming_.parts.clear();
+    router_.close();
+  }
   tls_delivering_transport = nullptr;
+}
+
+bool ZmqTransport::Impl::DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait) {
+  if (tls_delivering_transport == this) return false;  // inside our own handler
+  if (state_.load(std::memory_order_acquire) != kRunning || !delivery_idle_.load()) return false;
+  int none = 0;
+  if (!borrowers_.compare_exchange_strong(none, 1)) return false;
+  borrower_.store(std::this_thread::get_id());
+  const void* outer = tls_delivering_transport;  // a handler of another transport may wait on us
+  tls_delivering_transport = this;
+  // The delivery thread is not told: it sleeps on the same descriptor, and
+  // when a message wakes both of us it leaves the reading to this thread.
+  const int timeout_ms = static_cast<int>(std::clamp<int64_t>(max_wait.count(), 1, INT_MAX));
+  bool drained = false;  // the last read found the ROUTER empty
+  while (state_.load(std::memory_order_acquire) == kRunning && !done()) {
+    drained = false;
+    if (router_mu_.try_lock()) {  // else the delivery thread is finishing a message; it wakes us after
+      const ReadResult r = Drain(&done);
+      router_mu_.unlock();
+      if (r == ReadResult::kTerminated) break;
+      if (r == ReadResult::kMessage) continue;  // done() holds
+      drained = true;
+    }
+    pollfd fds[2] = {{caller_wake_fd_, POLLIN, 0}, {router_fd_, POLLIN, 0}};
+    poll(fds, drained ? 2 : 1, timeout_ms);
+    if (fds[0].revents & POLLIN) ClearFd(caller_wake_fd_);
+  }
+  // Leave the ROUTER read to empty, so that its descriptor wakes the
+  // delivery thread for the next message; if more keep coming, wake it.
+  if (!drained && state_.load(std::memory_order_acquire) == kRunning) {
+    ReadResult r = ReadResult::kMessage;
+    if (router_mu_.try_lock()) {
+      int budget = 16;
+      const std::function<bool()> enough = [&budget] { return --budget <= 0; };
+      r = Drain(&enough);
+      router_mu_.unlock();
+    }
+    if (r != ReadResult::kEmpty) SignalFd(wake_fd_);
+  }
+  tls_delivering_transport = outer;
+  borrower_.store(std::thread::id());
+  {
+    // Notified under the lock: an exiting delivery thread waits for this,
+    // and cannot finish and let go of this object before the notify is done.
+    std::lock_guard lock(park_mu_);
+    borrowers_.store(0);
+    park_cv_.notify_all();
+  }
+  return true;
+}
+
+void ZmqTransport::Impl::WakeCallerDelivery() {
+  if (borrowers_.load() == 0 || borrower_.load() == std::this_thread::get_id()) return;
+  SignalFd(caller_wake_fd_);
+}
+
+void ZmqTransport::Impl::WakeEveryone() {
+  {
+    std::lock_guard lock(park_mu_);
+    park_cv_.notify_all();
+  }
+  SignalFd(wake_fd_);
+  SignalFd(caller_wake_fd_);
 }
 
 void ZmqTransport::Impl::RememberIpcFile(const std::string& endpoint) {
@@ -543,6 +720,7 @@ void ZmqTransport::Impl::Stop() {
     // terminates the context. ctx_ cannot change meanwhile: Finish joins us.
     if (ctx_) ctx_->shutdown();
     CloseDealers();
+    WakeEveryone();
     return;
   }
   Finish();
@@ -552,6 +730,7 @@ void ZmqTransport::Impl::Finish() {
   std::lock_guard lock(lifecycle_mu_);
   state_.store(kStopping, std::memory_order_release);  // again under the lock: a racing Start cannot undo it
   if (ctx_) ctx_->shutdown();  // wakes the delivery thread with ETERM
+  WakeEveryone();              // parked, or a borrower between polls
   if (thread_.joinable()) {
     if (thread_.get_id() == std::this_thread::get_id()) {
       thread_.detach();  // the last owner let go inside the handler; this is the loop's own exit
@@ -561,9 +740,18 @@ void ZmqTransport::Impl::Finish() {
   }
   if (zap_thread_.joinable()) zap_thread_.join();  // woken by the shutdown; closes its socket
   CloseDealers();
-  router_.close();  // already closed by the loop, unless it never ran
-  ctx_.reset();     // zmq_ctx_term: returns once every socket is closed
+  {
+    std::lock_guard router_lock(router_mu_);
+    router_.close();  // already closed by the loop, unless it never ran
+  }
+  ctx_.reset();  // zmq_ctx_term: returns once every socket is closed
   RemoveIpcFile();
+  // The delivery thread is gone (joined, or this is its own exit), and it
+  // left only once no borrower was inside: nobody polls these any more.
+  for (int* fd : {&wake_fd_, &caller_wake_fd_}) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+  }
 }
 
 TransportStats ZmqTransport::Impl::stats() const {
@@ -590,6 +778,13 @@ absl::Status ZmqTransport::Send(const std::string& to, Message message) {
 }
 
 void ZmqTransport::Stop() { impl_->Stop(); }
+
+bool ZmqTransport::DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait) {
+  std::shared_ptr<Impl> impl = impl_;  // the handler may destroy this object meanwhile
+  return impl->DeliverUntil(done, max_wait);
+}
+
+void ZmqTransport::WakeCallerDelivery() { impl_->WakeCallerDelivery(); }
 
 TransportStats ZmqTransport::stats() const { return impl_->stats(); }
 

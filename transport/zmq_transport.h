@@ -41,7 +41,8 @@
 //   valid that long, which may be after Send() returns; smaller frames are
 //   copied during Send().
 // - Receiving: one thread (started by Start) reads the ROUTER and calls the
-//   handler once per whole message, in arrival order. A data frame of at
+//   handler once per whole message, in arrival order; a thread inside
+//   DeliverUntil takes its place while it waits (never both at once). A data frame of at
 //   least options.receive_copy_below_bytes is handed over without a copy (the
 //   Buffer owns the ZeroMQ message); smaller frames are copied. Received data
 //   frames are at least 8-byte aligned (enough for uint64 keys and float or
@@ -131,6 +132,12 @@ class ZmqTransport final : public Transport {
   absl::Status Send(const std::string& to, Message message) override;
   void Stop() override;
   TransportStats stats() const override;
+  // Caller delivery (transport/transport.h): while a thread waits in
+  // DeliverUntil it reads the ROUTER and runs the handler itself; the
+  // delivery thread parks meanwhile. Only when the delivery thread is idle
+  // (waiting for a message) and no other thread delivers this way.
+  bool DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait) override;
+  void WakeCallerDelivery() override;
 
   const Options& options() const;
 
