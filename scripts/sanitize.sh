@@ -35,7 +35,7 @@ if [ "$WHICH" = all ] || [ "$WHICH" = tsan ]; then
   configure "$ROOT/build-tsan" thread
   cmake --build "$ROOT/build-tsan" -j "$JOBS" --target transport_conformance_test fault_transport_test curve_test \
     inproc_cluster_test bad_requests_test auth_test etcd_client_test etcd_leadership_test server_core_test \
-    shm_transport_test shm_ring_test device_staging_test
+    shm_transport_test shm_ring_test device_staging_test caller_delivery_test
   # The threaded parts: transports (ZeroMQ, in-process, fault wrapper, shared
   # memory), GPU staging's pipeline against an in-process cluster, the
   # etcd keep-alive thread, and whole jobs in one process (coordinator,
@@ -43,7 +43,7 @@ if [ "$WHICH" = all ] || [ "$WHICH" = tsan ]; then
   # scripts/tsan.supp: third-party code only (libzmq's CURVE hand-off, which TSan cannot see).
   (cd "$ROOT/build-tsan" && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions="$ROOT/scripts/tsan.supp" \
      ctest --output-on-failure --timeout 1200 -j "$JOBS" \
-       -R 'Transport|Curve|JobKeyFile|InProcCluster|BadRequests|AuthTest|Etcd|ServerCore|Replication|Consistency|Shm|Staging') \
+       -R 'Transport|Curve|JobKeyFile|InProcCluster|BadRequests|AuthTest|Etcd|ServerCore|Replication|Consistency|Shm|Staging|CallerDelivery') \
     || status=1
 fi
 exit $status

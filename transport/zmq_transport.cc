@@ -161,16 +161,18 @@ class ZmqTransport::Impl {
   Incoming incoming_ ABSL_GUARDED_BY(router_mu_);  // reused across reads
   // Caller delivery (DeliverUntil). Invariants: at most one borrower
   // (borrowers_ is 0 or 1); while there is one, the delivery thread does not
-  // read the ROUTER (it may still be woken by its descriptor, and then
-  // leaves the message to the borrower); a borrower leaves the ROUTER read
-  // to empty or wakes the delivery thread; the ROUTER is closed only when
-  // there is no borrower, so the descriptors polled stay valid.
+  // read the ROUTER (a message may still wake it through the descriptor;
+  // it then parks until the borrower leaves); a leaving borrower wakes a
+  // parked delivery thread, and otherwise leaves the ROUTER read to empty
+  // or wakes it; the ROUTER is closed only when there is no borrower, so
+  // the descriptors polled stay valid.
   int router_fd_ = -1;       // the ROUTER's ZMQ_FD: readable when it may have messages
   int wake_fd_ = -1;         // eventfd: the delivery thread leaves its poll
   int caller_wake_fd_ = -1;  // eventfd: the borrower checks done() again
   std::atomic<int> borrowers_{0};
   std::atomic<std::thread::id> borrower_{};
-  std::atomic<bool> delivery_idle_{false};  // the delivery thread waits in poll for messages
+  std::atomic<bool> delivery_idle_{false};    // the delivery thread waits in poll for messages
+  std::atomic<bool> delivery_parked_{false};  // the delivery thread waits for the borrower to leave
   std::mutex park_mu_;                      // borrowers_ becoming 0, for the delivery thread's exit
   std::condition_variable park_cv_;
   std::thread thread_ ABSL_GUARDED_BY(lifecycle_mu_);
@@ -568,9 +570,9 @@ ZmqTransport::Impl::ReadResult ZmqTransport::Impl::Drain(const std::function<boo
 
 void ZmqTransport::Impl::ReceiveLoop() {
   tls_delivering_transport = this;
-  int deferred = 0;  // wakes in a row that found a borrower reading
+  int woken_while_borrowed = 0;  // since a borrower came
   while (state_.load(std::memory_order_acquire) == kRunning) {
-    int timeout_ms = -1;
+    if (borrowers_.load() == 0) woken_while_borrowed = 0;
     if (borrowers_.load() == 0) {
       ReadResult r;
       {
@@ -578,27 +580,34 @@ void ZmqTransport::Impl::ReceiveLoop() {
         r = Drain(nullptr);
       }
       if (r == ReadResult::kTerminated) break;
-      deferred = 0;
       // A caller that came meanwhile may be waiting for router_mu_.
       if (borrowers_.load() > 0) WakeCallerDelivery();
-    } else if (++deferred > 8) {
-      // The borrower has not read what woke us: do not spin on the
-      // descriptor; look again in a millisecond (or when woken).
-      timeout_ms = 1;
-    } else {
-      std::this_thread::yield();  // let the borrower read what woke us both
+    }
+    if (borrowers_.load() > 0 && woken_while_borrowed++ == 0) {
+      // A message woke us and the borrower, who reads it: most often its
+      // reply, after which it leaves with the ROUTER read to empty. Sleep on
+      // the descriptor again (no wake needed when the borrower leaves).
+      std::this_thread::yield();
+    } else if (borrowers_.load() > 0) {
+      // Woken again while the borrower reads (a reply in several messages,
+      // or it has not read yet): sleep until it leaves. It wakes us if it
+      // sees delivery_parked_, which is set before borrowers_ is looked at
+      // again, so one of the two sees the other; Stop wakes us too.
+      delivery_parked_.store(true);
+      if (borrowers_.load() > 0 && state_.load(std::memory_order_acquire) == kRunning) {
+        pollfd fd = {wake_fd_, POLLIN, 0};
+        poll(&fd, 1, -1);  // EINTR: go round again
+      }
+      delivery_parked_.store(false);
+      ClearFd(wake_fd_);
+      continue;
     }
     // Sleep until the ROUTER may have a message (its ZMQ_FD signals only
-    // after a read found it empty: the Drain above, or the borrower's last)
+    // after a read found it empty: the Drain above, or a borrower's last),
     // or a borrower leaving unread messages, or Stop, wakes us.
     delivery_idle_.store(true);
     pollfd fds[2] = {{router_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (timeout_ms < 0) {
-      poll(fds, 2, -1);  // EINTR: go round again
-    } else {
-      poll(fds + 1, 1, timeout_ms);
-      fds[0].revents = 0;
-    }
+    poll(fds, 2, -1);  // EINTR: go round again
     delivery_idle_.store(false);
     if (fds[1].revents & POLLIN) ClearFd(wake_fd_);
   }
@@ -625,7 +634,7 @@ bool ZmqTransport::Impl::DeliverUntil(const std::function<bool()>& done, std::ch
   const void* outer = tls_delivering_transport;  // a handler of another transport may wait on us
   tls_delivering_transport = this;
   // The delivery thread is not told: it sleeps on the same descriptor, and
-  // when a message wakes both of us it leaves the reading to this thread.
+  // when a message wakes it too, it parks until we leave.
   const int timeout_ms = static_cast<int>(std::clamp<int64_t>(max_wait.count(), 1, INT_MAX));
   bool drained = false;  // the last read found the ROUTER empty
   while (state_.load(std::memory_order_acquire) == kRunning && !done()) {
@@ -641,9 +650,12 @@ bool ZmqTransport::Impl::DeliverUntil(const std::function<bool()>& done, std::ch
     poll(fds, drained ? 2 : 1, timeout_ms);
     if (fds[0].revents & POLLIN) ClearFd(caller_wake_fd_);
   }
-  // Leave the ROUTER read to empty, so that its descriptor wakes the
-  // delivery thread for the next message; if more keep coming, wake it.
-  if (!drained && state_.load(std::memory_order_acquire) == kRunning) {
+  // Messages may be left in the ROUTER. A parked delivery thread reads them
+  // once woken below; one still polling the descriptor would not be woken
+  // by them (it signals only after a read found the ROUTER empty), so read
+  // it to empty, or wake the thread if more keep coming.
+  bool wake = false;
+  if (!drained && !delivery_parked_.load() && state_.load(std::memory_order_acquire) == kRunning) {
     ReadResult r = ReadResult::kMessage;
     if (router_mu_.try_lock()) {
       int budget = 16;
@@ -651,15 +663,16 @@ bool ZmqTransport::Impl::DeliverUntil(const std::function<bool()>& done, std::ch
       r = Drain(&enough);
       router_mu_.unlock();
     }
-    if (r != ReadResult::kEmpty) SignalFd(wake_fd_);
+    wake = r != ReadResult::kEmpty;
   }
   tls_delivering_transport = outer;
   borrower_.store(std::thread::id());
   {
-    // Notified under the lock: an exiting delivery thread waits for this,
-    // and cannot finish and let go of this object before the notify is done.
+    // Under the lock: an exiting delivery thread waits for it before the
+    // ROUTER and the eventfds go.
     std::lock_guard lock(park_mu_);
     borrowers_.store(0);
+    if (wake || delivery_parked_.load()) SignalFd(wake_fd_);
     park_cv_.notify_all();
   }
   return true;

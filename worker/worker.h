@@ -148,6 +148,10 @@ class Future {
  public:
   Future() = default;
   // Blocks until the request completes; returns its status. Idempotent.
+  // While it blocks, and while the worker has at most 2 requests in flight,
+  // it may handle incoming replies on the calling thread (its own and
+  // others'), saving a thread hand-off per reply (docs/design.md, "Caller
+  // delivery"); nothing else changes for the caller.
   // A default-constructed Future belongs to no request: Wait() returns
   // FailedPrecondition at once.
   absl::Status Wait() const;
