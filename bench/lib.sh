@@ -20,3 +20,23 @@ bench_build() {
     exit 1
   fi
 }
+
+# bench_push_pull_run SCRIPT BUILD RUN_DIR [ARG...]: one launcher run of
+# configs/bench_push_pull.yaml with BUILD's binaries (its
+# tessera-push-pull-bench as the worker program), quiet, with the extra
+# launcher arguments given (--set KEY=VALUE ...). On failure it says so,
+# naming SCRIPT and the run's logs, keeps them (clears the EXIT trap) and
+# exits 1.
+bench_push_pull_run() {
+  local script=$1 build=$2 run_dir=$3
+  shift 3
+  local root
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  if ! /usr/bin/python3 "$root/launcher/tessera-launch" local --config "$root/configs/bench_push_pull.yaml" \
+      --build-dir "$build" --run-dir "$run_dir" --quiet --timeout 1200 \
+      --set "worker.program=$build/bench/tessera-push-pull-bench" "$@" >&2; then
+    echo "$script: the Tessera run of $build failed; logs in $run_dir/logs" >&2
+    trap - EXIT
+    exit 1
+  fi
+}

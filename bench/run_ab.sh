@@ -48,19 +48,15 @@ if [ ! -x "$AFTER/bench/raw_zmq_bench" ]; then
   exit 2
 fi
 
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
 WORK=$(mktemp -d /tmp/tessera-ab.XXXXXX)
 if [ "${KEEP:-0}" != 1 ]; then trap 'rm -rf "$WORK"' EXIT; fi
 
 run_tessera() {  # BUILD_DIR RUN_DIR
-  if ! "$PYTHON" "$ROOT/launcher/tessera-launch" local --config "$ROOT/configs/bench_push_pull.yaml" \
-      --build-dir "$1" --run-dir "$2" --quiet --timeout 1200 \
-      --set "worker.program=$1/bench/tessera-push-pull-bench" --set shm.enabled=false \
-      --set "worker.args.sizes=\"$SIZES\"" --set "worker.args.ops=\"$OPS\"" --set "worker.args.modes=\"$MODES\"" \
-      --set "worker.args.repeats=$REPEATS" --set "worker.args.min_seconds=$MIN_SECONDS" >&2; then
-    echo "run_ab.sh: the Tessera run of $1 failed; logs in $2/logs" >&2
-    trap - EXIT
-    exit 1
-  fi
+  bench_push_pull_run run_ab.sh "$1" "$2" --set shm.enabled=false \
+    --set "worker.args.sizes=\"$SIZES\"" --set "worker.args.ops=\"$OPS\"" --set "worker.args.modes=\"$MODES\"" \
+    --set "worker.args.repeats=$REPEATS" --set "worker.args.min_seconds=$MIN_SECONDS"
 }
 
 for round in $(seq 1 "$ROUNDS"); do

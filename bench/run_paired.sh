@@ -39,9 +39,9 @@ MIN_SECONDS=${MIN_SECONDS:-0.5}
 
 WORK=$(mktemp -d /tmp/tessera-paired.XXXXXX)
 if [ "${KEEP:-0}" != 1 ]; then trap 'rm -rf "$WORK"' EXIT; fi
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  # shellcheck source=bench/lib.sh
-  source "$ROOT/bench/lib.sh"
   bench_build run_paired.sh "$BUILD" "$WORK/build.log" raw_zmq_bench tessera-push-pull-bench \
     tessera-coordinator tessera-server
 fi
@@ -54,15 +54,9 @@ run_raw() {
 
 run_tessera() {
   echo "round $1/$ROUNDS: Tessera ..." >&2
-  if ! "$PYTHON" "$ROOT/launcher/tessera-launch" local --config "$ROOT/configs/bench_push_pull.yaml" \
-      --build-dir "$BUILD" --run-dir "$WORK/tessera-$1" --quiet --timeout 1200 \
-      --set "worker.program=$BUILD/bench/tessera-push-pull-bench" --set shm.enabled=false \
-      --set "worker.args.sizes=\"$SIZES\"" --set "worker.args.ops=\"$OPS\"" --set "worker.args.modes=\"$MODES\"" \
-      --set "worker.args.repeats=$REPEATS" --set "worker.args.min_seconds=$MIN_SECONDS" >&2; then
-    echo "run_paired.sh: the Tessera run failed; logs in $WORK/tessera-$1/logs" >&2
-    trap - EXIT
-    exit 1
-  fi
+  bench_push_pull_run run_paired.sh "$BUILD" "$WORK/tessera-$1" --set shm.enabled=false \
+    --set "worker.args.sizes=\"$SIZES\"" --set "worker.args.ops=\"$OPS\"" --set "worker.args.modes=\"$MODES\"" \
+    --set "worker.args.repeats=$REPEATS" --set "worker.args.min_seconds=$MIN_SECONDS"
 }
 
 for round in $(seq 1 "$ROUNDS"); do

@@ -28,9 +28,9 @@ REPEATS=${REPEATS:-5}
 
 WORK=$(mktemp -d /tmp/tessera-pieces.XXXXXX)
 if [ "${KEEP:-0}" != 1 ]; then trap 'rm -rf "$WORK"' EXIT; fi
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  # shellcheck source=bench/lib.sh
-  source "$ROOT/bench/lib.sh"
   bench_build run_push_pieces.sh "$BUILD" "$WORK/build.log" raw_zmq_bench tessera-push-pull-bench \
     tessera-coordinator tessera-server
 fi
@@ -39,15 +39,9 @@ for round in $(seq 1 "$ROUNDS"); do
   for variant in "pieces:$PIECE_BYTES" "whole:0"; do
     IFS=: read -r name parts <<<"$variant"
     echo "round $round/$ROUNDS: Tessera pushes, transfer.part_bytes=$parts ..." >&2
-    if ! "$PYTHON" "$ROOT/launcher/tessera-launch" local --config "$ROOT/configs/bench_push_pull.yaml" \
-        --build-dir "$BUILD" --run-dir "$WORK/$name-$round" --quiet --timeout 600 \
-        --set "worker.program=$BUILD/bench/tessera-push-pull-bench" --set shm.enabled=false \
-        --set "transfer.part_bytes=$parts" --set "worker.args.sizes=\"$SIZE\"" --set 'worker.args.ops="push"' \
-        --set 'worker.args.modes="sequential,inflight8"' --set "worker.args.repeats=$REPEATS" >&2; then
-      echo "run_push_pieces.sh: the Tessera run failed; logs in $WORK/$name-$round/logs" >&2
-      trap - EXIT
-      exit 1
-    fi
+    bench_push_pull_run run_push_pieces.sh "$BUILD" "$WORK/$name-$round" --set shm.enabled=false \
+      --set "transfer.part_bytes=$parts" --set "worker.args.sizes=\"$SIZE\"" --set 'worker.args.ops="push"' \
+      --set 'worker.args.modes="sequential,inflight8"' --set "worker.args.repeats=$REPEATS"
   done
   echo "round $round/$ROUNDS: raw ZeroMQ ..." >&2
   "$BUILD/bench/raw_zmq_bench" --sizes "$SIZE" --modes sequential,inflight8 --repeats "$REPEATS" \
