@@ -94,7 +94,15 @@ bool ShouldLogMalformed(uint64_t n) { return n <= 10 || std::has_single_bit(n); 
 class ZmqTransport::Impl {
  public:
   explicit Impl(Options options) : options_(std::move(options)) {}
-  ~Impl() { Finish(); }
+  ~Impl() {
+    Finish();
+    // Closed only here, not in Finish: WakeCallerDelivery may still be
+    // called through a transport that has stopped (a Future completing late),
+    // and must not write to a descriptor number that was reused.
+    for (int fd : {wake_fd_, caller_wake_fd_}) {
+      if (fd >= 0) close(fd);
+    }
+  }
 
   absl::Status Start(std::shared_ptr<Impl> self, Handler handler);
   absl::Status Send(const std::string& to, Message message);
@@ -759,12 +767,6 @@ void ZmqTransport::Impl::Finish() {
   }
   ctx_.reset();  // zmq_ctx_term: returns once every socket is closed
   RemoveIpcFile();
-  // The delivery thread is gone (joined, or this is its own exit), and it
-  // left only once no borrower was inside: nobody polls these any more.
-  for (int* fd : {&wake_fd_, &caller_wake_fd_}) {
-    if (*fd >= 0) close(*fd);
-    *fd = -1;
-  }
 }
 
 TransportStats ZmqTransport::Impl::stats() const {
