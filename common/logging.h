@@ -30,6 +30,15 @@ void InitLogging(const std::string& name, bool debug);
 // log readers split lines the same way). Does nothing before InitLogging.
 void SetLogNodeId(uint32_t node_id);
 
+namespace logging_internal {
+// spdlog builds its registry and default logger on first use. Building them
+// during static initialization, before any thread exists, orders that build
+// before every thread's first log line; otherwise two threads logging for
+// the first time at once race on it in ThreadSanitizer's view (spdlog is
+// not instrumented, so its own once-only guard is invisible to it).
+inline const bool kLoggerRegistryBuilt = ::spdlog::default_logger_raw() != nullptr;
+}  // namespace logging_internal
+
 }  // namespace tessera
 
 #define TLOG_DEBUG(...) ::spdlog::debug(__VA_ARGS__)
