@@ -580,8 +580,8 @@ void ZmqTransport::Impl::ReceiveLoop() {
   tls_delivering_transport = this;
   int woken_while_borrowed = 0;  // since a borrower came
   while (state_.load(std::memory_order_acquire) == kRunning) {
-    if (borrowers_.load() == 0) woken_while_borrowed = 0;
     if (borrowers_.load() == 0) {
+      woken_while_borrowed = 0;
       ReadResult r;
       {
         std::lock_guard lock(router_mu_);
