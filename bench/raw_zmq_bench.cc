@@ -19,7 +19,9 @@
 // --repeats repeats after one warm-up repeat.
 //
 // --receiver_work accumulate makes the receiver add each payload into a row
-// of floats before acking, the work a Tessera server does for a push.
+// of floats before acking, the work a Tessera server does for a push;
+// --receiver_work copy makes it copy each payload into the next of 8
+// buffers, the work a Tessera worker's Pull does with each reply.
 // --keep_allocations_mapped gives both processes the allocator settings of
 // Tessera's binaries (large blocks from an untrimmed heap, so that libzmq's
 // receive buffers do not fault in again for every message).
@@ -97,35 +99,53 @@ void SendZeroCopy(void* socket, char* buffer, size_t size, int flags = 0) {
 
 void SendSmall(void* socket, char byte, int flags = 0) { Check(zmq_send(socket, &byte, 1, flags), "zmq_send"); }
 
-// What the receiver does with a payload before it frees (and acks) it.
-// "accumulate" adds it as floats into a row of the same size, as a Tessera
-// server does for a push to an ACCUMULATE table; it shows how much of the
-// gap between raw ZeroMQ and Tessera pushes is the update itself.
-enum class ReceiverWork { kNone, kAccumulate };
+// What the receiver does with a payload before it frees (and acks) it: the
+// work a Tessera process must do with the bytes, which a plain ZeroMQ
+// receiver skips. Each shows how much of a gap between raw ZeroMQ and
+// Tessera is that work itself.
+// - accumulate: adds the payload as floats into a row of the same size, as
+//   a Tessera server does for a push to an ACCUMULATE table;
+// - copy: copies the payload into the next of kInflight buffers of its size,
+//   in turn, as a Tessera worker's Pull copies each reply into the caller's
+//   buffer (the push/pull driver pulls into one buffer per request in
+//   flight).
+enum class ReceiverWork { kNone, kAccumulate, kCopy };
 
-class Accumulator {
+class PayloadWork {
  public:
-  void Add(const void* data, size_t size) {
-    const size_t n = size / sizeof(float);
-    if (row_.size() < n) row_.resize(n, 0.0f);
-    const float* g = static_cast<const float*>(data);
-    float* row = row_.data();
-    for (size_t i = 0; i < n; ++i) row[i] += g[i];
+  explicit PayloadWork(ReceiverWork work) : work_(work) {}
+
+  void Do(const void* data, size_t size) {
+    if (work_ == ReceiverWork::kAccumulate) {
+      const size_t n = size / sizeof(float);
+      if (row_.size() < n) row_.resize(n, 0.0f);
+      const float* g = static_cast<const float*>(data);
+      float* row = row_.data();
+      for (size_t i = 0; i < n; ++i) row[i] += g[i];
+    } else if (work_ == ReceiverWork::kCopy) {
+      if (copies_.empty()) copies_.resize(kInflight);
+      std::vector<char>& to = copies_[next_copy_++ % copies_.size()];
+      if (to.size() < size) to.resize(size);
+      std::memcpy(to.data(), data, size);
+    }
   }
 
  private:
-  std::vector<float> row_;
+  const ReceiverWork work_;
+  std::vector<float> row_;                 // accumulate
+  std::vector<std::vector<char>> copies_;  // copy
+  size_t next_copy_ = 0;
 };
 
 // Receives one frame; returns its size and, for 1-byte frames, its byte.
-// With an accumulator, adds the payload into it first.
-size_t Receive(void* socket, char* first_byte = nullptr, Accumulator* accumulator = nullptr) {
+// With `work`, does it with the payload first.
+size_t Receive(void* socket, char* first_byte = nullptr, PayloadWork* work = nullptr) {
   zmq_msg_t msg;
   zmq_msg_init(&msg);
   if (zmq_msg_recv(&msg, socket, 0) < 0) Die("zmq_msg_recv");
   const size_t size = zmq_msg_size(&msg);
   if (first_byte && size > 0) *first_byte = *static_cast<char*>(zmq_msg_data(&msg));
-  if (accumulator && size > 1) accumulator->Add(zmq_msg_data(&msg), size);
+  if (work && size > 1) work->Do(zmq_msg_data(&msg), size);
   zmq_msg_close(&msg);
   return size;
 }
@@ -156,8 +176,8 @@ int StreamHwm(size_t size) { return static_cast<int>(std::clamp<size_t>((64u << 
 // (request/ack). Writes its endpoints, one per line, to `report_fd`: the
 // PULLs in the order of `sizes`, then the PUSH, then the ROUTER.
 int RunReceiver(const std::vector<size_t>& sizes, ReceiverWork work, int report_fd) {
-  Accumulator accumulator;
-  Accumulator* acc = work == ReceiverWork::kAccumulate ? &accumulator : nullptr;
+  PayloadWork payload_work(work);
+  PayloadWork* acc = work == ReceiverWork::kNone ? nullptr : &payload_work;
   void* ctx = zmq_ctx_new();
   std::vector<void*> pulls;
   for (size_t size : sizes) pulls.push_back(BoundSocket(ctx, ZMQ_PULL, StreamHwm(size)));
@@ -336,7 +356,10 @@ int Run(const Flags& flags) {
   }
   if (child == 0) {
     close(fds[0]);
-    _exit(RunReceiver(flags.sizes, flags.receiver_work == "accumulate" ? ReceiverWork::kAccumulate : ReceiverWork::kNone, fds[1]));
+    const ReceiverWork work = flags.receiver_work == "accumulate" ? ReceiverWork::kAccumulate
+                              : flags.receiver_work == "copy"     ? ReceiverWork::kCopy
+                                                                  : ReceiverWork::kNone;
+    _exit(RunReceiver(flags.sizes, work, fds[1]));
   }
   close(fds[1]);
   std::string text;
@@ -426,9 +449,10 @@ int main(int argc, char** argv) {
   app.add_option("--min_messages,--min-messages", flags.min_messages, "minimum messages of one repeat")
       ->check(CLI::PositiveNumber);
   app.add_option("--receiver_work,--receiver-work", flags.receiver_work,
-                 "what the receiver does with each payload: none, or accumulate (add it as floats into a row, "
-                 "like a Tessera server applying a push)")
-      ->check(CLI::IsMember({"none", "accumulate"}));
+                 "what the receiver does with each payload: none; accumulate (add it as floats into a row, "
+                 "like a Tessera server applying a push); or copy (into the next of 8 buffers, like a Tessera "
+                 "worker's Pull into the caller's buffer)")
+      ->check(CLI::IsMember({"none", "accumulate", "copy"}));
   app.add_flag("--keep_allocations_mapped,--keep-allocations-mapped", flags.keep_allocations_mapped,
                "in both processes, keep large malloc blocks in an untrimmed heap (M_MMAP_THRESHOLD 64 MiB, "
                "M_TRIM_THRESHOLD 1 GiB), as Tessera's binaries do (common/memory.h)");

@@ -13,15 +13,20 @@
 # repeat (bench/cpu_pair_probe.h), and bench/paired_report.py compares each
 # placement's steady repeats only with the same placement's.
 #
-# Rounds of: raw ZeroMQ (bench/raw_zmq_bench --keep_allocations_mapped), and
-# Tessera (tessera-push-pull-bench through the launcher, 1 server, 1 worker,
+# Rounds of: raw ZeroMQ (bench/raw_zmq_bench --keep_allocations_mapped, once
+# plain and once for each receiver work in WORKS), and Tessera
+# (tessera-push-pull-bench through the launcher, 1 server, 1 worker,
 # configs/bench_push_pull.yaml with shm.enabled=false), in alternating order
-# (odd rounds raw first). Prints one Markdown table.
+# (odd rounds raw first). Prints one Markdown table: Tessera against plain
+# raw, and against raw doing the same work with each payload (pushes:
+# accumulate, the server's update; pulls: copy, the worker's copy into the
+# caller's buffer).
 #
 # Environment: ROUNDS (4), SIZES (1048576,16777216), OPS
 # (push,pull,pullview), MODES (sequential,inflight8,stream), REPEATS (3),
-# MIN_SECONDS (0.5), SKIP_BUILD=1 to run the binaries in BUILD_DIR as they
-# are, KEEP=1 to keep the results (printed at the end). The probe uses the
+# MIN_SECONDS (0.5), WORKS (accumulate,copy; empty for plain raw only),
+# SKIP_BUILD=1 to run the binaries in BUILD_DIR as they are, KEEP=1 to keep
+# the results (printed at the end). The probe uses the
 # first two CPUs this script may run on; on a machine with more, pin the
 # script to two (taskset -c 0,1 bench/run_paired.sh) so that the probe
 # measures the CPUs the benchmark runs on.
@@ -36,6 +41,7 @@ OPS=${OPS:-push,pull,pullview}
 MODES=${MODES:-sequential,inflight8,stream}
 REPEATS=${REPEATS:-3}
 MIN_SECONDS=${MIN_SECONDS:-0.5}
+WORKS=${WORKS-accumulate,copy}
 
 WORK=$(mktemp -d /tmp/tessera-paired.XXXXXX)
 if [ "${KEEP:-0}" != 1 ]; then trap 'rm -rf "$WORK"' EXIT; fi
@@ -50,6 +56,13 @@ run_raw() {
   echo "round $1/$ROUNDS: raw ZeroMQ ..." >&2
   "$BUILD/bench/raw_zmq_bench" --sizes "$SIZES" --modes "$MODES" --repeats "$REPEATS" \
     --min_seconds "$MIN_SECONDS" --keep_allocations_mapped --json "$WORK/raw-$1.json" 2>/dev/null
+  local work
+  for work in ${WORKS//,/ }; do
+    echo "round $1/$ROUNDS: raw ZeroMQ + $work ..." >&2
+    "$BUILD/bench/raw_zmq_bench" --sizes "$SIZES" --modes "$MODES" --repeats "$REPEATS" \
+      --min_seconds "$MIN_SECONDS" --keep_allocations_mapped --receiver_work "$work" \
+      --json "$WORK/raw-$work-$1.json" 2>/dev/null
+  done
 }
 
 run_tessera() {

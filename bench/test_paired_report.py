@@ -86,3 +86,35 @@ def test_a_whole_run_reads_back_from_its_files(tmp_path, capsys):
         {"size": 16777216, "mode": "sequential", "op": "pullview", "mbps": [3800], "probe_ns": [59, 60]}]}}]}))
     assert pr.main(["paired_report.py", str(tmp_path), "1"]) == 0
     assert "| 16 MiB | sequential | pull, view | 60 ns | 1 / 1 | 3,800 | 4,000 | 0.95 |" in capsys.readouterr().out
+
+
+def test_each_op_is_also_compared_with_the_baseline_doing_its_work(tmp_path, capsys):
+    def raw(work, mbps):
+        return {"size": 1048576, "mode": "inflight8", "mbps": [mbps], "probe_ns": [60, 60], "round": 1,
+                "work": work}
+
+    def tessera(op, mbps):
+        return {"size": 1048576, "mode": "inflight8", "op": op, "mbps": [mbps], "probe_ns": [60, 60], "round": 1}
+
+    raws = [raw("none", 6000), raw("accumulate", 5000), raw("copy", 4000)]
+    rows, total, dropped, groups = pr.compare(raws, [tessera("push", 4500), tessera("pull", 3800),
+                                                     tessera("pullview", 5700)])
+    by_op = {r["op"]: r for r in rows}
+    assert by_op["push"]["ratio"] == pytest.approx(0.75)
+    assert by_op["push"]["work"] == "accumulate" and by_op["push"]["work_ratio"] == pytest.approx(0.9)
+    assert by_op["pull"]["work"] == "copy" and by_op["pull"]["work_ratio"] == pytest.approx(0.95)
+    assert by_op["pullview"]["work"] == "none" and by_op["pullview"]["work_ratio"] == pytest.approx(0.95)
+    table = pr.markdown(rows, total, dropped, groups)
+    assert "| 1 MiB | 8 in flight | pull | 60 ns | 1 / 1 | 3,800 | 6,000 | 0.63 | + copy | 1 | 4,000 | 0.95 |" in table
+
+    # From files: raw-copy-R.json is read beside raw-R.json; without the
+    # work files the table keeps its plain columns.
+    (tmp_path / "raw-1.json").write_text(json.dumps({"results": [dict(raws[0])]}))
+    (tmp_path / "tessera-1").mkdir()
+    (tmp_path / "tessera-1" / "summary.json").write_text(
+        json.dumps({"worker_reports": [{"report": {"results": [tessera("pull", 3800)]}}]}))
+    assert pr.main(["paired_report.py", str(tmp_path), "1"]) == 0
+    assert "| 1 MiB | 8 in flight | pull | 60 ns | 1 / 1 | 3,800 | 6,000 | 0.63 |\n" in capsys.readouterr().out
+    (tmp_path / "raw-copy-1.json").write_text(json.dumps({"results": [dict(raws[2])]}))
+    assert pr.main(["paired_report.py", str(tmp_path), "1"]) == 0
+    assert "| 0.63 | + copy | 1 | 4,000 | 0.95 |" in capsys.readouterr().out
