@@ -4,11 +4,12 @@
 #   bench/run_push_pull.sh [BUILD_DIR]
 #
 # Builds the targets it needs, runs the raw ZeroMQ baseline (bench/raw_zmq_bench,
-# two processes) three times: with glibc's default allocator settings; with
+# two processes) four times: with glibc's default allocator settings; with
 # those of Tessera's binaries (large blocks kept in an untrimmed heap, see
 # common/memory.h), which the ratios compare against; and with those plus the
 # receiver adding each payload into a row of floats (the work a Tessera server
-# does for a push). Then it runs the Tessera driver (tessera-push-pull-bench:
+# does for a push), and copying it into the next of 8 buffers (the work a
+# worker's Pull does with each reply). Then it runs the Tessera driver (tessera-push-pull-bench:
 # 1 server, 1 worker, through launcher/tessera-launch with
 # configs/bench_push_pull.yaml) four times: with the same-host shared-memory
 # path off (every frame over TCP loopback); the same for pushes only, with
@@ -49,7 +50,8 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
 fi
 
 # name: receiver work, extra flags
-for variant in "default:none:" "mapped:none:--keep_allocations_mapped" "mapped-acc:accumulate:--keep_allocations_mapped"; do
+for variant in "default:none:" "mapped:none:--keep_allocations_mapped" "mapped-acc:accumulate:--keep_allocations_mapped" \
+  "mapped-copy:copy:--keep_allocations_mapped"; do
   IFS=: read -r name work extra <<<"$variant"
   echo "raw ZeroMQ baseline ($name) ..." >&2
   # shellcheck disable=SC2086
@@ -98,7 +100,7 @@ tessera_ring = tessera_results("run-ring")
 tessera_shm = tessera_results("run-shm")
 memcpy = {r["size"]: r["median_mbps"] for r in json.load(open(f"{work}/memcpy.json"))["results"]}
 raw = {}
-for name in ("default", "mapped", "mapped-acc"):
+for name in ("default", "mapped", "mapped-acc", "mapped-copy"):
     data = json.load(open(f"{work}/raw-{name}.json"))
     sizes = data["sizes"]
     raw[name] = {(r["size"], r["mode"]): r["median_mbps"] for r in data["results"]}
@@ -112,25 +114,29 @@ def fmt(v):
 def ratio(a, b):
     return "–" if a is None or not b else f"{a / b:.2f}"
 
-print("| size | mode | raw ZMQ, default malloc | raw ZMQ | raw ZMQ + accumulate | Tessera push "
+print("| size | mode | raw ZMQ, default malloc | raw ZMQ | raw ZMQ + accumulate | raw ZMQ + copy | Tessera push "
       "| Tessera push, whole rows | Tessera pull | Tessera pull, view | Tessera push+pull | push/raw "
-      "| whole/raw | push/(raw+acc) | pull/raw | view/raw |")
-print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| whole/raw | push/(raw+acc) | pull/raw | pull/(raw+copy) | view/raw |")
+print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for size in sizes:
     for label, mode in (("sequential", "sequential"), ("8 in flight", "inflight8"), ("stream", "stream")):
         default = raw["default"].get((size, mode))
         base = raw["mapped"].get((size, mode))
         base_acc = raw["mapped-acc"].get((size, mode))
+        base_copy = raw["mapped-copy"].get((size, mode))
         push, pull, view, both = (tessera.get((size, op, mode)) for op in ("push", "pull", "pullview", "pushpull"))
         whole = tessera_whole.get((size, "push", mode))
         if label == "stream":
             label = "stream (raw PUSH/PULL; Tessera 64 pushes in flight)"
-        print(f"| {size_name(size)} | {label} | {fmt(default)} | {fmt(base)} | {fmt(base_acc)} | {fmt(push)} | "
-              f"{fmt(whole)} | {fmt(pull)} | {fmt(view)} | {fmt(both)} | {ratio(push, base)} | "
-              f"{ratio(whole, base)} | {ratio(push, base_acc)} | {ratio(pull, base)} | {ratio(view, base)} |")
+        print(f"| {size_name(size)} | {label} | {fmt(default)} | {fmt(base)} | {fmt(base_acc)} | {fmt(base_copy)} | "
+              f"{fmt(push)} | {fmt(whole)} | {fmt(pull)} | {fmt(view)} | {fmt(both)} | {ratio(push, base)} | "
+              f"{ratio(whole, base)} | {ratio(push, base_acc)} | {ratio(pull, base)} | {ratio(pull, base_copy)} | "
+              f"{ratio(view, base)} |")
 print()
-print("MB/s of payload (1 MB = 10^6 bytes), medians. 'raw ZMQ' and 'raw ZMQ + accumulate' run with the allocator")
-print("settings of Tessera's binaries (--keep_allocations_mapped); the ratios compare with those. 'pull' is")
+print("MB/s of payload (1 MB = 10^6 bytes), medians. 'raw ZMQ', 'raw ZMQ + accumulate' (the receiver adds each")
+print("payload into a row, as a server applies a push) and 'raw ZMQ + copy' (it copies each payload into the next")
+print("of 8 buffers, as a worker's Pull fills the caller's buffer) run with the allocator settings of Tessera's")
+print("binaries (--keep_allocations_mapped); the ratios compare with those. 'pull' is")
 print("Worker::Pull (rows copied into the caller's buffer); 'pull, view' is Worker::PullView (rows left in the")
 print("message they arrived in, as the raw receiver gets them). 'push' runs with the config's transfer.part_bytes")
 print("(2 MiB: rows wider than that go in pieces the server updates one by one); 'push, whole rows' with 0.")

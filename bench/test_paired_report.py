@@ -105,7 +105,8 @@ def test_each_op_is_also_compared_with_the_baseline_doing_its_work(tmp_path, cap
     assert by_op["pull"]["work"] == "copy" and by_op["pull"]["work_ratio"] == pytest.approx(0.95)
     assert by_op["pullview"]["work"] == "none" and by_op["pullview"]["work_ratio"] == pytest.approx(0.95)
     table = pr.markdown(rows, total, dropped, groups)
-    assert "| 1 MiB | 8 in flight | pull | 60 ns | 1 / 1 | 3,800 | 6,000 | 0.63 | + copy | 1 | 4,000 | 0.95 |" in table
+    assert "| 1 MiB | 8 in flight | pull | 60 ns | 1 / 1 | 3,800 | 6,000 | 0.63 | + copy | 1 | 4,000 | 0.67 | 0.95 |" \
+        in table
 
     # From files: raw-copy-R.json is read beside raw-R.json; without the
     # work files the table keeps its plain columns.
@@ -117,4 +118,4 @@ def test_each_op_is_also_compared_with_the_baseline_doing_its_work(tmp_path, cap
     assert "| 1 MiB | 8 in flight | pull | 60 ns | 1 / 1 | 3,800 | 6,000 | 0.63 |\n" in capsys.readouterr().out
     (tmp_path / "raw-copy-1.json").write_text(json.dumps({"results": [dict(raws[2])]}))
     assert pr.main(["paired_report.py", str(tmp_path), "1"]) == 0
-    assert "| 0.63 | + copy | 1 | 4,000 | 0.95 |" in capsys.readouterr().out
+    assert "| 0.63 | + copy | 1 | 4,000 | 0.67 | 0.95 |" in capsys.readouterr().out
