@@ -177,7 +177,7 @@ int StreamHwm(size_t size) { return static_cast<int>(std::clamp<size_t>((64u << 
 // PULLs in the order of `sizes`, then the PUSH, then the ROUTER.
 int RunReceiver(const std::vector<size_t>& sizes, ReceiverWork work, int report_fd) {
   PayloadWork payload_work(work);
-  PayloadWork* acc = work == ReceiverWork::kNone ? nullptr : &payload_work;
+  PayloadWork* payload = work == ReceiverWork::kNone ? nullptr : &payload_work;
   void* ctx = zmq_ctx_new();
   std::vector<void*> pulls;
   for (size_t size : sizes) pulls.push_back(BoundSocket(ctx, ZMQ_PULL, StreamHwm(size)));
@@ -200,7 +200,7 @@ int RunReceiver(const std::vector<size_t>& sizes, ReceiverWork work, int report_
     for (size_t i = 0; i < pulls.size(); ++i) {
       if (!(items[i].revents & ZMQ_POLLIN)) continue;
       char byte = 0;
-      if (Receive(pulls[i], &byte, acc) == 1) {
+      if (Receive(pulls[i], &byte, payload) == 1) {
         if (byte == kQuit) quit = true;
         if (byte == kMarker) SendSmall(back, kMarker);
       }
@@ -210,7 +210,7 @@ int RunReceiver(const std::vector<size_t>& sizes, ReceiverWork work, int report_
       zmq_msg_t identity;
       zmq_msg_init(&identity);
       if (zmq_msg_recv(&identity, router, 0) < 0) Die("router recv");
-      Receive(router, nullptr, acc);
+      Receive(router, nullptr, payload);
       if (zmq_msg_send(&identity, router, ZMQ_SNDMORE) < 0) Die("router send");
       SendSmall(router, 'A');
     }

@@ -42,6 +42,12 @@ MODES=${MODES:-sequential,inflight8,stream}
 REPEATS=${REPEATS:-3}
 MIN_SECONDS=${MIN_SECONDS:-0.5}
 WORKS=${WORKS-accumulate,copy}
+for work in ${WORKS//,/ }; do
+  if [ "$work" != accumulate ] && [ "$work" != copy ]; then
+    echo "run_paired.sh: WORKS holds '$work'; each must be accumulate or copy (empty: plain raw only)" >&2
+    exit 2
+  fi
+done
 
 WORK=$(mktemp -d /tmp/tessera-paired.XXXXXX)
 if [ "${KEEP:-0}" != 1 ]; then trap 'rm -rf "$WORK"' EXIT; fi
@@ -52,16 +58,27 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
     tessera-coordinator tessera-server
 fi
 
+# raw_once NAME ARG...: one run of the baseline into $WORK/NAME.json; on
+# failure it says so with the program's output, keeps $WORK and exits 1.
+raw_once() {
+  local name=$1
+  shift
+  if ! "$BUILD/bench/raw_zmq_bench" --sizes "$SIZES" --modes "$MODES" --repeats "$REPEATS" \
+      --min_seconds "$MIN_SECONDS" --keep_allocations_mapped "$@" --json "$WORK/$name.json" 2>"$WORK/$name.log"; then
+    echo "run_paired.sh: raw_zmq_bench${*:+ $*} failed (round log: $WORK/$name.log):" >&2
+    cat "$WORK/$name.log" >&2
+    trap - EXIT  # keep the results so far
+    exit 1
+  fi
+}
+
 run_raw() {
   echo "round $1/$ROUNDS: raw ZeroMQ ..." >&2
-  "$BUILD/bench/raw_zmq_bench" --sizes "$SIZES" --modes "$MODES" --repeats "$REPEATS" \
-    --min_seconds "$MIN_SECONDS" --keep_allocations_mapped --json "$WORK/raw-$1.json" 2>/dev/null
+  raw_once "raw-$1"
   local work
   for work in ${WORKS//,/ }; do
     echo "round $1/$ROUNDS: raw ZeroMQ + $work ..." >&2
-    "$BUILD/bench/raw_zmq_bench" --sizes "$SIZES" --modes "$MODES" --repeats "$REPEATS" \
-      --min_seconds "$MIN_SECONDS" --keep_allocations_mapped --receiver_work "$work" \
-      --json "$WORK/raw-$work-$1.json" 2>/dev/null
+    raw_once "raw-$work-$1" --receiver_work "$work"
   done
 }
 
