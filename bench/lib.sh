@@ -40,3 +40,20 @@ bench_push_pull_run() {
     exit 1
   fi
 }
+
+# bench_raw_run SCRIPT BUILD JSON [ARG...]: one run of BUILD's raw ZeroMQ
+# baseline (bench/raw_zmq_bench ARG... --json JSON), its progress lines in
+# JSON's name with .log for .json. On failure it says so, naming SCRIPT,
+# with the program's output, keeps the results (clears the EXIT trap) and
+# exits 1.
+bench_raw_run() {
+  local script=$1 build=$2 json=$3
+  shift 3
+  local log=${json%.json}.log
+  if ! "$build/bench/raw_zmq_bench" "$@" --json "$json" 2>"$log"; then
+    echo "$script: raw_zmq_bench${*:+ $*} failed (log: $log):" >&2
+    cat "$log" >&2
+    trap - EXIT
+    exit 1
+  fi
+}

@@ -61,8 +61,8 @@ run_tessera() {  # BUILD_DIR RUN_DIR
 
 for round in $(seq 1 "$ROUNDS"); do
   echo "round $round/$ROUNDS ..." >&2
-  "$AFTER/bench/raw_zmq_bench" --sizes "$SIZES" --modes "$MODES" --repeats "$REPEATS" \
-    --min_seconds "$MIN_SECONDS" --keep_allocations_mapped --json "$WORK/raw-$round.json" 2>/dev/null
+  bench_raw_run run_ab.sh "$AFTER" "$WORK/raw-$round.json" --sizes "$SIZES" --modes "$MODES" \
+    --repeats "$REPEATS" --min_seconds "$MIN_SECONDS" --keep_allocations_mapped
   if [ $((round % 2)) = 1 ]; then
     run_tessera "$AFTER" "$WORK/after-$round"
     run_tessera "$BEFORE" "$WORK/before-$round"

@@ -58,18 +58,12 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
     tessera-coordinator tessera-server
 fi
 
-# raw_once NAME ARG...: one run of the baseline into $WORK/NAME.json; on
-# failure it says so with the program's output, keeps $WORK and exits 1.
+# raw_once NAME ARG...: one run of the baseline into $WORK/NAME.json.
 raw_once() {
   local name=$1
   shift
-  if ! "$BUILD/bench/raw_zmq_bench" --sizes "$SIZES" --modes "$MODES" --repeats "$REPEATS" \
-      --min_seconds "$MIN_SECONDS" --keep_allocations_mapped "$@" --json "$WORK/$name.json" 2>"$WORK/$name.log"; then
-    echo "run_paired.sh: raw_zmq_bench${*:+ $*} failed (round log: $WORK/$name.log):" >&2
-    cat "$WORK/$name.log" >&2
-    trap - EXIT  # keep the results so far
-    exit 1
-  fi
+  bench_raw_run run_paired.sh "$BUILD" "$WORK/$name.json" --sizes "$SIZES" --modes "$MODES" \
+    --repeats "$REPEATS" --min_seconds "$MIN_SECONDS" --keep_allocations_mapped "$@"
 }
 
 run_raw() {

@@ -44,8 +44,8 @@ for round in $(seq 1 "$ROUNDS"); do
       --set 'worker.args.modes="sequential,inflight8"' --set "worker.args.repeats=$REPEATS"
   done
   echo "round $round/$ROUNDS: raw ZeroMQ ..." >&2
-  "$BUILD/bench/raw_zmq_bench" --sizes "$SIZE" --modes sequential,inflight8 --repeats "$REPEATS" \
-    --keep_allocations_mapped --json "$WORK/raw-$round.json" >/dev/null
+  bench_raw_run run_push_pieces.sh "$BUILD" "$WORK/raw-$round.json" --sizes "$SIZE" \
+    --modes sequential,inflight8 --repeats "$REPEATS" --keep_allocations_mapped
 done
 
 "$PYTHON" - "$WORK" "$ROUNDS" "$SIZE" "$PIECE_BYTES" <<'PY'
