@@ -253,6 +253,16 @@ class CoordinatorSection:
 
 
 @dataclass(frozen=True)
+class AuditSection:
+    dir: str = ""
+
+
+@dataclass(frozen=True)
+class MessageFaultsSection:
+    spec: str = ""
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """A validated job config with every default filled in.
 
@@ -279,6 +289,8 @@ class JobConfig:
     rdma: RdmaSection = dataclasses.field(default_factory=RdmaSection)
     shm: ShmSection = dataclasses.field(default_factory=ShmSection)
     transfer: TransferSection = dataclasses.field(default_factory=TransferSection)
+    audit: AuditSection = dataclasses.field(default_factory=AuditSection)
+    message_faults: MessageFaultsSection = dataclasses.field(default_factory=MessageFaultsSection)
     faults: tuple = ()  # FaultSpec, in file order
 
     def to_dict(self) -> dict:
@@ -586,8 +598,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                       "etcd client URLs (http://HOST:PORT, comma-separated) where the coordinator keeps its state "
                       "and its leader is elected; empty: a state file in the run directory"),
         "standbys": Field(_standbys, 0,
-                          "standby coordinators (local back-end; needs etcd): they take over when the leader's "
-                          "etcd lease runs out"),
+                          "standby coordinators (needs etcd; every back-end but kubernetes): they take over when "
+                          "the leader's etcd lease runs out"),
         "etcd_lease_seconds": Field(_positive_number, 2,
                                     "the leader's etcd lease: a standby takes over this long after the leader "
                                     "dies (etcd's minimum is 2)"),
@@ -641,6 +653,17 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                                 "more parts wait, lower priority numbers first (one part always "
                                                 "goes); 0: unbounded"),
     },
+    "audit": {
+        "dir": Field(_string, "",
+                     "audit mode for fault experiments: servers keep the pushes applied to every row and write "
+                     "them here at the end (tests/audit/audit_check.py reads them); a path every host sees; "
+                     "empty: off"),
+    },
+    "message_faults": {
+        "spec": Field(_string, "",
+                      "message faults every process of the job applies (docs/fault_injection.md: e.g. "
+                      "seed=3,drop=0.01,reorder=0.02,side=send); empty: none"),
+    },
     "metrics": {
         "port": Field(_metrics_port, 0, "first Prometheus port: server-R port+R, worker-R port+servers+R, the coordinator "
                                            "port+servers+workers; 0: off"),
@@ -667,6 +690,8 @@ _SECTION_TYPES = {
     "rdma": RdmaSection,
     "shm": ShmSection,
     "transfer": TransferSection,
+    "audit": AuditSection,
+    "message_faults": MessageFaultsSection,
     "ssh": SshSection,
     "kubernetes": KubernetesSection,
 }

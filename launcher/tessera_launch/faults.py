@@ -33,8 +33,10 @@ Each fault, and what followed it (a resume, a restart), is appended to
 RUN/events.jsonl as it happens; `records()` gives the summary's entries,
 which local.py completes with the figures fault_logs.py reads from the logs.
 A fault whose target is not running when it is due is reported and skipped.
-Only the `local` back-end injects faults (its processes are the launcher's
-own children).
+Every supervising back-end injects them: `local` signals its own
+children; ssh, slurm and mpirun send the command to the carried process's
+`tessera-launch role` through the carrier's control channel
+(supervisor.py), which signals or restarts the process on its host.
 """
 
 from __future__ import annotations
@@ -370,6 +372,8 @@ class FaultScheduler:
         if spec.action == "pause":
             f.pid = self.sup.signal_process(name, signal.SIGSTOP)
         else:
+            if spec.action == "restart":
+                self.sup.prepare_restart(name)
             self.sup.expect_fault_exit(name, f"fault {spec.index}: {spec.action}",
                                        tolerate=spec.role != "coordinator" or spec.action == "restart")
             f.pid = self.sup.signal_process(name, signal.SIGKILL)
@@ -416,7 +420,8 @@ class FaultScheduler:
         f.restarted_at, f.restart_pid = self._clock(), self.sup.pid_of(name)
         declared = ("" if spec.role == "coordinator" else
                     f", {f.restarted_at - f.lost_seen_at:.3f} s after the coordinator declared it lost")
-        self.sup.console.say(f"fault {spec.index}: started {name} again (pid {f.restart_pid}), "
+        pid = f"pid {f.restart_pid}" if f.restart_pid is not None else "on its host, through its carrier"
+        self.sup.console.say(f"fault {spec.index}: started {name} again ({pid}), "
                              f"{f.restarted_at - f.fired_at:.3f} s after the kill{declared}")
         self._event(f, "restart", f"fault {spec.index}: {name} started again", f.restarted_at,
                     pid=f.restart_pid)

@@ -41,7 +41,8 @@ from .config import JobConfig, load_config
 from .fault_logs import analyze_all, read_logs
 from .faults import FaultScheduler
 from .summary import build_summary, format_report, read_coordinator_summary, write_summary, write_text_atomically
-from .supervisor import ADDRESS_TAG, SUMMARY_TAG, Console, Member, ProcessSpec, ProgressTracker, Supervisor
+from .supervisor import (ADDRESS_TAG, CONTROL_STDIN, SUMMARY_TAG, Console, Member, ProcessSpec, ProgressTracker,
+                         Supervisor)
 
 #: Exit codes of tessera-launch.
 EXIT_OK = 0
@@ -153,9 +154,15 @@ class RunLayout:
         self.logs = self.root / "logs"
         self.launcher_log = self.logs / "launcher.log"
         self.sockets = self.root / "sock"
+        self.control = self.root / "control"
 
     def socket(self, name: str) -> Path:
         return self.sockets / f"{name}.sock"
+
+    def control_file(self, name: str) -> Path:
+        """Where the launcher appends commands for carried process `name`
+        (back-ends whose run directory every host shares; supervisor.py)."""
+        return self.control / f"{name}.control"
 
 
 def create_run_dir(requested: Optional[str], job_name: str, now: datetime.datetime) -> Path:
@@ -340,17 +347,37 @@ def describe_transport(config: JobConfig) -> str:
     return transport
 
 
+def message_faults(config: JobConfig, environ=os.environ) -> str:
+    """The message-fault spec of every process: message_faults.spec, else
+    the launcher's own TESSERA_FAULTS (the older way; passed on explicitly,
+    so that it reaches processes on other hosts too), else ""."""
+    return config.message_faults.spec or environ.get("TESSERA_FAULTS", "").strip()
+
+
+def audit_dir(config: JobConfig, environ=os.environ) -> str:
+    """The servers' audit directory: audit.dir, else the launcher's own
+    TESSERA_AUDIT_DIR (passed on as --audit-dir), else "" (off)."""
+    return config.audit.dir or environ.get("TESSERA_AUDIT_DIR", "").strip()
+
+
 def process_env(config: JobConfig, layout: RunLayout, binaries: "Binaries") -> dict:
     """Environment every job process gets, whichever back-end starts it:
     the transport choice (transport_env), where its job key file is
-    (TESSERA_JOB_KEYS, read by the transport; docs/security.md), and
-    PYTHONPATH starting with the build tree's python/ directory, so that
-    Python worker programs (examples/dlrm.py) import the tessera module that
-    was built with the binaries."""
+    (TESSERA_JOB_KEYS, read by the transport; docs/security.md), the
+    message faults (TESSERA_FAULTS, message_faults), and PYTHONPATH starting
+    with the build tree's python/ directory, so that Python worker programs
+    (examples/dlrm.py) import the tessera module that was built with the
+    binaries. Back-ends that start processes elsewhere hand these over as
+    flags of `tessera-launch role` (ssh) or in the run directory's
+    config.yaml (mpirun, srun), never through a remote shell's
+    environment."""
     env = transport_env(config)
     path = job_keys_path(config, layout)
     if path is not None:
         env["TESSERA_JOB_KEYS"] = str(path)
+    faults = message_faults(config)
+    if faults:
+        env["TESSERA_FAULTS"] = faults
     inherited = os.environ.get("PYTHONPATH")
     env["PYTHONPATH"] = str(binaries.python) + (os.pathsep + inherited if inherited else "")
     return env
@@ -401,6 +428,9 @@ def server_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
     limits = config.limits
     argv += ["--max-keys-per-request", str(limits.max_keys_per_request), "--max-table-mb", str(limits.max_table_mb),
              "--max-held-per-peer", str(limits.max_held_per_peer), "--max-message-mb", str(limits.max_message_mb)]
+    audit = audit_dir(config)
+    if audit:
+        argv += ["--audit-dir", str(Path(audit).resolve())]
     c = config.checkpoints
     if c.dir:
         argv += ["--checkpoint-dir", str(layout.root / c.dir), "--checkpoint-every", _seconds(c.every_seconds),
@@ -441,10 +471,19 @@ def process_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, name:
 
 
 def process_names(config: JobConfig) -> list:
-    """Every process of the job, in start order. Back-ends that start the
-    job as one group of ranks (mpirun, srun) give rank I the I-th name."""
+    """Every process of the job, in start order, standby coordinators
+    aside (the summary's processes)."""
     return (["coordinator"] + [f"server-{r}" for r in range(config.cluster.servers)]
             + [f"worker-{r}" for r in range(config.cluster.workers)])
+
+
+def carried_names(config: JobConfig) -> list:
+    """Every process a carrier back-end starts, in start order: the
+    coordinator, its standbys, the servers, the workers. Back-ends that
+    start the job as one group of ranks (mpirun, srun) give rank I the
+    I-th name."""
+    names = process_names(config)
+    return names[:1] + coordinator_names(config)[1:] + names[1:]
 
 
 def worker_rank(name: str) -> Optional[int]:
@@ -502,9 +541,10 @@ class Backend(abc.ABC):
 
     #: The subcommand.
     name = "local"
-    #: Whether the config's `faults` can be injected: the processes must be
-    #: the launcher's own children.
-    supports_faults = False
+    #: Whether the config's `faults` can be injected and standby
+    #: coordinators started: the launcher must supervise the processes (its
+    #: own children, or members of a carrier it controls).
+    supports_faults = True
 
     def check(self, job: Job) -> None:
         """Raises SetupError for anything that would stop the job from
@@ -595,17 +635,20 @@ CARRIER_STOP_GRACE_SECONDS = STOP_GRACE_SECONDS + 5.0
 
 
 def launch_carried(sup: Supervisor, job: Job, carrier: str, argv: list, members: list,
-                   env: Optional[dict] = None, keep_stdin: bool = False) -> bool:
+                   env: Optional[dict] = None, keep_stdin: bool = False, control=None) -> bool:
     """Starts a carrier (see supervisor.py) for the job processes named in
-    `members`; those named by --skip are recorded as skipped. False if the
-    job has ended."""
+    `members`; those named by --skip are recorded as skipped. `control`:
+    the carrier's control channel (CONTROL_STDIN, or the run directory's
+    control/ directory, made here). False if the job has ended."""
     for name in members:
         if name in job.skips:
             sup.note_skipped(name)
     carried = [Member(name, worker_rank(name), may_fail(job.config, name)) for name in members
                if name not in job.skips]
+    if control is not None and control != CONTROL_STDIN:
+        Path(control).mkdir(parents=True, exist_ok=True)
     return sup.start(ProcessSpec(carrier, argv, env=dict(env or {}), members=carried, keep_stdin=keep_stdin,
-                                 stop_grace=CARRIER_STOP_GRACE_SECONDS))
+                                 stop_grace=CARRIER_STOP_GRACE_SECONDS, control=control))
 
 
 def await_announced_address(sup: Supervisor, job: Job, how: str) -> Optional[str]:
@@ -636,16 +679,16 @@ def await_announced_address(sup: Supervisor, job: Job, how: str) -> Optional[str
 
 def check_fault_support(backend_name: str, supported: bool, config: JobConfig) -> None:
     """Raises SetupError if the config has faults, or standby coordinators,
-    and the back-end cannot inject or start them (both need the processes to
-    be the launcher's own children)."""
+    and the back-end cannot inject or start them (both need a launcher that
+    supervises the processes: every back-end but kubernetes)."""
     if config.coordinator.standbys and not supported:
-        raise SetupError(f"coordinator.standbys is {config.coordinator.standbys}, but only the local back-end "
-                         f"starts standby coordinators, not {backend_name}; set it to 0 (the coordinator still "
-                         "keeps its state in etcd) or run `tessera-launch local`")
+        raise SetupError(f"coordinator.standbys is {config.coordinator.standbys}, but {backend_name} does not "
+                         "start standby coordinators; set it to 0 (the coordinator still keeps its state in etcd) "
+                         "or run the job with local, ssh, slurm or mpirun")
     if config.faults and not supported:
-        raise SetupError(f"the config lists {len(config.faults)} fault(s) (faults:), but only the local back-end "
-                         f"injects process faults, not {backend_name}; remove them or run "
-                         "`tessera-launch local`")
+        raise SetupError(f"the config lists {len(config.faults)} fault(s) (faults:), but {backend_name} does not "
+                         "supervise the job's processes and cannot inject process faults; remove them or run the "
+                         "job with local, ssh, slurm or mpirun")
 
 
 def _print_plan(backend: Backend, job: Job, console: Console) -> None:
@@ -792,6 +835,10 @@ def _supervise(backend: Backend, job: Job, options: LocalOptions, console: Conso
             scheduler = FaultScheduler(job.config.faults, sup, job.layout.events, tracker.started)
             scheduler.attach()
         backend.launch(sup, job)
+        if scheduler is not None and sup.outcome is None:
+            # Carried processes start on their hosts a moment after their
+            # carriers: `at_seconds` counts from when every one has.
+            sup.wait_until(sup.members_started, job.config.timeouts.assemble_seconds)
         outcome = sup.outcome
         if outcome is None:
             if scheduler is not None:

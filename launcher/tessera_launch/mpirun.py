@@ -1,11 +1,13 @@
 """The `mpirun` back-end: the whole job as one Open MPI launch.
 
 One `mpirun -np N` starts `tessera-launch role --rank-from mpi` N times
-(N = 1 + servers + workers); rank 0 becomes the coordinator, ranks 1..S the
-servers, the rest the workers (role.py). The ranks find the coordinator
-through its address file in the run directory, which must therefore be on a
-file system every host shares (always true on one host). The processes do
-not use MPI themselves; mpirun only places and starts them.
+(N = 1 + standby coordinators + servers + workers); rank 0 becomes the
+coordinator, then the standbys, the servers and the workers
+(local.carried_names, role.py). The ranks find the coordinator through its
+address file in the run directory, which must therefore be on a file system
+every host shares (always true on one host); the launcher's commands to
+them (faults) go through files in RUNDIR/control/ (supervisor.py). The
+processes do not use MPI themselves; mpirun only places and starts them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from .local import Backend, Job, SetupError, await_announced_address, launch_carried, process_names
+from .local import Backend, Job, SetupError, await_announced_address, carried_names, launch_carried
 from .role import role_command
 from .supervisor import Supervisor
 
@@ -29,7 +31,7 @@ class MpirunBackend(Backend):
 
     def command(self, job: Job) -> list:
         settings = job.config.mpirun
-        argv = [settings.command, "-np", str(len(process_names(job.config)))]
+        argv = [settings.command, "-np", str(len(carried_names(job.config)))]
         if settings.hostfile:
             argv += ["--hostfile", str(Path(settings.hostfile).resolve())]
         return argv + list(settings.args) + role_command(job, "mpi")
@@ -38,7 +40,8 @@ class MpirunBackend(Backend):
         return [("mpirun", self.command(job))] + super().plan(job)
 
     def launch(self, sup: Supervisor, job: Job) -> None:
-        if launch_carried(sup, job, "mpirun", self.command(job), process_names(job.config), mpirun_env()):
+        if launch_carried(sup, job, "mpirun", self.command(job), carried_names(job.config), mpirun_env(),
+                          control=job.layout.control):
             await_announced_address(sup, job, "started by mpirun as rank 0")
 
 

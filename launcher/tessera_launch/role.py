@@ -9,10 +9,28 @@ carrier (supervisor.py): every line of the child as `[NAME] text`, the
 coordinator's address as `[coordinator] TESSERA_ADDRESS ADDR` once it is
 bound, and at the end `[NAME] TESSERA_EXIT CODE`.
 
+It writes `[NAME] TESSERA_PID PID` each time it starts the child. It exits
+0 once it has reported the child's exit, whatever that was: the child's
+fate travels in the TESSERA_EXIT line, and the carrier must not take it for
+its own (mpirun and srun --kill-on-bad-exit would end every other rank of
+the job when one rank exits non-zero). It exits non-zero only when it
+could not even say which process it runs.
+
 It stops its child when it is told to (SIGTERM, SIGINT, SIGHUP), when the
 process that started it goes away (mpirun, slurmstepd or sshd exited: its
 parent pid changes), and with --watch-stdin when its stdin reaches
 end-of-file (the ssh connection to the launcher is gone).
+
+Commands from the launcher (supervisor.py, "control channel") come as
+lines `TESSERA_CONTROL NAME COMMAND` on stdin (--watch-stdin: ssh) or in the
+file RUNDIR/control/NAME.control (by rank: mpirun, srun, whose run directory
+every node shares); lines for other names are ignored:
+
+  signal SIGNAME   send SIGNAME (SIGKILL, SIGSTOP, SIGCONT, ...) to the
+                   child's process group (the faults kill and pause)
+  hold             after the child's next exit, report it and wait for
+                   `restart` instead of ending (the fault restart)
+  restart          start the child again, same command line, same output
 
 Two ways to say what to run:
 
@@ -23,8 +41,9 @@ Two ways to say what to run:
                     role --rank-from mpi|slurm --run-dir RUNDIR --build-dir DIR
                          [--skip NAME ...] [--debug]
       The rank (OMPI_COMM_WORLD_RANK, SLURM_PROCID, ...) picks the process:
-      rank 0 is the coordinator, ranks 1..S the servers, then the workers
-      (local.process_names). RUNDIR, on a file system every node shares,
+      rank 0 is the coordinator, ranks 1..C its standbys
+      (coordinator.standbys), then the servers, then the workers
+      (local.carried_names). RUNDIR, on a file system every node shares,
       holds config.yaml, written by the launcher; the coordinator writes
       its address file there and the others wait for it (at most
       timeouts.assemble_seconds), then check that the address answers.
@@ -35,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -43,9 +63,10 @@ from typing import Optional
 
 from . import REPO_ROOT
 from .config import load_config
-from .local import (Binaries, RunLayout, process_argv, process_env, process_names, read_address,
+from .local import (Binaries, RunLayout, carried_names, process_argv, process_env, read_address,
                     resolve_build_dir, resolve_host)
-from .supervisor import ADDRESS_TAG, EXIT_TAG, SUMMARY_TAG, Console, ProcessSpec, Supervisor
+from .supervisor import (ADDRESS_TAG, CONTROL_TAG, EXIT_TAG, PID_TAG, SUMMARY_TAG, Console, ProcessSpec,
+                         Supervisor)
 
 #: The tessera-launch program; carriers run `PYTHON LAUNCHER role ...`.
 LAUNCHER = REPO_ROOT / "launcher" / "tessera-launch"
@@ -99,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main_role(args: argparse.Namespace) -> int:
     """Runs one job process; returns this program's exit status."""
-    watcher = _Abandonment(args.watch_stdin)
+    watcher = _Control(args.watch_stdin)
     for directory in args.mkdir:
         Path(directory).mkdir(parents=True, exist_ok=True)
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
@@ -118,25 +139,61 @@ def main_role(args: argparse.Namespace) -> int:
     return run_child(args.name, argv, env, watcher, announce, summary, args.grace)
 
 
-class _Abandonment:
-    """Notices that this process has been left alone: its parent changed,
-    or (watch_stdin) its stdin reached end-of-file."""
+class _Control:
+    """The launcher's side of this process: commands for it (stdin lines
+    with watch_stdin, or lines appended to a control file) and the signs
+    that it has been left alone (its parent changed, or with watch_stdin
+    its stdin reached end-of-file). Called as the Supervisor's
+    abandon_check, at every turn of its loop."""
 
     def __init__(self, watch_stdin: bool):
         self.parent = os.getppid()
         self.watch_stdin = watch_stdin
+        self.name: Optional[str] = None  # commands for this member only
+        self.control_file: Optional[Path] = None
+        self._file_offset = 0
+        self._pending = b""
+        self._closed = False
+        self.commands: list = []  # (command, argument) not yet acted on
         if watch_stdin:
             os.set_blocking(sys.stdin.fileno(), False)
 
-    def __call__(self) -> Optional[str]:
-        if os.getppid() != self.parent:
-            return "the process that started this one is gone"
-        if self.watch_stdin:
+    def _take(self, data: bytes) -> None:
+        self._pending += data
+        *lines, self._pending = self._pending.split(b"\n")
+        for raw in lines:
+            words = raw.decode("utf-8", errors="replace").split()
+            if len(words) >= 3 and words[0] == CONTROL_TAG and words[1] == self.name:
+                self.commands.append((words[2], words[3] if len(words) > 3 else ""))
+
+    def _read(self) -> None:
+        if self.watch_stdin and not self._closed:
             try:
-                if os.read(sys.stdin.fileno(), 4096) == b"":
-                    return "the connection to the launcher is closed"
+                while True:
+                    data = os.read(sys.stdin.fileno(), 4096)
+                    if not data:
+                        self._closed = True
+                        break
+                    self._take(data)
             except BlockingIOError:
                 pass
+        if self.control_file is not None:
+            try:
+                with open(self.control_file, "rb") as f:
+                    f.seek(self._file_offset)
+                    data = f.read()
+            except OSError:
+                data = b""
+            if data:
+                self._file_offset += len(data)
+                self._take(data)
+
+    def __call__(self) -> Optional[str]:
+        self._read()
+        if os.getppid() != self.parent:
+            return "the process that started this one is gone"
+        if self._closed:
+            return "the connection to the launcher is closed"
         return None
 
 
@@ -149,22 +206,49 @@ def _emit(name: str, text: str) -> None:
         pass
 
 
-def _exit_status(code: Optional[int]) -> int:
-    """This program's exit status for a child's exit code."""
-    if code is None:
-        return 127
-    return code if code >= 0 else 128 - code
+#: Seconds between two looks at the control channel.
+CONTROL_POLL_SECONDS = 0.05
 
 
-def run_child(name: str, argv: list, env: dict, watcher: _Abandonment, announce: Optional[Path],
+def run_child(name: str, argv: list, env: dict, watcher: _Control, announce: Optional[Path],
               summary: Optional[Path], grace: float) -> int:
-    with Supervisor(None, Console(sys.stdout), grace_seconds=grace, settle_seconds=0,
-                    abandon_check=watcher) as sup:
-        if sup.start(ProcessSpec(name, argv, env={"PYTHONUNBUFFERED": "1", **env})) and announce:
-            if sup.wait_until(lambda: read_address(announce) is not None, None) == "satisfied":
-                _emit(name, f"{ADDRESS_TAG} {read_address(announce)}")
-        outcome = sup.run()
-    code = outcome.exit_codes.get(name)
+    """Runs the child (again after each exit the launcher holds it for),
+    reporting its pid, its exit and, for the coordinator, its address and
+    summary. Returns 0: everything the launcher needs was reported."""
+    watcher.name = name
+    holding = False
+    while True:
+        held = {"hold": holding}
+        with Supervisor(None, Console(sys.stdout), grace_seconds=grace, settle_seconds=0,
+                        abandon_check=watcher) as sup:
+
+            def act() -> float:
+                while watcher.commands:
+                    command, argument = watcher.commands.pop(0)
+                    if command == "signal":
+                        try:
+                            sup.signal_process(name, signal.Signals[argument])
+                        except KeyError:
+                            _emit(name, f"ERROR unknown signal {argument!r} from the launcher")
+                    elif command == "hold":
+                        held["hold"] = True
+                return CONTROL_POLL_SECONDS
+
+            sup.timers.append(act)
+            if sup.start(ProcessSpec(name, argv, env={"PYTHONUNBUFFERED": "1", **env})):
+                _emit(name, f"{PID_TAG} {sup.pid_of(name)}")
+                if announce is not None:
+                    if sup.wait_until(lambda: read_address(announce) is not None, None) == "satisfied":
+                        _emit(name, f"{ADDRESS_TAG} {read_address(announce)}")
+                    announce = None  # once: a restarted coordinator keeps its address
+            outcome = sup.run()
+        code = outcome.exit_codes.get(name)
+        if outcome.status == "interrupted" or not held["hold"]:
+            break
+        _emit(name, f"{EXIT_TAG} {code if code is not None else 127}")
+        holding = False
+        if not _wait_for_restart(watcher):
+            return 0
     if summary is not None:
         try:
             data = json.loads(summary.read_text(encoding="utf-8"))
@@ -172,7 +256,26 @@ def run_child(name: str, argv: list, env: dict, watcher: _Abandonment, announce:
         except (OSError, ValueError):
             pass
     _emit(name, f"{EXIT_TAG} {code if code is not None else 127}")
-    return _exit_status(code)
+    return 0
+
+
+def _wait_for_restart(watcher: _Control) -> bool:
+    """Waits for `restart` (True) while nothing tells this process to end
+    (False: a stop signal, or the launcher is gone)."""
+    stop = []
+    previous = {s: signal.signal(s, lambda signum, _frame: stop.append(signum))
+                for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        while not stop and watcher() is None:
+            while watcher.commands:
+                command, _ = watcher.commands.pop(0)
+                if command == "restart":
+                    return True
+            time.sleep(CONTROL_POLL_SECONDS)
+        return False
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def rank_from_environment(kind: str, environ=os.environ) -> tuple:
@@ -188,12 +291,13 @@ def rank_from_environment(kind: str, environ=os.environ) -> tuple:
 
 
 def _fail(name: str, message: str) -> int:
+    """Reports a member that could not start; 0: its fate is reported."""
     _emit(name, f"ERROR {message}")
     _emit(name, f"{EXIT_TAG} 1")
-    return 1
+    return 0
 
 
-def _run_by_rank(args: argparse.Namespace, env: dict, watcher: _Abandonment) -> int:
+def _run_by_rank(args: argparse.Namespace, env: dict, watcher: _Control) -> int:
     if not args.run_dir:
         print("tessera-launch role: error: --rank-from needs --run-dir", flush=True)
         return EXIT_SETUP
@@ -204,22 +308,25 @@ def _run_by_rank(args: argparse.Namespace, env: dict, watcher: _Abandonment) -> 
     except Exception as e:  # noqa: BLE001 - any problem ends this rank with a message
         print(f"tessera-launch role: error: {e}", flush=True)
         return EXIT_SETUP
-    names = process_names(config)
+    names = carried_names(config)
     if size != len(names) or rank >= len(names):
         print(f"tessera-launch role: error: started as rank {rank} of {size}, but the job has {len(names)} "
-              f"processes (1 coordinator, {config.cluster.servers} servers, {config.cluster.workers} workers)",
+              f"processes (1 coordinator, {config.coordinator.standbys} standbys, {config.cluster.servers} servers, "
+              f"{config.cluster.workers} workers)",
               flush=True)
         return EXIT_SETUP
     name = names[rank]
     if name in args.skip:
         print(f"[launch] not starting {name} (--skip)", flush=True)
         return 0
+    watcher.control_file = layout.control_file(name)
     binaries = Binaries.locate(resolve_build_dir(args.build_dir), config.worker.program)
     host = resolve_host(config.cluster.host)
     env = {**env, **process_env(config, layout, binaries)}
-    if name == "coordinator":
+    if name.startswith("coordinator"):  # the coordinator, or a standby (coordinator-S)
         argv = process_argv(config, binaries, layout, name, "", args.debug, host)
-        return run_child(name, argv, env, watcher, layout.address_file, None, args.grace)
+        announce = layout.address_file if name == "coordinator" else None
+        return run_child(name, argv, env, watcher, announce, None, args.grace)
     address = _wait_for_address(layout.address_file, config.timeouts.assemble_seconds, watcher)
     if address is None:
         return _fail(name, f"no coordinator address in {layout.address_file} after "
@@ -232,7 +339,7 @@ def _run_by_rank(args: argparse.Namespace, env: dict, watcher: _Abandonment) -> 
     return run_child(name, argv, env, watcher, None, None, args.grace)
 
 
-def _wait_for_address(path: Path, seconds: float, watcher: _Abandonment) -> Optional[str]:
+def _wait_for_address(path: Path, seconds: float, watcher: _Control) -> Optional[str]:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and watcher() is None:
         address = read_address(path)

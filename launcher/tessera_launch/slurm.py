@@ -1,12 +1,14 @@
 """The `slurm` back-end: the job as one Slurm step, or a submitted batch job.
 
-`tessera-launch slurm` runs one `srun --ntasks N` (N = 1 + servers +
-workers), inside the current allocation (SLURM_JOB_ID set) or a new one;
-every task runs `tessera-launch role --rank-from slurm`, which picks its
-process by SLURM_PROCID (0: the coordinator, 1..S: the servers, then the
-workers) and binds on its node (cluster.host: auto). The tasks meet through
-the coordinator's address file in the run directory, which must be on a
-file system every node shares.
+`tessera-launch slurm` runs one `srun --ntasks N` (N = 1 + standby
+coordinators + servers + workers), inside the current allocation
+(SLURM_JOB_ID set) or a new one; every task runs `tessera-launch role
+--rank-from slurm`, which picks its process by SLURM_PROCID (0: the
+coordinator, then the standbys, the servers and the workers:
+local.carried_names) and binds on its node (cluster.host: auto). The tasks
+meet through the coordinator's address file in the run directory, which
+must be on a file system every node shares; the launcher's commands to
+them (faults) go through files in RUNDIR/control/ (supervisor.py).
 
 `tessera-launch slurm --submit` makes the run directory, writes
 RUNDIR/job.sbatch, whose one command is `tessera-launch slurm --in-run-dir
@@ -25,7 +27,7 @@ import subprocess
 import sys
 
 from .local import (EXIT_FAILED, EXIT_OK, Backend, Job, LocalOptions, RunLayout, SetupError,
-                    await_announced_address, check_fault_support, launch_carried, load_job, process_names,
+                    await_announced_address, carried_names, check_fault_support, launch_carried, load_job,
                     run_job, start_run)
 from .role import LAUNCHER, role_command
 from .summary import format_report
@@ -50,7 +52,7 @@ class SlurmBackend(Backend):
 
     def command(self, job: Job) -> list:
         settings = job.config.slurm
-        argv = ["srun", "--ntasks", str(len(process_names(job.config))), "--kill-on-bad-exit=1",
+        argv = ["srun", "--ntasks", str(len(carried_names(job.config))), "--kill-on-bad-exit=1",
                 "--job-name", job.config.job.name]
         if "SLURM_JOB_ID" not in os.environ:  # srun makes the allocation itself
             argv += allocation_options(job)
@@ -60,7 +62,8 @@ class SlurmBackend(Backend):
         return [("srun", self.command(job))] + super().plan(job)
 
     def launch(self, sup: Supervisor, job: Job) -> None:
-        if launch_carried(sup, job, "srun", self.command(job), process_names(job.config)):
+        if launch_carried(sup, job, "srun", self.command(job), carried_names(job.config),
+                          control=job.layout.control):
             await_announced_address(sup, job, "started by srun as task 0")
 
 
@@ -103,7 +106,7 @@ def batch_script(job: Job, options: LocalOptions, python: str = sys.executable) 
     root = job.layout.root
     lines = ["#!/bin/sh", f"# Tessera job {job.config.job.name}, written by tessera-launch slurm --submit",
              f"#SBATCH --job-name={job.config.job.name}",
-             f"#SBATCH --ntasks={len(process_names(job.config))}",
+             f"#SBATCH --ntasks={len(carried_names(job.config))}",
              f"#SBATCH --output={root / 'logs' / 'sbatch.out'}",
              f"#SBATCH --chdir={root}"]
     lines += [f"#SBATCH {option}" for option in allocation_options(job) + list(job.config.slurm.sbatch_args)]
@@ -133,7 +136,7 @@ def run(options: LocalOptions, args: argparse.Namespace) -> int:
 
 def submit(options: LocalOptions, wait: bool) -> int:
     job = load_job(options)
-    check_fault_support("slurm", False, job.config)
+    check_fault_support("slurm", True, job.config)
     Backend.check(SlurmBackend(), job)
     if shutil.which("sbatch") is None:
         raise SetupError("sbatch not found on PATH: is this a Slurm cluster?")

@@ -14,15 +14,20 @@ A hostfile says where processes may run, one host a line:
          this machine resolves it)
 
 Processes are placed in order: the coordinator on the first host that takes
-it, then server-0, server-1, ... and worker-0, ... each on the first host
-(in file order) that takes the role and has a slot left.
+it, then its standbys (coordinator-1, ...), server-0, server-1, ... and
+worker-0, ... each on the first host (in file order) that takes the role
+and has a slot left.
 
 Each process is `ssh HOST tessera-launch role --name NAME --watch-stdin --
 ARGV`, a carrier with one member (supervisor.py): the remote side streams the
 process's output back (into RUNDIR/logs here), and stops the process when
 the connection ends (the launcher stopped it, or the launcher died). The
 coordinator's address and, at the end, its summary come back the same way,
-so the hosts need no shared file system. Before anything starts, every host
+so the hosts need no shared file system; the launcher's commands to the
+process (faults: signal, hold, restart) go the other way, on the
+connection's stdin. Every setting the process needs travels as flags of
+that command line (the role's --env values become the process's
+environment there), since sshd passes on no environment variables. Before anything starts, every host
 is checked over ssh (reachable, has Python, the launcher and the binaries);
 any problem is an error naming the host.
 """
@@ -37,10 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .local import (Backend, Binaries, Job, RunLayout, SetupError, await_announced_address, launch_carried,
-                    process_argv, process_env, process_names)
+from .local import (Backend, Binaries, Job, RunLayout, SetupError, await_announced_address, carried_names,
+                    launch_carried, process_argv, process_env)
 from .role import LAUNCHER
-from .supervisor import Supervisor
+from .supervisor import CONTROL_STDIN, Supervisor
 
 ROLES = ("coordinator", "server", "worker")
 _KEYS = ("roles", "slots", "user", "port", "addr")
@@ -152,7 +157,7 @@ class SshBackend(Backend):
             text = Path(path).read_text(encoding="utf-8")
         except OSError as e:
             raise SetupError(f"hostfile {path}: {e.strerror}") from None
-        self.placement = place(parse_hostfile(text, path), process_names(job.config))
+        self.placement = place(parse_hostfile(text, path), carried_names(job.config))
         if job.config.cluster.transport == "ipc" and len({h.name for h in self.placement.values()}) > 1:
             raise SetupError("cluster.transport ipc works on one host only; this hostfile places processes "
                              "on several")
@@ -182,7 +187,7 @@ class SshBackend(Backend):
         if name == "coordinator":
             role += ["--announce-address", str(layout.address_file),
                      "--report-summary", str(layout.coordinator_summary)]
-        else:
+        elif not name.startswith("coordinator"):  # standbys find the leader in etcd
             role += ["--probe", address]
         return self.ssh_argv(job, host, role + ["--"] + argv)
 
@@ -230,7 +235,7 @@ class SshBackend(Backend):
     def launch(self, sup: Supervisor, job: Job) -> None:
         names = list(self.placement)
         if not launch_carried(sup, job, "ssh-coordinator", self.process_command(job, "coordinator", ""),
-                              ["coordinator"], keep_stdin=True):
+                              ["coordinator"], keep_stdin=True, control=CONTROL_STDIN):
             return
         address = await_announced_address(sup, job, f"over ssh on {self.placement['coordinator'].name}")
         if address is None:
@@ -241,5 +246,5 @@ class SshBackend(Backend):
                 sup.note_skipped(name)
                 continue
             if not launch_carried(sup, job, f"ssh-{name}", self.process_command(job, name, address), [name],
-                                  keep_stdin=True):
+                                  keep_stdin=True, control=CONTROL_STDIN):
                 return

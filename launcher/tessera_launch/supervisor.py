@@ -24,11 +24,23 @@ no grandchild outlives its parent's exit.
 
 A process may carry others: `mpirun`, `srun` or `ssh` starting job processes
 elsewhere through `tessera-launch role` (role.py). A carrier's output holds
-its members' lines as `[NAME] text` and, when a member exits,
-`[NAME] TESSERA_EXIT CODE`; the supervisor routes each member's lines to its
-own log, parses its worker protocol, and applies the policy above to the
-members as if they were its own children. Members also announce facts as
+its members' lines as `[NAME] text`, `[NAME] TESSERA_PID PID` each time a
+member starts and `[NAME] TESSERA_EXIT CODE` when it exits; the supervisor
+routes each member's lines to its own log, parses its worker protocol, and
+applies the policy above to the members as if they were its own children:
+a member's fate is its own, whatever carries it. A carrier that ends is
+judged by its members: a member that had started and reported no exit is
+lost with it (its may_fail decides, as for an exit of its own); the carrier
+itself fails the job only if it ends badly before a member started (ssh
+could not connect, srun found no resources). Members also announce facts as
 `[NAME] TAG payload` lines (NOTICE_TAGS), kept in `notices`.
+
+The launcher talks back to members through their carrier's control channel
+(ProcessSpec.control: the carrier's stdin, or a file per member in a
+directory every host sees), one line per command, `TESSERA_CONTROL NAME
+COMMAND` (role.py): `signal SIGNAME`, `hold` (stay after the next exit, for
+a restart) and `restart`. So faults (signal_process, restart) reach a
+member on any host as they reach a child here.
 
 Hooks for a fault schedule (faults.py): `timers` run at every turn of the
 loop and say when they want to run again; `line_observers` and
@@ -69,6 +81,12 @@ EXIT_TAG = "TESSERA_EXIT"
 ADDRESS_TAG = "TESSERA_ADDRESS"
 SUMMARY_TAG = "TESSERA_SUMMARY"
 NOTICE_TAGS = (ADDRESS_TAG, SUMMARY_TAG)
+#: A member started: `[NAME] TESSERA_PID PID` (its pid on its host).
+PID_TAG = "TESSERA_PID"
+#: A command from the launcher to a member: `TESSERA_CONTROL NAME COMMAND`.
+CONTROL_TAG = "TESSERA_CONTROL"
+#: ProcessSpec.control for commands written to the carrier's stdin.
+CONTROL_STDIN = "stdin"
 
 #: Longest line kept whole; longer output is split into pieces of this size.
 MAX_LINE_BYTES = 1 << 20
@@ -278,6 +296,10 @@ class ProcessSpec:
     stop_grace: seconds between SIGTERM and SIGKILL for this process
            (default: the supervisor's); carriers need their members' grace
            and more.
+    control: how commands reach the members of a carrier (see the module
+           docstring): CONTROL_STDIN (keep_stdin must be set), or a
+           directory every member's host sees, where the command lines for
+           member NAME are appended to NAME.control. None: no commands.
     """
 
     name: str
@@ -289,6 +311,12 @@ class ProcessSpec:
     members: list = field(default_factory=list)
     keep_stdin: bool = False
     stop_grace: Optional[float] = None
+    control: Optional[object] = None
+
+
+def control_line(name: str, command: str) -> str:
+    """The line that carries `command` to member `name`."""
+    return f"{CONTROL_TAG} {name} {command}\n"
 
 
 @dataclass(frozen=True)
@@ -393,6 +421,8 @@ class Supervisor:
         self.notices: dict = {}  # job process name -> {tag: payload text}
         self._outputs: dict = {}  # job process name -> _Output
         self._member_codes: dict = {}  # member name -> exit code it reported
+        self._member_pids: dict = {}  # member name -> its pid (TESSERA_PID), while started
+        self._carrier_of: dict = {}  # member name -> the _Managed carrying it
         self.console = console or Console()
         self.progress = progress
         self.grace_seconds = grace_seconds
@@ -475,6 +505,12 @@ class Supervisor:
             names += pending if pending else [name]
         return names
 
+    def members_started(self) -> bool:
+        """Whether every carried member has started, exited, or will not be
+        started (True when there are none)."""
+        return all(name in self._member_pids or name in self._member_codes or name in self._never_started
+                   or not carrier.alive for name, carrier in self._carrier_of.items())
+
     def exit_codes(self) -> dict:
         """name -> exit code (None: not started or still running). A member
         that reported no exit has its carrier's exit code."""
@@ -502,18 +538,33 @@ class Supervisor:
         return output
 
     def is_running(self, name: str) -> bool:
-        """Whether the launcher's own process called `name` runs (not a carried member)."""
+        """Whether the process called `name` runs: a process of the
+        launcher's own, or a carried member that has started (TESSERA_PID)
+        and not reported its exit, while its carrier runs."""
         managed = self._processes.get(name)
-        return managed is not None and managed.alive
+        if managed is not None:
+            return managed.alive
+        carrier = self._carrier_of.get(name)
+        return (carrier is not None and carrier.alive and name in self._member_pids
+                and name not in self._member_codes)
 
     def pid_of(self, name: str) -> Optional[int]:
+        """The pid of process `name` (a member's on its own host); None if unknown."""
         managed = self._processes.get(name)
-        return managed.popen.pid if managed is not None else None
+        if managed is not None:
+            return managed.popen.pid
+        return self._member_pids.get(name)
 
     def describe_state(self, name: str) -> str:
         """"is running (pid N)", "had already exited with status 0", "had
         already been killed by SIGKILL", "was not started"."""
         managed = self._processes.get(name)
+        if managed is None and name in self._carrier_of:
+            if self.is_running(name):
+                return f"is running (pid {self._member_pids[name]})"
+            if name in self._member_codes:
+                return "had already " + describe_exit(self._member_codes[name]).replace("was killed", "been killed")
+            return "was not started"
         if managed is None:
             return "was not started"
         if managed.alive:
@@ -522,12 +573,44 @@ class Supervisor:
 
     def signal_process(self, name: str, signum: int) -> Optional[int]:
         """Sends `signum` to the process group of the running process
-        `name`; returns its pid, or None if it is not running."""
+        `name` (through its carrier's control channel for a member); returns
+        its pid, or None if it is not running."""
         managed = self._processes.get(name)
+        if managed is None and self.is_running(name):
+            if not self._control(name, f"signal {signal.Signals(signum).name}"):
+                return None
+            return self._member_pids.get(name)
         if managed is None or not managed.alive:
             return None
         managed.signal_group(signum)
         return managed.popen.pid
+
+    def prepare_restart(self, name: str) -> None:
+        """A restart of `name` follows its next exit: a member's carrier is
+        told to stay for it (`hold`); a process of our own needs nothing."""
+        if name not in self._processes and name in self._carrier_of:
+            self._control(name, "hold")
+
+    def _control(self, name: str, command: str) -> bool:
+        """Sends a command to member `name` through its carrier's control
+        channel; False if it cannot go (no channel, the carrier is gone)."""
+        carrier = self._carrier_of.get(name)
+        if carrier is None or not carrier.alive or carrier.spec.control is None:
+            return False
+        line = control_line(name, command)
+        try:
+            if carrier.spec.control == CONTROL_STDIN:
+                if carrier.popen.stdin is None:
+                    return False
+                carrier.popen.stdin.write(line.encode())
+                carrier.popen.stdin.flush()
+            else:
+                with open(Path(carrier.spec.control) / f"{name}.control", "a", encoding="utf-8") as out:
+                    out.write(line)
+        except (BrokenPipeError, ValueError, OSError) as e:
+            self.console.say(f"cannot send '{command}' to {name} through {carrier.spec.name}: {e}")
+            return False
+        return True
 
     def expect_fault_exit(self, name: str, note: str, tolerate: bool = True) -> None:
         """The next exit of `name` is a fault's doing (`note` says which):
@@ -540,6 +623,14 @@ class Supervisor:
         exited; its output goes on in the same log. False, starting nothing,
         while it runs or once the job has ended."""
         managed = self._processes.get(name)
+        if managed is None and name in self._carrier_of:
+            carrier = self._carrier_of[name]
+            if (self._outcome is not None or not carrier.alive or name not in self._member_codes
+                    or not self._control(name, "restart")):
+                return False
+            del self._member_codes[name]
+            self._member_pids.pop(name, None)
+            return True
         if managed is None or managed.alive or self._outcome is not None:
             return False
         self._read(managed, until_blocked=True)
@@ -578,6 +669,8 @@ class Supervisor:
             self._outcome = Outcome("failed", reason, culprit=spec.name)
             return False
         managed = _Managed(spec, popen, output)
+        for member in spec.members:
+            self._carrier_of[member.name] = managed
         os.set_blocking(managed.fd, False)
         self._selector.register(managed.fd, selectors.EVENT_READ, managed)
         self._processes[spec.name] = managed
@@ -726,14 +819,34 @@ class Supervisor:
         managed.signal_group(signal.SIGKILL)  # whatever it left behind
         managed.returncode = managed.popen.wait()
         if managed.popen.stdin is not None:
-            managed.popen.stdin.close()
+            try:
+                managed.popen.stdin.close()
+            except OSError:
+                pass
         self._read(managed, until_blocked=True)
-        self._judge_exit(managed.spec.name, managed.returncode, managed.spec.may_fail)
+        if managed.members:
+            self._judge_carrier_exit(managed)
+        else:
+            self._judge_exit(managed.spec.name, managed.returncode, managed.spec.may_fail)
 
-    def _judge_exit(self, name: str, code: int, may_fail: bool) -> None:
+    def _judge_carrier_exit(self, managed: _Managed) -> None:
+        """A carrier ended: its members' fates decide (see the module docstring)."""
+        code, name = managed.returncode, managed.spec.name
+        pending = [m for m in managed.members.values()
+                   if m.name not in self._member_codes and m.name not in self._never_started]
+        started = [m for m in pending if m.name in self._member_pids]
+        if code != 0 or pending:
+            self.console.say(f"{name} (carrying {', '.join(managed.members)}) {describe_exit(code)}")
+        for member in started:  # lost with their carrier: each is judged as if it had exited so
+            self._member_codes[member.name] = code
+            self._judge_exit(member.name, code, member.may_fail, f"lost with its carrier {name}")
+        if code != 0 and len(started) < len(pending):  # the carrier failed before them
+            self._judge_exit(name, code, False)
+
+    def _judge_exit(self, name: str, code: int, may_fail: bool, context: Optional[str] = None) -> None:
         """Applies the policy to a job process (or member) that exited."""
         note, tolerate = self._fault_exits.pop(name, (None, False))
-        why = f" ({note})" if note else ""
+        why = f" ({'; '.join(x for x in (context, note) if x)})" if note or context else ""
         self.console.say(f"{name} {describe_exit(code)}{why}")
         if code != 0 and (may_fail or tolerate):
             self.tolerated_failures[name] = code
@@ -858,6 +971,12 @@ class Supervisor:
                 self.notices.setdefault(member.name, {})[tag] = text[len(tag) + 1:]
                 output.log.write(f"[{member.name}] {text}\n")
                 return
+        if text.startswith(PID_TAG + " "):
+            pid = text[len(PID_TAG) + 1:].strip()
+            if pid.isdigit():
+                self._member_pids[member.name] = int(pid)
+            output.log.write(f"[{member.name}] {text}\n")
+            return
         if text.startswith(EXIT_TAG + " ") and member.name not in self._member_codes:
             try:
                 code = int(text[len(EXIT_TAG) + 1:])

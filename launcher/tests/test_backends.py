@@ -6,20 +6,22 @@ launcher/tests_cluster)."""
 import io
 import json
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import LAUNCHER_DIR, write_script
+from conftest import LAUNCHER_DIR, is_dead, write_script
 from tessera_launch.cli import main
 from tessera_launch.config import load_config
 from tessera_launch.kubernetes import manifests
 from tessera_launch.local import SetupError, process_names
 from tessera_launch.role import rank_from_environment
 from tessera_launch.ssh import Host, parse_hostfile, place
-from tessera_launch.supervisor import Console, Member, ProcessSpec, Supervisor
+from tessera_launch.supervisor import CONTROL_STDIN, Console, Member, ProcessSpec, Supervisor
 
 REPO = LAUNCHER_DIR.parent
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -198,13 +200,96 @@ def test_a_carrier_routes_member_lines_and_exits(tmp_path):
 
 
 def test_role_runs_a_command_and_reports_its_exit(tmp_path):
-    import subprocess
+    """The child's fate travels in TESSERA_EXIT; the role itself exits 0
+    once it has said so, so that mpirun or srun never mistake one rank's
+    end for a reason to end the others."""
     child = write_script(tmp_path / "child.py", "print('hi', flush=True)\nraise SystemExit(3)\n")
     proc = subprocess.run([sys.executable, str(LAUNCHER_DIR / "tessera-launch"), "role", "--name", "server-1",
                            "--", str(child)], capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 3
+    assert proc.returncode == 0, proc.stdout
     lines = proc.stdout.splitlines()
+    pids = [line.split()[-1] for line in lines if line.startswith("[server-1] TESSERA_PID ")]
+    assert len(pids) == 1 and pids[0].isdigit(), lines
     assert "[server-1] hi" in lines and lines[-1] == "[server-1] TESSERA_EXIT 3"
+
+
+def run_carrier(tmp_path, lines, members, exit_code):
+    """A carrier that prints `lines` and exits with `exit_code`; returns the Outcome."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    carrier = write_script(tmp_path / "carrier.py", f"""\
+        import sys
+        for line in {lines!r}:
+            print(line, flush=True)
+        sys.exit({exit_code})
+        """)
+    with Supervisor(tmp_path / "logs", Console(io.StringIO()), handle_signals=False) as sup:
+        sup.start(ProcessSpec("ssh-server-1", [sys.executable, str(carrier)], members=members))
+        return sup.run()
+
+
+def test_a_member_that_may_fail_is_not_failed_by_its_carrier(tmp_path):
+    """The ssh regression: server-1 (replicated, may fail) was killed on its
+    host, its role reported that and ssh then exited 137. The carrier's
+    status is not the job's; the coordinator judges server-1."""
+    outcome = run_carrier(tmp_path, ["[server-1] TESSERA_PID 77", "[server-1] TESSERA_EXIT -9"],
+                          [Member("server-1", may_fail=True)], 137)
+    assert outcome.status == "completed", outcome.reason
+    assert outcome.exit_codes["server-1"] == -9
+
+
+def test_a_member_lost_with_its_carrier_is_judged_as_itself(tmp_path):
+    """A carrier that dies with a started member unreported (the ssh
+    connection broke): the member is lost with it; may_fail decides."""
+    started = ["[server-1] TESSERA_PID 77"]
+    outcome = run_carrier(tmp_path / "a", started, [Member("server-1", may_fail=True)], 255)
+    assert outcome.status == "completed", outcome.reason
+    assert outcome.exit_codes["server-1"] == 255
+    outcome = run_carrier(tmp_path / "b", started, [Member("server-1", may_fail=False)], 255)
+    assert outcome.status == "failed" and outcome.culprit == "server-1", outcome
+    assert "lost with its carrier ssh-server-1" in outcome.reason
+
+
+def test_a_carrier_that_fails_before_its_member_starts_fails_the_job(tmp_path):
+    outcome = run_carrier(tmp_path, ["ssh: connect to host node2 port 22: Connection refused"],
+                          [Member("server-1", may_fail=True)], 255)
+    assert outcome.status == "failed" and outcome.culprit == "ssh-server-1", outcome
+
+
+def test_role_takes_commands_on_stdin(tmp_path):
+    """signal, hold and restart through the control channel (as ssh carries
+    it): the child is killed, reported, started again, and stopped when the
+    connection closes."""
+    child = write_script(tmp_path / "child.py", "import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    role = subprocess.Popen([sys.executable, str(LAUNCHER_DIR / "tessera-launch"), "role", "--name", "server-1",
+                             "--watch-stdin", "--", str(child)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        def line_with(text):
+            while True:
+                line = role.stdout.readline()
+                assert line, "the role ended"
+                if text in line:
+                    return line.strip()
+
+        first = int(line_with("TESSERA_PID").split()[-1])
+        line_with("] up")
+        role.stdin.write("TESSERA_CONTROL worker-0 signal SIGKILL\n")  # another member's: ignored
+        role.stdin.write("TESSERA_CONTROL server-1 hold\nTESSERA_CONTROL server-1 signal SIGKILL\n")
+        role.stdin.flush()
+        assert line_with("TESSERA_EXIT") == "[server-1] TESSERA_EXIT -9"
+        assert role.poll() is None, "the role must stay for the restart it was told of"
+        role.stdin.write("TESSERA_CONTROL server-1 restart\n")
+        role.stdin.flush()
+        second = int(line_with("TESSERA_PID").split()[-1])
+        assert second != first
+        line_with("] up")
+        role.stdin.close()  # the launcher is gone: the child is stopped, its exit reported
+        assert line_with("TESSERA_EXIT") == "[server-1] TESSERA_EXIT -15"
+        assert role.wait(timeout=20) == 0
+        assert is_dead(second)
+    finally:
+        if role.poll() is None:
+            role.kill()
 
 
 def test_dry_runs_show_the_carrier_commands(tmp_path, capsys, fake_build):
@@ -215,3 +300,51 @@ def test_dry_runs_show_the_carrier_commands(tmp_path, capsys, fake_build):
     assert main(["slurm", "--config", config, "--build-dir", str(fake_build), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "srun: srun --ntasks 5 --kill-on-bad-exit=1" in out and "role --rank-from slurm" in out
+
+
+def test_faults_reach_a_carried_member_through_its_carrier(tmp_path):
+    """The supervisor's fault hooks (signal_process, prepare_restart,
+    restart) on a member carried by a real `tessera-launch role`, as ssh
+    carries it: killed, reported, started again on its host, then stopped
+    with the job."""
+    child = write_script(tmp_path / "child.py", "import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    argv = [sys.executable, str(LAUNCHER_DIR / "tessera-launch"), "role", "--name", "server-1", "--watch-stdin",
+            "--", str(child)]
+    terminal = io.StringIO()
+    with Supervisor(tmp_path / "logs", Console(terminal), handle_signals=False) as sup:
+        assert sup.start(ProcessSpec("ssh-server-1", argv, members=[Member("server-1", may_fail=True)],
+                                     keep_stdin=True, control=CONTROL_STDIN))
+        assert sup.wait_until(lambda: sup.is_running("server-1"), 20) == "satisfied"
+        first = sup.pid_of("server-1")
+        assert sup.describe_state("server-1") == f"is running (pid {first})"
+        sup.prepare_restart("server-1")
+        sup.expect_fault_exit("server-1", "fault 0: restart")
+        assert sup.signal_process("server-1", signal.SIGKILL) == first
+        assert sup.wait_until(lambda: not sup.is_running("server-1"), 20) == "satisfied"
+        assert sup.describe_state("server-1") == "had already been killed by SIGKILL"
+        assert sup.is_running("ssh-server-1"), "the carrier stays for the restart"
+        assert sup.restart("server-1")
+        assert sup.wait_until(lambda: sup.is_running("server-1"), 20) == "satisfied"
+        assert sup.pid_of("server-1") not in (None, first)
+        outcome = sup.stop("interrupted", "test over")
+    assert outcome.exit_codes["server-1"] == -15, terminal.getvalue()
+    assert "server-1 was killed by SIGKILL (fault 0: restart)" in terminal.getvalue()
+    assert is_dead(first)
+
+
+def test_role_by_rank_reads_commands_from_its_control_file(tmp_path, monkeypatch):
+    """mpirun and srun ranks take the launcher's commands from
+    RUNDIR/control/NAME.control (the run directory every node shares)."""
+    from tessera_launch.role import _Control
+    control = _Control(watch_stdin=False)
+    control.name = "server-0"
+    control.control_file = tmp_path / "server-0.control"
+    assert control() is None and control.commands == []  # no file yet: nothing
+    control.control_file.write_text("TESSERA_CONTROL server-0 signal SIGSTOP\nTESSERA_CONTROL server-1 hold\n"
+                                    "TESSERA_CONTROL server-0 si")
+    assert control() is None
+    assert control.commands == [("signal", "SIGSTOP")]
+    with open(control.control_file, "a") as f:
+        f.write("gnal SIGCONT\n")
+    control()
+    assert control.commands == [("signal", "SIGSTOP"), ("signal", "SIGCONT")]

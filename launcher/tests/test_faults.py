@@ -167,12 +167,13 @@ def test_faults_by_override(tmp_path):
         "--set faults.3.at_seconds=1: faults.3: the list has 1 entries (0 to 0)")
 
 
-def test_every_other_back_end_refuses_faults(tmp_path, capsys):
+def test_supervising_back_ends_take_faults_and_kubernetes_refuses_them(tmp_path, capsys):
     path = config_with(tmp_path, "- {target: server-1, action: kill, at_seconds: 2}\n")
-    assert main(["mpirun", "--config", str(path), "--dry-run"]) == 2
-    assert "only the local back-end injects process faults, not mpirun" in capsys.readouterr().err
+    for backend in ("mpirun", "slurm"):
+        assert main([backend, "--config", str(path), "--dry-run"]) == 0, backend
+        assert "fault 0 (kill server-1 at 2 s)" in capsys.readouterr().out
     assert main(["kubernetes", "--config", str(path), "--dry-run"]) == 2
-    assert "not kubernetes" in capsys.readouterr().err
+    assert "kubernetes does not supervise the job's processes" in capsys.readouterr().err
 
 
 def test_dry_run_lists_the_faults(tmp_path, capsys):
