@@ -198,6 +198,20 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
   };
   const std::string& address = m.header.sender_address();
   if (address.empty()) return;  // nowhere to answer
+  if (auto it = node_by_address_.find(address); it != node_by_address_.end()) {
+    const Node& known = nodes_.at(it->second);
+    if (known.info.role() == proto::SERVER && req.role() == proto::SERVER) {
+      // A server drained out of the job registering again: it is to stop.
+      if (known.done && Removed(known.info.rank())) {
+        SendRemoved(known, out);
+        return;
+      }
+      // A server declared lost while it was only cut off or paused (it
+      // learned so from the map) rejoins from the same address: a new node
+      // for its dead rank, as a restarted process would be.
+      if (known.lost && phase_ == Phase::kRunning && TakeOverDeadServer(m, now, out)) return;
+    }
+  }
   // A repeated registration (a retry whose reply was lost) gets the same answer.
   if (auto it = node_by_address_.find(address); it != node_by_address_.end()) {
     reply.header.mutable_register_reply()->set_heartbeat_interval_ms(options_.heartbeat_interval / kMillis);

@@ -28,7 +28,10 @@
 //   server weight (WithBackupsFilled;
 //   their primaries send them the state). A process that registers for a
 //   dead server rank while the job runs takes the rank over as a new node
-//   (incarnation + 1), empty, and is recruited where copies are missing. A lost worker
+//   (incarnation + 1), empty, and is recruited where copies are missing; so
+//   does a lost server that registers again from its old address (it was
+//   only cut off or paused, and learned from the map that it was lost). A
+//   drained server that registers again is told to stop. A lost worker
 //   does too under WorkerLossPolicy::kStopJob; under kContinue it is
 //   announced to the servers (WorkersLeft) so nobody waits for its clock, and
 //   the job ends when every other worker is done. (Workers that reported

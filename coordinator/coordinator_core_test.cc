@@ -606,6 +606,54 @@ TEST_F(CoordinatorCoreTest, LostCopiesAreRemadeAndARestartedServerRejoins) {
   }
 }
 
+// A server cut off from the coordinator (not dead) is declared lost; once the
+// cut heals it hears of the new map, and registers again from its own
+// address: it becomes a new node for its rank, empty, and gets copies.
+TEST_F(CoordinatorCoreTest, ALostServerThatWasOnlyCutOffRejoinsFromItsAddress) {
+  const CoordinatorOptions o = Replicated(3, 1);
+  CoordinatorCore core(o, 0);
+  Assemble(core, 3, 1, 0);
+  const uint32_t old_id = core.shard_map().servers(1).node_id();
+  for (const char* n : {"s0", "s2", "w0"}) Heartbeat(core, n, 900 * kMillis);
+  core.Tick(1100 * kMillis);  // s1 lost
+  ASSERT_EQ(core.shard_map().dead_server_ranks_size(), 1);
+  SyncAll(core, 1150 * kMillis);
+  // The cut heals: its heartbeat (with the old epoch) gets the new map.
+  Message hb = From("s1");
+  hb.header.set_epoch(1);
+  hb.header.mutable_heartbeat();
+  auto out = core.Step(hb, 1200 * kMillis);
+  bool map_sent = false;
+  for (const Outgoing& x : To(out, "s1")) map_sent |= x.message.header.has_shard_map_update();
+  EXPECT_TRUE(map_sent) << "a node behind on the map gets it";
+  // It registers again for rank 1 from the same address.
+  out = core.Step(Register("s1", proto::SERVER, 1), 1300 * kMillis);
+  auto to_s1 = To(out, "s1");
+  ASSERT_GE(to_s1.size(), 2u);
+  ASSERT_TRUE(to_s1[0].message.header.has_register_reply()) << to_s1[0].message.header.ShortDebugString();
+  const proto::NodeInfo self = to_s1[0].message.header.register_reply().self();
+  EXPECT_EQ(self.rank(), 1u);
+  EXPECT_EQ(self.incarnation(), 1u);
+  EXPECT_NE(self.node_id(), old_id) << "a new node, not the lost one";
+  EXPECT_TRUE(to_s1.back().message.header.has_job_ready());
+  EXPECT_EQ(core.shard_map().dead_server_ranks_size(), 0);
+  EXPECT_EQ(core.shard_map().servers(1).node_id(), self.node_id());
+  auto view = ShardMapView::Create(core.shard_map());
+  ASSERT_TRUE(view.ok());
+  bool rejoined = false;
+  for (const std::string& e : core.TakeEvents()) rejoined |= e.find("server 1 rejoined from s1 (incarnation 1)") == 0;
+  EXPECT_TRUE(rejoined);
+  // Its heartbeats count for the new node from now on.
+  Heartbeat(core, "s1", 1400 * kMillis);
+  for (const char* n : {"s0", "s2", "w0"}) Heartbeat(core, n, 1400 * kMillis);
+  core.Tick(2000 * kMillis);
+  EXPECT_EQ(core.shard_map().dead_server_ranks_size(), 0);
+  // A retry of that registration (its reply lost) gets the same answer.
+  out = core.Step(Register("s1", proto::SERVER, 1), 2100 * kMillis);
+  ASSERT_FALSE(To(out, "s1").empty());
+  EXPECT_EQ(To(out, "s1")[0].message.header.register_reply().self().node_id(), self.node_id());
+}
+
 TEST_F(CoordinatorCoreTest, ARecruitNotYetInSyncIsNeverPromoted) {
   const CoordinatorOptions o = Replicated(3, 1);
   CoordinatorCore core(o, 0);

@@ -22,6 +22,7 @@ SessionCoreOptions CoordinatorSession::CoreOptions(const Options& options) {
   o.connect_timeout = options.connect_timeout;
   o.heartbeat_interval = options.heartbeat_interval;
   o.lease = options.lease;
+  o.give_up = options.give_up;
   o.register_retry = options.register_retry;
   o.coordinator = options.coordinator;  // an etcd:// address until resolved
   return o;
@@ -111,6 +112,23 @@ void CoordinatorSession::Transmit(proto::Envelope header) {
   }
 }
 
+void CoordinatorSession::NoteSilenceLocked(Nanos now) {
+  const std::optional<Nanos> silent = core_.silent_since();
+  if (silent == silent_since_ && (!silent || now < next_silence_line_)) return;
+  const std::string& at = core_.coordinator();
+  if (silent) {
+    const Nanos give_up = std::max(options_.give_up, options_.lease);
+    TLOG_WARN("{} from the coordinator at {} for {}; going on with shard map epoch {} and waiting for it "
+              "(gives up {} after the last answer)",
+              silent_since_ ? "still nothing" : "no answer", at, Secs(now - *silent), core_.map_epoch(),
+              Secs(give_up));
+    next_silence_line_ = now + options_.lease;
+  } else if (silent_since_) {
+    TLOG_INFO("the coordinator at {} answers again after {} of silence", at, Secs(core_.last_heard() - *silent_since_));
+  }
+  silent_since_ = silent;
+}
+
 void CoordinatorSession::ReportEndLocked(std::unique_lock<std::mutex>& lock) {
   if (!core_.ended() || end_reported_) return;
   end_reported_ = true;
@@ -151,6 +169,26 @@ absl::StatusOr<proto::JobReady> CoordinatorSession::Join() {
   // heartbeats once registered, and registers again now and then until the
   // whole job has assembled (see SessionCore).
   core_.StartJoin(MonotonicNow(), deadline);
+  return AwaitJoinLocked(lock, deadline);
+}
+
+absl::StatusOr<proto::JobReady> CoordinatorSession::Rejoin() {
+  const Nanos deadline = MonotonicNow() + options_.connect_timeout;
+  std::unique_lock lock(mu_);
+  if (const auto& ended = core_.ended()) {
+    return ended->ok() ? absl::AbortedError("the job has ended") : *ended;
+  }
+  core_.StartRejoin(MonotonicNow(), deadline);
+  return AwaitJoinLocked(lock, deadline);
+}
+
+std::optional<absl::Status> CoordinatorSession::ended() {
+  std::lock_guard lock(mu_);
+  return core_.ended();
+}
+
+absl::StatusOr<proto::JobReady> CoordinatorSession::AwaitJoinLocked(std::unique_lock<std::mutex>& lock,
+                                                                    Nanos deadline) {
   StartThreadLocked();
   cv_.notify_all();
   bool registered = false;
@@ -185,6 +223,7 @@ void CoordinatorSession::HeartbeatLoop() {
       ReportEndLocked(lock);
       break;
     }
+    NoteSilenceLocked(now);
     if (!out.empty()) {
       // The leader may have changed since it was looked up: before every
       // third registration, and before each one while waiting for the job.

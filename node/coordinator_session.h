@@ -15,8 +15,14 @@
 //   N s" when nothing came back.
 // - After Join(), the session heartbeats every heartbeat_interval (or the
 //   job's interval from the RegisterReply, when that is shorter). If the
-//   coordinator is silent for `lease`, the job ends for this node with
-//   Unavailable("lost the coordinator at ADDR ...").
+//   coordinator is silent for `lease`, the session logs a warning that names
+//   it and the give-up time, again every `lease` while the silence lasts,
+//   and goes on heartbeating; a coordinator that answers again is logged
+//   too. Only after `give_up` of silence does the job end for this node,
+//   with Unavailable("lost the coordinator at ADDR ...").
+// - Rejoin() registers again for the node's rank after the coordinator
+//   declared it lost (SessionCore::StartRejoin) and returns the new
+//   JobReady, or why not.
 // - Heartbeats carry the node's shard map epoch (set_map_epoch; at first
 //   the JobReady's): a coordinator with a newer map answers with a
 //   ShardMapUpdate, so a node that missed one (a lost message) catches up.
@@ -58,7 +64,8 @@ class CoordinatorSession {
     int rank = -1;                            // requested rank, -1 = any
     Nanos connect_timeout = 30 * kSeconds;    // registration + assembly
     Nanos heartbeat_interval = 1 * kSeconds;  // how often to heartbeat
-    Nanos lease = 5 * kSeconds;               // coordinator silence = lost
+    Nanos lease = 5 * kSeconds;               // coordinator silence that is logged as such
+    Nanos give_up = 60 * kSeconds;            // coordinator silence that ends the job for this node
     Nanos register_retry = 500 * kMillis;     // resend registration this often
   };
 
@@ -72,6 +79,11 @@ class CoordinatorSession {
   bool Handle(const Message& message);
 
   absl::StatusOr<proto::JobReady> Join();
+  // Registers again for this node's rank (see above); self() is the new node
+  // once it returns a JobReady.
+  absl::StatusOr<proto::JobReady> Rejoin();
+  // The end of the job for this node, once it has ended (nonblocking).
+  std::optional<absl::Status> ended();
   const proto::NodeInfo& self() const { return self_; }
   // A worker that joined a job already running (cluster.max_workers): it
   // starts at the job's clock (WorkerCore::JoinClock).
@@ -112,6 +124,10 @@ class CoordinatorSession {
   void StartThreadLocked();
   // Reports the end of the job once (to waiters and on_end_), after the core ended it.
   void ReportEndLocked(std::unique_lock<std::mutex>& lock);
+  // Waits for the outcome of a join the core has started (Join, Rejoin).
+  absl::StatusOr<proto::JobReady> AwaitJoinLocked(std::unique_lock<std::mutex>& lock, Nanos deadline);
+  // Logs the coordinator's silence as it starts, goes on and ends (heartbeat thread, mu_ held).
+  void NoteSilenceLocked(Nanos now);
 
   const Options options_;
   Transport* const transport_;
@@ -129,6 +145,8 @@ class CoordinatorSession {
   std::condition_variable cv_;
   SessionCore core_;          // guarded by mu_
   bool end_reported_ = false;  // guarded by mu_
+  std::optional<Nanos> silent_since_;  // guarded by mu_: the silence last logged
+  Nanos next_silence_line_ = 0;        // guarded by mu_
   bool stopping_ = false;      // guarded by mu_
   std::thread heartbeat_thread_;
 };

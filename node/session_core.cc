@@ -85,6 +85,7 @@ bool SessionCore::Handle(const Message& m, Nanos now) {
       return false;
   }
   last_heard_ = now;
+  silent_ = false;
   return true;
 }
 
@@ -93,6 +94,16 @@ void SessionCore::StartJoin(Nanos now, Nanos deadline) {
   registration_over_ = false;
   join_deadline_ = deadline;
   next_register_ = now;
+}
+
+void SessionCore::StartRejoin(Nanos now, Nanos deadline) {
+  if (!registered_ || ended_) return;
+  options_.rank = static_cast<int>(self().rank());
+  registered_.reset();
+  ready_.reset();
+  register_error_.reset();
+  register_refused_.reset();
+  StartJoin(now, deadline);
 }
 
 std::optional<absl::StatusOr<proto::JobReady>> SessionCore::JoinResult(Nanos now) const {
@@ -142,12 +153,13 @@ std::vector<proto::Envelope> SessionCore::Tick(Nanos now) {
     }
   }
   if (Heartbeating() && now >= next_heartbeat_) {
-    if (now - last_heard_ >= options_.lease) {
+    if (now - last_heard_ >= std::max(options_.give_up, options_.lease)) {
       End(absl::UnavailableError(absl::StrCat("lost the coordinator at ", options_.coordinator,
                                               options_.coordinator_note, ": no answer for ",
                                               FormatSeconds(now - last_heard_))));
       return {};
     }
+    if (now - last_heard_ >= options_.lease) silent_ = true;
     proto::Envelope h;
     h.set_request_id(NextRequestId());
     h.set_epoch(map_epoch_);

@@ -29,9 +29,20 @@
 //   map_epoch() (raised by the JobReady's map and set_map_epoch, never
 //   lowered) and is filled by the heartbeat filler, if one is set.
 // - The coordinator's lease: when a heartbeat falls due and nothing was heard
-//   for `lease`, the job ends with Unavailable("lost the coordinator at ADDR
-//   NOTE: no answer for N s") instead (ADDR and NOTE: set_coordinator,
-//   set_coordinator_note).
+//   for `lease`, the node is silent: silent_since() says since when it has
+//   heard nothing, and heartbeats go on as before (a coordinator that was
+//   only cut off, paused or restarted hears them and answers; a standby
+//   that took over is looked up by the shell). The next message consumed
+//   ends the silence. Only when nothing was heard for `give_up` (at least
+//   `lease`) does the job end, with Unavailable("lost the coordinator at ADDR
+//   NOTE: no answer for N s") (ADDR and NOTE: set_coordinator,
+//   set_coordinator_note). So a node outlives any failover shorter than
+//   give_up.
+// - Rejoining (StartRejoin, for a server the coordinator declared lost while
+//   it was only cut off): registration starts again, for the rank the node
+//   had, as in a join; the coordinator makes it a new node (a new node id,
+//   the next incarnation) and sends the JobReady again. Heartbeats pause
+//   until the new RegisterReply.
 // - Shutdown ends the job: OK, or Aborted("job failed: REASON").
 // - The end is final: ended() is set once and never changes; Tick sends
 //   nothing after it.
@@ -66,7 +77,8 @@ struct SessionCoreOptions {
   int rank = -1;                            // requested rank, -1 = any
   Nanos connect_timeout = 30 * kSeconds;    // named in the join errors (the deadline is StartJoin's)
   Nanos heartbeat_interval = 1 * kSeconds;  // how often to heartbeat
-  Nanos lease = 5 * kSeconds;               // coordinator silence = lost
+  Nanos lease = 5 * kSeconds;               // coordinator silence after which the node is silent()
+  Nanos give_up = 60 * kSeconds;            // coordinator silence that ends the job (at least lease)
   Nanos register_retry = 500 * kMillis;     // resend registration (and the done report) this often
   std::string coordinator;                  // the coordinator's address, for errors
   std::string coordinator_note;             // appended to the address in the lost-coordinator error
@@ -93,6 +105,10 @@ class SessionCore {
   // Starts registering (the first RegisterRequest goes at the next Tick);
   // registration stops at `deadline`.
   void StartJoin(Nanos now, Nanos deadline);
+  // Registers again, for the rank this node had (see Promises); the join's
+  // outcome (JoinResult) starts over. Does nothing before the first
+  // registration or after the end.
+  void StartRejoin(Nanos now, Nanos deadline);
   // The outcome of the join, once there is one: the JobReady, or why not (in
   // this order: the registration error; the end of the job, Aborted("job
   // ended before it started") for an orderly one; after the deadline,
@@ -128,7 +144,10 @@ class SessionCore {
   void set_coordinator_note(std::string note) { options_.coordinator_note = std::move(note); }
   const std::string& coordinator() const { return options_.coordinator; }
   // Counts as hearing from the coordinator (a new leader gets a whole lease).
-  void ResetLease(Nanos now) { last_heard_ = now; }
+  void ResetLease(Nanos now) {
+    last_heard_ = now;
+    silent_ = false;
+  }
 
   // --- State ---
   void set_map_epoch(uint64_t epoch) { map_epoch_ = std::max(map_epoch_, epoch); }
@@ -144,6 +163,9 @@ class SessionCore {
   const std::optional<absl::Status>& ended() const { return ended_; }
   const std::optional<absl::Status>& register_error() const { return register_error_; }
   Nanos last_heard() const { return last_heard_; }
+  // Since when the coordinator has been silent, once that passed `lease`
+  // (see Promises); nullopt while it answers.
+  std::optional<Nanos> silent_since() const { return silent_ ? std::optional<Nanos>(last_heard_) : std::nullopt; }
   // The interval heartbeats go at (the shorter of the option and the job's).
   Nanos heartbeat_interval() const;
   // Whether Tick(now) would heartbeat (or find the lease expired).
@@ -189,6 +211,7 @@ class SessionCore {
   std::optional<absl::Status> ended_;
 
   Nanos last_heard_ = 0;
+  bool silent_ = false;  // nothing heard for `lease` (see silent_since)
   Nanos next_heartbeat_ = 0;
   uint64_t map_epoch_ = 0;
 

@@ -368,9 +368,10 @@ TEST(SessionCoreTest, TheJobReadyRaisesTheEpochSetEarlier) {
   EXPECT_EQ(ahead.map_epoch(), 8u);
 }
 
-TEST(SessionCoreTest, LosingTheCoordinatorEndsTheJobNamingIt) {
+TEST(SessionCoreTest, ASilentCoordinatorIsWaitedForUntilGiveUp) {
   SessionCoreOptions o = Options();
   o.coordinator_note = " (job j1 in etcd at http://e:2379)";
+  o.give_up = 20 * kSeconds;
   SessionCore core = Running(o, 0);
   core.Tick(0);
   EXPECT_TRUE(core.Handle(HeartbeatAck(), 1200 * kMs));
@@ -378,24 +379,62 @@ TEST(SessionCoreTest, LosingTheCoordinatorEndsTheJobNamingIt) {
   for (Nanos t = 1 * kSeconds; t <= 6 * kSeconds; t += kSeconds) {
     EXPECT_EQ(Heartbeats(core.Tick(t)), 1u) << t;  // 4.8 s of silence at 6 s: not yet
   }
-  EXPECT_FALSE(core.ended().has_value());
-  // Checked when the heartbeat falls due: 5.8 s of silence at 7 s.
+  EXPECT_FALSE(core.silent_since().has_value());
+  // Checked when the heartbeat falls due: 5.8 s of silence at 7 s. The node
+  // says so and goes on heartbeating: the coordinator may come back.
   EXPECT_TRUE(core.Tick(6500 * kMs).empty());
+  EXPECT_EQ(Heartbeats(core.Tick(7 * kSeconds)), 1u);
+  ASSERT_TRUE(core.silent_since().has_value());
+  EXPECT_EQ(*core.silent_since(), 1200 * kMs);
   EXPECT_FALSE(core.ended().has_value());
-  EXPECT_TRUE(core.Tick(7 * kSeconds).empty());
+  for (Nanos t = 8 * kSeconds; t <= 21 * kSeconds; t += kSeconds) {
+    EXPECT_EQ(Heartbeats(core.Tick(t)), 1u) << t;  // 19.8 s at 21 s: not yet given up
+  }
+  EXPECT_FALSE(core.ended().has_value());
+  EXPECT_TRUE(core.Tick(22 * kSeconds).empty());
   ASSERT_TRUE(core.ended().has_value());
   EXPECT_EQ(core.ended()->code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(core.ended()->message(),
-            "lost the coordinator at tcp://coord:7000 (job j1 in etcd at http://e:2379): no answer for 5.8 s");
+            "lost the coordinator at tcp://coord:7000 (job j1 in etcd at http://e:2379): no answer for 20.8 s");
   // Final: nothing more, and a late Shutdown does not change it.
-  EXPECT_TRUE(core.Tick(8 * kSeconds).empty());
+  EXPECT_TRUE(core.Tick(23 * kSeconds).empty());
   EXPECT_FALSE(core.NextTickAt().has_value());
-  core.Handle(Shutdown(true), 9 * kSeconds);
+  core.Handle(Shutdown(true), 24 * kSeconds);
   EXPECT_EQ(core.ended()->code(), absl::StatusCode::kUnavailable);
 }
 
+TEST(SessionCoreTest, ACoordinatorThatAnswersAgainEndsTheSilence) {
+  SessionCoreOptions o = Options();
+  o.give_up = 20 * kSeconds;
+  SessionCore core = Running(o, 0);
+  core.Tick(0);
+  for (Nanos t = 1 * kSeconds; t <= 12 * kSeconds; t += kSeconds) core.Tick(t);
+  ASSERT_TRUE(core.silent_since().has_value());
+  EXPECT_TRUE(core.Handle(HeartbeatAck(), 12500 * kMs));  // the cut healed
+  EXPECT_FALSE(core.silent_since().has_value());
+  for (Nanos t = 13 * kSeconds; t <= 30 * kSeconds; t += kSeconds) {
+    core.Tick(t);
+    if (t <= 17 * kSeconds) EXPECT_FALSE(core.silent_since().has_value()) << t;
+  }
+  EXPECT_FALSE(core.ended().has_value()) << "a whole give_up from the last answer";
+  core.Tick(33 * kSeconds);
+  EXPECT_TRUE(core.ended().has_value());
+}
+
+TEST(SessionCoreTest, AGiveUpShorterThanTheLeaseIsTheLease) {
+  SessionCoreOptions o = Options();
+  o.give_up = 1 * kSeconds;
+  SessionCore core = Running(o, 0);
+  for (Nanos t = 0; t <= 4 * kSeconds; t += kSeconds) core.Tick(t);
+  EXPECT_FALSE(core.ended().has_value());
+  core.Tick(5 * kSeconds);
+  EXPECT_TRUE(core.ended().has_value());
+}
+
 TEST(SessionCoreTest, ANewLeaderGetsAWholeLease) {
-  SessionCore core = Running(Options(), 0);
+  SessionCoreOptions o = Options();
+  o.give_up = o.lease;
+  SessionCore core = Running(o, 0);
   core.Tick(0);
   for (Nanos t = 1 * kSeconds; t <= 4 * kSeconds; t += kSeconds) core.Tick(t);
   core.set_coordinator("tcp://standby:7000");
@@ -406,6 +445,34 @@ TEST(SessionCoreTest, ANewLeaderGetsAWholeLease) {
   ASSERT_TRUE(core.ended().has_value());
   EXPECT_THAT(std::string(core.ended()->message()),
               HasSubstr("lost the coordinator at tcp://standby:7000: no answer for 5.5 s"));
+}
+
+// A server the coordinator declared lost while it was cut off registers
+// again for its rank and becomes a new node of the job.
+TEST(SessionCoreTest, RejoinRegistersAgainForTheSameRank) {
+  SessionCoreOptions o = Options();
+  o.rank = -1;  // the first join let the coordinator choose
+  SessionCore core(o);
+  core.StartJoin(0, 30 * kSeconds);
+  core.Tick(0);
+  core.Handle(RegisterReply(5, 1), 10 * kMs);
+  core.Handle(JobReady(3), 20 * kMs);
+  ASSERT_TRUE(core.JoinResult(20 * kMs).has_value());
+  core.StartRejoin(2 * kSeconds, 32 * kSeconds);
+  EXPECT_FALSE(core.registered());
+  EXPECT_FALSE(core.JoinResult(2 * kSeconds).has_value()) << "the join is open again";
+  auto out = core.Tick(2 * kSeconds);
+  auto registers = Of(out, proto::Envelope::kRegisterRequest);
+  ASSERT_EQ(registers.size(), 1u);
+  EXPECT_EQ(registers[0].register_request().rank(), 1) << "the rank it had";
+  EXPECT_EQ(Heartbeats(out), 0u) << "no heartbeats as the node it was";
+  core.Handle(RegisterReply(9, 1), 2100 * kMs);
+  EXPECT_EQ(core.self().node_id(), 9u);
+  core.Handle(JobReady(7), 2200 * kMs);
+  auto result = core.JoinResult(2200 * kMs);
+  ASSERT_TRUE(result.has_value() && result->ok());
+  EXPECT_EQ((*result)->shard_map().epoch(), 7u);
+  EXPECT_EQ(core.map_epoch(), 7u);
 }
 
 TEST(SessionCoreTest, ShutdownEndsTheJob) {

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   // Frequent heartbeats: with replication the coordinator declares a server
   // lost after --server-lease (0.5 s) of silence and fails its shards over.
   double connect_timeout = 60, heartbeat_interval = 0.1, lease = 5;
+  double give_up = static_cast<double>(tessera::CoordinatorSession::Options{}.give_up) / 1e9;
   bool debug = false;
   tessera::CoordinatorSession::Options so;
   tessera::ServerCoreOptions core;
@@ -35,7 +36,15 @@ int main(int argc, char** argv) {
   app.add_option("--connect-timeout", connect_timeout, "Seconds to wait for the job to assemble")
       ->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-interval", heartbeat_interval, "Seconds between heartbeats")->check(CLI::PositiveNumber);
-  app.add_option("--lease", lease, "Seconds of coordinator silence after which the server gives up")
+  app.add_option("--lease", lease,
+                 "Seconds of coordinator silence after which the server says so in its log (again every LEASE "
+                 "seconds while it lasts); it goes on serving by its shard map and heartbeating")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--coordinator-give-up", give_up,
+                 "Seconds of coordinator silence after which the server gives up and exits (at least --lease). "
+                 "Shorter silences (a partition, a coordinator restart or standby takeover) are waited out: a "
+                 "server the coordinator declared lost meanwhile rejoins the job, empty, once it hears of it")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--pull-reply-piece-bytes", core.pull_reply_piece_bytes,
                  "Send pull replies larger than this in pieces of this size, so that the worker places each "
@@ -91,6 +100,7 @@ int main(int argc, char** argv) {
   so.connect_timeout = static_cast<tessera::Nanos>(connect_timeout * 1e9);
   so.heartbeat_interval = static_cast<tessera::Nanos>(heartbeat_interval * 1e9);
   so.lease = static_cast<tessera::Nanos>(lease * 1e9);
+  so.give_up = static_cast<tessera::Nanos>(give_up * 1e9);
 
   tessera::ZmqTransport::Options transport_options;
   transport_options.bind = bind;

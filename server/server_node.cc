@@ -98,8 +98,13 @@ void ServerNode::OnMapUpdate(const proto::ShardMapUpdate& update) {
   if (epoch == old_epoch) return;  // not newer: nothing changed
   session_.set_map_epoch(epoch);
   if (deposed && !was_deposed) {
-    TLOG_WARN("this server was removed from the job at map epoch {} ({}); it serves nothing from now on", epoch,
-              update.reason());
+    TLOG_WARN("this server was removed from the job at map epoch {} ({}); it serves nothing and registers again "
+              "to rejoin the job",
+              epoch, update.reason());
+    lock.lock();
+    rejoin_wanted_ = true;
+    lock.unlock();
+    state_cv_.notify_all();
   } else if (!deposed) {
     TLOG_INFO("shard map epoch {} (map {}): {}", epoch, ShardMapDigest(update.shard_map()), update.reason());
   }
@@ -221,6 +226,80 @@ std::string ServerNode::RestoreFromCheckpoints(const std::string& dir, const std
   return line;
 }
 
+absl::Status ServerNode::Serve(const proto::JobReady& ready, bool first) {
+  ServerCoreOptions core_options = core_options_;
+  core_options.node_id = session_.self().node_id();
+  core_options.pool = &pool_;
+  core_options.apply_after_ack = true;  // acks leave before the update work (see ServerCore)
+  auto core = std::make_unique<ServerCore>(core_options);
+  if (auto s = core->InstallShardMap(ready.shard_map(), session_.self().rank()); !s.ok()) {
+    return absl::Status(s.code(), "bad shard map from the coordinator: " + std::string(s.message()));
+  }
+  absl::flat_hash_map<uint32_t, uint32_t> workers;
+  for (const auto& n : ready.nodes())
+    if (n.role() == proto::WORKER) workers[n.node_id()] = n.rank();
+  core->SetWorkers(workers);
+  if (first && !checkpoints_.restore_from.empty()) {
+    // A new job from a checkpoint: every shard this server holds (primary
+    // or backup) starts from its newest checkpoint. Workers of a new job
+    // number their pushes afresh, so no de-duplication window is restored.
+    std::vector<uint32_t> held;
+    auto view = ShardMapView::Create(ready.shard_map());
+    for (uint32_t v = 0; view.ok() && v < view->num_vshards(); ++v)
+      if (view->Holds(session_.self().rank(), v)) held.push_back(v);
+    std::lock_guard lock(mu_);
+    core_ = std::move(core);  // (RestoreFromCheckpoints works on core_)
+    TLOG_INFO("{}", RestoreFromCheckpoints(checkpoints_.restore_from, held, false, {}));
+    core = std::move(core_);
+  }
+  std::vector<Outgoing> out;
+  {
+    std::lock_guard lock(mu_);
+    for (Message& m : early_)
+      for (Outgoing& o : core->Step(std::move(m), MonotonicNow())) out.push_back(std::move(o));
+    early_.clear();
+    if (early_map_) {
+      if (early_map_->epoch() > ready.shard_map().epoch()) {
+        auto released = core->UpdateShardMap(*early_map_, MonotonicNow());
+        if (released.ok()) {
+          for (Outgoing& o : *released) out.push_back(std::move(o));
+        } else {
+          TLOG_ERROR("ignoring a bad shard map update from the coordinator: {}", released.status().message());
+        }
+      }
+      early_map_.reset();
+    }
+    core->ApplyPending();
+    core_ = std::move(core);
+  }
+  session_.set_map_epoch(ready.shard_map().epoch());
+  for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
+  return absl::OkStatus();
+}
+
+absl::Status ServerNode::Rejoin() {
+  const uint32_t old_node = session_.self().node_id();
+  {
+    std::lock_guard lock(mu_);
+    core_.reset();  // its state is stale: the job went on without it (requests wait for the new core)
+  }
+  auto ready = session_.Rejoin();
+  if (!ready.ok()) {
+    if (session_.ended()) return absl::OkStatus();  // the job ended meanwhile: Run reports how
+    return absl::Status(ready.status().code(),
+                        absl::StrCat("could not rejoin the job after being declared lost: ", ready.status().message()));
+  }
+  if (absl::Status s = Serve(*ready, /*first=*/false); !s.ok()) return s;
+  uint32_t copies = 0;
+  auto view = ShardMapView::Create(ready->shard_map());
+  for (uint32_t v = 0; view.ok() && v < view->num_vshards(); ++v) copies += view->Holds(session_.self().rank(), v);
+  TLOG_INFO("rejoined the job as server {} (node {} was {}, incarnation {}): shard map epoch {}, {} shard copies "
+            "to take over by state transfer",
+            session_.self().rank(), session_.self().node_id(), old_node, session_.self().incarnation(),
+            ready->shard_map().epoch(), copies);
+  return absl::OkStatus();
+}
+
 absl::Status ServerNode::Run() {
   if (auto s = transport_->Start([this](Message m) { OnMessage(std::move(m)); }); !s.ok()) return s;
   TLOG_INFO("listening on {}; joining the job", transport_->address());
@@ -237,61 +316,35 @@ absl::Status ServerNode::Run() {
     hb->set_net_bytes_in(net.bytes_received);
     hb->set_net_bytes_out(net.bytes_sent);
   });
+  session_.set_on_end([this](const absl::Status&) {
+    std::lock_guard lock(mu_);
+    session_ended_ = true;
+    state_cv_.notify_all();
+  });
   auto ready = session_.Join();
   if (!ready.ok()) {
     transport_->Stop();
     return ready.status();
   }
-  ServerCoreOptions core_options = core_options_;
-  core_options.node_id = session_.self().node_id();
-  core_options.pool = &pool_;
-  core_options.apply_after_ack = true;  // acks leave before the update work (see ServerCore)
-  auto core = std::make_unique<ServerCore>(core_options);
-  if (auto s = core->InstallShardMap(ready->shard_map(), session_.self().rank()); !s.ok()) {
+  if (absl::Status s = Serve(*ready, /*first=*/true); !s.ok()) {
     transport_->Stop();
-    return absl::Status(s.code(), "bad shard map from the coordinator: " + std::string(s.message()));
+    return s;
   }
-  absl::flat_hash_map<uint32_t, uint32_t> workers;
-  for (const auto& n : ready->nodes())
-    if (n.role() == proto::WORKER) workers[n.node_id()] = n.rank();
-  core->SetWorkers(workers);
-  if (!checkpoints_.restore_from.empty()) {
-    // A new job from a checkpoint: every shard this server holds (primary
-    // or backup) starts from its newest checkpoint. Workers of a new job
-    // number their pushes afresh, so no de-duplication window is restored.
-    std::vector<uint32_t> held;
-    auto view = ShardMapView::Create(ready->shard_map());
-    for (uint32_t v = 0; view.ok() && v < view->num_vshards(); ++v)
-      if (view->Holds(session_.self().rank(), v)) held.push_back(v);
-    std::lock_guard lock(mu_);
-    core_ = std::move(core);  // (RestoreFromCheckpoints works on core_)
-    TLOG_INFO("{}", RestoreFromCheckpoints(checkpoints_.restore_from, held, false, {}));
-    core = std::move(core_);
-  }
-  std::vector<Outgoing> out;
-  {
-    std::lock_guard lock(mu_);
-    for (Message& m : early_)
-      for (Outgoing& o : core->Step(std::move(m), MonotonicNow())) out.push_back(std::move(o));
-    early_.clear();
-    if (early_map_) {
-      auto released = core->UpdateShardMap(*early_map_, MonotonicNow());
-      if (released.ok()) {
-        for (Outgoing& o : *released) out.push_back(std::move(o));
-      } else {
-        TLOG_ERROR("ignoring a bad shard map update from the coordinator: {}", released.status().message());
-      }
-      early_map_.reset();
-    }
-    core->ApplyPending();
-    core_ = std::move(core);
-  }
-  for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
   std::thread ticker([this] { TickLoop(); });
   TLOG_INFO("server {} (node {}) serving; shard map epoch {} (map {}), {} virtual shards over {} servers",
             session_.self().rank(), session_.self().node_id(), ready->shard_map().epoch(),
             ShardMapDigest(ready->shard_map()), ready->shard_map().num_vshards(), ready->shard_map().servers_size());
-  absl::Status end = session_.WaitForEnd();
+  absl::Status rejoined;
+  while (rejoined.ok()) {
+    {
+      std::unique_lock lock(mu_);
+      state_cv_.wait(lock, [&] { return rejoin_wanted_ || session_ended_; });
+      if (session_ended_) break;
+      rejoin_wanted_ = false;
+    }
+    rejoined = Rejoin();
+  }
+  absl::Status end = rejoined.ok() ? session_.WaitForEnd() : rejoined;
   {
     std::lock_guard lock(mu_);
     stopping_ = true;

@@ -37,7 +37,17 @@ class ServerNode {
   ServerNode& operator=(const ServerNode&) = delete;
 
   // Joins the job and serves until the coordinator ends it. Returns OK for an
-  // orderly end, else the reason (could not join, job failed, coordinator lost).
+  // orderly end, else the reason (could not join, job failed, coordinator
+  // silent for the session's give_up, could not rejoin).
+  //
+  // A server the coordinator declared lost while it was only cut off or
+  // paused learns so from the next map (it is deposed: it serves nothing,
+  // and the epoch fences what it still had) and rejoins: it drops its state,
+  // registers again for its rank, and serves as a new, empty node that the
+  // coordinator gives copies to (state transfer). Requests that arrive
+  // meanwhile wait, as before the first join. A rejoin the coordinator
+  // refuses (the rank was taken over by another process) ends Run with
+  // that reason; a drained server is told to stop and ends OK.
   absl::Status Run();
 
   // Core statistics; valid after Run() returned.
@@ -58,6 +68,12 @@ class ServerNode {
  private:
   void OnMessage(Message m);
   void OnMapUpdate(const proto::ShardMapUpdate& update);
+  // Makes a core from a JobReady and serves with it: requests and the map
+  // that came while there was none are applied first. `first`: the job's
+  // start (checkpoints to restore from).
+  absl::Status Serve(const proto::JobReady& ready, bool first);
+  // After deposition: registers again and serves anew (see Run).
+  absl::Status Rejoin();
   // Writes a checkpoint of the shards this server is primary of.
   void WriteCheckpointNow();
   // Restores `vshards` from the newest checkpoints in `dir` that hold them
@@ -73,6 +89,9 @@ class ServerNode {
   mutable std::mutex mu_;  // guards core_ and every call into it (delivery and tick threads)
   std::condition_variable tick_cv_;
   bool stopping_ = false;  // guarded by mu_
+  bool rejoin_wanted_ = false;  // guarded by mu_: deposed by a map while the job runs
+  bool session_ended_ = false;  // guarded by mu_
+  std::condition_variable state_cv_;  // rejoin_wanted_ or session_ended_ changed
   std::unique_ptr<ServerCore> core_;
   CheckpointOptions checkpoints_;
   std::atomic<bool> checkpoint_requested_{false};

@@ -262,17 +262,23 @@ int RemoveDeadRings() {
   return removed;
 }
 
-uint64_t HostIdentity() {
+uint64_t HostIdentity(const std::string& host_id) {
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
   std::string boot_id;
   if (!(boot >> boot_id) || boot_id.empty()) return 0;
   struct stat st {};
   if (::stat(kDir, &st) != 0) return 0;
+  struct stat net {};
+  if (::stat("/proc/self/ns/net", &net) != 0) return 0;
   uint64_t h = 0x7465737365726121ull;
   for (char c : boot_id) h = Mix(h, static_cast<unsigned char>(c));
   h = Mix(h, static_cast<uint64_t>(st.st_dev));
   h = Mix(h, static_cast<uint64_t>(st.st_ino));
   h = Mix(h, static_cast<uint64_t>(::getuid()));
+  h = Mix(h, static_cast<uint64_t>(net.st_dev));
+  h = Mix(h, static_cast<uint64_t>(net.st_ino));
+  h = Mix(h, host_id.size());
+  for (char c : host_id) h = Mix(h, static_cast<unsigned char>(c));
   return h == 0 ? 1 : h;
 }
 

@@ -183,9 +183,19 @@ bool IsRingName(const std::string& name);
 int RemoveDeadRings();
 
 // Identity of "the same host" for the shared-memory path: processes with the
-// same value can map each other's ring files. Derived from the kernel's boot
-// id, the device and inode of /dev/shm (containers with their own /dev/shm
-// differ) and the user id. 0 when it cannot be determined (no shm then).
-uint64_t HostIdentity();
+// same value really share a host, and can map each other's ring files.
+// Derived from the kernel's boot id, the device and inode of /dev/shm
+// (containers with their own /dev/shm differ), the user id, the network
+// namespace (/proc/self/ns/net: processes in different network namespaces
+// are different hosts to the network, and test hosts or containers on one
+// machine share the boot id and often /dev/shm; their traffic must cross
+// the network, its shaping and its partitions, not a ring), and `host_id`,
+// a name the launcher gives every process of one host of its placement
+// (empty: none). The mount namespace is left out on purpose: processes of
+// one host are often started in mount namespaces of their own (a service
+// with a private /tmp, `ip netns exec`), and /dev/shm's inode already tells
+// whether they see the same ring files. 0 when it cannot be determined (no
+// shm then).
+uint64_t HostIdentity(const std::string& host_id = "");
 
 }  // namespace tessera::shm

@@ -1,6 +1,7 @@
 #include "transport/shm_ring.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -180,6 +181,38 @@ TEST(ShmHostIdentityTest, StableAndNonZero) {
   const uint64_t a = HostIdentity();
   EXPECT_NE(a, 0u);
   EXPECT_EQ(a, HostIdentity());
+}
+
+TEST(ShmHostIdentityTest, TheLaunchersHostNameSeparatesHosts) {
+  EXPECT_EQ(HostIdentity("node1"), HostIdentity("node1"));
+  EXPECT_NE(HostIdentity("node1"), HostIdentity("node2"));
+  EXPECT_NE(HostIdentity("node1"), HostIdentity());
+}
+
+// A process in a network namespace of its own (a test host, a container) is
+// another host, although it shares the boot id, /dev/shm and the user.
+TEST(ShmHostIdentityTest, AnotherNetworkNamespaceIsAnotherHost) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    uint64_t id[2] = {HostIdentity(), 0};
+    if (::unshare(CLONE_NEWNET) == 0) id[1] = HostIdentity();
+    (void)!::write(fds[1], id, sizeof(id));
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  uint64_t id[2] = {0, 0};
+  ASSERT_EQ(::read(fds[0], id, sizeof(id)), static_cast<ssize_t>(sizeof(id)));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_EQ(id[0], HostIdentity()) << "a child in the same namespaces is the same host";
+  if (id[1] == 0) GTEST_SKIP() << "cannot make a network namespace here (unshare needs CAP_SYS_ADMIN)";
+  EXPECT_NE(id[1], 0u);
+  EXPECT_NE(id[1], id[0]);
 }
 
 }  // namespace

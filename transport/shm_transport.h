@@ -5,7 +5,8 @@
 //
 // How it works:
 // - Every message it sends carries, in its header, this process's host
-//   identity (shm::HostIdentity: boot id, /dev/shm, user). Every message it
+//   identity (shm::HostIdentity: boot id, /dev/shm, user, network
+//   namespace, the launcher's host name). Every message it
 //   receives tells it the sender's identity, remembered per sender address.
 //   So a peer is known to share the host once any message from it arrived;
 //   until then everything goes through the inner transport.

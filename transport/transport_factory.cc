@@ -85,6 +85,7 @@ absl::StatusOr<TransportChoice> TransportChoiceFromEnvironment() {
                          EnvCount("TESSERA_SHM_MIN_LEND_BYTES", &c.shm_options.min_lend_bytes)}) {
     if (!s.ok()) return s;
   }
+  if (const char* host_id = Env("TESSERA_HOST_ID")) c.host_id = host_id;
   if (c.shm) {
     if (absl::Status s = ShmTransport::Validate(c.shm_options); !s.ok()) {
       return absl::InvalidArgumentError(
@@ -160,7 +161,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(ZmqTransport::Options o
   if (transport == nullptr) transport.reset(new ZmqTransport(std::move(options)));
   if (choice.shm) {
     ShmTransport::Options so = choice.shm_options;
-    if (so.host_identity == 0) so.host_identity = shm::HostIdentity();
+    if (so.host_identity == 0) so.host_identity = shm::HostIdentity(choice.host_id);
     if (so.host_identity != 0) transport.reset(new ShmTransport(std::move(transport), so));
   }
   const char* faults = std::getenv(kFaultsEnvironmentVariable);

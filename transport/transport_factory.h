@@ -38,7 +38,11 @@
 //     TESSERA_SHM_RING_BYTES set its options, and TESSERA_SHM_CROSS_MEMORY=1|0
 //     (default 1) whether pull values are lent and read in place
 //     (ShmTransport::Options::cross_memory), TESSERA_SHM_MIN_LEND_BYTES from
-//     what size. Where the host identity cannot be read, no wrapping.
+//     what size. TESSERA_HOST_ID (any text; the launcher sets it to the
+//     host's name in its placement) joins the host identity
+//     (shm::HostIdentity): processes the launcher placed on different hosts
+//     never take each other for one. Where the host identity cannot be
+//     read, no wrapping.
 // A value that does not parse is an InvalidArgument naming the variable.
 // Thread safety: every function here may be called from any thread (as long
 // as nobody changes the environment meanwhile).
@@ -61,6 +65,7 @@ struct TransportChoice {
   size_t rdma_max_pinned_bytes = 1ull << 30;
   bool shm = true;
   ShmTransport::Options shm_options;
+  std::string host_id;  // TESSERA_HOST_ID, mixed into the host identity
 };
 absl::StatusOr<TransportChoice> TransportChoiceFromEnvironment();
 

@@ -27,6 +27,7 @@ void RequestTracker::Begin(Handle handle, std::string what, std::vector<PartSpec
   }
   op->width = width;
   op->deadline = deadline;
+  op->begun = now;
   op->remaining = parts.size();
   Op* raw = op.get();
   for (PartSpec& p : parts) {
@@ -336,6 +337,35 @@ std::vector<RequestTracker::Completion> RequestTracker::Tick(Nanos now) {
     done.push_back(Finish(op));
   }
   return done;
+}
+
+std::vector<RequestTracker::Owed> RequestTracker::OwedBy(Nanos now, Nanos older_than) const {
+  absl::flat_hash_map<uint32_t, Owed> by_server;
+  for (const auto& [id, part] : parts_) {
+    const Op& op = *part.op;
+    if (now - op.begun < older_than) continue;
+    Owed& owed = by_server[part.server_rank];
+    ++owed.parts;
+    const Nanos waited = now - op.begun;
+    if (owed.parts > 1 && (waited < owed.waited || (waited == owed.waited && id > owed.request_id))) continue;
+    owed.server_rank = part.server_rank;
+    owed.what = op.what;
+    owed.request_id = id;
+    owed.waited = waited;
+    owed.left = op.deadline - now;
+    owed.resends = part.resends;
+    owed.parked = part.parked;
+    owed.queued = part.queued;
+  }
+  std::vector<Owed> out;
+  for (auto& [rank, owed] : by_server) {
+    owed.server = ServerName(rank);
+    out.push_back(std::move(owed));
+  }
+  std::sort(out.begin(), out.end(), [](const Owed& a, const Owed& b) {
+    return a.waited != b.waited ? a.waited > b.waited : a.server_rank < b.server_rank;
+  });
+  return out;
 }
 
 std::vector<RequestTracker::Completion> RequestTracker::FailAll(const absl::Status& status) {

@@ -164,6 +164,25 @@ class RequestTracker {
   size_t queued() const;
 
   size_t in_flight() const { return ops_.size(); }
+
+  // What a server owes us: its oldest unanswered part (by when its
+  // operation began) and how many parts it owes in all.
+  struct Owed {
+    uint32_t server_rank = 0;
+    std::string server;     // "server 1 (ADDRESS)"
+    std::string what;       // the oldest part's operation, as begun ("pull from table 0 at clock 5")
+    uint64_t request_id = 0;
+    Nanos waited = 0;       // since that operation began
+    Nanos left = 0;         // until its deadline
+    uint32_t resends = 0;   // times that part was sent again for silence
+    bool parked = false;    // waiting for a newer map, not for the server
+    bool queued = false;    // not sent yet (transfer scheduling)
+    size_t parts = 0;       // parts this server owes, this one included
+  };
+  // One entry per server that owes a part whose operation began at least
+  // `older_than` before `now`, the longest wait first: what a waiting
+  // worker reports (worker/worker.h, "Waiting").
+  std::vector<Owed> OwedBy(Nanos now, Nanos older_than) const;
   // The number of values the pull part `request_id` expects (its keys times
   // the row width); 0 for an unknown request or one that is not a pull.
   uint64_t ExpectedValues(uint64_t request_id) const;
@@ -180,6 +199,7 @@ class RequestTracker {
     PulledRows* view = nullptr;  // set: rows stay in frames (out unused)
     uint32_t width = 0;
     Nanos deadline = 0;
+    Nanos begun = 0;  // Begin's `now`
     size_t remaining = 0;
     absl::Status status;
     std::vector<uint64_t> request_ids;

@@ -454,6 +454,46 @@ TEST(RequestTrackerTest, SilentPartsAreSentAgainWithBackoff) {
   EXPECT_TRUE(done.empty() || t.in_flight() == 0);
 }
 
+// What a waiting worker reports: per server, its oldest unanswered part and
+// how many it owes, the longest wait first; answered parts and young
+// operations are not reported.
+TEST(RequestTrackerTest, OwedByNamesEachSilentServerAndItsOldestRequest) {
+  RequestTracker t({"tcp://a:1", "tcp://b:2"});
+  Message clock;
+  clock.header.mutable_clock_advance()->set_clock(3);
+  t.Begin(std::make_shared<int>(0), "clock 3", {{10, 0, {}, clock}, {11, 1, {}, clock}}, 60 * kSeconds, {}, 0,
+          /*now=*/1 * kSeconds);
+  t.Begin(std::make_shared<int>(1), "push to table 0 at clock 3", {{12, 1, {}, clock}}, 62 * kSeconds, {}, 0,
+          2 * kSeconds);
+  t.Begin(std::make_shared<int>(2), "pull from table 0 at clock 3", {{13, 1, {}, clock}}, 70 * kSeconds, {}, 0,
+          9 * kSeconds);
+  EXPECT_TRUE(t.OnReply(Ack(10)).empty());  // server 0 answered its part
+  auto owed = t.OwedBy(10 * kSeconds, 5 * kSeconds);
+  ASSERT_EQ(owed.size(), 1u) << "server 0 owes nothing; the pull is too young to report";
+  EXPECT_EQ(owed[0].server_rank, 1u);
+  EXPECT_EQ(owed[0].server, "server 1 (tcp://b:2)");
+  EXPECT_EQ(owed[0].what, "clock 3");
+  EXPECT_EQ(owed[0].request_id, 11u);
+  EXPECT_EQ(owed[0].waited, 9 * kSeconds);
+  EXPECT_EQ(owed[0].left, 50 * kSeconds);
+  EXPECT_EQ(owed[0].parts, 2u) << "the clock and the push; not the young pull";
+  // A resend keeps the operation's start: the wait goes on counting.
+  auto never_dead = [](uint32_t) { return false; };
+  std::vector<RequestTracker::Completion> done;
+  auto resends = t.TakeResends(1, never_dead, &done, 10 * kSeconds, 2 * kSeconds);
+  ASSERT_FALSE(resends.empty());
+  for (const auto& r : resends) {
+    EXPECT_TRUE(t.Reissue(r, {{100 + r.request_id, r.server_rank, {}, clock}}, 10 * kSeconds).empty());
+  }
+  owed = t.OwedBy(20 * kSeconds, 5 * kSeconds);
+  ASSERT_EQ(owed.size(), 1u);
+  EXPECT_EQ(owed[0].request_id, 111u);
+  EXPECT_EQ(owed[0].waited, 19 * kSeconds);
+  EXPECT_EQ(owed[0].resends, 1u);
+  EXPECT_EQ(owed[0].parts, 3u);
+  EXPECT_TRUE(t.OwedBy(20 * kSeconds, 30 * kSeconds).empty());
+}
+
 TEST(RequestTrackerTest, QueuedPartsAreTimedFromWhenTheyAreSent) {
   RequestTracker t({"a", "b"});
   RequestTracker::PartSpec sent{10, 0, {}, PullRequest(1), {2, 10, 8}};

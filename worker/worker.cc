@@ -156,6 +156,7 @@ class WorkerImpl final : public Worker {
     so.connect_timeout = options_.connect_timeout;
     so.heartbeat_interval = options_.heartbeat_interval;
     so.lease = options_.lease;
+    so.give_up = options_.coordinator_give_up;
     session_ = std::make_unique<CoordinatorSession>(so, transport_.get());
     session_->set_on_end([this](const absl::Status& s) {
       WorkerCore::Effects effects;
@@ -575,11 +576,29 @@ class WorkerImpl final : public Worker {
       // Operations past their deadline fail; parts a lagging server refused
       // go again with our map, and parts nobody answered for resend_after go
       // again (a lost message).
-      WorkerCore::Effects effects = core_->Tick(MonotonicNow());
+      const Nanos now = MonotonicNow();
+      WorkerCore::Effects effects = core_->Tick(now);
       stats_.resends += effects.resent_parts;
+      std::vector<RequestTracker::Owed> owed;
+      if (options_.wait_report_interval > 0 && now >= next_wait_report_) {
+        next_wait_report_ = now + options_.wait_report_interval;
+        owed = core_->tracker().OwedBy(now, options_.wait_report_interval);
+      }
       Deliver(lock, std::move(effects));
+      for (const RequestTracker::Owed& o : owed) ReportWait(o);
       lock.lock();
     }
+  }
+
+  // One line about a server that owes an answer (worker.h, "Waiting").
+  static void ReportWait(const RequestTracker::Owed& o) {
+    const char* state = o.parked ? " (it answered from a newer shard map; waiting for that map)"
+                        : o.queued ? " (queued: waiting for room in flight to it)"
+                                   : "";
+    TLOG_WARN("waiting for {}: {} (request {}) for {:.1f} s{}, sent again {} times, fails in {:.1f} s; {} request{} "
+              "owed by it",
+              o.server, o.what, o.request_id, static_cast<double>(o.waited) / kSeconds, state, o.resends,
+              static_cast<double>(std::max<Nanos>(o.left, 0)) / kSeconds, o.parts, o.parts == 1 ? "" : "s");
   }
 
   // Logs the first acknowledgement from a server on the map of the last
@@ -667,6 +686,7 @@ class WorkerImpl final : public Worker {
   std::condition_variable push_cv_;                     // operations completed (pushes among them)
   uint64_t failover_epoch_ = 0;                         // guarded by mu_: map of the last failover, until its first ack
   Nanos failover_seen_at_ = 0;                          // guarded by mu_: when that map arrived
+  Nanos next_wait_report_ = 0;                          // guarded by mu_: when waits are reported next
   bool closed_ = false;                                // guarded by mu_
   std::thread ticker_;
 };

@@ -66,7 +66,19 @@
 //   options 0 (the default): one request per server, sent at once, and the
 //   priority has no effect.
 // - Futures complete with OK, or with an error that says what failed and which
-//   server did not answer (DeadlineExceeded after options.request_timeout).
+//   server did not answer (DeadlineExceeded after options.request_timeout;
+//   for a pull or a Clock() of a BSP or SSP table, after request_timeout +
+//   hold_timeout, since a server may hold it that long for slower workers;
+//   a pull of an ASP table is never held, so request_timeout alone).
+// - Waiting: while a server owes an answer to an operation older than
+//   options.wait_report_interval, the worker logs one line per such server
+//   every wait_report_interval, naming the server, its oldest request (what
+//   it is, its request id, how long it has waited, how often it was sent
+//   again, when it fails) and how many requests it owes: a stalled worker
+//   is never silent.
+// - The coordinator: silent for options.lease, the worker says so and waits
+//   for it (its pushes and pulls go on); it gives up after
+//   options.coordinator_give_up (node/coordinator_session.h).
 // - Thread safety: all methods may be called from any thread concurrently,
 //   except Finish() and the destructor.
 // - The destructor fails any pending request with Cancelled and leaves the
@@ -99,7 +111,9 @@ struct WorkerOptions {
   Nanos hold_timeout = 120 * kSeconds;       // longest wait for slower workers in Clock() or a pull
   Nanos barrier_timeout = 300 * kSeconds;    // for Barrier()
   Nanos heartbeat_interval = 1 * kSeconds;   // heartbeats to the coordinator
-  Nanos lease = 5 * kSeconds;                // coordinator silent this long = lost
+  Nanos lease = 5 * kSeconds;                // coordinator silent this long: said in the log
+  Nanos coordinator_give_up = 60 * kSeconds;  // coordinator silent this long: the worker gives up
+  Nanos wait_report_interval = 5 * kSeconds;  // a line per server that owes an answer this old (0: none)
   std::string name;                          // for logs, e.g. "worker-0"
   bool keep_allocations_mapped = true;       // process-wide malloc tuning for large receives (common/memory.h)
   int metrics_port = -1;                     // serve Prometheus metrics on this port (0: any free port; -1: off)

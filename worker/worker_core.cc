@@ -115,6 +115,7 @@ WorkerCore::Effects WorkerCore::ToEveryServer(Handle handle, std::string what, c
 }
 
 WorkerCore::Effects WorkerCore::CreateTable(Handle handle, const proto::TableConfig& config, Nanos now) {
+  asp_tables_[config.table_id()] = config.consistency() == proto::ASP;
   proto::Envelope body;
   *body.mutable_create_table()->mutable_config() = config;
   return ToEveryServer(std::move(handle), absl::StrCat("create table ", config.table_id()), body, now, 0);
@@ -274,6 +275,9 @@ WorkerCore::Effects WorkerCore::Pull(Handle handle, uint32_t table, std::span<co
   const size_t row_bytes = size_t{width} * sizeof(float);
   const size_t rows_per_part = RowsPerPart(row_bytes);
   const ShardMapView& map = *map_;
+  // Nobody holds a pull of an ASP table: no hold time on top of the timeout.
+  const auto asp = asp_tables_.find(table);
+  const Nanos hold = asp != asp_tables_.end() && asp->second ? 0 : options_.hold_timeout;
   Effects effects;
   std::vector<RequestTracker::PartSpec> parts;
   auto add_part = [&](uint32_t server, Buffer k, RequestTracker::Scatter scatter) {
@@ -282,7 +286,7 @@ WorkerCore::Effects WorkerCore::Pull(Handle handle, uint32_t table, std::span<co
     p->set_table_id(table);
     p->set_num_keys(scatter.num_keys);
     p->set_clock(clock);
-    p->set_hold_timeout_ms(options_.hold_timeout / kMillis);
+    p->set_hold_timeout_ms(hold / kMillis);
     p->set_whole(dest.view != nullptr);  // a view keeps the reply as it arrives: no pieces to assemble
     m.frames.push_back(std::move(k));
     const uint64_t id = m.header.request_id();
@@ -305,9 +309,9 @@ WorkerCore::Effects WorkerCore::Pull(Handle handle, uint32_t table, std::span<co
   });
   for (RequestTracker::PartSpec& part : parts) Dispatch(part, effects);
   // Servers may hold a pull for slower workers up to hold_timeout, on top of
-  // the request timeout.
-  tracker_.Begin(std::move(handle), std::move(what), std::move(parts),
-                 now + options_.request_timeout + options_.hold_timeout, dest, width, now);
+  // the request timeout (not one of an ASP table).
+  tracker_.Begin(std::move(handle), std::move(what), std::move(parts), now + options_.request_timeout + hold, dest,
+                 width, now);
   Pump(now, effects);
   return effects;
 }

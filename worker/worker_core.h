@@ -27,8 +27,10 @@
 //   registers nothing and gives the number back: it is no longer in flight,
 //   and not used again).
 // - Pull: split the same way; the rows land in the caller's `out` by the
-//   tracker's scatter. Servers may hold a pull up to hold_timeout, on top of
-//   request_timeout.
+//   tracker's scatter. Servers may hold a pull of a BSP or SSP table up to
+//   hold_timeout, on top of request_timeout; a pull of an ASP table (as
+//   CreateTable told this core) is never held, so it fails after
+//   request_timeout alone, and says so to the server (hold_timeout_ms 0).
 // - ClockAdvance, ClockQuery and CreateTable go to every live server of the
 //   map; ClockNotice (request id 0) too, and nothing waits for it.
 // - OnReply: a compressed pull reply is decoded first (a bad one fails its
@@ -265,6 +267,7 @@ class WorkerCore {
   // seen answered, and in_flight_bytes is the sum of its values.
   std::map<uint32_t, ServerQueue> queues_;  // server rank -> its queue (scheduled() only; ordered: deterministic)
   uint64_t known_clock_ = 0;
+  absl::flat_hash_map<uint32_t, bool> asp_tables_;  // table id -> ASP, from CreateTable
   uint64_t announced_clock_ = 0;  // the highest clock this worker has announced (ClockAdvance, ClockNotice)
   Nanos last_now_ = 0;  // the latest `now` seen (OnReply and FailAll have none): when queued parts leave
 };

@@ -20,6 +20,7 @@ struct WorkerProcessFlags {
   bool debug = false;                      // debug log lines
   double connect_timeout_seconds = 30;     // registration and job assembly
   double request_timeout_seconds = 60;     // every push, pull, table creation
+  double hold_timeout_seconds = 120;       // a server's hold of a pull or clock for slower workers
   int metrics_port = -1;                   // Prometheus metrics (0: any free port; -1: off)
   std::string metrics_host = "127.0.0.1";
   int64_t transfer_part_bytes = 0;                      // parts of at most this many value bytes (0: no split)
@@ -35,7 +36,11 @@ struct WorkerProcessFlags {
                    "seconds to wait for the coordinator and the job to assemble")
         ->check(CLI::PositiveNumber);
     app.add_option("--request_timeout_seconds,--request-timeout-seconds", request_timeout_seconds,
-                   "seconds before a push or pull fails")
+                   "seconds before a push or pull fails (a pull or clock of a BSP or SSP table: plus "
+                   "--hold_timeout_seconds)")
+        ->check(CLI::PositiveNumber);
+    app.add_option("--hold_timeout_seconds,--hold-timeout-seconds", hold_timeout_seconds,
+                   "seconds a server may hold a pull or a clock for slower workers (BSP, SSP)")
         ->check(CLI::PositiveNumber);
     app.add_option("--metrics_port,--metrics-port", metrics_port,
                    "serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (0: any free port; -1: off)")
@@ -79,6 +84,7 @@ struct WorkerProcessFlags {
     o.name = name;
     o.connect_timeout = static_cast<Nanos>(connect_timeout_seconds * kSeconds);
     o.request_timeout = static_cast<Nanos>(request_timeout_seconds * kSeconds);
+    o.hold_timeout = static_cast<Nanos>(hold_timeout_seconds * kSeconds);
     o.metrics_port = metrics_port;
     o.metrics_host = metrics_host;
     o.part_bytes = static_cast<uint64_t>(transfer_part_bytes);

@@ -128,6 +128,7 @@ class TimeoutsSection:
     lease_seconds: float = 5
     rejoin_seconds: float = 60
     server_lease_seconds: float = 0.5
+    coordinator_give_up_seconds: float = 60
 
 
 @dataclass(frozen=True)
@@ -543,6 +544,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                 "on_worker_loss: wait: how long a lost worker's place is kept"),
         "server_lease_seconds": Field(_positive_number, 0.5,
                                       "with replication: silence after which a server is lost and fails over"),
+        "coordinator_give_up_seconds": Field(_positive_number, 60,
+                                             "coordinator silence after which a server gives up and exits; "
+                                             "shorter ones (partitions, coordinator failover) are waited out"),
     },
     "worker": {
         "program": Field(_nonempty_string, _REQUIRED, "worker program: build-tree name or path"),

@@ -421,6 +421,7 @@ def server_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
         "--bind", bind_address(config, layout, name, host),
         "--name", name,
         "--connect-timeout", _seconds(config.timeouts.assemble_seconds + CONNECT_TIMEOUT_MARGIN_SECONDS),
+        "--coordinator-give-up", _seconds(config.timeouts.coordinator_give_up_seconds),
     ]
     port = config.metrics.port_of("server", rank, config.cluster.servers)
     if port:

@@ -322,7 +322,9 @@ def _run_by_rank(args: argparse.Namespace, env: dict, watcher: _Control) -> int:
     watcher.control_file = layout.control_file(name)
     binaries = Binaries.locate(resolve_build_dir(args.build_dir), config.worker.program)
     host = resolve_host(config.cluster.host)
-    env = {**env, **process_env(config, layout, binaries)}
+    # The host's name joins the shared-memory host identity (transport_factory.h).
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    env = {**env, **process_env(config, layout, binaries), "TESSERA_HOST_ID": node}
     if name.startswith("coordinator"):  # the coordinator, or a standby (coordinator-S)
         argv = process_argv(config, binaries, layout, name, "", args.debug, host)
         announce = layout.address_file if name == "coordinator" else None

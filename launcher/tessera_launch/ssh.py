@@ -182,7 +182,8 @@ class SshBackend(Backend):
                             bind_workers=True)
         role = [job.config.ssh.python, launcher, "role", "--name", name, "--watch-stdin", "--mkdir",
                 str(layout.root)]
-        for key, value in process_env(job.config, layout, binaries).items():
+        env = {**process_env(job.config, layout, binaries), "TESSERA_HOST_ID": host.name}
+        for key, value in env.items():
             role += ["--env", f"{key}={value}"]
         if name == "coordinator":
             role += ["--announce-address", str(layout.address_file),

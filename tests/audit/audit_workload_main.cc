@@ -65,8 +65,15 @@ int main(int argc, char** argv) {
   uint32_t resend_after_ms = 2000;
   app.add_option("--resend-after-ms", resend_after_ms, "Send a request again when unanswered this long (lost messages)")
       ->check(CLI::PositiveNumber);
+  double request_timeout = 60, hold_timeout = 120;
+  app.add_option("--request-timeout-seconds", request_timeout, "A push fails after this long unanswered")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--hold-timeout-seconds", hold_timeout, "A clock a server holds for slower workers fails after this")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   wo.resend_after = static_cast<tessera::Nanos>(resend_after_ms) * tessera::kMillis;
+  wo.request_timeout = static_cast<tessera::Nanos>(request_timeout * 1e9);
+  wo.hold_timeout = static_cast<tessera::Nanos>(hold_timeout * 1e9);
   tessera::InitLogging(name, false);
   if (!bind.empty()) wo.bind = bind;
   auto connected = tessera::Worker::Connect(wo);
