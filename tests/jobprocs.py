@@ -76,19 +76,24 @@ class LocalEtcd:
         return None if os.access(LocalEtcd.BINARY, os.X_OK) else (
             f"no {LocalEtcd.BINARY} (install etcd-server: scripts/setup.sh)")
 
-    def __init__(self, directory: Path):
-        ports = []
-        for _ in range(2):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                ports.append(s.getsockname()[1])
-        self.endpoint = f"http://127.0.0.1:{ports[0]}"
-        peer = f"http://127.0.0.1:{ports[1]}"
+    def __init__(self, directory: Path, host: str = "127.0.0.1", wrap=()):
+        """host: the address it listens on; wrap: a command prefix to run it
+        with (e.g. ip netns exec NS, for a network-namespace host: its
+        ports are then the defaults, 2379 and 2380, free in a new namespace)."""
+        ports = [2379, 2380]
+        if not wrap:
+            ports = []
+            for _ in range(2):
+                with socket.socket() as s:
+                    s.bind((host, 0))
+                    ports.append(s.getsockname()[1])
+        self.endpoint = f"http://{host}:{ports[0]}"
+        peer = f"http://{host}:{ports[1]}"
         directory.mkdir(parents=True, exist_ok=True)
         self.log = directory / "etcd.log"
         self._out = open(self.log, "w")
         self.process = subprocess.Popen(
-            [self.BINARY, "--name", "test", "--data-dir", str(directory / "data"),
+            [*wrap, self.BINARY, "--name", "test", "--data-dir", str(directory / "data"),
              "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
              "--initial-cluster", f"test={peer}"],
