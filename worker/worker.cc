@@ -200,17 +200,18 @@ class WorkerImpl final : public Worker {
     }
     if (session_->joined_running_job()) {
       if (absl::Status s = ResumeClock(/*join=*/true); !s.ok()) return s;
-      TLOG_INFO("worker {} joined the running job at clock {}: {} servers, {} workers; {}", rank(), clock(),
-                num_servers(), num_workers_, joined_map);
+      TLOG_INFO("worker {} joined the running job from {} at clock {}: {} servers, {} workers; {}", rank(),
+                transport_->address(), clock(), num_servers(), num_workers_, joined_map);
       return absl::OkStatus();
     }
     if (incarnation() > 0) {
       if (absl::Status s = ResumeClock(); !s.ok()) return s;
-      TLOG_INFO("worker {} rejoined as incarnation {} at clock {}: {} servers, {} workers; {}", rank(),
-                incarnation(), clock(), num_servers(), num_workers_, joined_map);
+      TLOG_INFO("worker {} rejoined from {} as incarnation {} at clock {}: {} servers, {} workers; {}", rank(),
+                transport_->address(), incarnation(), clock(), num_servers(), num_workers_, joined_map);
       return absl::OkStatus();
     }
-    TLOG_INFO("worker {} joined: {} servers, {} workers; {}", rank(), num_servers(), num_workers_, joined_map);
+    TLOG_INFO("worker {} joined from {}: {} servers, {} workers; {}", rank(), transport_->address(), num_servers(),
+              num_workers_, joined_map);
     return absl::OkStatus();
   }
 

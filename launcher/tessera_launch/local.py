@@ -218,19 +218,45 @@ def _flag_value(value) -> str:
     return str(value)
 
 
+def interface_addresses() -> list:
+    """The IPv4 addresses of this host's network interfaces (of this network
+    namespace), loopback last; empty where they cannot be read."""
+    import fcntl
+    import struct
+    found = []
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return found
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for name in names:
+            try:
+                raw = fcntl.ioctl(probe.fileno(), 0x8915,  # SIOCGIFADDR
+                                  struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            found.append(socket.inet_ntoa(raw[20:24]))
+    return sorted(found, key=lambda a: a.startswith("127."))
+
+
 def resolve_host(host: str) -> str:
     """cluster.host as a process binds it: `auto` is this machine's address
-    (the first non-loopback IPv4 address its host name resolves to, else
-    the first address at all, else 127.0.0.1); anything else is kept."""
+    (the first non-loopback IPv4 address its host name resolves to; else,
+    where the name resolves to nothing else (a container, a namespace, a
+    node without DNS), the first non-loopback address of its interfaces;
+    else 127.0.0.1); anything else is kept."""
     if host != "auto":
         return host
     try:
         infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET, socket.SOCK_STREAM)
+        addresses = [info[4][0] for info in infos]
     except OSError:
-        return "127.0.0.1"
-    addresses = [info[4][0] for info in infos]
+        addresses = []
     outside = [a for a in addresses if not a.startswith("127.")]
-    return (outside or addresses or ["127.0.0.1"])[0]
+    if outside:
+        return outside[0]
+    interfaces = [a for a in interface_addresses() if not a.startswith("127.")]
+    return (interfaces or addresses or ["127.0.0.1"])[0]
 
 
 def bind_address(config: JobConfig, layout: RunLayout, name: str, host: Optional[str] = None) -> str:

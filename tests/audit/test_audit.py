@@ -254,7 +254,8 @@ def test_a_worker_that_joins_the_running_job_starts_at_the_jobs_clock(tmp_path):
     assert newcomer.returncode == 0, (tmp_path / "worker-3.log").read_text()[-3000:]
     assert_job_ok(job, out)
     assert "worker 3 joined the running job" in coordinator_log(job), coordinator_log(job)[-3000:]
-    joined = re.search(r"worker 3 joined the running job at clock (\d+)", (tmp_path / "worker-3.log").read_text())
+    joined = re.search(r"worker 3 joined the running job from \S+ at clock (\d+)",
+                       (tmp_path / "worker-3.log").read_text())
     assert joined and int(joined.group(1)) > 0, (tmp_path / "worker-3.log").read_text()[-3000:]
     assert list(job.records.glob("worker-3-*.log")), "the newcomer logged no pushes"
     verdict = assert_audit_passes(job)

@@ -42,3 +42,22 @@ def test_ssh_across_four_hosts_trains_to_the_auc_of_local(tmp_path, make_hosts, 
         assert re.search(rf"listening on tcp://{re.escape(address)}:\d+", job.log(name)), job.log(name)[-2000:]
     assert abs(summary["test_auc"] - local_auc) <= AUC_TOLERANCE, (
         f"AUC over 4 hosts {summary['test_auc']:.4f}, on one host {local_auc:.4f}\n{out[-2000:]}")
+
+
+def test_shared_memory_only_between_processes_of_one_host(tmp_path, make_hosts, binaries):
+    """Two hosts, each with a server and a worker. Namespaces share the
+    kernel's boot id and /dev/shm, which once made every pair "same host":
+    the ring must be chosen between processes of one namespace only, and
+    everything between hosts must cross the network."""
+    hosts = make_hosts(2)
+    layout = [["coordinator", "server-0", "worker-0"], ["server-1", "worker-1"]]
+    job = HostJob(hosts, tmp_path, layout, config=LOGREG, audit=False, timeout=200,
+                  overrides=SMALL + ("shm.min_frame_bytes=4096", "worker.args.epochs=1"))
+    job.finish()
+    assert job.process.returncode == 0, job.describe()
+    same_host = re.compile(r"same-host peer tcp://([0-9.]+):\d+")
+    for name, host in (("worker-0", 0), ("worker-1", 1), ("server-0", 0), ("server-1", 1)):
+        peers = set(same_host.findall(job.log(name)))
+        assert peers == {hosts.addresses[host]}, (
+            f"{name} on {hosts.addresses[host]} took these for its own host: {sorted(peers)}\n"
+            f"{job.log(name)[-2000:]}")
