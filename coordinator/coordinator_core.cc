@@ -520,7 +520,7 @@ void CoordinatorCore::Fail(const std::string& reason, std::vector<Outgoing>& out
   Broadcast(shutdown, out);
 }
 
-void CoordinatorCore::LoseServer(Node& server, const std::string& what, std::vector<Outgoing>& out) {
+void CoordinatorCore::LoseServer(Node& server, const std::string& what, Nanos now, std::vector<Outgoing>& out) {
   ++stats_.servers_lost;
   std::vector<uint32_t> orphans;
   absl::StatusOr<proto::ShardMap> next =
@@ -533,6 +533,7 @@ void CoordinatorCore::LoseServer(Node& server, const std::string& what, std::vec
     return;
   }
   server.lost = true;
+  server.lost_at = now;
   server.lost_reason = what;
   uint32_t recruited = 0;
   absl::erase_if(syncing_, [&](const auto& p) { return p.second == server.info.rank(); });
@@ -795,7 +796,8 @@ bool CoordinatorCore::TakeOverDeadServer(const Message& m, Nanos now, std::vecto
   for (auto it = nodes_.begin(); it != nodes_.end(); ++it) {
     if (it->second.info.role() == proto::SERVER && it->second.info.rank() == static_cast<uint32_t>(dead)) {
       incarnation = it->second.info.incarnation() + 1;
-      lost_since = it->second.last_seen;
+      // (A server that was only cut off has been heard again since.)
+      lost_since = it->second.lost ? it->second.lost_at : it->second.last_seen;
       node_by_address_.erase(it->second.info.address());
       nodes_.erase(it);
       break;
@@ -816,7 +818,7 @@ bool CoordinatorCore::TakeOverDeadServer(const Message& m, Nanos now, std::vecto
   ++stats_.rejoins;
   events_.push_back(absl::StrCat(NodeName(proto::SERVER, info.rank()), " rejoined from ", info.address(),
                                  " (incarnation ", info.incarnation(), ") ", Seconds(now - lost_since),
-                                 " after it was last heard; it holds ", recruited, " shard copies (map epoch ",
+                                 " after it was lost; it holds ", recruited, " shard copies (map epoch ",
                                  shard_map_.epoch(), ")"));
   WelcomeServer(m, info, "rejoined", out);
   return true;
@@ -883,7 +885,7 @@ std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {
     }
     if (n.info.role() == proto::SERVER && phase_ == Phase::kRunning &&
         (shard_map_.replication() > 1 || options_.restore_lost_shards)) {
-      LoseServer(n, what, out);
+      LoseServer(n, what, now, out);
       if (phase_ == Phase::kFailed) return out;
       continue;
     }

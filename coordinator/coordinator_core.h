@@ -180,7 +180,8 @@ class CoordinatorCore {
     proto::NodeInfo info;
     Nanos last_seen = 0;
     bool done = false;
-    bool lost = false;         // lease expired (kContinue policy)
+    bool lost = false;         // lease expired (kContinue policy; servers that failed over)
+    Nanos lost_at = 0;         // when it was declared lost
     std::string lost_reason;
     bool away = false;         // lease expired, place kept for a replacement (kWait policy)
     Nanos away_since = 0;
@@ -267,7 +268,7 @@ class CoordinatorCore {
   void HandleWorkerDone(const Message& m, std::vector<Outgoing>& out);
   void Fail(const std::string& reason, std::vector<Outgoing>& out);
   // A server's lease expired: fail over (see the promises) or fail the job.
-  void LoseServer(Node& server, const std::string& what, std::vector<Outgoing>& out);
+  void LoseServer(Node& server, const std::string& what, Nanos now, std::vector<Outgoing>& out);
   // A process registers for a dead server rank (or any, with rank -1): it
   // becomes that rank as a new node, is recruited where copies are missing,
   // and everyone gets the new map. Returns false if no rank is dead.

@@ -334,6 +334,36 @@ TEST(WorkerCoreTest, PullsAndClocksMayBeHeldOnTopOfTheRequestTimeout) {
   for (const auto& c : t.done) EXPECT_EQ(c.status.code(), absl::StatusCode::kDeadlineExceeded);
 }
 
+// Nobody holds a pull of an ASP table: it fails after the request timeout
+// alone, and says so to the server.
+TEST(WorkerCoreTest, APullOfAnAspTableIsNotHeld) {
+  const proto::ShardMap map = MakeMap(2);
+  auto core = MakeCore(map);
+  proto::TableConfig config;
+  config.set_table_id(kTable);
+  config.set_width(1);
+  config.set_consistency(proto::ASP);
+  core->CreateTable(NewHandle(), config, 0);
+  const std::vector<Key> keys = {0, 1, 2};
+  std::vector<float> out(3);
+  auto pull = core->Pull(NewHandle(), kTable, keys, out, 1, 0, 0);
+  ASSERT_FALSE(pull.sends.empty());
+  for (const Outgoing& o : pull.sends) EXPECT_EQ(o.message.header.pull().hold_timeout_ms(), 0u);
+  auto t = core->Tick(kTimeout);
+  ASSERT_EQ(t.done.size(), 2u) << "the table creation and the pull";
+  for (const auto& c : t.done) EXPECT_EQ(c.status.code(), absl::StatusCode::kDeadlineExceeded);
+  // A BSP table's pull keeps its hold.
+  config.set_table_id(kTable + 1);
+  config.set_consistency(proto::BSP);
+  core->CreateTable(NewHandle(), config, kTimeout);
+  pull = core->Pull(NewHandle(), kTable + 1, keys, out, 1, 0, kTimeout);
+  for (const Outgoing& o : pull.sends) {
+    EXPECT_EQ(o.message.header.pull().hold_timeout_ms(), static_cast<uint64_t>(kHold / kMillis));
+  }
+  EXPECT_EQ(core->Tick(2 * kTimeout).done.size(), 1u) << "only the table creation";
+  EXPECT_EQ(core->Tick(2 * kTimeout + kHold).done.size(), 1u);
+}
+
 TEST(WorkerCoreTest, ClockAndTableRequestsGoToEveryLiveServer) {
   const proto::ShardMap map = *WithoutServer(MakeMap(3, 2), 1);  // server 1 dead
   auto core = MakeCore(map);

@@ -204,6 +204,8 @@ def server_main(argv):
         p.add_argument(flag, required=True)
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--connect-timeout", type=float, required=True)
+    p.add_argument("--coordinator-give-up", type=float, required=True)  # the real server's (ignored here)
+    p.add_argument("--audit-dir", default="")
     for flag in ("--max-keys-per-request", "--max-table-mb", "--max-held-per-peer", "--max-message-mb"):
         p.add_argument(flag, type=int, required=True)  # the real server's limits (ignored here)
     p.add_argument("--debug", action="store_true")

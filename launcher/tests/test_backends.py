@@ -348,3 +348,29 @@ def test_role_by_rank_reads_commands_from_its_control_file(tmp_path, monkeypatch
         f.write("gnal SIGCONT\n")
     control()
     assert control.commands == [("signal", "SIGSTOP"), ("signal", "SIGCONT")]
+
+
+def test_ssh_carries_every_setting_on_the_command_line(tmp_path, fake_build):
+    """sshd passes on no environment: the job's settings (message faults,
+    the job key, the transport) and the host's name go as flags of the
+    role program; standby coordinators are placed like the coordinator."""
+    from tessera_launch.local import load_job, LocalOptions
+    from tessera_launch.ssh import SshBackend
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 roles=coordinator,server slots=4 addr=10.0.0.1\n"
+                        "node2 roles=worker slots=2 addr=10.0.0.2\n")
+    job = load_job(LocalOptions(config=str(REPO / "configs" / "local.yaml"), build_dir=str(fake_build),
+                                overrides=["message_faults.spec=seed=3,drop=0.01", "coordinator.standbys=1",
+                                           "coordinator.etcd=http://10.0.0.1:2379", "cluster.servers=2"]))
+    backend = SshBackend(str(hostfile))
+    backend._place(job)
+    assert [(name, host.name) for name, host in backend.placement.items()] == [
+        ("coordinator", "node1"), ("coordinator-1", "node1"), ("server-0", "node1"), ("server-1", "node1"),
+        ("worker-0", "node2"), ("worker-1", "node2")]
+    argv = backend.process_command(job, "server-0", "tcp://10.0.0.1:5000")
+    remote = argv[-1]
+    assert "--env TESSERA_FAULTS=seed=3,drop=0.01" in remote, remote
+    assert "--env TESSERA_HOST_ID=node1" in remote, remote
+    assert "--watch-stdin" in remote and "--probe tcp://10.0.0.1:5000" in remote, remote
+    standby = backend.process_command(job, "coordinator-1", "tcp://10.0.0.1:5000")[-1]
+    assert "--probe" not in standby and "--name coordinator-1" in standby, standby

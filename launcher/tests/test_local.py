@@ -17,7 +17,7 @@ import yaml
 from conftest import LAUNCHER_DIR
 from tessera_launch.config import load_config
 from tessera_launch.local import (Binaries, LocalOptions, RunLayout, SetupError, coordinator_argv,
-                                  process_argv, run_local, server_argv, worker_argv)
+                                  process_argv, process_env, run_local, server_argv, worker_argv)
 from tessera_launch.summary import build_summary, format_report, merge_worker_reports
 from tessera_launch.supervisor import Outcome
 
@@ -226,11 +226,35 @@ def test_command_lines_follow_the_contract(tmp_path, job_file):
     assert server_argv(config, binaries, layout, 1, "tcp://h:1", debug=False) == [
         str(tmp_path / "build/server/tessera-server"), "--coordinator", "tcp://h:1", "--rank", "1",
         "--bind", "tcp://127.0.0.1:0", "--name", "server-1", "--connect-timeout", "10",
+        "--coordinator-give-up", "60",
         "--max-keys-per-request", "67108864", "--max-table-mb", "0", "--max-held-per-peer", "1024",
         "--max-message-mb", "2048"]
     assert worker_argv(config, binaries, layout, 0, "tcp://h:1") == [
         str(tmp_path / "build/examples/fake-worker"), "--coordinator", "tcp://h:1", "--rank", "0",
         "--name", "worker-0", "--epochs", "1", "--learning_rate", "0.5", "--verbose", "true"]
+
+
+def test_audit_and_message_faults_are_job_settings(tmp_path, job_file, monkeypatch):
+    """audit.dir and message_faults.spec reach the processes as flags and
+    the job's environment, which every back-end hands over (the launcher's
+    own TESSERA_AUDIT_DIR and TESSERA_FAULTS only when the keys are empty)."""
+    monkeypatch.delenv("TESSERA_AUDIT_DIR", raising=False)
+    monkeypatch.delenv("TESSERA_FAULTS", raising=False)
+    binaries = Binaries.locate(tmp_path / "build", "tessera-logreg")
+    layout = RunLayout(tmp_path / "run")
+    plain = load_config(job_file)
+    assert "--audit-dir" not in server_argv(plain, binaries, layout, 0, "tcp://h:1", debug=False)
+    assert "TESSERA_FAULTS" not in process_env(plain, layout, binaries)
+    config = load_config(job_file, [f"audit.dir={tmp_path / 'audit'}", "message_faults.spec=seed=3,drop=0.01"])
+    argv = server_argv(config, binaries, layout, 0, "tcp://h:1", debug=False)
+    assert argv[argv.index("--audit-dir") + 1] == str(tmp_path / "audit")
+    assert process_env(config, layout, binaries)["TESSERA_FAULTS"] == "seed=3,drop=0.01"
+    monkeypatch.setenv("TESSERA_AUDIT_DIR", str(tmp_path / "from-env"))
+    monkeypatch.setenv("TESSERA_FAULTS", "seed=9,dup=0.5")
+    argv = server_argv(plain, binaries, layout, 0, "tcp://h:1", debug=False)
+    assert argv[argv.index("--audit-dir") + 1] == str(tmp_path / "from-env")
+    assert process_env(plain, layout, binaries)["TESSERA_FAULTS"] == "seed=9,dup=0.5"
+    assert process_env(config, layout, binaries)["TESSERA_FAULTS"] == "seed=3,drop=0.01", "the config wins"
 
 
 def test_a_job_with_server_weights_in_its_file_runs(tmp_path, fake_build):

@@ -262,7 +262,11 @@ def test_a_worker_that_joins_the_running_job_starts_at_the_jobs_clock(tmp_path):
     assert verdict["applied"] == verdict["issued"] == verdict["acknowledged"]
 
 
-def test_e3_a_primary_paused_past_its_lease_is_deposed_and_refused(tmp_path):
+def test_e3_a_primary_paused_past_its_lease_is_deposed_and_rejoins_empty(tmp_path):
+    """Paused past its lease, server 1 is lost and its shards fail over; on
+    SIGCONT the map deposes it (what it still held is refused by epoch),
+    and it rejoins as a new node of its rank, empty: its audit dump is the
+    new node's, and agrees with its copies' (or holds nothing)."""
     job = Job(tmp_path)
     pid = job.pid("tessera-server", "server-1")
     time.sleep(1.5)
@@ -273,11 +277,13 @@ def test_e3_a_primary_paused_past_its_lease_is_deposed_and_refused(tmp_path):
     out = job.finish()
     assert_job_ok(job, out)
     assert "lost server 1" in coordinator_log(job)
+    assert "server 1 rejoined from" in coordinator_log(job), coordinator_log(job)[-3000:]
     server_log = (job.run_dir / "logs" / "server-1.log").read_text()
     assert "was removed from the job" in server_log, server_log[-2000:]
+    rejoined = re.search(r"rejoined the job as server 1 \(node (\d+) was (\d+)", server_log)
+    assert rejoined and rejoined.group(1) != rejoined.group(2), server_log[-2000:]
     dumps = sorted(p.name for p in job.audit.iterdir())
-    deposed = [d for d in dumps if d.startswith("server-1-")]
-    assert deposed and "deposed" in (job.audit / deposed[0]).read_text().splitlines()[0]
+    assert [d for d in dumps if d.startswith("server-1-")] == [f"server-1-node-{rejoined.group(1)}.audit"], dumps
     assert_audit_passes(job)
 
 
