@@ -65,7 +65,7 @@ BASE = (f"timeouts.lease_seconds={LEASE}", "timeouts.assemble_seconds=30", "work
 ROWS = ("none", "kill-server", "kill-coordinator", "isolate-server", "split-brain", "cut-worker-server",
         "cut-for-good")
 #: When a fault is injected: after this many steps of the job (the rate before it is the baseline).
-FAULT_AT_STEP = 300
+FAULT_AT_STEP = 1500
 #: How long a healed partition lasts.
 PARTITION_SECONDS = {"isolate-server": 2 * LEASE, "split-brain": 2 * LEASE, "cut-worker-server": 8}
 
@@ -109,7 +109,7 @@ def first_after(lines: list, t0: float, test, process=None):
 
 
 def run_row(row: str, mbit: float, workdir: Path) -> dict:
-    hosts = NamespaceHosts(len(LAYOUT), workdir / "hosts", shape_mbit=mbit)
+    hosts = NamespaceHosts(len(LAYOUT), workdir / "netns", shape_mbit=mbit)
     hosts.start()
     etcd = None
     try:

@@ -40,7 +40,7 @@ from pathlib import Path
 import yaml
 
 from .local import (EXIT_FAILED, EXIT_OK, Binaries, LocalOptions, RunLayout, SetupError, check_fault_support,
-                    load_job, process_argv, start_run, transport_env)
+                    load_job, message_faults, process_argv, start_run, transport_env)
 
 CONFIG_MOUNT = "/etc/tessera"
 RUN_DIR = "/var/run/tessera"
@@ -100,6 +100,8 @@ def manifests(config, debug: bool = False, job_keys: str = REDACTED_KEYS) -> lis
                {"name": "TESSERA_JOB_CONFIG", "value": f"{CONFIG_MOUNT}/job.yaml"},
                {"name": "PYTHONUNBUFFERED", "value": "1"}]
         env += [{"name": name, "value": value} for name, value in transport_env(config).items()]
+        if message_faults(config):
+            env.append({"name": "TESSERA_FAULTS", "value": message_faults(config)})
         if rank_field:
             env.insert(1, {"name": "TESSERA_RANK", "valueFrom": {"fieldRef": {"fieldPath": rank_field}}})
         mounts = [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
@@ -151,11 +153,37 @@ def manifests(config, debug: bool = False, job_keys: str = REDACTED_KEYS) -> lis
                                   "metadata.labels['apps.kubernetes.io/pod-index']")}},
         {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta(f"{base}-worker", "worker"),
          "spec": {"completionMode": "Indexed", "completions": config.cluster.workers,
-                  "parallelism": config.cluster.workers, "backoffLimit": 0,
+                  "parallelism": config.cluster.workers, **worker_failure_policy(config),
                   "template": pod("worker", argv("worker-0", port + 2), port + 2,
                                   "metadata.annotations['batch.kubernetes.io/job-completion-index']",
-                                  restart="Never")}},
+                                  restart="OnFailure" if config.cluster.on_worker_loss == "wait" else "Never")}},
     ]
+
+
+#: Container restarts a worker index gets under on_worker_loss: wait (each
+#: one a replacement that takes the lost worker's place over).
+WORKER_RESTARTS = 6
+
+
+def worker_failure_policy(config) -> dict:
+    """The worker Job's failure fields, so that a worker's death has the fate
+    it has on every other back-end (cluster.on_worker_loss):
+      stop      backoffLimit 0: one failed worker fails the Job (the
+                coordinator fails the job too);
+      continue  backoffLimitPerIndex 0 (Kubernetes 1.29+): a failed index
+                stays failed and the other workers go on (without it, one
+                failure would fail the Job and Kubernetes would stop every
+                other worker pod); the Job then lists that index as failed,
+                while the coordinator's summary has the job's status;
+      wait      restartPolicy OnFailure with backoffLimit WORKER_RESTARTS:
+                the container starts again in its pod, same index, and
+                takes the lost worker's place over."""
+    policy = config.cluster.on_worker_loss
+    if policy == "continue":
+        return {"backoffLimitPerIndex": 0, "maxFailedIndexes": max(0, config.cluster.workers - 1)}
+    if policy == "wait":
+        return {"backoffLimit": WORKER_RESTARTS}
+    return {"backoffLimit": 0}
 
 
 def _job_keys_text(job) -> str:

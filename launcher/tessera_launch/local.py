@@ -23,6 +23,7 @@ Order of events (docs/launcher.md has the user's view):
 from __future__ import annotations
 
 import abc
+import dataclasses
 import datetime
 import hashlib
 import os
@@ -373,17 +374,31 @@ def describe_transport(config: JobConfig) -> str:
     return transport
 
 
-def message_faults(config: JobConfig, environ=os.environ) -> str:
-    """The message-fault spec of every process: message_faults.spec, else
-    the launcher's own TESSERA_FAULTS (the older way; passed on explicitly,
-    so that it reaches processes on other hosts too), else ""."""
-    return config.message_faults.spec or environ.get("TESSERA_FAULTS", "").strip()
+def message_faults(config: JobConfig) -> str:
+    """The message-fault spec of every process ("": none)."""
+    return config.message_faults.spec
 
 
-def audit_dir(config: JobConfig, environ=os.environ) -> str:
-    """The servers' audit directory: audit.dir, else the launcher's own
-    TESSERA_AUDIT_DIR (passed on as --audit-dir), else "" (off)."""
-    return config.audit.dir or environ.get("TESSERA_AUDIT_DIR", "").strip()
+def audit_dir(config: JobConfig) -> str:
+    """The servers' audit directory ("": off)."""
+    return config.audit.dir
+
+
+def with_launcher_environment(config: JobConfig, environ=os.environ) -> JobConfig:
+    """The config with the launcher's own TESSERA_FAULTS and
+    TESSERA_AUDIT_DIR (the older way to ask for message faults and the
+    audit) filled into message_faults.spec and audit.dir where those are
+    empty, so that they travel with the job's settings to every process on
+    every host (and into the run directory's config.yaml, which ranks of
+    mpirun and srun read) instead of depending on a remote shell's
+    environment."""
+    faults = environ.get("TESSERA_FAULTS", "").strip()
+    audit = environ.get("TESSERA_AUDIT_DIR", "").strip()
+    if faults and not config.message_faults.spec:
+        config = dataclasses.replace(config, message_faults=dataclasses.replace(config.message_faults, spec=faults))
+    if audit and not config.audit.dir:
+        config = dataclasses.replace(config, audit=dataclasses.replace(config.audit, dir=str(Path(audit).resolve())))
+    return config
 
 
 def process_env(config: JobConfig, layout: RunLayout, binaries: "Binaries") -> dict:
@@ -776,7 +791,7 @@ def load_job(options: LocalOptions) -> Job:
     """The config (with --set applied), --skip and the binaries, validated;
     the run directory is a placeholder until `start_run` makes it. Raises
     ConfigError or SetupError."""
-    config = load_config(options.config, options.overrides)
+    config = with_launcher_environment(load_config(options.config, options.overrides))
     return Job(config=config, binaries=Binaries.locate(resolve_build_dir(options.build_dir), config.worker.program),
                layout=RunLayout(Path("RUNDIR")), skips=parse_skips(options.skip, config), debug=options.debug)
 

@@ -92,6 +92,33 @@ def test_kubernetes_manifests_hold_the_expected_objects(tmp_path, capsys):
     assert {"name": "config", "mountPath": "/etc/tessera", "readOnly": True} in worker["volumeMounts"]
 
 
+def test_kubernetes_gives_a_worker_the_fate_its_loss_policy_says(tmp_path):
+    """stop: one failed worker fails the Job; continue: the others go on
+    (per-index backoff); wait: the container starts again in its pod and
+    takes the place over. Servers are restarted by their StatefulSet and
+    rejoin for their rank. Message faults reach every pod."""
+    from tessera_launch.config import load_config as load
+
+    def worker_job(*overrides):
+        config = load(REPO / "configs" / "local.yaml", ["security.curve=false", *overrides])
+        docs = manifests(config)
+        return next(d for d in docs if d["kind"] == "Job")["spec"], docs
+
+    stop, _ = worker_job()
+    assert stop["backoffLimit"] == 0 and stop["template"]["spec"]["restartPolicy"] == "Never"
+    go_on, _ = worker_job("cluster.on_worker_loss=continue")
+    assert go_on["backoffLimitPerIndex"] == 0 and go_on["maxFailedIndexes"] == 1 and "backoffLimit" not in go_on
+    assert go_on["template"]["spec"]["restartPolicy"] == "Never"
+    wait, docs = worker_job("cluster.on_worker_loss=wait", "message_faults.spec=seed=1,drop=0.01")
+    assert wait["backoffLimit"] > 0 and wait["template"]["spec"]["restartPolicy"] == "OnFailure"
+    servers = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    assert servers["restartPolicy"] == "Always"
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet", "Job"):
+            env = {e["name"]: e.get("value") for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+            assert env["TESSERA_FAULTS"] == "seed=1,drop=0.01", d["kind"]
+
+
 def test_kubernetes_apply_hands_the_file_to_kubectl(tmp_path, monkeypatch, fake_build):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -17,7 +17,8 @@ import yaml
 from conftest import LAUNCHER_DIR
 from tessera_launch.config import load_config
 from tessera_launch.local import (Binaries, LocalOptions, RunLayout, SetupError, coordinator_argv,
-                                  process_argv, process_env, run_local, server_argv, worker_argv)
+                                  process_argv, process_env, run_local, server_argv, with_launcher_environment,
+                                  worker_argv)
 from tessera_launch.summary import build_summary, format_report, merge_worker_reports
 from tessera_launch.supervisor import Outcome
 
@@ -236,8 +237,9 @@ def test_command_lines_follow_the_contract(tmp_path, job_file):
 
 def test_audit_and_message_faults_are_job_settings(tmp_path, job_file, monkeypatch):
     """audit.dir and message_faults.spec reach the processes as flags and
-    the job's environment, which every back-end hands over (the launcher's
-    own TESSERA_AUDIT_DIR and TESSERA_FAULTS only when the keys are empty)."""
+    the job's environment, which every back-end hands over; the launcher's
+    own TESSERA_AUDIT_DIR and TESSERA_FAULTS fill them in where they are
+    empty (so they reach remote processes too), and the config wins."""
     monkeypatch.delenv("TESSERA_AUDIT_DIR", raising=False)
     monkeypatch.delenv("TESSERA_FAULTS", raising=False)
     binaries = Binaries.locate(tmp_path / "build", "tessera-logreg")
@@ -249,12 +251,12 @@ def test_audit_and_message_faults_are_job_settings(tmp_path, job_file, monkeypat
     argv = server_argv(config, binaries, layout, 0, "tcp://h:1", debug=False)
     assert argv[argv.index("--audit-dir") + 1] == str(tmp_path / "audit")
     assert process_env(config, layout, binaries)["TESSERA_FAULTS"] == "seed=3,drop=0.01"
-    monkeypatch.setenv("TESSERA_AUDIT_DIR", str(tmp_path / "from-env"))
-    monkeypatch.setenv("TESSERA_FAULTS", "seed=9,dup=0.5")
-    argv = server_argv(plain, binaries, layout, 0, "tcp://h:1", debug=False)
-    assert argv[argv.index("--audit-dir") + 1] == str(tmp_path / "from-env")
-    assert process_env(plain, layout, binaries)["TESSERA_FAULTS"] == "seed=9,dup=0.5"
-    assert process_env(config, layout, binaries)["TESSERA_FAULTS"] == "seed=3,drop=0.01", "the config wins"
+    environ = {"TESSERA_AUDIT_DIR": str(tmp_path / "from-env"), "TESSERA_FAULTS": "seed=9,dup=0.5"}
+    filled = with_launcher_environment(plain, environ)
+    assert (filled.audit.dir, filled.message_faults.spec) == (str(tmp_path / "from-env"), "seed=9,dup=0.5")
+    assert "message_faults:\n  spec: seed=9,dup=0.5" in filled.to_yaml(), "ranks read it from config.yaml"
+    kept = with_launcher_environment(config, environ)
+    assert (kept.audit.dir, kept.message_faults.spec) == (str(tmp_path / "audit"), "seed=3,drop=0.01")
 
 
 def test_a_job_with_server_weights_in_its_file_runs(tmp_path, fake_build):
