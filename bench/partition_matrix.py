@@ -15,6 +15,8 @@ matrix is one job with one fault:
                      over through etcd on h0
   isolate-server     server-1's host cut from every other host for twice
                      the nodes' coordinator lease, then healed
+  isolate-coordinator  the coordinator's host cut from every other host
+                     for twice the lease, then healed
   split-brain        the coordinator and server-2 cut from each other
                      (server-2 still reaches workers and servers), healed
   cut-worker-server  worker-0 and server-0 cut from each other, healed
@@ -23,7 +25,8 @@ matrix is one job with one fault:
 
 For each: when the fault hit (t0) and, if it is a partition, when it
 healed; detection (t0 to the coordinator's `lost` line, or the standby's
-`won the leadership` line); failover (the `lost` line to the first push
+`won the leadership` line, or, for its own isolation, its `heard from no
+node` line); failover (the `lost` line to the first push
 acknowledged on the new map); recovery (the heal to the server's rejoin,
 or to the first training progress after the heal); the throughput dip
 (the lowest 1-second rate of the job's steps between the fault and the
@@ -62,12 +65,13 @@ LAYOUT = [["coordinator"], ["server-0"], ["server-1"], ["server-2"], ["worker-0"
 LEASE = 3  # timeouts.lease_seconds of the nodes
 BASE = (f"timeouts.lease_seconds={LEASE}", "timeouts.assemble_seconds=30", "worker.args.clocks=6000",
         "worker.args.max-sleep-us=2000")
-ROWS = ("none", "kill-server", "kill-coordinator", "isolate-server", "split-brain", "cut-worker-server",
-        "cut-for-good")
+ROWS = ("none", "kill-server", "kill-coordinator", "isolate-server", "isolate-coordinator", "split-brain",
+        "cut-worker-server", "cut-for-good")
 #: When a fault is injected: after this many steps of the job (the rate before it is the baseline).
 FAULT_AT_STEP = 1500
 #: How long a healed partition lasts.
-PARTITION_SECONDS = {"isolate-server": 2 * LEASE, "split-brain": 2 * LEASE, "cut-worker-server": 8}
+PARTITION_SECONDS = {"isolate-server": 2 * LEASE, "isolate-coordinator": 2 * LEASE, "split-brain": 2 * LEASE,
+                     "cut-worker-server": 8}
 
 
 def stamp(unix: float) -> str:
@@ -128,7 +132,8 @@ def run_row(row: str, mbit: float, workdir: Path) -> dict:
                           "worker.args.request-timeout-seconds=6"]
         job = HostJob(hosts, workdir, layout, overrides=tuple(overrides), timeout=300)
         fault_at = heal_at = None
-        cut = {"isolate-server": lambda: hosts.isolate(2), "split-brain": lambda: hosts.cut(0, 3),
+        cut = {"isolate-server": lambda: hosts.isolate(2), "isolate-coordinator": lambda: hosts.isolate(0),
+               "split-brain": lambda: hosts.cut(0, 3),
                "cut-worker-server": lambda: hosts.cut(4, 1), "cut-for-good": lambda: hosts.cut(4, 1)}.get(row)
         if cut is not None:
             job.wait_for_progress(step=FAULT_AT_STEP, timeout=120)
@@ -168,8 +173,8 @@ def measure(row, job, summary, verdict, lines, fault_at, heal_at) -> dict:
         if series:
             result["baseline_steps_per_second"] = round(statistics.median(r for _, r in series[1:-1] or series), 1)
         return result
-    lost = first_after(lines, fault_at, lambda m: " lost server " in f" {m}" or m.startswith("lost server")
-                       or m.startswith("won the leadership"))
+    lost = first_after(lines, fault_at, lambda m: m.startswith("lost server") or m.startswith("won the leadership")
+                       or m.startswith("heard from no node"))
     if lost is not None:
         result["detection_seconds"] = round(lost.time - fault_at, 3)
         ack = first_after(lines, lost.time, lambda m: m.startswith("first push acknowledged on shard map"))

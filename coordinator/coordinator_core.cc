@@ -34,7 +34,7 @@ std::string CoordinatorCore::NodeName(proto::Role role, uint32_t rank) {
 }
 
 CoordinatorCore::CoordinatorCore(CoordinatorOptions options, Nanos start)
-    : options_(std::move(options)), start_(start), load_(options_.load_tau) {}
+    : options_(std::move(options)), start_(start), last_heard_any_(start), load_(options_.load_tau) {}
 
 Message CoordinatorCore::Reply(const Message& request) const {
   Message reply;
@@ -83,6 +83,12 @@ std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
   }
   Node& node = nodes_.at(it->second);
   node.last_seen = now;
+  if (silence_noted_) {
+    events_.push_back(absl::StrCat("heard from ", NodeName(node.info.role(), node.info.rank()), " again after ",
+                                   Seconds(now - last_heard_any_), " of silence from every node"));
+  }
+  last_heard_any_ = now;
+  silence_noted_ = false;
   if (finished()) {  // it missed the Shutdown (a lost message): again
     Message end;
     end.header.mutable_shutdown()->set_ok(phase_ == Phase::kDone);
@@ -845,6 +851,27 @@ std::vector<Outgoing> CoordinatorCore::Tick(Nanos now) {
     return out;
   }
   if (phase_ != Phase::kAssembling && phase_ != Phase::kRunning) return out;
+  if (phase_ == Phase::kRunning) {
+    const Nanos shortest = options_.server_lease > 0 && shard_map_.replication() > 1
+                               ? std::min(options_.server_lease, options_.lease)
+                               : options_.lease;
+    // Half the shortest lease: nodes heartbeat at different moments, so the
+    // first lease would run out before a whole lease of silence from every
+    // node; with servers heartbeating every 0.1 s, half a 0.5 s lease with
+    // none of them heard is the coordinator's silence. (Taking a silence
+    // for its own by mistake only delays a loss by a lease.)
+    const Nanos silence = now - last_heard_any_;
+    if (silence >= shortest / 2 && silence < options_.isolation_give_up) {
+      for (auto& [id, n] : nodes_) n.last_seen = std::max(n.last_seen, now);
+      if (!silence_noted_) {
+        silence_noted_ = true;
+        events_.push_back(absl::StrCat("heard from no node for ", Seconds(silence),
+                                       ": taking that for this coordinator's own isolation (a cut network or a "
+                                       "pause), not every node's loss; nobody is declared lost for up to ",
+                                       Seconds(options_.isolation_give_up), " of it"));
+      }
+    }
+  }
   std::vector<std::string> fatal;
   std::vector<uint32_t> ids;
   for (const auto& [id, n] : nodes_) ids.push_back(id);

@@ -84,6 +84,14 @@
 //   and starts at the highest clock they answer. A barrier the job passed
 //   before it joined is released to it at once, the first time it asks.
 //   Workers leave by finishing or being lost (WorkersLeft).
+// - The coordinator's own silence: when no registered node at all has been
+//   heard for half the shortest lease while the job runs (the coordinator was
+//   cut off from every host, or paused), it takes that for its own
+//   isolation, not every node's death: it declares nobody lost while the
+//   silence lasts, so that every node has a whole lease from when it is
+//   heard again (events say when the silence is noticed and when it ends).
+//   A silence that outlasts isolation_give_up is every node's loss after
+//   all: losses are declared as usual a lease later.
 // - Membership changes are also reported as lines by TakeEvents(), for logs.
 // - Load: every server heartbeat while the job runs feeds load() (see
 //   coordinator/load_tracker.h), the smoothed view placement decisions read.
@@ -136,6 +144,7 @@ struct CoordinatorOptions {
   Nanos rejoin_timeout = 60 * kSeconds;      // kWait: how long a lost worker's place is kept
   uint32_t replication = 1;                  // copies of each shard (primary + backups), capped at servers
   Nanos server_lease = 0;                    // with replication > 1: silence after which a server is lost (0 = lease)
+  Nanos isolation_give_up = 60 * kSeconds;   // silence of every node taken for the coordinator's own, at most
   // When a shard loses every copy: false = fail the job naming it; true =
   // give it to a live server to restore from the last checkpoint, and say
   // how many applied pushes that checkpoint may miss.
@@ -307,6 +316,10 @@ class CoordinatorCore {
 
   const CoordinatorOptions options_;
   const Nanos start_;
+  // The last message from any registered node, and whether the silence
+  // since then was taken for the coordinator's own (see Tick).
+  Nanos last_heard_any_ = 0;
+  bool silence_noted_ = false;
   Phase phase_ = Phase::kAssembling;
   std::string failure_reason_;
   uint32_t next_node_id_ = 1;  // 0 is "unregistered"; the coordinator is not in nodes_

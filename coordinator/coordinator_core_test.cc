@@ -533,6 +533,7 @@ TEST_F(CoordinatorCoreTest, WithReplicationALostServerFailsOverAndTheJobGoesOn) 
   SyncAll(core, 3000 * kMillis);
   Heartbeat(core, "s0", 3500 * kMillis);
   Heartbeat(core, "w0", 3500 * kMillis);
+  Heartbeat(core, "w0", 3900 * kMillis);  // (someone is heard: not the coordinator's own silence)
   core.Tick(4000 * kMillis);  // s2 silent since 2.9 s
   EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kRunning) << core.failure_reason();
   Heartbeat(core, "w0", 4500 * kMillis);
@@ -654,6 +655,74 @@ TEST_F(CoordinatorCoreTest, ALostServerThatWasOnlyCutOffRejoinsFromItsAddress) {
   EXPECT_EQ(To(out, "s1")[0].message.header.register_reply().self().node_id(), self.node_id());
 }
 
+// A coordinator that heard from nobody (its own host was cut off, or it
+// was paused) does not take every server for dead: while the silence lasts,
+// nobody is declared lost, and every node has a whole lease from the heal.
+TEST_F(CoordinatorCoreTest, SilenceFromEveryNodeIsTakenForTheCoordinatorsOwn) {
+  CoordinatorOptions o = Replicated(3, 1);
+  o.isolation_give_up = 10 * kSeconds;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 3, 1, 0);
+  for (const char* n : {"s0", "s1", "s2", "w0"}) Heartbeat(core, n, 900 * kMillis);
+  core.TakeEvents();
+  core.Tick(2500 * kMillis);  // nobody for 1.6 s: the coordinator was cut off
+  core.Tick(5 * kSeconds);    // and still is
+  ASSERT_EQ(core.phase(), CoordinatorCore::Phase::kRunning) << core.failure_reason();
+  EXPECT_EQ(core.shard_map().dead_server_ranks_size(), 0);
+  auto events = core.TakeEvents();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_NE(events[0].find("heard from no node for 1.6 s"), std::string::npos) << events[0];
+  // The network heals: everyone but s1 is heard; s1 is lost a lease after
+  // the silence ended, not before.
+  for (const char* n : {"s0", "s2", "w0"}) Heartbeat(core, n, 5100 * kMillis);
+  events = core.TakeEvents();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_NE(events[0].find("again after 4.2 s of silence from every node"), std::string::npos) << events[0];
+  core.Tick(5500 * kMillis);
+  for (const char* n : {"s0", "s2", "w0"}) Heartbeat(core, n, 5900 * kMillis);
+  core.Tick(5950 * kMillis);
+  EXPECT_EQ(core.shard_map().dead_server_ranks_size(), 0);
+  core.Tick(6100 * kMillis);
+  EXPECT_EQ(core.shard_map().dead_server_ranks_size(), 1);
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kRunning);
+}
+
+// Nodes heartbeat at different moments: in a silence from every node, the
+// lease of the one heard first runs out before the others'. It must not be
+// declared lost for that.
+TEST_F(CoordinatorCoreTest, TheFirstLeaseToRunOutInASilenceFromEveryNodeDoesNotCount) {
+  const CoordinatorOptions o = Replicated(3, 1);  // server lease 1 s
+  CoordinatorCore core(o, 0);
+  Assemble(core, 3, 1, 0);
+  Heartbeat(core, "s0", 500 * kMillis);
+  for (const char* n : {"s1", "s2", "w0"}) Heartbeat(core, n, 900 * kMillis);
+  core.Tick(1450 * kMillis);  // s0 silent 0.95 s; every node 0.55 s: the coordinator's silence
+  core.Tick(1550 * kMillis);  // s0 would be 1.05 s
+  EXPECT_EQ(core.shard_map().dead_server_ranks_size(), 0);
+  ASSERT_EQ(core.phase(), CoordinatorCore::Phase::kRunning);
+  // Heard again, except s0: it is lost a whole lease after the silence.
+  for (const char* n : {"s1", "s2", "w0"}) Heartbeat(core, n, 1600 * kMillis);
+  for (const char* n : {"s1", "s2", "w0"}) Heartbeat(core, n, 2400 * kMillis);
+  core.Tick(2500 * kMillis);
+  EXPECT_EQ(core.shard_map().dead_server_ranks_size(), 0);
+  core.Tick(2600 * kMillis);
+  EXPECT_EQ(core.shard_map().dead_server_ranks_size(), 1);
+}
+
+TEST_F(CoordinatorCoreTest, SilenceThatOutlastsTheGiveUpIsEveryNodesLoss) {
+  CoordinatorOptions o = Replicated(3, 1);
+  o.isolation_give_up = 3 * kSeconds;
+  CoordinatorCore core(o, 0);
+  Assemble(core, 3, 1, 0);
+  for (const char* n : {"s0", "s1", "s2", "w0"}) Heartbeat(core, n, 900 * kMillis);
+  core.Tick(2 * kSeconds);     // taken for the coordinator's own silence
+  core.Tick(3 * kSeconds);
+  core.Tick(3950 * kMillis);   // 3.05 s: past the give-up, but a lease has not passed since 3 s
+  ASSERT_EQ(core.phase(), CoordinatorCore::Phase::kRunning);
+  core.Tick(4100 * kMillis);   // they did all die
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kFailed);
+}
+
 TEST_F(CoordinatorCoreTest, ARecruitNotYetInSyncIsNeverPromoted) {
   const CoordinatorOptions o = Replicated(3, 1);
   CoordinatorCore core(o, 0);
@@ -764,6 +833,7 @@ TEST_F(CoordinatorCoreTest, ARestartedCoordinatorTakesTheJobOverFromItsSavedStat
   EXPECT_EQ(To(out, "w1").size(), 1u);
   // A recruit still syncing is not promoted by the new coordinator either.
   for (const char* n : {"s0", "w0", "w1"}) Heartbeat(again, n, 51 * kSeconds);
+  Heartbeat(again, "w0", 51 * kSeconds + 600 * kMillis);
   again.Tick(51 * kSeconds + 700 * kMillis);  // s2 silent since 50 s
   EXPECT_EQ(again.phase(), CoordinatorCore::Phase::kFailed);
   EXPECT_NE(again.failure_reason().find("last copy"), std::string::npos) << again.failure_reason();

@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   options.replication = 2;
   std::string bind = "tcp://127.0.0.1:0", address_file, summary_file, name = "coordinator";
   double assemble_timeout = 30, heartbeat_interval = 1, lease = 5, rejoin_timeout = 60, server_lease = 0.5;
+  double silence_give_up = static_cast<double>(tessera::CoordinatorOptions{}.isolation_give_up) / 1e9;
   bool debug = false;
   CLI::App app{"tessera-coordinator: membership, shard map, heartbeats, barriers and job end.\n"
                "Started by tessera-launch; servers and workers register with it."};
@@ -99,6 +100,12 @@ int main(int argc, char** argv) {
   app.add_option("--move-timeout", move_timeout,
                  "Seconds a shard move may take (copying the shard to its new server and catching up) before it "
                  "is given up; the shard stays where it was")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--silence-give-up", silence_give_up,
+                 "Seconds of silence from every node at once that the coordinator takes for its own isolation "
+                 "(its host cut off, or it was paused) and waits out, declaring nobody lost; past it, every node "
+                 "is lost as usual")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--server-lease", server_lease,
                  "With replication: seconds of silence after which a server is lost and its shards fail over "
@@ -167,6 +174,7 @@ int main(int argc, char** argv) {
   options.rejoin_timeout = static_cast<tessera::Nanos>(rejoin_timeout * 1e9);
   options.heartbeat_interval = static_cast<tessera::Nanos>(heartbeat_interval * 1e9);
   options.server_lease = static_cast<tessera::Nanos>(server_lease * 1e9);
+  options.isolation_give_up = static_cast<tessera::Nanos>(silence_give_up * 1e9);
   options.restore_lost_shards = on_shard_loss == "restore";
   options.rebalance.interval = static_cast<tessera::Nanos>(rebalance_interval * 1e9);
   options.move_timeout = static_cast<tessera::Nanos>(move_timeout * 1e9);

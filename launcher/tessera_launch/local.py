@@ -314,6 +314,7 @@ def coordinator_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, d
         "--replication", str(config.cluster.replication),
         *server_weights_flag(config),
         "--server-lease", _seconds(t.server_lease_seconds),
+        "--silence-give-up", _seconds(t.coordinator_give_up_seconds),
         "--on-shard-loss", config.cluster.on_shard_loss,
         *(["--max-servers", str(config.cluster.max_servers)] if config.cluster.max_servers else []),
         *(["--max-workers", str(config.cluster.max_workers)] if config.cluster.max_workers else []),

@@ -121,6 +121,7 @@ def coordinator(argv):
     p.add_argument("--replication", type=int, default=2)
     p.add_argument("--server-weights", default="")
     p.add_argument("--server-lease", type=float, default=0.5)
+    p.add_argument("--silence-give-up", type=float, default=60)
     p.add_argument("--on-shard-loss", default="stop")
     p.add_argument("--rebalance-threshold", type=float, default=0)
     p.add_argument("--rebalance-interval", type=float, default=10)

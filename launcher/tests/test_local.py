@@ -218,7 +218,7 @@ def test_command_lines_follow_the_contract(tmp_path, job_file):
         "--assemble-timeout", "5", "--heartbeat-interval", "0.5", "--lease", "5", "--on-worker-loss", "stop",
         "--rejoin-timeout", "60",
         "--replication", "2",
-        "--server-lease", "0.5",
+        "--server-lease", "0.5", "--silence-give-up", "60",
         "--on-shard-loss", "stop",
         "--rebalance-threshold", "0.0", "--rebalance-interval", "10", "--rebalance-request-cost", "1024.0",
         "--move-timeout", "60",

@@ -10,6 +10,7 @@ runs, and requires the job to end ok and the audit to pass:
 
   - SIGKILL of a server (the config's faults, through the ssh carrier);
   - SIGKILL of the coordinator with a standby on another host (etcd on h0);
+  - the coordinator's host isolated from every other host, then healed;
   - a server's host isolated from every other host for twice the nodes'
     coordinator lease, then healed: the server rejoins;
   - the coordinator and one server cut from each other (split brain: the
@@ -111,6 +112,20 @@ def test_a_servers_host_isolated_for_twice_the_lease_rejoins(tmp_path, make_host
     assert "no answer from the coordinator" in server_log, server_log[-3000:]
     assert "rejoined the job as server 1" in server_log, server_log[-3000:]
     assert job.summary()["processes"]["server-1"] == 0
+
+
+def test_the_coordinators_host_isolated_then_healed(tmp_path, make_hosts, binaries):
+    """Every node loses the coordinator and the coordinator every node: the
+    coordinator takes that for its own isolation and declares nobody lost;
+    training goes on without it (pushes, pulls and BSP clocks need only the
+    servers) and everyone carries on after the heal."""
+    hosts = make_hosts(6)
+    job = run_with_partition(tmp_path, hosts, lambda: hosts.isolate(0), hosts.heal_all, 2 * LEASE)
+    assert_ok_and_audited(job)
+    coordinator = job.log("coordinator")
+    assert "heard from no node for" in coordinator, coordinator[-3000:]
+    assert " lost server" not in coordinator and "lost worker" not in coordinator, coordinator[-3000:]
+    assert "answers again after" in job.log("server-0"), job.log("server-0")[-3000:]
 
 
 def test_coordinator_and_one_server_cut_split_brain(tmp_path, make_hosts, binaries):
