@@ -28,7 +28,8 @@ healed; detection (t0 to the coordinator's `lost` line, or the standby's
 `won the leadership` line, or, for its own isolation, its `heard from no
 node` line); failover (the `lost` line to the first push
 acknowledged on the new map); recovery (the heal to the server's rejoin,
-or to the first training progress after the heal); the throughput dip
+or to the coordinator hearing a node again after its own isolation, or
+to the first training progress after the heal); the throughput dip
 (the lowest 1-second rate of the job's steps between the fault and the
 recovery, against the median rate before the fault) and the seconds of
 stall (1-second bins below a tenth of that rate); the job's status and the
@@ -182,7 +183,8 @@ def measure(row, job, summary, verdict, lines, fault_at, heal_at) -> dict:
             result["failover_seconds"] = round(ack.time - lost.time, 3)
     recovered_at = None
     if heal_at:
-        rejoin = first_after(lines, heal_at, lambda m: "rejoined from" in m, process="coordinator")
+        rejoin = first_after(lines, heal_at, lambda m: "rejoined from" in m or "of silence from every node" in m,
+                             process="coordinator")
         if rejoin is not None:
             recovered_at = rejoin.time
         else:  # nobody was lost: the first progress after the heal
