@@ -13,7 +13,7 @@ PACKAGES=(
   libabsl-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
   python3-yaml python3-numpy python3-pytest python3-matplotlib
   python3-pybind11 pybind11-dev python3-torch
-  openmpi-bin slurm-wlm munge openssh-server openssh-client
+  openmpi-bin slurm-wlm munge openssh-server openssh-client iproute2
   etcd-server etcd-client
   clang libclang-rt-14-dev
 )

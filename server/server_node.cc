@@ -279,10 +279,9 @@ absl::Status ServerNode::Serve(const proto::JobReady& ready, bool first) {
 
 absl::Status ServerNode::Rejoin() {
   const uint32_t old_node = session_.self().node_id();
-  {
-    std::lock_guard lock(mu_);
-    core_.reset();  // its state is stale: the job went on without it (requests wait for the new core)
-  }
+  // The deposed core answers meanwhile (Aborted: not its shards), and stays
+  // if the coordinator says stop instead (a drained server): its audit dump
+  // then says it was deposed. Its state is dropped once the new core serves.
   auto ready = session_.Rejoin();
   if (!ready.ok()) {
     if (session_.ended()) return absl::OkStatus();  // the job ended meanwhile: Run reports how

@@ -44,8 +44,8 @@ class ServerNode {
   // paused learns so from the next map (it is deposed: it serves nothing,
   // and the epoch fences what it still had) and rejoins: it drops its state,
   // registers again for its rank, and serves as a new, empty node that the
-  // coordinator gives copies to (state transfer). Requests that arrive
-  // meanwhile wait, as before the first join. A rejoin the coordinator
+  // coordinator gives copies to (state transfer). Until then the deposed
+  // core answers requests (Aborted: the shards are not its own). A rejoin the coordinator
   // refuses (the rank was taken over by another process) ends Run with
   // that reason; a drained server is told to stop and ends OK.
   absl::Status Run();

@@ -161,3 +161,15 @@ def shard_map_problems(lines) -> list:
                 problems.append(f"epoch {epoch} has {len(seen)} maps: "
                                 + ", ".join(f"{d} (first at {n})" for d, n in seen.items()))
     return problems
+
+
+def check_audit_verdict(check, verdict, min_acked: int) -> dict:
+    """Asserts what every audited fault experiment must end with
+    (tests/audit/audit_check.py's result): it ran, nothing acknowledged
+    was lost, nothing applied twice, at least `min_acked` pushes
+    acknowledged, and acknowledged <= applied <= issued. Returns the verdict."""
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert verdict["ok"] and verdict["lost"] == 0 and verdict["duplicates"] == 0, verdict
+    assert verdict["acknowledged"] >= min_acked, verdict
+    assert verdict["acknowledged"] <= verdict["applied"] <= verdict["issued"], verdict
+    return verdict

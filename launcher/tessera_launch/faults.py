@@ -27,7 +27,8 @@ progress record of a worker (any, or `step_of`) with step >= `at_step`.
            place over). The coordinator is started again
            `restart_delay_seconds` after the kill: it takes the job over from
            its state file (--state-file), at the address it had, and the
-           nodes go on (their coordinator lease is 5 s).
+           nodes go on (they wait out a silent coordinator for
+           timeouts.coordinator_give_up_seconds).
 
 Each fault, and what followed it (a resume, a restart), is appended to
 RUN/events.jsonl as it happens; `records()` gives the summary's entries,

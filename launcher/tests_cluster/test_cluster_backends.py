@@ -21,6 +21,9 @@ import pytest
 
 from conftest import REPO
 
+sys.path.insert(0, str(REPO / "tests" / "multihost"))
+from netns_hosts import sshd_config  # noqa: E402
+
 LAUNCH = REPO / "launcher" / "tessera-launch"
 CONFIG = REPO / "configs" / "local.yaml"
 #: Small enough to run in seconds on two loaded cores.
@@ -189,20 +192,8 @@ def sshd(tmp_path):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
     shutil.copy(d / "client_key.pub", d / "authorized_keys")
     port = free_port()
-    (d / "sshd_config").write_text(f"""\
-Port {port}
-ListenAddress 127.0.0.1
-HostKey {d / 'host_key'}
-AuthorizedKeysFile {d / 'authorized_keys'}
-PidFile {d / 'sshd.pid'}
-StrictModes no
-UsePAM no
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-PubkeyAuthentication yes
-LogLevel ERROR
-""")
+    (d / "sshd_config").write_text(sshd_config("127.0.0.1", port, d / "host_key", d / "authorized_keys",
+                                               d / "sshd.pid"))
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
     daemon = subprocess.Popen(["/usr/sbin/sshd", "-D", "-f", str(d / "sshd_config"), "-E", str(d / "sshd.log")])
     try:

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jobprocs import (LocalEtcd, command_line, job_environment, shard_map_problems, wait_for_address,  # noqa: E402
-                      wait_for_process)
+from jobprocs import (LocalEtcd, check_audit_verdict, command_line, job_environment,  # noqa: E402
+                      shard_map_problems, wait_for_address, wait_for_process)
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("TESSERA_BUILD_DIR", REPO / "build"))
@@ -98,12 +98,7 @@ def assert_job_ok(job, out):
 
 
 def assert_audit_passes(job, min_acked=500):
-    check, verdict = job.verdict()
-    assert check.returncode == 0, check.stdout + check.stderr
-    assert verdict["ok"] and verdict["lost"] == 0 and verdict["duplicates"] == 0, verdict
-    assert verdict["acknowledged"] >= min_acked, verdict
-    assert verdict["acknowledged"] <= verdict["applied"] <= verdict["issued"], verdict
-    return verdict
+    return check_audit_verdict(*job.verdict(), min_acked)
 
 
 def coordinator_log(job):

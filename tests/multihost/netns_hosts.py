@@ -75,6 +75,27 @@ def missing() -> Optional[str]:
     return None
 
 
+def sshd_config(listen: str, port: int, host_key: Path, authorized_keys: Path, pid_file: Path,
+                extra: str = "") -> str:
+    """An sshd_config for a test's own sshd: key login as root with the
+    test's key only, its own host key and pid file, no PAM; `extra` lines
+    appended."""
+    return f"""\
+ListenAddress {listen}
+Port {port}
+HostKey {host_key}
+AuthorizedKeysFile {authorized_keys}
+PidFile {pid_file}
+StrictModes no
+UsePAM no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+LogLevel ERROR
+{extra}"""
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -237,24 +258,9 @@ class NamespaceHosts:
             if not host_key.exists():
                 subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)], check=True)
             config = d / f"sshd{i}.conf"
-            config.write_text(f"""\
-ListenAddress {self.addresses[i]}
-Port 22
-HostKey {host_key}
-AuthorizedKeysFile {d / 'authorized_keys'}
-PidFile {d / f'sshd{i}.pid'}
-StrictModes no
-UsePAM no
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-PubkeyAuthentication yes
-MaxStartups 100:30:200
-MaxSessions 100
-ClientAliveInterval 5
-ClientAliveCountMax 3
-LogLevel ERROR
-""")
+            config.write_text(sshd_config(self.addresses[i], 22, host_key, d / "authorized_keys",
+                                          d / f"sshd{i}.pid", "MaxStartups 100:30:200\nMaxSessions 100\n"
+                                          "ClientAliveInterval 5\nClientAliveCountMax 3\n"))
             started = subprocess.run(["ip", "netns", "exec", namespace, SSHD, "-f", str(config),
                                       "-E", str(d / f"sshd{i}.log")], capture_output=True, text=True)
             if started.returncode != 0:

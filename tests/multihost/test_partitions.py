@@ -29,7 +29,7 @@ import time
 
 import pytest
 
-from jobprocs import LocalEtcd
+from jobprocs import LocalEtcd, check_audit_verdict
 from multihost import HostJob
 
 LAYOUT = [["coordinator"], ["server-0"], ["server-1"], ["server-2"], ["worker-0"], ["worker-1", "worker-2"]]
@@ -42,12 +42,7 @@ def assert_ok_and_audited(job: HostJob, min_acked: int = 300) -> dict:
     assert job.process.returncode == 0, job.describe()
     summary = job.summary()
     assert summary["status"] == "ok", summary.get("reason")
-    check, verdict = job.verdict()
-    assert check.returncode == 0, check.stdout + check.stderr
-    assert verdict["ok"] and verdict["lost"] == 0 and verdict["duplicates"] == 0, verdict
-    assert verdict["acknowledged"] >= min_acked, verdict
-    assert verdict["acknowledged"] <= verdict["applied"] <= verdict["issued"], verdict
-    return verdict
+    return check_audit_verdict(*job.verdict(), min_acked)
 
 
 def test_server_killed_on_its_host(tmp_path, make_hosts, binaries):
