@@ -48,13 +48,19 @@ def test_shared_memory_only_between_processes_of_one_host(tmp_path, make_hosts, 
     """Two hosts, each with a server and a worker. Namespaces share the
     kernel's boot id and /dev/shm, which once made every pair "same host":
     the ring must be chosen between processes of one namespace only, and
-    everything between hosts must cross the network."""
+    everything between hosts must cross the network. Also: the job's
+    message faults reach every process on both hosts."""
     hosts = make_hosts(2)
     layout = [["coordinator", "server-0", "worker-0"], ["server-1", "worker-1"]]
     job = HostJob(hosts, tmp_path, layout, config=LOGREG, audit=False, timeout=200,
-                  overrides=SMALL + ("shm.min_frame_bytes=4096", "worker.args.epochs=1"))
+                  overrides=SMALL + ("shm.min_frame_bytes=4096", "worker.args.epochs=1",
+                                     "message_faults.spec=seed=5,delay_ms=0-1"))
     job.finish()
     assert job.process.returncode == 0, job.describe()
+    # The job's settings reach every process on every host (sshd passes no
+    # environment on): here the message faults, which each process names.
+    for name in ("coordinator", "server-0", "server-1", "worker-0", "worker-1"):
+        assert "fault injection on: seed=5," in job.log(name), f"{name}: {job.log(name)[-1500:]}"
     same_host = re.compile(r"same-host peer tcp://([0-9.]+):\d+")
     for name, host in (("worker-0", 0), ("worker-1", 1), ("server-0", 0), ("server-1", 1)):
         peers = set(same_host.findall(job.log(name)))
