@@ -60,7 +60,8 @@ sys.path.insert(0, str(REPO / "launcher"))
 from jobprocs import LocalEtcd  # noqa: E402
 from multihost import HostJob  # noqa: E402
 from netns_hosts import NamespaceHosts  # noqa: E402
-from tessera_launch import fault_logs  # noqa: E402
+from tessera_launch import fault_logs, report  # noqa: E402
+from tessera_launch.faults import wall_time_text  # noqa: E402
 
 LAYOUT = [["coordinator"], ["server-0"], ["server-1"], ["server-2"], ["worker-0"], ["worker-1", "worker-2"]]
 LEASE = 3  # timeouts.lease_seconds of the nodes
@@ -75,34 +76,26 @@ PARTITION_SECONDS = {"isolate-server": 2 * LEASE, "isolate-coordinator": 2 * LEA
                      "cut-worker-server": 8}
 
 
-def stamp(unix: float) -> str:
-    return datetime.datetime.fromtimestamp(unix).astimezone().isoformat(timespec="milliseconds")
-
-
 def rates(run_dir: Path) -> list:
-    """(bin start in Unix seconds, steps per second of the whole job) in 1 s bins, from progress.jsonl."""
-    latest, points = {}, []
+    """(bin start in Unix seconds, steps per second of the whole job) in
+    1-second bins from progress.jsonl, by tessera-launch report's binning,
+    with the bins in which no step was made as 0 (a stall)."""
     path = run_dir / "progress.jsonl"
-    if not path.exists():
+    records = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    if not records:
         return []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        latest[record["worker"]] = record.get("step", 0)
-        points.append((record["time"], sum(latest.values())))
-    if not points:
+    centres, per_second = report.throughput(records)
+    if not centres:
         return []
-    start, end = int(points[0][0]), int(points[-1][0]) + 1
-    out, i, last = [], 0, points[0][1]
-    for second in range(start, end):
-        begin = last
-        while i < len(points) and points[i][0] < second + 1:
-            last = points[i][1]
-            i += 1
-        out.append((float(second), float(last - begin)))
-    return out
+    offset = records[0]["time"] - records[0]["elapsed"]  # Unix time of elapsed 0
+    by_bin = {int(c): r for c, r in zip(centres, per_second)}
+    return [(offset + b, float(by_bin.get(b, 0.0))) for b in range(min(by_bin), max(by_bin) + 1)]
 
 
 def first_after(lines: list, t0: float, test, process=None):
@@ -160,7 +153,7 @@ def run_row(row: str, mbit: float, workdir: Path) -> dict:
 
 def measure(row, job, summary, verdict, lines, fault_at, heal_at) -> dict:
     result = {"row": row, "status": summary.get("status"), "reason": summary.get("reason"),
-              "fault_at": stamp(fault_at) if fault_at else None, "healed_after": None,
+              "fault_at": wall_time_text(fault_at) if fault_at else None, "healed_after": None,
               "detection_seconds": None, "failover_seconds": None, "recovery_seconds": None,
               "baseline_steps_per_second": None, "dip": None, "stall_seconds": None,
               "acknowledged": (verdict or {}).get("acknowledged"), "lost": (verdict or {}).get("lost"),

@@ -219,6 +219,7 @@ void CoordinatorCore::HandleRegister(const Message& m, Nanos now, std::vector<Ou
     }
   }
   // A repeated registration (a retry whose reply was lost) gets the same answer.
+  // (Looked up again: a takeover that failed may have changed the table.)
   if (auto it = node_by_address_.find(address); it != node_by_address_.end()) {
     reply.header.mutable_register_reply()->set_heartbeat_interval_ms(options_.heartbeat_interval / kMillis);
     *reply.header.mutable_register_reply()->mutable_self() = nodes_.at(it->second).info;

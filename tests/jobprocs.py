@@ -163,6 +163,17 @@ def shard_map_problems(lines) -> list:
     return problems
 
 
+AUDIT_CHECK = Path(__file__).resolve().parent / "audit" / "audit_check.py"
+
+
+def run_audit_check(records: Path, audit: Path, out_json: Path) -> tuple:
+    """Runs tests/audit/audit_check.py on a job's push logs and the servers'
+    audit dumps: (its CompletedProcess, its JSON verdict or None)."""
+    check = subprocess.run(["/usr/bin/python3", str(AUDIT_CHECK), "--records", str(records), "--audit", str(audit),
+                            "--json", str(out_json)], capture_output=True, text=True, timeout=120)
+    return check, (json.loads(Path(out_json).read_text()) if Path(out_json).exists() else None)
+
+
 def check_audit_verdict(check, verdict, min_acked: int) -> dict:
     """Asserts what every audited fault experiment must end with
     (tests/audit/audit_check.py's result): it ran, nothing acknowledged

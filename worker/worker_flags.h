@@ -21,6 +21,8 @@ struct WorkerProcessFlags {
   double connect_timeout_seconds = 30;     // registration and job assembly
   double request_timeout_seconds = 60;     // every push, pull, table creation
   double hold_timeout_seconds = 120;       // a server's hold of a pull or clock for slower workers
+  double coordinator_give_up_seconds =     // coordinator silence after which the worker gives up
+      static_cast<double>(WorkerOptions{}.coordinator_give_up) / kSeconds;
   int metrics_port = -1;                   // Prometheus metrics (0: any free port; -1: off)
   std::string metrics_host = "127.0.0.1";
   int64_t transfer_part_bytes = 0;                      // parts of at most this many value bytes (0: no split)
@@ -41,6 +43,11 @@ struct WorkerProcessFlags {
         ->check(CLI::PositiveNumber);
     app.add_option("--hold_timeout_seconds,--hold-timeout-seconds", hold_timeout_seconds,
                    "seconds a server may hold a pull or a clock for slower workers (BSP, SSP)")
+        ->check(CLI::PositiveNumber);
+    app.add_option("--coordinator_give_up_seconds,--coordinator-give-up-seconds", coordinator_give_up_seconds,
+                   "seconds of coordinator silence the worker waits out (a partition, a coordinator failover) "
+                   "before it gives up")
+        ->capture_default_str()
         ->check(CLI::PositiveNumber);
     app.add_option("--metrics_port,--metrics-port", metrics_port,
                    "serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (0: any free port; -1: off)")
@@ -85,6 +92,7 @@ struct WorkerProcessFlags {
     o.connect_timeout = static_cast<Nanos>(connect_timeout_seconds * kSeconds);
     o.request_timeout = static_cast<Nanos>(request_timeout_seconds * kSeconds);
     o.hold_timeout = static_cast<Nanos>(hold_timeout_seconds * kSeconds);
+    o.coordinator_give_up = static_cast<Nanos>(coordinator_give_up_seconds * kSeconds);
     o.metrics_port = metrics_port;
     o.metrics_host = metrics_host;
     o.part_bytes = static_cast<uint64_t>(transfer_part_bytes);

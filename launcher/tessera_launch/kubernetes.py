@@ -39,8 +39,8 @@ from pathlib import Path
 
 import yaml
 
-from .local import (EXIT_FAILED, EXIT_OK, Binaries, LocalOptions, RunLayout, SetupError, check_fault_support,
-                    load_job, message_faults, process_argv, start_run, transport_env)
+from .local import (EXIT_FAILED, EXIT_OK, Binaries, LocalOptions, RunLayout, SetupError, load_job, process_argv,
+                    refuse_faults, start_run, transport_env)
 
 CONFIG_MOUNT = "/etc/tessera"
 RUN_DIR = "/var/run/tessera"
@@ -100,8 +100,8 @@ def manifests(config, debug: bool = False, job_keys: str = REDACTED_KEYS) -> lis
                {"name": "TESSERA_JOB_CONFIG", "value": f"{CONFIG_MOUNT}/job.yaml"},
                {"name": "PYTHONUNBUFFERED", "value": "1"}]
         env += [{"name": name, "value": value} for name, value in transport_env(config).items()]
-        if message_faults(config):
-            env.append({"name": "TESSERA_FAULTS", "value": message_faults(config)})
+        if config.message_faults.spec:
+            env.append({"name": "TESSERA_FAULTS", "value": config.message_faults.spec})
         if rank_field:
             env.insert(1, {"name": "TESSERA_RANK", "valueFrom": {"fieldRef": {"fieldPath": rank_field}}})
         mounts = [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
@@ -215,7 +215,7 @@ def render(objects: list) -> str:
 def run(options: LocalOptions, args: argparse.Namespace) -> int:
     """`tessera-launch kubernetes`: write the manifests, and apply them."""
     job = load_job(options)
-    check_fault_support("kubernetes", False, job.config)
+    refuse_faults("kubernetes", job.config)
     if args.dry_run:
         print(render(manifests(job.config, options.debug)), end="")
         return EXIT_OK

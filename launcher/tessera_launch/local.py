@@ -25,11 +25,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import datetime
+import fcntl
 import hashlib
 import os
 import re
 import shlex
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Optional, TextIO
 
 from . import REPO_ROOT
-from .config import JobConfig, load_config
+from .config import JobConfig, TimeoutsSection, load_config
 from .fault_logs import analyze_all, read_logs
 from .faults import FaultScheduler
 from .summary import build_summary, format_report, read_coordinator_summary, write_summary, write_text_atomically
@@ -222,8 +224,6 @@ def _flag_value(value) -> str:
 def interface_addresses() -> list:
     """The IPv4 addresses of this host's network interfaces (of this network
     namespace), loopback last; empty where they cannot be read."""
-    import fcntl
-    import struct
     found = []
     try:
         names = [name for _, name in socket.if_nameindex()]
@@ -375,16 +375,6 @@ def describe_transport(config: JobConfig) -> str:
     return transport
 
 
-def message_faults(config: JobConfig) -> str:
-    """The message-fault spec of every process ("": none)."""
-    return config.message_faults.spec
-
-
-def audit_dir(config: JobConfig) -> str:
-    """The servers' audit directory ("": off)."""
-    return config.audit.dir
-
-
 def with_launcher_environment(config: JobConfig, environ=os.environ) -> JobConfig:
     """The config with the launcher's own TESSERA_FAULTS and
     TESSERA_AUDIT_DIR (the older way to ask for message faults and the
@@ -417,9 +407,8 @@ def process_env(config: JobConfig, layout: RunLayout, binaries: "Binaries") -> d
     path = job_keys_path(config, layout)
     if path is not None:
         env["TESSERA_JOB_KEYS"] = str(path)
-    faults = message_faults(config)
-    if faults:
-        env["TESSERA_FAULTS"] = faults
+    if config.message_faults.spec:
+        env["TESSERA_FAULTS"] = config.message_faults.spec
     inherited = os.environ.get("PYTHONPATH")
     env["PYTHONPATH"] = str(binaries.python) + (os.pathsep + inherited if inherited else "")
     return env
@@ -471,9 +460,8 @@ def server_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
     limits = config.limits
     argv += ["--max-keys-per-request", str(limits.max_keys_per_request), "--max-table-mb", str(limits.max_table_mb),
              "--max-held-per-peer", str(limits.max_held_per_peer), "--max-message-mb", str(limits.max_message_mb)]
-    audit = audit_dir(config)
-    if audit:
-        argv += ["--audit-dir", str(Path(audit).resolve())]
+    if config.audit.dir:
+        argv += ["--audit-dir", str(Path(config.audit.dir).resolve())]
     c = config.checkpoints
     if c.dir:
         argv += ["--checkpoint-dir", str(layout.root / c.dir), "--checkpoint-every", _seconds(c.every_seconds),
@@ -495,6 +483,9 @@ def worker_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
     for key, value in config.worker.args.items():
         argv += [f"--{key}", _flag_value(value)]
     argv += config.transfer.worker_flags()
+    give_up = config.timeouts.coordinator_give_up_seconds
+    if give_up != TimeoutsSection.coordinator_give_up_seconds:  # only when set: programs without the flag still run
+        argv += ["--coordinator_give_up_seconds", _seconds(give_up)]
     port = config.metrics.port_of("worker", rank, config.cluster.servers)
     if port:
         argv += ["--metrics_port", str(port), "--metrics_host", config.metrics.host]
@@ -584,10 +575,6 @@ class Backend(abc.ABC):
 
     #: The subcommand.
     name = "local"
-    #: Whether the config's `faults` can be injected and standby
-    #: coordinators started: the launcher must supervise the processes (its
-    #: own children, or members of a carrier it controls).
-    supports_faults = True
 
     def check(self, job: Job) -> None:
         """Raises SetupError for anything that would stop the job from
@@ -614,7 +601,6 @@ class LocalBackend(Backend):
     """Every process a child of the launcher, on this machine."""
 
     name = "local"
-    supports_faults = True
 
     def plan(self, job: Job) -> list:
         standbys = [(name, coordinator_argv(job.config, job.binaries, job.layout, job.debug, name=name))
@@ -720,15 +706,15 @@ def await_announced_address(sup: Supervisor, job: Job, how: str) -> Optional[str
     return None
 
 
-def check_fault_support(backend_name: str, supported: bool, config: JobConfig) -> None:
-    """Raises SetupError if the config has faults, or standby coordinators,
-    and the back-end cannot inject or start them (both need a launcher that
-    supervises the processes: every back-end but kubernetes)."""
-    if config.coordinator.standbys and not supported:
+def refuse_faults(backend_name: str, config: JobConfig) -> None:
+    """For a back-end that does not supervise the job's processes
+    (kubernetes; every Backend here does): raises SetupError if the config
+    has faults or standby coordinators, which need a supervising launcher."""
+    if config.coordinator.standbys:
         raise SetupError(f"coordinator.standbys is {config.coordinator.standbys}, but {backend_name} does not "
                          "start standby coordinators; set it to 0 (the coordinator still keeps its state in etcd) "
                          "or run the job with local, ssh, slurm or mpirun")
-    if config.faults and not supported:
+    if config.faults:
         raise SetupError(f"the config lists {len(config.faults)} fault(s) (faults:), but {backend_name} does not "
                          "supervise the job's processes and cannot inject process faults; remove them or run the "
                          "job with local, ssh, slurm or mpirun")
@@ -823,7 +809,6 @@ def run_job(options: LocalOptions, backend: Backend) -> int:
     """
     job = load_job(options)
     stream = options.stream if options.stream is not None else sys.stdout
-    check_fault_support(backend.name, backend.supports_faults, job.config)
     if options.dry_run:
         _print_plan(backend, job, Console(stream))
         return EXIT_OK

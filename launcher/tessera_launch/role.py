@@ -216,9 +216,8 @@ def run_child(name: str, argv: list, env: dict, watcher: _Control, announce: Opt
     reporting its pid, its exit and, for the coordinator, its address and
     summary. Returns 0: everything the launcher needs was reported."""
     watcher.name = name
-    holding = False
     while True:
-        held = {"hold": holding}
+        held = {"hold": False}  # set by a `hold` command while this child runs
         with Supervisor(None, Console(sys.stdout), grace_seconds=grace, settle_seconds=0,
                         abandon_check=watcher) as sup:
 
@@ -246,7 +245,6 @@ def run_child(name: str, argv: list, env: dict, watcher: _Control, announce: Opt
         if outcome.status == "interrupted" or not held["hold"]:
             break
         _emit(name, f"{EXIT_TAG} {code if code is not None else 127}")
-        holding = False
         if not _wait_for_restart(watcher):
             return 0
     if summary is not None:

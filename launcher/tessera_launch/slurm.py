@@ -27,7 +27,7 @@ import subprocess
 import sys
 
 from .local import (EXIT_FAILED, EXIT_OK, Backend, Job, LocalOptions, RunLayout, SetupError,
-                    await_announced_address, carried_names, check_fault_support, launch_carried, load_job,
+                    await_announced_address, carried_names, launch_carried, load_job,
                     run_job, start_run)
 from .role import LAUNCHER, role_command
 from .summary import format_report
@@ -136,7 +136,6 @@ def run(options: LocalOptions, args: argparse.Namespace) -> int:
 
 def submit(options: LocalOptions, wait: bool) -> int:
     job = load_job(options)
-    check_fault_support("slurm", True, job.config)
     Backend.check(SlurmBackend(), job)
     if shutil.which("sbatch") is None:
         raise SetupError("sbatch not found on PATH: is this a Slurm cluster?")

@@ -559,17 +559,17 @@ class Supervisor:
         """"is running (pid N)", "had already exited with status 0", "had
         already been killed by SIGKILL", "was not started"."""
         managed = self._processes.get(name)
-        if managed is None and name in self._carrier_of:
-            if self.is_running(name):
-                return f"is running (pid {self._member_pids[name]})"
-            if name in self._member_codes:
-                return "had already " + describe_exit(self._member_codes[name]).replace("was killed", "been killed")
+        if managed is None and name in self._carrier_of:  # a member
+            running, code = self.is_running(name), self._member_codes.get(name)
+        elif managed is None:
             return "was not started"
-        if managed is None:
+        else:
+            running, code = managed.alive, managed.returncode
+        if running:
+            return f"is running (pid {self.pid_of(name)})"
+        if code is None:
             return "was not started"
-        if managed.alive:
-            return f"is running (pid {managed.popen.pid})"
-        return "had already " + describe_exit(managed.returncode).replace("was killed", "been killed")
+        return "had already " + describe_exit(code).replace("was killed", "been killed")
 
     def signal_process(self, name: str, signum: int) -> Optional[int]:
         """Sends `signum` to the process group of the running process

@@ -259,6 +259,20 @@ def test_audit_and_message_faults_are_job_settings(tmp_path, job_file, monkeypat
     assert (kept.audit.dir, kept.message_faults.spec) == (str(tmp_path / "audit"), "seed=3,drop=0.01")
 
 
+def test_the_coordinator_give_up_reaches_workers_only_when_set(tmp_path, job_file):
+    """Servers always get --coordinator-give-up; workers get
+    --coordinator_give_up_seconds only for a value other than the default,
+    so that worker programs without the flag still run."""
+    binaries = Binaries.locate(tmp_path / "build", "tessera-logreg")
+    layout = RunLayout(tmp_path / "run")
+    assert "--coordinator_give_up_seconds" not in worker_argv(load_config(job_file), binaries, layout, 0, "tcp://h:1")
+    config = load_config(job_file, ["timeouts.coordinator_give_up_seconds=90"])
+    argv = worker_argv(config, binaries, layout, 0, "tcp://h:1")
+    assert argv[argv.index("--coordinator_give_up_seconds") + 1] == "90"
+    argv = server_argv(config, binaries, layout, 0, "tcp://h:1", debug=False)
+    assert argv[argv.index("--coordinator-give-up") + 1] == "90"
+
+
 def test_a_job_with_server_weights_in_its_file_runs(tmp_path, fake_build):
     path = tmp_path / "weighted.yaml"
     path.write_text(JOB.replace("  vshards: 8\n", "  vshards: 8\n  server_weights: [1, 3]\n"))

@@ -66,6 +66,9 @@ int main(int argc, char** argv) {
   app.add_option("--resend-after-ms", resend_after_ms, "Send a request again when unanswered this long (lost messages)")
       ->check(CLI::PositiveNumber);
   double request_timeout = 60, hold_timeout = 120;
+  double give_up = static_cast<double>(wo.coordinator_give_up) / 1e9;
+  app.add_option("--coordinator_give_up_seconds", give_up, "Coordinator silence this worker waits out")
+      ->check(CLI::PositiveNumber);
   app.add_option("--request-timeout-seconds", request_timeout, "A push fails after this long unanswered")
       ->check(CLI::PositiveNumber);
   app.add_option("--hold-timeout-seconds", hold_timeout, "A clock a server holds for slower workers fails after this")
@@ -74,6 +77,7 @@ int main(int argc, char** argv) {
   wo.resend_after = static_cast<tessera::Nanos>(resend_after_ms) * tessera::kMillis;
   wo.request_timeout = static_cast<tessera::Nanos>(request_timeout * 1e9);
   wo.hold_timeout = static_cast<tessera::Nanos>(hold_timeout * 1e9);
+  wo.coordinator_give_up = static_cast<tessera::Nanos>(give_up * 1e9);
   tessera::InitLogging(name, false);
   if (!bind.empty()) wo.bind = bind;
   auto connected = tessera::Worker::Connect(wo);

@@ -19,13 +19,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jobprocs import (LocalEtcd, check_audit_verdict, command_line, job_environment,  # noqa: E402
-                      shard_map_problems, wait_for_address, wait_for_process)
+                      run_audit_check, shard_map_problems, wait_for_address, wait_for_process)
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("TESSERA_BUILD_DIR", REPO / "build"))
 CONFIG = Path(__file__).resolve().parent / "audit_job.yaml"
 WORKLOAD = BUILD / "tests" / "audit" / "tessera-audit-workload"
-CHECK = Path(__file__).resolve().parent / "audit_check.py"
 
 
 class Job:
@@ -85,10 +84,7 @@ class Job:
         return out
 
     def verdict(self):
-        out_json = self.run_dir / "audit.json"
-        check = subprocess.run([sys.executable, str(CHECK), "--records", str(self.records), "--audit", str(self.audit),
-                                "--json", str(out_json)], capture_output=True, text=True, timeout=120)
-        return check, (json.loads(out_json.read_text()) if out_json.exists() else None)
+        return run_audit_check(self.records, self.audit, self.run_dir / "audit.json")
 
 
 def assert_job_ok(job, out):

@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
-from netns_hosts import NamespaceHosts
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/jobprocs.py
+from jobprocs import run_audit_check  # noqa: E402
+from netns_hosts import NamespaceHosts  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCH = REPO / "launcher" / "tessera-launch"
 AUDIT_CONFIG = REPO / "tests" / "audit" / "audit_job.yaml"
-AUDIT_CHECK = REPO / "tests" / "audit" / "audit_check.py"
 PYTHON = "/usr/bin/python3"
 
 
@@ -86,12 +85,6 @@ class HostJob:
                                         env=env, stdin=subprocess.DEVNULL, cwd=REPO)
         self.output = ""
 
-    def host_of(self, name: str) -> int:
-        for index, members in enumerate(self.layout):
-            if name in members:
-                return index
-        raise KeyError(name)
-
     def running(self) -> bool:
         return self.process.poll() is None
 
@@ -132,17 +125,9 @@ class HostJob:
 
     def verdict(self) -> tuple:
         """(audit_check's CompletedProcess, its JSON verdict or None)."""
-        out = self.workdir / "audit.json"
-        check = subprocess.run([PYTHON, str(AUDIT_CHECK), "--records", str(self.records), "--audit",
-                                str(self.audit), "--json", str(out)], capture_output=True, text=True, timeout=120)
-        return check, (json.loads(out.read_text()) if out.exists() else None)
+        return run_audit_check(self.records, self.audit, self.workdir / "audit.json")
 
     def describe(self) -> str:
         """The launcher's output and the last lines of the coordinator, for failures."""
         tail = "\n".join(self.log("coordinator").splitlines()[-25:])
         return f"{self.finish()[-5000:]}\n--- coordinator.log (end) ---\n{tail}"
-
-
-def first_line(text: str, pattern: str) -> Optional[str]:
-    match = re.search(pattern, text, re.MULTILINE)
-    return match.group(0) if match else None

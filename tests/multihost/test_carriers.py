@@ -11,10 +11,10 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
+from jobprocs import check_audit_verdict, run_audit_check
 from multihost import AUDIT_CONFIG, LAUNCH, PYTHON, REPO, build_dir
 from slurm_hosts import SlurmHosts
 from slurm_hosts import missing as slurm_missing
@@ -37,13 +37,7 @@ def check(tmp_path, proc, run_dir, hosts, min_hosts: int) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "ok", summary["reason"]
     assert summary["processes"]["server-1"] == -9, summary["processes"]
-    out = tmp_path / "audit.json"
-    verdict = subprocess.run([PYTHON, str(REPO / "tests" / "audit" / "audit_check.py"), "--records",
-                              str(tmp_path / "records"), "--audit", str(tmp_path / "audit"), "--json", str(out)],
-                             capture_output=True, text=True, timeout=120)
-    assert verdict.returncode == 0, verdict.stdout + verdict.stderr
-    result = json.loads(out.read_text())
-    assert result["lost"] == 0 and result["duplicates"] == 0 and result["acknowledged"] >= 300, result
+    check_audit_verdict(*run_audit_check(tmp_path / "records", tmp_path / "audit", tmp_path / "audit.json"), 300)
     bound = set()
     for name in ("server-0", "server-1", "server-2", "worker-0", "worker-1", "worker-2"):
         log = (run_dir / "logs" / f"{name}.log").read_text()
