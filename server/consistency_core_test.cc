@@ -286,5 +286,38 @@ TEST_F(ConsistencyCoreTest, RequestsHeldPerSenderAreCapped) {
   EXPECT_EQ(out.size(), 2u);
 }
 
+// A worker that sends a held request again (its resend timer fired while the
+// server held it for a slower worker) gets one answer, under the newest
+// request id, with the time held counted from the newest send; the capped
+// count of held requests is not used up by resends.
+TEST_F(ConsistencyCoreTest, ARequestSentAgainWhileHeldIsHeldOnceUnderItsNewestId) {
+  Init(proto::BSP, 0, false, {.node_id = 1, .max_held_per_peer = 2});
+  ASSERT_EQ(Pull(kW0, 1, 10, /*now=*/0).size(), 0u);  // held: w1 is at 0
+  for (uint64_t id = 11; id <= 14; ++id) {
+    Message again = From(kW0, id);
+    again.header.set_first_request_id(10);
+    again.header.mutable_pull()->set_table_id(1);
+    again.header.mutable_pull()->set_num_keys(1);
+    again.header.mutable_pull()->set_clock(1);
+    Key k = 42;
+    again.frames.push_back(Buffer::CopyOf(&k, sizeof k));
+    ASSERT_EQ(core_->Step(std::move(again), static_cast<Nanos>(id) * kMillis).size(), 0u) << id;
+  }
+  EXPECT_EQ(core_->held(), 1u);
+  EXPECT_EQ(core_->stats().held_resends, 4u);
+  // Another request of w0 may still be held (the cap counts 1 so far).
+  ASSERT_EQ(Clock(kW0, 1, 20, 15 * kMillis).size(), 0u);
+  auto out = Clock(kW1, 1, 0, 30 * kMillis);  // w1 catches up
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].message.header.request_id(), 14u) << "the pull, under its newest id";
+  EXPECT_EQ(out[0].message.header.pull_reply().held_us(), 16'000u) << "held since the newest send, at 14 ms";
+  EXPECT_EQ(out[1].message.header.request_id(), 20u);
+  // A resend of a request no longer held is answered like any request.
+  Message late = From(kW0, 15);
+  late.header.set_first_request_id(10);
+  late.header.mutable_clock_advance()->set_clock(1);
+  EXPECT_EQ(core_->Step(std::move(late), 31 * kMillis).size(), 1u);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -333,6 +333,22 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
     auto required = RequiredMinClock(request);
     if (required.ok() && clocks_.min_clock() < *required) {
       const std::string& from = request.header.sender_address();
+      if (const uint64_t first = h.first_request_id(); first != 0) {
+        // Sent again while an earlier send is held here: keep holding that
+        // one, to be answered under the newest id (the sender has given up
+        // on the older ones), its held time counted from now (the sender
+        // times its round trips from this send).
+        for (Held& x : held_) {
+          const proto::Envelope& xh = x.request.header;
+          if (xh.sender_address() != from || (xh.request_id() != first && xh.first_request_id() != first)) continue;
+          x.request.header.set_request_id(h.request_id());
+          x.request.header.set_first_request_id(first);
+          x.arrived = now;
+          stats_.held_resends++;
+          if (clocks_moved) ReleaseHeld(now, out);
+          return out;
+        }
+      }
       const size_t held_here = static_cast<size_t>(std::count_if(
           held_.begin(), held_.end(), [&](const Held& x) { return x.request.header.sender_address() == from; }));
       if (held_here >= options_.max_held_per_peer) {

@@ -38,6 +38,10 @@
 //   announced clock >= c - s (BSP: s = 0; ASP: never held), so it reflects
 //   every push stamped <= c - s - 1. A ClockAdvance is acknowledged only once
 //   the slowest live worker is within the strictest staleness of any table.
+//   A request sent again (Envelope.first_request_id) while an earlier send
+//   of it from the same sender is held is not held twice: the held one is
+//   answered under the newer request id, its held_us counted from the
+//   newer arrival (the sender times its round trip from there).
 //   Held requests are answered, in arrival order, as soon as the clock table
 //   allows, or with DeadlineExceeded naming the workers still behind after
 //   their hold timeout (Tick). Workers that left (WorkersLeft) are not waited for.
@@ -185,6 +189,7 @@ inline constexpr size_t kPullPieceDescriptorBytes = 16;
 
 struct ServerStats {
   uint64_t held_requests = 0;  // pulls and clock advances that had to wait
+  uint64_t held_resends = 0;   // requests sent again while their first send was held: held once, under the new id
   uint64_t push_requests = 0;
   uint64_t pull_requests = 0;
   uint64_t bad_requests = 0;

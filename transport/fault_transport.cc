@@ -241,6 +241,7 @@ class FaultTransport::Impl : public std::enable_shared_from_this<Impl> {
   absl::Status Send(const std::string& to, Message message);
   void Stop();
   TransportStats stats() const { return inner_->stats(); }
+  void SetLinkHandler(Transport::LinkHandler handler) { inner_->SetLinkHandler(std::move(handler)); }
   bool LendsTo(const std::string& to, size_t bytes) const { return inner_->LendsTo(to, bytes); }
   FaultStats fault_stats() const {
     std::lock_guard lock(mu_);
@@ -503,6 +504,7 @@ void FaultTransport::Stop() { impl_->Stop(); }
 
 TransportStats FaultTransport::stats() const { return impl_->stats(); }
 bool FaultTransport::LendsTo(const std::string& to, size_t bytes) const { return impl_->LendsTo(to, bytes); }
+void FaultTransport::SetLinkHandler(LinkHandler handler) { impl_->SetLinkHandler(std::move(handler)); }
 
 FaultStats FaultTransport::fault_stats() const { return impl_->fault_stats(); }
 

@@ -94,6 +94,18 @@ class Transport {
   // Makes a thread inside DeliverUntil check its done() now. Thread-safe,
   // cheap when nobody delivers that way; a no-op where unsupported.
   virtual void WakeCallerDelivery() {}
+
+  // Link events (optional). A transport that keeps connections to the
+  // addresses it sends to calls handler(address, false) when the connection
+  // to `address` went down, and handler(address, true) when it was made
+  // again after that: messages sent on the old connection and not yet
+  // delivered may be lost (the caller sends again what it still awaits).
+  // The first connection to an address is no event. Set before Start; the
+  // handler runs on a transport thread, must not block for long, and may
+  // call Send. Transports without connections (in-process) never call it;
+  // wrappers pass it to the transport they wrap.
+  using LinkHandler = std::function<void(const std::string& address, bool up)>;
+  virtual void SetLinkHandler(LinkHandler /*handler*/) {}
 };
 
 }  // namespace tessera

@@ -486,6 +486,69 @@ TEST_P(TransportConformanceTest, PeerDeathAndRestart) {
   }
 }
 
+// Link events (Transport::SetLinkHandler): a sender hears that its
+// connection to a peer went down when the peer goes, and that it was made
+// again when a peer listens there again; nothing for the first connection.
+class LinkLog {
+ public:
+  Transport::LinkHandler handler() {
+    return [this](const std::string& address, bool up) {
+      std::lock_guard lock(mu_);
+      events_.emplace_back(address, up);
+      cv_.notify_all();
+    };
+  }
+  bool WaitFor(size_t n) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, kDeadline, [&] { return events_.size() >= n; });
+  }
+  std::vector<std::pair<std::string, bool>> Snapshot() const {
+    std::lock_guard lock(mu_);
+    return events_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<std::string, bool>> events_;
+};
+
+TEST_P(TransportConformanceTest, LinkEventsFollowAPeersConnection) {
+  if (GetParam() == Kind::kInProc || GetParam() == Kind::kRdma) {
+    GTEST_SKIP() << "no connections of its own to watch";
+  }
+  LinkLog links;
+  auto sender = NewTransport();
+  ASSERT_TRUE(sender);
+  sender->SetLinkHandler(links.handler());
+  ASSERT_OK(sender->Start(IgnoreMessage));
+  const std::string address = VacantAddress();
+  {
+    Inbox inbox;
+    auto peer = TransportAt(address);
+    ASSERT_TRUE(peer);
+    ASSERT_OK(StartWithRetry(*peer, inbox.handler()));
+    ASSERT_OK(sender->Send(address, MakeMessage(1)));
+    ASSERT_TRUE(inbox.WaitForRequest(1));
+    EXPECT_TRUE(links.Snapshot().empty()) << "the first connection is no event";
+    peer->Stop();
+  }
+  ASSERT_TRUE(links.WaitFor(1)) << "no word that the connection went down";
+  {
+    Inbox inbox;
+    auto peer = TransportAt(address);
+    ASSERT_TRUE(peer);
+    ASSERT_OK(StartWithRetry(*peer, inbox.handler()));
+    ASSERT_TRUE(links.WaitFor(2)) << "no word that the connection was made again";
+    ASSERT_OK(sender->Send(address, MakeMessage(2)));
+    ASSERT_TRUE(inbox.WaitForRequest(2));
+  }
+  const auto events = links.Snapshot();
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events[0], std::make_pair(address, false));
+  EXPECT_EQ(events[1], std::make_pair(address, true));
+}
+
 // (f) Garbage from a raw ZeroMQ peer is counted and dropped; the handler never
 // sees it and good messages still arrive.
 TEST_P(TransportConformanceTest, MalformedInputIsCountedAndDropped) {

@@ -110,6 +110,7 @@ class ZmqTransport::Impl {
   TransportStats stats() const;
   bool DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait);
   void WakeCallerDelivery();
+  void SetLinkHandler(Transport::LinkHandler handler) { link_handler_ = std::move(handler); }
   const std::string& address() const { return address_; }
   const Options& options() const { return options_; }
 
@@ -209,6 +210,23 @@ class ZmqTransport::Impl {
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> malformed_received_{0};
   std::atomic<uint64_t> auth_rejected_{0};
+
+  // Links: one monitor per DEALER (its events arrive on a PAIR socket),
+  // read by link_thread_. PeerFor adds monitors to new_monitors_; the thread
+  // takes them over, and closes every one on its way out (ETERM).
+  struct Monitor {
+    std::string address;
+    zmq::socket_t events;
+    bool down = false;
+  };
+  Transport::LinkHandler link_handler_;  // set before Start, then only read
+  std::mutex monitors_mu_;
+  std::vector<std::unique_ptr<Monitor>> new_monitors_ ABSL_GUARDED_BY(monitors_mu_);
+  uint64_t monitors_made_ ABSL_GUARDED_BY(monitors_mu_) = 0;
+  std::thread link_thread_ ABSL_GUARDED_BY(lifecycle_mu_);
+  void LinkLoop();
+  // Watches `socket` (a DEALER to `to`) when a link handler is set.
+  void Watch(zmq::socket_t& socket, const std::string& to);
 
   // CURVE: the ZAP handler's thread, started before the ROUTER binds and
   // joined in Finish (context shutdown wakes it with ETERM).
@@ -361,6 +379,7 @@ absl::Status ZmqTransport::Impl::Start(std::shared_ptr<Impl> self, Handler handl
   if (curve()) zap_thread_ = std::thread([this, zap = std::move(zap)]() mutable { ZapLoop(std::move(zap)); });
   handler_ = std::move(handler);
   state_.store(kRunning);
+  if (link_handler_) link_thread_ = std::thread([this] { LinkLoop(); });
   thread_ = std::thread([self = std::move(self)]() mutable {
     self->ReceiveLoop();
     self.reset();  // may destroy the transport state, if the owner let go from the handler
@@ -378,6 +397,10 @@ absl::StatusOr<std::shared_ptr<ZmqTransport::Impl::Peer>> ZmqTransport::Impl::Pe
     socket.set(zmq::sockopt::sndhwm, 0);         // queue without bound: Send never waits
     socket.set(zmq::sockopt::immediate, false);  // queue for peers not connected yet
     socket.set(zmq::sockopt::linger, options_.linger_ms);
+    if (options_.link_timeout_ms > 0) socket.set(zmq::sockopt::tcp_maxrt, options_.link_timeout_ms);
+    if (options_.connect_timeout_ms > 0) socket.set(zmq::sockopt::connect_timeout, options_.connect_timeout_ms);
+    if (options_.reconnect_ms > 0) socket.set(zmq::sockopt::reconnect_ivl, options_.reconnect_ms);
+    Watch(socket, to);
     if (curve()) {
       socket.set(zmq::sockopt::curve_serverkey, options_.curve_public_key);
       socket.set(zmq::sockopt::curve_publickey, options_.curve_public_key);
@@ -395,6 +418,71 @@ absl::StatusOr<std::shared_ptr<ZmqTransport::Impl::Peer>> ZmqTransport::Impl::Pe
   }
   peers_.emplace(to, peer);
   return peer;
+}
+
+void ZmqTransport::Impl::Watch(zmq::socket_t& socket, const std::string& to) {
+  if (!link_handler_) return;
+  std::lock_guard lock(monitors_mu_);
+  const std::string endpoint =
+      absl::StrCat("inproc://tessera-link-", reinterpret_cast<uintptr_t>(this), "-", monitors_made_++);
+  if (zmq_socket_monitor(socket.handle(), endpoint.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+    TLOG_WARN("{}: cannot watch the connection to {} ({}); a broken link is found by timeouts only", address_, to,
+              zmq_strerror(zmq_errno()));
+    return;
+  }
+  auto monitor = std::make_unique<Monitor>();
+  monitor->address = to;
+  monitor->events = zmq::socket_t(*ctx_, zmq::socket_type::pair);
+  monitor->events.set(zmq::sockopt::linger, 0);
+  monitor->events.connect(endpoint);
+  new_monitors_.push_back(std::move(monitor));
+}
+
+void ZmqTransport::Impl::LinkLoop() {
+  std::vector<std::unique_ptr<Monitor>> monitors;
+  std::vector<zmq::pollitem_t> items;
+  for (;;) {
+    {
+      std::lock_guard lock(monitors_mu_);
+      for (auto& m : new_monitors_) monitors.push_back(std::move(m));
+      new_monitors_.clear();
+    }
+    items.clear();
+    for (auto& m : monitors) items.push_back(zmq::pollitem_t{m->events.handle(), 0, ZMQ_POLLIN, 0});
+    try {
+      if (items.empty()) {
+        // Nothing to watch yet: wait for the first DEALER (or the end).
+        if (state_.load(std::memory_order_acquire) != kRunning) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(100));
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (!(items[i].revents & ZMQ_POLLIN)) continue;
+        Monitor& m = *monitors[i];
+        zmq::message_t event, endpoint;
+        if (!m.events.recv(event, zmq::recv_flags::dontwait)) continue;
+        if (event.more()) (void)m.events.recv(endpoint, zmq::recv_flags::dontwait);
+        if (event.size() < sizeof(uint16_t)) continue;
+        uint16_t id;
+        std::memcpy(&id, event.data(), sizeof(id));
+        const bool up = id == ZMQ_EVENT_CONNECTED;
+        if (up == !m.down) continue;  // the first connection, or a repeat
+        m.down = !up;
+        if (state_.load(std::memory_order_acquire) != kRunning) continue;
+        TLOG_DEBUG("{}: connection to {} {}", address_, m.address, up ? "made again" : "down");
+        try {
+          link_handler_(m.address, up);
+        } catch (const std::exception& e) {
+          TLOG_ERROR("{}: the link handler threw: {}", address_, e.what());
+        }
+      }
+    } catch (const zmq::error_t& e) {
+      if (e.num() == ETERM) break;
+      TLOG_WARN("{}: watching connections: {}", address_, ErrorText(e));
+    }
+  }
+  for (auto& m : monitors) m->events.close();
 }
 
 zmq::message_t ZmqTransport::Impl::FrameToZmq(Buffer frame) const {
@@ -760,6 +848,12 @@ void ZmqTransport::Impl::Finish() {
     }
   }
   if (zap_thread_.joinable()) zap_thread_.join();  // woken by the shutdown; closes its socket
+  if (link_thread_.joinable()) link_thread_.join();  // woken by the shutdown; closes its monitors
+  {
+    std::lock_guard monitors_lock(monitors_mu_);
+    for (auto& m : new_monitors_) m->events.close();  // made after the link thread left
+    new_monitors_.clear();
+  }
   CloseDealers();
   {
     std::lock_guard router_lock(router_mu_);
@@ -798,6 +892,8 @@ bool ZmqTransport::DeliverUntil(const std::function<bool()>& done, std::chrono::
   std::shared_ptr<Impl> impl = impl_;  // the handler may destroy this object meanwhile
   return impl->DeliverUntil(done, max_wait);
 }
+
+void ZmqTransport::SetLinkHandler(LinkHandler handler) { impl_->SetLinkHandler(std::move(handler)); }
 
 void ZmqTransport::WakeCallerDelivery() { impl_->WakeCallerDelivery(); }
 

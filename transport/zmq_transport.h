@@ -74,6 +74,18 @@
 //   shared secret. A refused peer's handshake fails; nothing it sends reaches
 //   the handler; stats().auth_rejected counts the refusals. Without keys the
 //   transport is open to anyone who can reach the port.
+// - Links (Transport::SetLinkHandler): each DEALER's connection is watched
+//   (a ZeroMQ socket monitor, read by one thread of this transport); the
+//   handler hears (address, false) when a connection went down and
+//   (address, true) when ZeroMQ made it again. A tcp connection whose sent
+//   bytes go unacknowledged for options.link_timeout_ms (TCP_USER_TIMEOUT)
+//   is closed and made again, a connection attempt gives up after
+//   options.connect_timeout_ms and is tried again options.reconnect_ms
+//   later, so that a link cut by the network (packets dropped, no reset)
+//   is found broken within seconds, and once the network heals a fresh
+//   connection is up within about connect_timeout_ms + reconnect_ms instead
+//   of waiting out the kernel's doubling retransmission timer (which after a
+//   cut of a minute waits about a minute more).
 // - Thread safety: every public method may be called from any thread once
 //   Start() has returned; stats() is a snapshot of counters.
 // - Exceptions: none escape; cppzmq's zmq::error_t becomes absl::Status.
@@ -111,6 +123,10 @@ class ZmqTransport final : public Transport {
     // Incoming frames smaller than this are copied out of the ZeroMQ message,
     // so that a kept Buffer does not pin libzmq's shared 8 KiB receive batch.
     size_t receive_copy_below_bytes = 8 * 1024;
+    // Links (see the contract; tcp only; 0: the system's default for each).
+    int link_timeout_ms = 2000;     // sent bytes unacknowledged this long: the connection is broken
+    int connect_timeout_ms = 500;   // a connection attempt gives up after this ...
+    int reconnect_ms = 100;         // ... and the next one starts this much later
     // The job's CURVE key pair (Z85, 40 characters each; transport/job_keys.h);
     // both empty = no authentication or encryption.
     std::string curve_public_key;
@@ -138,6 +154,7 @@ class ZmqTransport final : public Transport {
   // (waiting for a message) and no other thread delivers this way.
   bool DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait) override;
   void WakeCallerDelivery() override;
+  void SetLinkHandler(LinkHandler handler) override;
 
   const Options& options() const;
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -37,8 +38,90 @@ void RequestTracker::Begin(Handle handle, std::string what, std::vector<PartSpec
     part.sent_at = now;
     part.transfer = p.transfer;
     part.queued = p.queued;
+    if (!part.queued) Sent(part, now);
   }
   ops_.emplace(raw, std::move(op));
+}
+
+RequestTracker::Peer& RequestTracker::PeerOf(uint32_t rank) {
+  auto it = peers_.find(rank);
+  if (it == peers_.end()) it = peers_.emplace(rank, Peer{RetransmitTimer(retransmit_)}).first;
+  return it->second;
+}
+
+void RequestTracker::Sent(Part& part, Nanos now) {
+  Uncount(part);
+  part.sent_at = now;
+  part.due = false;
+  part.wire_bytes = part.request.FrameBytes() + part.scatter.num_keys * part.op->width * sizeof(float);
+  Peer& peer = PeerOf(part.server_rank);
+  peer.awaiting += part.wire_bytes;
+  part.ahead_bytes = peer.awaiting;
+  part.counted = true;
+}
+
+void RequestTracker::Uncount(Part& part) {
+  if (!part.counted) return;
+  part.counted = false;
+  Peer& peer = PeerOf(part.server_rank);
+  peer.awaiting -= std::min(peer.awaiting, part.wire_bytes);
+}
+
+Nanos RequestTracker::DueAt(const Part& part) const {
+  if (part.parked || part.queued || part.request.header.body_case() == proto::Envelope::BODY_NOT_SET) {
+    return std::numeric_limits<Nanos>::max();
+  }
+  if (part.due) return std::numeric_limits<Nanos>::min();
+  auto it = peers_.find(part.server_rank);
+  if (part.received != 0 || (it != peers_.end() && it->second.link_down)) return std::numeric_limits<Nanos>::max();
+  const Nanos wait = it == peers_.end() ? RetransmitTimer(retransmit_).After(part.resends, part.ahead_bytes)
+                                        : it->second.timer.After(part.resends, part.ahead_bytes);
+  return part.sent_at + wait;
+}
+
+bool RequestTracker::SilentPast(const Part& part, Nanos now) const {
+  const Nanos due = DueAt(part);
+  return due != std::numeric_limits<Nanos>::max() && now >= due;
+}
+
+Nanos RequestTracker::NextDue() const {
+  Nanos next = std::numeric_limits<Nanos>::max();
+  for (const auto& [id, part] : parts_) next = std::min(next, DueAt(part));
+  return next;
+}
+
+Nanos RequestTracker::ShortestTimer() const {
+  Nanos shortest = RetransmitTimer(retransmit_).rto();
+  for (const auto& [rank, peer] : peers_) shortest = std::min(shortest, peer.timer.rto());
+  return shortest;
+}
+
+size_t RequestTracker::LinkRestored(uint32_t rank) {
+  PeerOf(rank).link_down = false;
+  size_t n = 0;
+  for (auto& [id, part] : parts_) {
+    if (part.server_rank != rank || part.parked || part.queued ||
+        part.request.header.body_case() == proto::Envelope::BODY_NOT_SET) {
+      continue;
+    }
+    part.due = true;
+    part.received = 0;  // its reply starts over under the new id
+    part.assembled = Buffer();
+    ++n;
+  }
+  return n;
+}
+
+void RequestTracker::LinkDown(uint32_t rank, bool down) { PeerOf(rank).link_down = down; }
+
+std::vector<RequestTracker::ServerTimer> RequestTracker::Timers() const {
+  std::vector<ServerTimer> out;
+  for (const auto& [rank, peer] : peers_) {
+    out.push_back(ServerTimer{rank, peer.timer.rto(), peer.timer.smoothed(), peer.timer.variation(),
+                              peer.timer.samples(), peer.resends, peer.link_down});
+  }
+  std::sort(out.begin(), out.end(), [](const ServerTimer& a, const ServerTimer& b) { return a.rank < b.rank; });
+  return out;
 }
 
 namespace {
@@ -165,7 +248,10 @@ absl::Status RequestTracker::Place(Part& part, const Buffer& frame, uint64_t off
 
 RequestTracker::Completion RequestTracker::Finish(Op* op) {
   for (uint64_t id : op->request_ids) {
-    parts_.erase(id);
+    if (auto it = parts_.find(id); it != parts_.end()) {
+      Uncount(it->second);
+      parts_.erase(it);
+    }
     resend_ops_.erase(id);
   }
   auto node = ops_.extract(op);
@@ -178,7 +264,7 @@ uint64_t RequestTracker::ExpectedValues(uint64_t request_id) const {
   return it->second.scatter.num_keys * it->second.op->width;
 }
 
-std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& reply) {
+std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& reply, Nanos now) {
   std::vector<Completion> done;
   auto it = parts_.find(reply.header.request_id());
   if (it == parts_.end()) {
@@ -188,6 +274,14 @@ std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& r
   Part& part = it->second;
   Op* op = part.op;
   const proto::Envelope& h = reply.header;
+  if (now >= 0 && part.received == 0 && part.counted) {
+    // A round trip: this request id was sent once, at sent_at; the server
+    // says how long it held it on purpose.
+    const uint64_t held_us = h.has_pull_reply() ? h.pull_reply().held_us()
+                             : h.has_clock_ack() ? h.clock_ack().held_us()
+                                                 : 0;
+    PeerOf(part.server_rank).timer.Sample(now - part.sent_at - static_cast<Nanos>(held_us) * 1000);
+  }
   // A table creation is refused this way too, by a server removed from the
   // job (drained) under a map this worker does not have yet; under that
   // map the server is dead and its part is done (TakeResends). The
@@ -202,6 +296,7 @@ std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& r
     part.ready_epoch = std::max(h.epoch(), part.request.header.epoch());
     part.received = 0;
     part.assembled = Buffer();
+    Uncount(part);
     return done;
   }
   bool part_done = true;
@@ -218,6 +313,7 @@ std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& r
     if (!s.ok()) op->status = s;
   }
   if (!part_done) return done;  // more pieces to come
+  Uncount(part);
   parts_.erase(it);
   if (--op->remaining == 0) done.push_back(Finish(op));
   return done;
@@ -226,12 +322,10 @@ std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& r
 std::vector<RequestTracker::Resend> RequestTracker::TakeResends(uint64_t epoch,
                                                                 const std::function<bool(uint32_t)>& dead,
                                                                 std::vector<Completion>* done, Nanos now,
-                                                                Nanos resend_after) {
+                                                                bool silence) {
   std::vector<uint64_t> ids;
   for (const auto& [id, part] : parts_) {
-    const bool silent = resend_after > 0 && !part.parked && !part.queued && part.received == 0 &&
-                        now - part.sent_at >= resend_after << std::min<uint32_t>(part.resends, 6) &&
-                        part.request.header.body_case() != proto::Envelope::BODY_NOT_SET;
+    const bool silent = (silence || part.due) && SilentPast(part, now);
     if (part.parked ? part.ready_epoch <= epoch : (dead(part.server_rank) || silent)) ids.push_back(id);
   }
   std::sort(ids.begin(), ids.end());  // issue order
@@ -239,9 +333,11 @@ std::vector<RequestTracker::Resend> RequestTracker::TakeResends(uint64_t epoch,
   for (uint64_t id : ids) {
     auto node = parts_.extract(id);
     Part& part = node.mapped();
+    Uncount(part);
     if (part.request.header.has_push() || part.request.header.has_pull() ||
         (!dead(part.server_rank) && part.request.header.body_case() != proto::Envelope::BODY_NOT_SET)) {
       const bool lost = !part.parked && !dead(part.server_rank);  // resent for silence, not for a new map
+      if (lost) PeerOf(part.server_rank).resends++;
       resends.push_back(Resend{id, part.server_rank, std::move(part.scatter), std::move(part.request),
                                part.resends + (lost ? 1 : 0), part.transfer});
       // The op keeps counting this part until Reissue.
@@ -271,6 +367,7 @@ std::vector<RequestTracker::Completion> RequestTracker::Reissue(const Resend& ol
     part.resends = old.resends;
     part.transfer = p.transfer;
     part.queued = p.queued;
+    if (!part.queued) Sent(part, now);
   }
   if (--op->remaining == 0) done.push_back(Finish(op));
   return done;
@@ -280,7 +377,7 @@ void RequestTracker::MarkSent(uint64_t request_id, Nanos now) {
   auto it = parts_.find(request_id);
   if (it == parts_.end() || !it->second.queued) return;
   it->second.queued = false;
-  it->second.sent_at = now;
+  Sent(it->second, now);
 }
 
 bool RequestTracker::Queued(uint64_t request_id) const {

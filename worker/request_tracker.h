@@ -35,14 +35,28 @@
 //   names dead. Parts of other kinds (clocks, tables) addressed to a dead
 //   server are answered as done: a lost server needs nothing more from us.
 //   Reissue puts the new requests in the old part's place, in the same op.
-// - Lost messages: TakeResends also hands back every part that kept its
-//   request and has gone unanswered for `resend_after` times 2^k since it
-//   was sent, where k is how often it was sent again already (at most 2^6:
-//   a request a server holds for slower workers is not repeated every few
-//   seconds), whatever its kind, for sending again under a new request id
-//   (a late answer to the old id is then ignored). Every server request is
-//   safe to repeat: pushes are de-duplicated by their sequence number,
-//   clocks and tables are idempotent, pulls read.
+// - Lost messages: with `silence`, TakeResends also hands back every part
+//   that kept its request and has gone unanswered for its server's resend
+//   timer (common/retransmit_timer.h: After(k, bytes), where k is how often
+//   the part was sent again already and bytes the value and key bytes sent
+//   to that server and unanswered when it left, its own included), whatever
+//   its kind, for sending again under a new request id (a late answer to the
+//   old id is then ignored). Every server request is safe to repeat: pushes
+//   are de-duplicated by their sequence number, clocks and tables are
+//   idempotent, pulls read, and a server that holds the first send for
+//   slower workers keeps holding that one (Envelope.first_request_id).
+// - Round trips: every answer (the first message of it, for pieces) that
+//   OnReply is given a time for is a sample of its server's timer: from
+//   when that request id was sent to now, less the time the server says it
+//   held the request (PullReply.held_us, ClockAck.held_us). A request id is
+//   sent once, so no sample is ambiguous.
+// - Links (LinkRestored): when the transport says the connection to a
+//   server was made again, every part sent to it and awaiting an answer is
+//   due at once (what was on the old connection may be lost), including one
+//   whose reply had come in part (it starts over; late pieces of the old id
+//   are ignored). While LinkDown says a server's connection is down, its
+//   parts are not resent for silence (they would only queue behind it).
+//   NextDue says when the next part will be due for silence.
 // - Queued parts (transfer scheduling, worker/worker_core.h): a part begun
 //   or reissued with `queued` set is registered but not sent yet; it is
 //   never resent for silence until MarkSent says it left (its resend timer
@@ -60,6 +74,7 @@
 #include "absl/status/status.h"
 #include "common/clock.h"
 #include "common/message.h"
+#include "common/retransmit_timer.h"
 #include "worker/pulled_rows.h"
 
 namespace tessera {
@@ -121,8 +136,10 @@ class RequestTracker {
     Transfer transfer = {};
   };
 
-  // `server_names` name servers by rank in error messages.
-  explicit RequestTracker(std::vector<std::string> server_names) : server_names_(std::move(server_names)) {}
+  // `server_names` name servers by rank in error messages; `retransmit`
+  // sets up each server's resend timer.
+  explicit RequestTracker(std::vector<std::string> server_names, RetransmitOptions retransmit = {})
+      : server_names_(std::move(server_names)), retransmit_(retransmit) {}
 
   using Destination = PullDestination;
 
@@ -132,7 +149,8 @@ class RequestTracker {
              uint32_t width = 0, Nanos now = 0);
 
   // Feeds a reply; returns the operation if this reply completed it.
-  std::vector<Completion> OnReply(const Message& reply);
+  // `now` (when it arrived; negative: unknown) times its server's round trip.
+  std::vector<Completion> OnReply(const Message& reply, Nanos now = -1);
   // Fails operations with a part past its deadline.
   std::vector<Completion> Tick(Nanos now);
   // Fails every operation in flight (job ended, worker closing).
@@ -141,9 +159,19 @@ class RequestTracker {
   // Parts to send again with the map of `epoch` (see the contract); `dead`
   // says whether a server rank is dead in it. Operations that the dropped
   // parts of other kinds complete go to *done.
-  // `now` and `resend_after` (0: never) time the resends of silent parts.
+  // With `silence`, parts silent past their timer at `now` go again too.
   std::vector<Resend> TakeResends(uint64_t epoch, const std::function<bool(uint32_t)>& dead,
-                                  std::vector<Completion>* done, Nanos now = 0, Nanos resend_after = 0);
+                                  std::vector<Completion>* done, Nanos now = 0, bool silence = false);
+  // The earliest time a part sent and awaiting its answer comes due for a
+  // resend for silence (INT64_MAX: none).
+  Nanos NextDue() const;
+  // The shortest timer (rto) of any server; the initial one when none was timed.
+  Nanos ShortestTimer() const;
+  // The connection to server `rank` was made again: its awaiting parts are
+  // due now (see the contract). Returns how many.
+  size_t LinkRestored(uint32_t rank);
+  // The connection to server `rank` is down (true) or up again (false).
+  void LinkDown(uint32_t rank, bool down);
   // Puts `parts` in the place of the part `old` was taken from (sent at
   // `now`). With no parts, the old part counts as answered (its op may
   // complete: returned).
@@ -187,6 +215,16 @@ class RequestTracker {
   // the row width); 0 for an unknown request or one that is not a pull.
   uint64_t ExpectedValues(uint64_t request_id) const;
   uint64_t ignored_replies() const { return ignored_replies_; }
+  // Each server's resend timer and how many parts went to it again for
+  // silence, by rank (servers never sent to are left out).
+  struct ServerTimer {
+    uint32_t rank = 0;
+    Nanos rto = 0, smoothed = 0, variation = 0;
+    uint64_t samples = 0;
+    uint64_t resends = 0;  // parts sent again for silence or after a restored link
+    bool link_down = false;
+  };
+  std::vector<ServerTimer> Timers() const;
   // Replies whose lent values could not be read because their server was
   // gone (Buffer::CopyOut Unavailable); each was treated as never received.
   uint64_t lost_lent_replies() const { return lost_lent_replies_; }
@@ -217,7 +255,26 @@ class RequestTracker {
     uint32_t resends = 0;    // times sent again because nobody answered
     Transfer transfer;
     bool queued = false;     // not sent yet: no resend timer
+    bool due = false;        // its link was restored: resend now
+    uint64_t wire_bytes = 0;   // request frames plus the values expected back
+    uint64_t ahead_bytes = 0;  // wire bytes awaiting at its server when it left, its own included
+    bool counted = false;      // wire_bytes are in awaiting_[server_rank]
   };
+  // Per server: its timer, the wire bytes of its parts awaiting an answer,
+  // resends for silence, and whether its link is down.
+  struct Peer {
+    RetransmitTimer timer;
+    uint64_t awaiting = 0;
+    uint64_t resends = 0;
+    bool link_down = false;
+  };
+  Peer& PeerOf(uint32_t rank);
+  // Part `part` left at `now`: its timer starts and its bytes count.
+  void Sent(Part& part, Nanos now);
+  // Its bytes no longer count (answered, taken out, or its op ended).
+  void Uncount(Part& part);
+  bool SilentPast(const Part& part, Nanos now) const;
+  Nanos DueAt(const Part& part) const;
   // Applies a reply (or one piece of it) to its part; sets *part_done when
   // the part needs nothing more (it answered, or failed).
   absl::Status ApplyReply(Part& part, const Message& reply, bool* part_done);
@@ -228,6 +285,8 @@ class RequestTracker {
   std::string ServerName(uint32_t rank) const;
 
   std::vector<std::string> server_names_;
+  RetransmitOptions retransmit_;
+  absl::flat_hash_map<uint32_t, Peer> peers_;
   // Invariant: every Part's op is in ops_; an op's request_ids are exactly
   // the parts in parts_ that point to it plus those already answered.
   absl::flat_hash_map<Op*, std::unique_ptr<Op>> ops_;

@@ -3,11 +3,18 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 
 #include "server/server_core.h"
 
 namespace tessera {
 namespace {
+
+// A resend timer fixed at `initial` (no samples are fed in these tests
+// unless they say so), doubling per resend, no allowance for bytes.
+RetransmitOptions Fixed(Nanos initial) {
+  return RetransmitOptions{.initial = initial, .floor = 1, .ceiling = Nanos{1} << 50, .bytes_per_second = 0};
+}
 
 Message Ack(uint64_t id) {
   Message m;
@@ -273,7 +280,7 @@ TEST(RequestTrackerTest, LentRowsThatLandTogetherAreReadAsOneRangeAndLargeOnesDi
 }
 
 TEST(RequestTrackerTest, LentValuesOfAServerThatIsGoneAreAsIfNeverReceived) {
-  RequestTracker t({"a"});
+  RequestTracker t({"a"}, Fixed(100));
   std::vector<float> out(2, -1);
   Message pull;
   pull.header.mutable_pull();
@@ -286,7 +293,7 @@ TEST(RequestTrackerTest, LentValuesOfAServerThatIsGoneAreAsIfNeverReceived) {
   // Sent again when it stays silent, and the answer to that completes it.
   auto never_dead = [](uint32_t) { return false; };
   std::vector<RequestTracker::Completion> done;
-  auto again = t.TakeResends(1, never_dead, &done, 100, 100);
+  auto again = t.TakeResends(1, never_dead, &done, 100, true);
   ASSERT_EQ(again.size(), 1u);
   EXPECT_TRUE(t.Reissue(again[0], {{11, 0, {0, {}, 1}, pull}}, 100).empty());
   done = t.OnReply(Values(11, {7, 8}));
@@ -430,21 +437,21 @@ TEST(RequestTrackerTest, AReissuedOpThatTimedOutMeanwhileIsNotRevived) {
 }
 
 TEST(RequestTrackerTest, SilentPartsAreSentAgainWithBackoff) {
-  RequestTracker t({"a"});
+  RequestTracker t({"a"}, Fixed(100));
   Message clock;
   clock.header.mutable_clock_advance()->set_clock(3);
   t.Begin(std::make_shared<int>(0), "clock", {{10, 0, {}, clock}}, 1'000'000, {}, 0, /*now=*/0);
   auto never_dead = [](uint32_t) { return false; };
   std::vector<RequestTracker::Completion> done;
-  EXPECT_TRUE(t.TakeResends(1, never_dead, &done, 99, 100).empty());
-  EXPECT_TRUE(t.TakeResends(1, never_dead, &done, 5000, 0).empty()) << "resend_after 0: never";
-  auto first = t.TakeResends(1, never_dead, &done, 100, 100);
+  EXPECT_TRUE(t.TakeResends(1, never_dead, &done, 99, true).empty());
+  EXPECT_TRUE(t.TakeResends(1, never_dead, &done, 5000, false).empty()) << "without silence: never";
+  auto first = t.TakeResends(1, never_dead, &done, 100, true);
   ASSERT_EQ(first.size(), 1u);
   EXPECT_EQ(first[0].resends, 1u);
   EXPECT_TRUE(first[0].request.header.has_clock_advance());
   EXPECT_TRUE(t.Reissue(first[0], {{11, 0, {}, clock}}, /*now=*/100).empty());
-  EXPECT_TRUE(t.TakeResends(1, never_dead, &done, 299, 100).empty()) << "the second wait is twice as long";
-  auto second = t.TakeResends(1, never_dead, &done, 300, 100);
+  EXPECT_TRUE(t.TakeResends(1, never_dead, &done, 299, true).empty()) << "the second wait is twice as long";
+  auto second = t.TakeResends(1, never_dead, &done, 300, true);
   ASSERT_EQ(second.size(), 1u);
   EXPECT_EQ(second[0].resends, 2u);
   EXPECT_TRUE(t.Reissue(second[0], {{12, 0, {}, clock}}, 300).empty());
@@ -458,7 +465,7 @@ TEST(RequestTrackerTest, SilentPartsAreSentAgainWithBackoff) {
 // how many it owes, the longest wait first; answered parts and young
 // operations are not reported.
 TEST(RequestTrackerTest, OwedByNamesEachSilentServerAndItsOldestRequest) {
-  RequestTracker t({"tcp://a:1", "tcp://b:2"});
+  RequestTracker t({"tcp://a:1", "tcp://b:2"}, Fixed(2 * kSeconds));
   Message clock;
   clock.header.mutable_clock_advance()->set_clock(3);
   t.Begin(std::make_shared<int>(0), "clock 3", {{10, 0, {}, clock}, {11, 1, {}, clock}}, 60 * kSeconds, {}, 0,
@@ -480,7 +487,7 @@ TEST(RequestTrackerTest, OwedByNamesEachSilentServerAndItsOldestRequest) {
   // A resend keeps the operation's start: the wait goes on counting.
   auto never_dead = [](uint32_t) { return false; };
   std::vector<RequestTracker::Completion> done;
-  auto resends = t.TakeResends(1, never_dead, &done, 10 * kSeconds, 2 * kSeconds);
+  auto resends = t.TakeResends(1, never_dead, &done, 10 * kSeconds, true);
   ASSERT_FALSE(resends.empty());
   for (const auto& r : resends) {
     EXPECT_TRUE(t.Reissue(r, {{100 + r.request_id, r.server_rank, {}, clock}}, 10 * kSeconds).empty());
@@ -495,7 +502,7 @@ TEST(RequestTrackerTest, OwedByNamesEachSilentServerAndItsOldestRequest) {
 }
 
 TEST(RequestTrackerTest, QueuedPartsAreTimedFromWhenTheyAreSent) {
-  RequestTracker t({"a", "b"});
+  RequestTracker t({"a", "b"}, Fixed(100));
   RequestTracker::PartSpec sent{10, 0, {}, PullRequest(1), {2, 10, 8}};
   RequestTracker::PartSpec queued{11, 0, {}, PullRequest(1), {2, 11, 8}, /*queued=*/true};
   std::vector<RequestTracker::PartSpec> parts;
@@ -510,7 +517,7 @@ TEST(RequestTrackerTest, QueuedPartsAreTimedFromWhenTheyAreSent) {
   auto never_dead = [](uint32_t) { return false; };
   std::vector<RequestTracker::Completion> done;
   // Silent for resend_after: only the part that was sent goes again.
-  auto resends = t.TakeResends(1, never_dead, &done, 100, 100);
+  auto resends = t.TakeResends(1, never_dead, &done, 100, true);
   ASSERT_EQ(resends.size(), 1u);
   EXPECT_EQ(resends[0].request_id, 10u);
   EXPECT_EQ(resends[0].transfer.priority, 2);
@@ -522,8 +529,8 @@ TEST(RequestTrackerTest, QueuedPartsAreTimedFromWhenTheyAreSent) {
   EXPECT_FALSE(t.Queued(11));
   EXPECT_TRUE(t.Awaiting(11));
   EXPECT_EQ(t.queued(), 0u);
-  for (const auto& r : t.TakeResends(1, never_dead, &done, 599, 100)) EXPECT_NE(r.request_id, 11u);
-  resends = t.TakeResends(1, never_dead, &done, 600, 100);
+  for (const auto& r : t.TakeResends(1, never_dead, &done, 599, true)) EXPECT_NE(r.request_id, 11u);
+  resends = t.TakeResends(1, never_dead, &done, 600, true);
   ASSERT_FALSE(resends.empty());
   EXPECT_EQ(resends.back().request_id, 11u);
 }
@@ -641,6 +648,171 @@ TEST(RequestTrackerTest, AViewPartParkedAndResentStartsItsPiecesAgain) {
   EXPECT_TRUE(done[0].status.ok()) << done[0].status;
   EXPECT_EQ(ViewFloats(view), (std::vector<float>{7, 8}));
   EXPECT_EQ(view.held_bytes(), 8u) << "nothing of the abandoned pieces is kept";
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// --- Resend timers from round trips (issue: requests that recover at network speed) ---
+
+RetransmitOptions Learned() {
+  return RetransmitOptions{.initial = 200 * kMillis, .floor = 1 * kMillis, .ceiling = 1 * kSeconds,
+                           .bytes_per_second = 0};
+}
+
+Message Clock(uint64_t c) {
+  Message m;
+  m.header.mutable_clock_advance()->set_clock(c);
+  return m;
+}
+
+Message ClockAck(uint64_t id, uint64_t held_us) {
+  Message m;
+  m.header.set_request_id(id);
+  m.header.mutable_clock_ack()->set_held_us(held_us);
+  return m;
+}
+
+const auto kNeverDead = [](uint32_t) { return false; };
+
+TEST(RequestTrackerTimerTest, TheTimerFollowsTheRoundTripsItSees) {
+  RequestTracker t({"a"}, Learned());
+  EXPECT_EQ(t.ShortestTimer(), 200 * kMillis) << "the initial timer before any answer";
+  std::vector<RequestTracker::Completion> done;
+  uint64_t id = 10;
+  Nanos now = 0;
+  // Answers that take 4 ms each: the timer comes down from 200 ms to a few round trips.
+  for (int i = 0; i < 40; ++i) {
+    t.Begin(std::make_shared<int>(i), "clock", {{id, 0, {}, Clock(1)}}, now + kSeconds, {}, 0, now);
+    now += 4 * kMillis;
+    ASSERT_EQ(t.OnReply(ClockAck(id++, 0), now).size(), 1u);
+  }
+  auto timers = t.Timers();
+  ASSERT_EQ(timers.size(), 1u);
+  EXPECT_EQ(timers[0].samples, 40u);
+  EXPECT_NEAR(static_cast<double>(timers[0].smoothed), 4.0 * kMillis, 0.01 * kMillis);
+  EXPECT_GE(timers[0].rto, 4 * kMillis);
+  EXPECT_LT(timers[0].rto, 6 * kMillis);
+  // A part that goes unanswered is due after that timer, not after 200 ms.
+  t.Begin(std::make_shared<int>(99), "clock", {{id, 0, {}, Clock(2)}}, now + kSeconds, {}, 0, now);
+  const Nanos due = t.NextDue();
+  EXPECT_EQ(due, now + timers[0].rto);
+  EXPECT_TRUE(t.TakeResends(1, kNeverDead, &done, due - 1, true).empty());
+  auto again = t.TakeResends(1, kNeverDead, &done, due, true);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(t.Timers()[0].resends, 1u);
+  // Round trips that grow (a loaded server) raise the timer again.
+  EXPECT_TRUE(t.Reissue(again[0], {{id + 1, 0, {}, Clock(2)}}, due).empty());
+  EXPECT_EQ(t.OnReply(ClockAck(id + 1, 0), due + 300 * kMillis).size(), 1u);
+  EXPECT_GT(t.Timers()[0].rto, 100 * kMillis);
+}
+
+TEST(RequestTrackerTimerTest, TimeTheServerHeldARequestIsNoRoundTrip) {
+  RequestTracker t({"a"}, Learned());
+  // Held 500 ms for a slower worker, answered 2 ms after that: a 2 ms round trip.
+  t.Begin(std::make_shared<int>(0), "clock", {{10, 0, {}, Clock(1)}}, 10 * kSeconds, {}, 0, 0);
+  ASSERT_EQ(t.OnReply(ClockAck(10, 500'000), 502 * kMillis).size(), 1u);
+  EXPECT_EQ(t.Timers()[0].smoothed, 2 * kMillis);
+  // The same for a pull reply's held_us.
+  std::vector<float> out(1);
+  Message pull;
+  pull.header.mutable_pull();
+  t.Begin(std::make_shared<int>(1), "pull", {{11, 0, {0, {}, 1}, pull}}, 10 * kSeconds, out, 1, 1 * kSeconds);
+  Message reply = Values(11, {3});
+  reply.header.mutable_pull_reply()->set_held_us(700'000);
+  ASSERT_EQ(t.OnReply(reply, 1702 * kMillis).size(), 1u);
+  EXPECT_EQ(t.Timers()[0].smoothed, 2 * kMillis);
+  EXPECT_EQ(t.Timers()[0].samples, 2u);
+}
+
+TEST(RequestTrackerTimerTest, BackoffStopsAtTheCeiling) {
+  RequestTracker t({"a"}, Learned());
+  std::vector<RequestTracker::Completion> done;
+  t.Begin(std::make_shared<int>(0), "clock", {{10, 0, {}, Clock(1)}}, 600 * kSeconds, {}, 0, 0);
+  Nanos now = 0;
+  uint64_t id = 10;
+  std::vector<Nanos> waits;
+  for (int i = 0; i < 10; ++i) {
+    const Nanos due = t.NextDue();
+    waits.push_back(due - now);
+    auto again = t.TakeResends(1, kNeverDead, &done, due, true);
+    ASSERT_EQ(again.size(), 1u);
+    now = due;
+    EXPECT_TRUE(t.Reissue(again[0], {{++id, 0, {}, Clock(1)}}, now).empty());
+  }
+  EXPECT_EQ(waits[0], 200 * kMillis);
+  EXPECT_EQ(waits[1], 400 * kMillis);
+  EXPECT_EQ(waits[2], 800 * kMillis);
+  for (size_t i = 3; i < waits.size(); ++i) EXPECT_EQ(waits[i], 1 * kSeconds) << i;
+}
+
+TEST(RequestTrackerTimerTest, BytesOnTheWireToTheServerLengthenTheTimer) {
+  RetransmitOptions o = Learned();
+  o.bytes_per_second = 1e9;  // 1 ms per MB
+  RequestTracker t({"a", "b"}, o);
+  Message big;
+  big.header.mutable_push();
+  big.frames.push_back(Buffer::Allocate(8));
+  big.frames.push_back(Buffer::Allocate(50'000'000));  // 50 ms at 1 GB/s
+  t.Begin(std::make_shared<int>(0), "push", {{10, 0, {}, big}}, 10 * kSeconds, {}, 0, 0);
+  EXPECT_EQ(t.NextDue(), 250 * kMillis + 8);
+  // A small request to the same server waits behind it; to another server, not.
+  t.Begin(std::make_shared<int>(1), "clock", {{11, 0, {}, Clock(1)}, {12, 1, {}, Clock(1)}}, 10 * kSeconds, {}, 0, 0);
+  std::vector<RequestTracker::Completion> done;
+  auto due = t.TakeResends(1, kNeverDead, &done, 200 * kMillis, true);
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0].request_id, 12u);
+  // Once the big one is answered, its bytes no longer count for new parts.
+  EXPECT_EQ(t.OnReply(Ack(10)).size(), 1u);
+  t.Begin(std::make_shared<int>(2), "clock", {{13, 0, {}, Clock(2)}}, 10 * kSeconds, {}, 0, 300 * kMillis);
+  EXPECT_EQ(t.TakeResends(1, kNeverDead, &done, 500 * kMillis, true).size(), 2u) << "11 (behind 50 MB) and 13";
+}
+
+TEST(RequestTrackerTimerTest, ARestoredLinkMakesItsServersPartsDueAtOnce) {
+  RequestTracker t({"a", "b"}, Learned());
+  std::vector<float> all = {1, 2, 3, 4};
+  std::vector<float> out(4, -1);
+  Message pull;
+  pull.header.mutable_pull();
+  t.Begin(std::make_shared<int>(0), "pull", {{10, 1, {0, {}, 1}, pull}}, 10 * kSeconds, out, 4, 0);
+  t.Begin(std::make_shared<int>(1), "clock", {{11, 0, {}, Clock(1)}, {12, 1, {}, Clock(1)}}, 10 * kSeconds, {}, 0, 0);
+  // Half of the pull's reply came on the old connection.
+  EXPECT_TRUE(t.OnReply(Piece(10, all, 0, 8, true), 1 * kMillis).empty());
+  std::vector<RequestTracker::Completion> done;
+  EXPECT_TRUE(t.TakeResends(1, kNeverDead, &done, 2 * kMillis, true).empty()) << "not due yet";
+  EXPECT_EQ(t.LinkRestored(1), 2u);
+  EXPECT_EQ(t.NextDue(), std::numeric_limits<Nanos>::min());
+  // Due without silence being asked for (the link event), only server 1's.
+  auto again = t.TakeResends(1, kNeverDead, &done, 2 * kMillis, false);
+  ASSERT_EQ(again.size(), 2u);
+  EXPECT_EQ(again[0].request_id, 10u);
+  EXPECT_EQ(again[1].request_id, 12u);
+  EXPECT_EQ(t.Timers()[1].resends, 2u);
+  EXPECT_TRUE(t.Reissue(again[0], {{20, 1, {0, {}, 1}, pull}}, 2 * kMillis).empty());
+  EXPECT_TRUE(t.Reissue(again[1], {{21, 1, {}, Clock(1)}}, 2 * kMillis).empty());
+  // A late piece of the old id is ignored; the new reply starts at offset 0.
+  EXPECT_TRUE(t.OnReply(Piece(10, all, 8, 8, false)).empty());
+  EXPECT_TRUE(t.OnReply(Piece(20, all, 0, 8, true)).empty());
+  done = t.OnReply(Piece(20, all, 8, 8, false));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status;
+  EXPECT_EQ(out, all);
+}
+
+TEST(RequestTrackerTimerTest, NothingIsResentIntoALinkThatIsDown) {
+  RequestTracker t({"a"}, Learned());
+  t.Begin(std::make_shared<int>(0), "clock", {{10, 0, {}, Clock(1)}}, 600 * kSeconds, {}, 0, 0);
+  t.LinkDown(0, true);
+  EXPECT_TRUE(t.Timers()[0].link_down);
+  std::vector<RequestTracker::Completion> done;
+  EXPECT_EQ(t.NextDue(), std::numeric_limits<Nanos>::max());
+  EXPECT_TRUE(t.TakeResends(1, kNeverDead, &done, 60 * kSeconds, true).empty());
+  EXPECT_EQ(t.LinkRestored(0), 1u);
+  EXPECT_FALSE(t.Timers()[0].link_down);
+  EXPECT_EQ(t.TakeResends(1, kNeverDead, &done, 60 * kSeconds, false).size(), 1u);
 }
 
 }  // namespace

@@ -167,6 +167,7 @@ class WorkerImpl final : public Worker {
       }
       Complete(std::move(effects.done));
     });
+    transport_->SetLinkHandler([this](const std::string& address, bool up) { OnLink(address, up); });
     if (auto s = transport_->Start([this](Message m) { OnMessage(std::move(m)); }); !s.ok()) return s;
     auto ready = session_->Join();
     if (!ready.ok()) return ready.status();
@@ -177,6 +178,9 @@ class WorkerImpl final : public Worker {
     co.request_timeout = options_.request_timeout;
     co.hold_timeout = options_.hold_timeout;
     co.resend_after = options_.resend_after;
+    co.resend_floor = options_.resend_floor;
+    co.resend_ceiling = options_.resend_ceiling;
+    co.resend_bytes_per_second = options_.resend_bytes_per_second;
     co.part_bytes = options_.part_bytes;
     co.max_bytes_in_flight_per_server = options_.max_bytes_in_flight_per_server;
     auto core = WorkerCore::Create(std::move(co), ready->shard_map());
@@ -474,9 +478,13 @@ class WorkerImpl final : public Worker {
     state->in_flight = in_flight_;
     std::unique_lock lock(mu_);
     if (closed_) return Future::Ready(absl::CancelledError("worker is closed"));
-    absl::StatusOr<WorkerCore::Effects> effects = call(WorkerCore::Handle(state), MonotonicNow());
+    const Nanos now = MonotonicNow();
+    absl::StatusOr<WorkerCore::Effects> effects = call(WorkerCore::Handle(state), now);
     if (!effects.ok()) return Future::Ready(effects.status());
     in_flight_->fetch_add(1, std::memory_order_relaxed);  // before anything can complete it
+    // The tick thread sleeps until the next resend is due; this operation's
+    // parts may come due sooner (after an idle spell, it sleeps 100 ms).
+    if (tick_at_ > now + core_->ShortestResendTimer()) tick_cv_.notify_one();
     Deliver(lock, std::move(*effects));
     return Future(std::move(state));
   }
@@ -572,11 +580,13 @@ class WorkerImpl final : public Worker {
   void TickLoop() {
     std::unique_lock lock(mu_);
     while (!closed_) {
-      tick_cv_.wait_for(lock, std::chrono::milliseconds(100));
+      // Every 100 ms, or sooner when a resend comes due.
+      tick_at_ = std::min(MonotonicNow() + kTickInterval, core_->NextResendDue());
+      tick_cv_.wait_for(lock, std::chrono::nanoseconds(std::max<Nanos>(tick_at_ - MonotonicNow(), 0)));
       if (closed_) break;
       // Operations past their deadline fail; parts a lagging server refused
-      // go again with our map, and parts nobody answered for resend_after go
-      // again (a lost message).
+      // go again with our map, and parts nobody answered for their server's
+      // resend timer go again (a lost message).
       const Nanos now = MonotonicNow();
       WorkerCore::Effects effects = core_->Tick(now);
       stats_.resends += effects.resent_parts;
@@ -615,6 +625,25 @@ class WorkerImpl final : public Worker {
     }
     TLOG_INFO("first push acknowledged on shard map epoch {}, {:.1f} ms after the map arrived", epoch,
               static_cast<double>(waited) / kMillis);
+  }
+
+  // The transport's word on a connection to a server: made again (what
+  // was on the old one may be lost: the core resends what that server
+  // owes at once), or down (resends wait for it).
+  void OnLink(const std::string& address, bool up) {
+    std::unique_lock lock(mu_);
+    if (closed_ || !core_) return;
+    if (!up) {
+      core_->OnLinkDown(address);
+      return;
+    }
+    WorkerCore::Effects effects = core_->OnLinkRestored(address, MonotonicNow());
+    stats_.resends += effects.resent_parts;
+    if (effects.resent_parts > 0) {
+      TLOG_INFO("connection to {} made again: {} request{} to it sent again", address, effects.resent_parts,
+                effects.resent_parts == 1 ? "" : "s");
+    }
+    Deliver(lock, std::move(effects));
   }
 
   // A newer shard map from the coordinator (a server was lost): the core
@@ -688,6 +717,8 @@ class WorkerImpl final : public Worker {
   uint64_t failover_epoch_ = 0;                         // guarded by mu_: map of the last failover, until its first ack
   Nanos failover_seen_at_ = 0;                          // guarded by mu_: when that map arrived
   Nanos next_wait_report_ = 0;                          // guarded by mu_: when waits are reported next
+  static constexpr Nanos kTickInterval = 100 * kMillis;  // the tick thread's longest sleep
+  Nanos tick_at_ = 0;                                   // guarded by mu_: when the tick thread wakes next
   bool closed_ = false;                                // guarded by mu_
   std::thread ticker_;
 };

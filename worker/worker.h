@@ -107,7 +107,14 @@ struct WorkerOptions {
   std::string bind = "tcp://127.0.0.1:0";   // where this worker receives replies
   Nanos connect_timeout = 30 * kSeconds;     // for registration and job assembly
   Nanos request_timeout = 60 * kSeconds;     // for every push, pull and table creation (on top of any hold)
-  Nanos resend_after = 2 * kSeconds;         // a request unanswered this long is sent again (a lost message)
+  // Resends of lost messages (worker/worker_core.h, Tick): a request goes
+  // again when unanswered for its server's resend timer, learned from the
+  // round trips of that server's answers within [resend_floor,
+  // resend_ceiling]; resend_after before the first answer (0: never resend).
+  Nanos resend_after = 200 * kMillis;
+  Nanos resend_floor = 2 * kMillis;
+  Nanos resend_ceiling = 1 * kSeconds;
+  double resend_bytes_per_second = 100e6;    // a request's bytes, and those ahead of it, add their time at this rate
   Nanos hold_timeout = 120 * kSeconds;       // longest wait for slower workers in Clock() or a pull
   Nanos barrier_timeout = 300 * kSeconds;    // for Barrier()
   Nanos heartbeat_interval = 1 * kSeconds;   // heartbeats to the coordinator
@@ -195,7 +202,7 @@ struct WorkerStats {
   uint64_t wire_bytes_pushed = 0;  // push requests sent
   uint64_t wire_bytes_pulled = 0;  // pull requests sent and pull replies received
   uint64_t wire_bytes_other = 0;   // everything else to and from servers (acks, clocks, tables)
-  uint64_t resends = 0;            // push and pull parts sent again after a failover
+  uint64_t resends = 0;            // parts sent again: after a failover, unanswered, or a connection made again
 };
 
 // The stats as a JSON object, for a worker program's report:

@@ -84,7 +84,12 @@ absl::StatusOr<std::unique_ptr<WorkerCore>> WorkerCore::Create(WorkerCoreOptions
 
 WorkerCore::WorkerCore(WorkerCoreOptions options, std::shared_ptr<const ShardMapView> map,
                        std::vector<std::string> names)
-    : options_(std::move(options)), map_(std::move(map)), tracker_(std::move(names)) {}
+    : options_(std::move(options)),
+      map_(std::move(map)),
+      tracker_(std::move(names), RetransmitOptions{.initial = options_.resend_after,
+                                                   .floor = options_.resend_floor,
+                                                   .ceiling = options_.resend_ceiling,
+                                                   .bytes_per_second = options_.resend_bytes_per_second}) {}
 
 Message WorkerCore::NewRequest() {
   Message m;
@@ -336,7 +341,7 @@ WorkerCore::Effects WorkerCore::OnReply(Message reply, std::optional<Nanos> now)
   } else if (reply.header.has_clock_ack()) {
     known_clock_ = std::max(known_clock_, reply.header.clock_ack().worker_clock());
   }
-  effects.done = tracker_.OnReply(reply);
+  effects.done = tracker_.OnReply(reply, now.value_or(-1));
   Forget(effects.done);
   Pump(now.value_or(last_now_), effects);
   return effects;
@@ -367,7 +372,7 @@ WorkerCore::Effects WorkerCore::OnMapUpdate(const proto::ShardMap& map, Nanos no
   for (std::string& to : fresh) effects.sends.push_back(ClockNoticeTo(std::move(to), announced_clock_));
   // A server was lost (or moved): resend what went to it, and what waited
   // for this map.
-  SendAgain(now, 0, effects);
+  SendAgain(now, false, effects);
   RouteQueued(now, effects);
   Pump(now, effects);
   return effects;
@@ -378,10 +383,33 @@ WorkerCore::Effects WorkerCore::Tick(Nanos now) {
   effects.done = tracker_.Tick(now);
   Forget(effects.done);
   // Parts a lagging server refused go again with our map, and parts nobody
-  // answered for resend_after go again (a lost message).
-  SendAgain(now, options_.resend_after, effects);
+  // answered for their server's resend timer go again (a lost message).
+  SendAgain(now, options_.resend_after > 0, effects);
   Pump(now, effects);
   return effects;
+}
+
+WorkerCore::Effects WorkerCore::OnLinkRestored(const std::string& address, Nanos now) {
+  Effects effects;
+  const std::optional<uint32_t> rank = RankAt(address);
+  if (!rank) return effects;
+  if (tracker_.LinkRestored(*rank) > 0) SendAgain(now, false, effects);
+  Pump(now, effects);
+  return effects;
+}
+
+void WorkerCore::OnLinkDown(const std::string& address) {
+  if (const std::optional<uint32_t> rank = RankAt(address)) tracker_.LinkDown(*rank, true);
+}
+
+std::optional<uint32_t> WorkerCore::RankAt(const std::string& address) const {
+  for (uint32_t r = 0; r < map_->num_servers(); ++r)
+    if (!map_->IsDead(r) && map_->server(r).address() == address) return r;
+  return std::nullopt;
+}
+
+Nanos WorkerCore::NextResendDue() const {
+  return options_.resend_after > 0 ? tracker_.NextDue() : std::numeric_limits<Nanos>::max();
 }
 
 WorkerCore::Effects WorkerCore::FailAll(const absl::Status& status) {
@@ -402,12 +430,12 @@ void WorkerCore::Forget(const std::vector<Completion>& done) {
 }
 
 // Sends again, by the current map, the parts the tracker hands back (and,
-// with resend_after, those unanswered that long: see the tracker).
-void WorkerCore::SendAgain(Nanos now, Nanos resend_after, Effects& effects) {
+// with `silence`, those unanswered past their timer: see the tracker).
+void WorkerCore::SendAgain(Nanos now, bool silence, Effects& effects) {
   const std::shared_ptr<const ShardMapView> map = map_;
   std::vector<Completion> done;
   for (RequestTracker::Resend& r : tracker_.TakeResends(
-           map->epoch(), [&](uint32_t rank) { return map->IsDead(rank); }, &done, now, resend_after)) {
+           map->epoch(), [&](uint32_t rank) { return map->IsDead(rank); }, &done, now, silence)) {
     for (auto& c : tracker_.Reissue(r, Redirect(r, effects), now)) done.push_back(std::move(c));
     effects.resent_parts++;
   }
@@ -424,9 +452,12 @@ std::vector<RequestTracker::PartSpec> WorkerCore::Redirect(const RequestTracker:
   const ShardMapView& map = *map_;
   std::vector<RequestTracker::PartSpec> parts;
   const proto::Envelope& h = r.request.header;
+  // Every send after the first names the first (a server holding it keeps that one).
+  const uint64_t first_id = h.first_request_id() != 0 ? h.first_request_id() : h.request_id();
   if (!h.has_push() && !h.has_pull()) {  // a clock, a table, a query: again, to the same server (never queued)
     Message m = r.request;
     m.header.set_request_id(++next_request_);
+    m.header.set_first_request_id(first_id);
     m.header.set_epoch(map.epoch());
     parts.push_back({m.header.request_id(), r.server_rank, {}, m});
     effects.sends.push_back({map.server(r.server_rank).address(), std::move(m)});
@@ -441,6 +472,7 @@ std::vector<RequestTracker::PartSpec> WorkerCore::Redirect(const RequestTracker:
     // simulator ran out of memory: seed 30783.)
     Message m = r.request;
     m.header.set_request_id(++next_request_);
+    m.header.set_first_request_id(first_id);
     if (h.has_push()) m.header.mutable_push()->set_resend(true);
     parts.push_back({m.header.request_id(), r.server_rank, r.scatter, std::move(m), r.transfer});
     Dispatch(parts.back(), effects);
@@ -455,6 +487,7 @@ std::vector<RequestTracker::PartSpec> WorkerCore::Redirect(const RequestTracker:
     Message m;
     m.header = h;
     m.header.set_request_id(++next_request_);
+    m.header.set_first_request_id(first_id);
     m.header.set_epoch(map.epoch());
     RequestTracker::Scatter scatter;
     RequestTracker::Transfer transfer = r.transfer;

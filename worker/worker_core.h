@@ -42,7 +42,16 @@
 //   to the same server. An older or equal epoch, or an invalid map, changes
 //   nothing.
 // - Tick(now): operations past their deadline fail; parts unanswered for
-//   resend_after (doubling per resend, see RequestTracker) go again.
+//   their server's resend timer go again (RequestTracker, "Lost messages":
+//   resend_after before the first round trip to that server was timed, then
+//   from the round trips, within [resend_floor, resend_ceiling], doubling
+//   per resend up to the ceiling). NextResendDue says when Tick next has a
+//   part to send again. A resend names the first send's request id
+//   (Envelope.first_request_id).
+// - OnLinkRestored(address): the transport made the connection to that
+//   server again; its parts awaiting an answer go again now. OnLinkDown:
+//   the connection is down; its parts wait for it instead of being resent
+//   into it. An address that is no live server of the map changes nothing.
 // - Push numbers are forgotten when their operation completes, by any path:
 //   PushesCompleteThrough(n) is then true once every push numbered <= n is.
 //
@@ -113,7 +122,10 @@ struct WorkerCoreOptions {
   std::string address;                    // stamped on requests (sender_address)
   Nanos request_timeout = 60 * kSeconds;  // for every operation (on top of any hold)
   Nanos hold_timeout = 120 * kSeconds;    // how long servers may hold a pull or a clock advance
-  Nanos resend_after = 2 * kSeconds;      // a part unanswered this long goes again (0: never)
+  Nanos resend_after = 200 * kMillis;     // resend timer before any round trip was timed (0: never resend)
+  Nanos resend_floor = 2 * kMillis;       // the resend timer's least ...
+  Nanos resend_ceiling = 1 * kSeconds;    // ... and greatest value, backoff included
+  double resend_bytes_per_second = 100e6;  // a part's bytes (and those ahead of it) add their time at this rate
   uint64_t part_bytes = 0;                // parts of at most this many value bytes per server (0: no split)
   uint64_t max_bytes_in_flight_per_server = 0;  // value bytes sent to one server and unanswered (0: unbounded)
 };
@@ -183,6 +195,13 @@ class WorkerCore {
   // A map from the coordinator; `*changed` says whether it was newer.
   Effects OnMapUpdate(const proto::ShardMap& map, Nanos now, bool* changed = nullptr);
   Effects Tick(Nanos now);
+  // When Tick next has a part to send again for silence (INT64_MAX: none).
+  Nanos NextResendDue() const;
+  // The shortest resend timer of any server (a part sent now is due no sooner).
+  Nanos ShortestResendTimer() const { return tracker_.ShortestTimer(); }
+  // The transport's word on the connection to `address` (see the contract).
+  Effects OnLinkRestored(const std::string& address, Nanos now);
+  void OnLinkDown(const std::string& address);
   // Fails everything in flight (job ended, worker closing).
   Effects FailAll(const absl::Status& status);
 
@@ -215,7 +234,9 @@ class WorkerCore {
   // Forgets the push numbers of completed operations.
   void Forget(const std::vector<Completion>& done);
   // Resends what the tracker hands back under the current map.
-  void SendAgain(Nanos now, Nanos resend_after, Effects& effects);
+  void SendAgain(Nanos now, bool silence, Effects& effects);
+  // The rank of the live server at `address`, if any.
+  std::optional<uint32_t> RankAt(const std::string& address) const;
   std::vector<RequestTracker::PartSpec> Redirect(const RequestTracker::Resend& r, Effects& effects);
   // Push and pull parts of a map change whose queued requests the new map
   // routes elsewhere go again by it.

@@ -46,6 +46,11 @@ WorkerCoreOptions Options(Nanos resend_after = 0) {
   o.request_timeout = kTimeout;
   o.hold_timeout = kHold;
   o.resend_after = resend_after;
+  // A timer of resend_after until answers are timed, doubling per resend
+  // without a ceiling in reach, no allowance for bytes.
+  o.resend_floor = 1;
+  o.resend_ceiling = std::max<Nanos>(64 * resend_after, 1);
+  o.resend_bytes_per_second = 0;
   return o;
 }
 
@@ -654,6 +659,7 @@ TEST(WorkerCoreTest, ASilentPartGoesAgainUnderANewIdWithBackoff) {
   const Message& again = t.sends[0].message;
   EXPECT_EQ(t.sends[0].to, silent.to);
   EXPECT_GT(again.header.request_id(), *Ids(push->sends).rbegin());
+  EXPECT_EQ(again.header.first_request_id(), silent.message.header.request_id()) << "names the first send";
   EXPECT_EQ(again.header.push().seq(), silent.message.header.push().seq());
   EXPECT_EQ(again.frames[0].data(), silent.message.frames[0].data());
   // The next one waits twice as long.
@@ -661,6 +667,7 @@ TEST(WorkerCoreTest, ASilentPartGoesAgainUnderANewIdWithBackoff) {
   auto t2 = core->Tick(after + 2 * after);
   ASSERT_EQ(t2.sends.size(), 1u);
   EXPECT_GT(t2.sends[0].message.header.request_id(), again.header.request_id());
+  EXPECT_EQ(t2.sends[0].message.header.first_request_id(), silent.message.header.request_id());
   // A late answer to an old id is ignored; the current one completes the push.
   EXPECT_TRUE(core->OnReply(Ack(silent.message)).done.empty());
   EXPECT_TRUE(core->OnReply(Ack(again)).done.empty());
@@ -669,6 +676,31 @@ TEST(WorkerCoreTest, ASilentPartGoesAgainUnderANewIdWithBackoff) {
   ASSERT_EQ(done.size(), 1u);
   EXPECT_TRUE(done[0].status.ok());
   EXPECT_TRUE(core->PushesCompleteThrough(1));
+}
+
+TEST(WorkerCoreTest, ARestoredLinkSendsThatServersPartsAgainAtOnce) {
+  const proto::ShardMap map = MakeMap(2);
+  auto core = MakeCore(map, Options(2 * kSeconds));
+  const std::vector<Key> keys = {0, 1, 2, 3, 4, 5};
+  const std::vector<float> values(keys.size(), 1.0f);
+  auto push = core->Push(NewHandle(), kTable, keys, values, 1, 0, nullptr, 0);
+  ASSERT_TRUE(push.ok());
+  ASSERT_EQ(push->sends.size(), 2u);
+  const Message to1 = push->sends[RankOf(push->sends[0].to) == 1 ? 0 : 1].message;
+  EXPECT_TRUE(core->OnLinkRestored("tcp://nobody:1", 1 * kMillis).sends.empty()) << "not a server of the map";
+  auto e = core->OnLinkRestored(ServerAddress(1), 1 * kMillis);
+  EXPECT_EQ(e.resent_parts, 1u);
+  ASSERT_EQ(e.sends.size(), 1u);
+  EXPECT_EQ(e.sends[0].to, ServerAddress(1));
+  EXPECT_EQ(e.sends[0].message.header.push().seq(), to1.header.push().seq());
+  EXPECT_EQ(e.sends[0].message.header.first_request_id(), to1.header.request_id());
+  EXPECT_TRUE(e.sends[0].message.header.push().resend());
+  // A link that is down gets no resends for silence; server 0's part does.
+  core->OnLinkDown(ServerAddress(1));
+  auto t = core->Tick(2 * kSeconds);
+  ASSERT_EQ(t.sends.size(), 1u);
+  EXPECT_EQ(t.sends[0].to, ServerAddress(0));
+  EXPECT_TRUE(core->Tick(kTimeout - 1).sends.size() == 1u) << "only server 0's, again";
 }
 
 TEST(WorkerCoreTest, ABadCompressedPullReplyFailsItsPullWithDataLoss) {
@@ -1063,8 +1095,11 @@ TEST(WorkerCoreTransferTest, AQueuedPartIsTimedFromWhenItIsSent) {
   auto r = core->OnReply(Ack(t.sends[0].message), sent);
   ASSERT_EQ(r.sends.size(), 1u);
   const Message second = r.sends[0].message;
-  EXPECT_TRUE(core->Tick(sent + after - 1).sends.empty());
-  auto t2 = core->Tick(sent + after);
+  // (That answer was a round trip of 1 s: the server's timer follows it.)
+  const Nanos wait = core->tracker().Timers().at(0).rto;
+  EXPECT_EQ(core->NextResendDue(), sent + wait);
+  EXPECT_TRUE(core->Tick(sent + wait - 1).sends.empty());
+  auto t2 = core->Tick(sent + wait);
   ASSERT_EQ(t2.sends.size(), 1u);
   EXPECT_EQ(t2.sends[0].message.header.push().seq(), second.header.push().seq());
   EXPECT_EQ(core->queued_parts(), 1u);

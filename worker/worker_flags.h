@@ -2,6 +2,7 @@
 // The flags every worker program takes from the launcher (the process
 // contract in docs/launcher.md), in one place: add them to a CLI11 app, then
 // turn them into WorkerOptions. Header-only; programs link CLI11 themselves.
+#include <algorithm>
 #include <functional>
 #include <string>
 
@@ -11,6 +12,36 @@
 #include "worker/worker.h"
 
 namespace tessera {
+
+// The resend timer's flags (WorkerOptions::resend_*), for every worker
+// program: the launcher passes them from the job's `timeouts:`.
+struct ResendFlags {
+  double initial_ms = static_cast<double>(WorkerOptions{}.resend_after) / kMillis;
+  double floor_ms = static_cast<double>(WorkerOptions{}.resend_floor) / kMillis;
+  double ceiling_ms = static_cast<double>(WorkerOptions{}.resend_ceiling) / kMillis;
+
+  void AddTo(CLI::App& app) {
+    app.add_option("--resend_initial_ms,--resend-initial-ms,--resend-after-ms", initial_ms,
+                   "send an unanswered request again after this many ms, until round trips to its server were "
+                   "timed (0: never send again)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    app.add_option("--resend_floor_ms,--resend-floor-ms", floor_ms,
+                   "the resend timer, learned from round trips, is never shorter than this")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    app.add_option("--resend_ceiling_ms,--resend-ceiling-ms", ceiling_ms,
+                   "... and never longer than this, backoff included: a link that comes back is used again "
+                   "within it")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+  }
+  void ApplyTo(WorkerOptions& o) const {
+    o.resend_after = static_cast<Nanos>(initial_ms * kMillis);
+    o.resend_floor = static_cast<Nanos>(floor_ms * kMillis);
+    o.resend_ceiling = static_cast<Nanos>(std::max(ceiling_ms, floor_ms) * kMillis);
+  }
+};
 
 struct WorkerProcessFlags {
   std::string coordinator;                 // coordinator address
@@ -27,6 +58,7 @@ struct WorkerProcessFlags {
   std::string metrics_host = "127.0.0.1";
   int64_t transfer_part_bytes = 0;                      // parts of at most this many value bytes (0: no split)
   int64_t transfer_max_bytes_in_flight_per_server = 0;  // value bytes in flight to one server (0: unbounded)
+  ResendFlags resend;
 
   void AddTo(CLI::App& app) {
     app.add_option("--coordinator", coordinator, "coordinator address, e.g. tcp://127.0.0.1:5000")->required();
@@ -63,6 +95,7 @@ struct WorkerProcessFlags {
                    "value bytes sent to one server and not yet answered; more parts wait, by priority "
                    "(0: unbounded)")
         ->check(ByteCountOrZero());
+    resend.AddTo(app);
   }
 
   // A count of bytes: digits only, 0 or more, at most 2^63 - 1.
@@ -97,6 +130,7 @@ struct WorkerProcessFlags {
     o.metrics_host = metrics_host;
     o.part_bytes = static_cast<uint64_t>(transfer_part_bytes);
     o.max_bytes_in_flight_per_server = static_cast<uint64_t>(transfer_max_bytes_in_flight_per_server);
+    resend.ApplyTo(o);
     return o;
   }
 

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "worker/worker.h"
+#include "worker/worker_flags.h"
 
 namespace {
 
@@ -62,9 +63,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-keys-per-push", max_keys_per_push, "Keys per push, 1 to this")->check(CLI::PositiveNumber);
   app.add_option("--max-sleep-us", max_sleep_us, "Longest random pause per clock");
   app.add_option("--seed", seed, "Random seed");
-  uint32_t resend_after_ms = 2000;
-  app.add_option("--resend-after-ms", resend_after_ms, "Send a request again when unanswered this long (lost messages)")
-      ->check(CLI::PositiveNumber);
+  tessera::ResendFlags resend;
+  resend.AddTo(app);
   double request_timeout = 60, hold_timeout = 120;
   double give_up = static_cast<double>(wo.coordinator_give_up) / 1e9;
   app.add_option("--coordinator_give_up_seconds", give_up, "Coordinator silence this worker waits out")
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   app.add_option("--hold-timeout-seconds", hold_timeout, "A clock a server holds for slower workers fails after this")
       ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
-  wo.resend_after = static_cast<tessera::Nanos>(resend_after_ms) * tessera::kMillis;
+  resend.ApplyTo(wo);
   wo.request_timeout = static_cast<tessera::Nanos>(request_timeout * 1e9);
   wo.hold_timeout = static_cast<tessera::Nanos>(hold_timeout * 1e9);
   wo.coordinator_give_up = static_cast<tessera::Nanos>(give_up * 1e9);
