@@ -110,7 +110,7 @@ scenario() {
     e5-message-faults)
       TITLE="E5: message faults"
       MSG_FAULTS=$E5_FAULTS
-      ARGS=(--set "worker.args.clocks=$E5_CLOCKS" --set worker.args.resend-after-ms=300) ;;
+      ARGS=(--set "worker.args.clocks=$E5_CLOCKS") ;;
     e7-restart-worker)
       TITLE="E7: restart worker-1"
       ARGS+=(--set cluster.on_worker_loss=wait --set timeouts.lease_seconds=1 --set timeouts.heartbeat_seconds=0.2

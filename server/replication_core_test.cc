@@ -3,6 +3,8 @@
 // or cut off by a failure.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <algorithm>
 #include <deque>
 #include <map>
@@ -40,7 +42,7 @@ class ReplicationTest : public ::testing::Test {
     map_ = RoundRobinShardMap(1, 12, servers, replication_);
     for (uint32_t r = 0; r < kServers; ++r) {
       cores_.push_back(std::make_unique<ServerCore>(
-          ServerCoreOptions{.node_id = r + 1, .replicate_retry = 100 * kMillis, .audit = audit_}));
+          ServerCoreOptions{.node_id = r + 1, .forward_resend = resend_, .audit = audit_}));
       ASSERT_TRUE(cores_[r]->InstallShardMap(map_, r).ok());
       cores_[r]->SetWorkers({{kWorkerNode, 0}});
       Message create = Request(1000 + r);
@@ -217,6 +219,8 @@ class ReplicationTest : public ::testing::Test {
   std::vector<Message> inbox_;
   bool dead_[kServers] = {false, false, false};
   Nanos now_ = 0;
+  // The forwards' resend timer: a fixed 100 ms unless a test learns.
+  RetransmitOptions resend_{.initial = 100 * kMillis, .floor = 100 * kMillis, .ceiling = 100 * kMillis};
 };
 
 TEST_F(ReplicationTest, TheAckWaitsUntilTheBackupHasThePush) {
@@ -400,6 +404,50 @@ TEST_F(ReplicationTest, LostAndRepeatedForwardsAreResentAndAppliedOnce) {
   Fail(1);
   DeliverAll();
   EXPECT_EQ(PullFrom(2, keys), std::vector<float>(4, 2.0f));
+}
+
+// Forwards to a backup are resent on a timer learned from their round trips.
+class LearningReplicationTest : public ReplicationTest {
+ protected:
+  LearningReplicationTest() { resend_ = {.initial = 200 * kMillis, .floor = 1 * kMillis, .ceiling = 1 * kSeconds}; }
+};
+
+TEST_F(LearningReplicationTest, ALostForwardGoesAgainAfterAFewRoundTripsNotAFixedWait) {
+  const auto keys = KeysOf(1, 2, map_);
+  Send(ServerAddress(1), Push(1, keys, 1.0f, 1));
+  DeliverOne();  // the primary applies it and forwards it
+  now_ += 3 * kMillis;
+  DeliverAll();  // the backup acknowledges 3 ms later: a 3 ms round trip
+  ASSERT_EQ(inbox_.size(), 1u);
+  // (Earlier round trips, of the table's config in SetUp, took no time.)
+  const Nanos rto = cores_[1]->ShortestForwardTimer();
+  EXPECT_GE(rto, 3 * kMillis / 8) << "learned from the round trips";
+  EXPECT_LE(rto, 9 * kMillis) << "far below the 200 ms it starts from";
+  EXPECT_EQ(cores_[1]->NextForwardDue(), std::numeric_limits<Nanos>::max());
+  now_ = 10 * kMillis;
+  Send(ServerAddress(1), Push(2, keys, 1.0f, 2));
+  DeliverOne();
+  ASSERT_EQ(Count(&proto::Envelope::has_replicate), 1u);
+  net_.pop_front();  // lost
+  const Nanos due = cores_[1]->NextForwardDue();
+  EXPECT_GE(due, now_ + rto);
+  EXPECT_LT(due, now_ + rto + kMillis / 1000) << "(its 32 bytes' allowance)";
+  EXPECT_TRUE(cores_[1]->Tick(due - 1).empty());
+  auto again = cores_[1]->Tick(due);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_TRUE(again[0].message.header.has_replicate());
+  // Lost again: the next wait is twice as long.
+  EXPECT_GE(cores_[1]->NextForwardDue(), due + 2 * rto);
+  EXPECT_TRUE(cores_[1]->Tick(due + 2 * rto - 1).empty());
+  now_ = due + 2 * rto + kMillis / 1000;
+  again = cores_[1]->Tick(now_);
+  ASSERT_EQ(again.size(), 1u);
+  for (Outgoing& o : again) net_.push_back(std::move(o));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 2u);
+  EXPECT_TRUE(inbox_[1].header.has_ack());
+  EXPECT_EQ(cores_[1]->stats().forwards_resent, 2u);
+  EXPECT_EQ(cores_[2]->stats().forwards_applied, 2u);
 }
 
 TEST_F(ReplicationTest, ReorderedForwardsAreAppliedInOrderWithoutWaitingForAResend) {

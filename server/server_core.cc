@@ -304,7 +304,7 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
       HandleReplicate(request, out);
       return out;
     case proto::Envelope::kReplicateAck:
-      HandleReplicateAck(request, out);
+      HandleReplicateAck(request, now, out);
       ReleaseHeldReplies(out);
       return out;
     default:
@@ -400,9 +400,9 @@ std::vector<Outgoing> ServerCore::Tick(Nanos now) {
   std::vector<Outgoing> out;
   std::vector<uint32_t> ranks;  // in rank order, so that simulations replay exactly
   for (const auto& [rank, stream] : streams_)
-    if (!stream.unacked.empty() && now - stream.unacked.front().sent >= options_.replicate_retry) ranks.push_back(rank);
+    if (!stream.unacked.empty()) ranks.push_back(rank);
   std::sort(ranks.begin(), ranks.end());
-  for (uint32_t rank : ranks) SendForwards(rank, streams_.at(rank), now, out);
+  for (uint32_t rank : ranks) SendForwards(rank, streams_.at(rank), now, out, /*due_only=*/true);
   for (auto it = held_.begin(); it != held_.end();) {
     if (now < it->deadline) {
       ++it;
@@ -1142,12 +1142,45 @@ ServerCore::BackupStream& ServerCore::StreamTo(uint32_t rank) {
   return stream;
 }
 
-void ServerCore::SendForwards(uint32_t rank, BackupStream& stream, Nanos now, std::vector<Outgoing>& out) {
+Nanos ServerCore::NextForwardDue() const {
+  Nanos next = std::numeric_limits<Nanos>::max();
+  for (const auto& [rank, stream] : streams_) {
+    auto t = forward_timers_.find(rank);
+    const RetransmitTimer timer = t == forward_timers_.end() ? RetransmitTimer(options_.forward_resend) : t->second;
+    uint64_t ahead = 0;
+    for (const Forward& f : stream.unacked) {
+      ahead += f.message.FrameBytes();
+      next = std::min(next, f.sent + timer.After(f.resends, ahead));
+    }
+  }
+  return next;
+}
+
+Nanos ServerCore::ShortestForwardTimer() const {
+  Nanos shortest = RetransmitTimer(options_.forward_resend).rto();
+  for (const auto& [rank, timer] : forward_timers_) shortest = std::min(shortest, timer.rto());
+  return shortest;
+}
+
+RetransmitTimer& ServerCore::ForwardTimer(uint32_t rank) {
+  auto it = forward_timers_.find(rank);
+  if (it == forward_timers_.end()) it = forward_timers_.emplace(rank, RetransmitTimer(options_.forward_resend)).first;
+  return it->second;
+}
+
+void ServerCore::SendForwards(uint32_t rank, BackupStream& stream, Nanos now, std::vector<Outgoing>& out,
+                              bool due_only) {
+  const RetransmitTimer& timer = ForwardTimer(rank);
+  uint64_t ahead = 0;  // bytes of the stream's unacknowledged forwards, this one included
   for (Forward& f : stream.unacked) {
+    ahead += f.message.FrameBytes();
+    if (due_only && now - f.sent < timer.After(f.resends, ahead)) continue;
     Message m = f.message;  // shares the frames
     m.header.set_epoch(map_->epoch());
     f.sent = now;
+    f.resends++;
     stats_.forwards_sent++;
+    stats_.forwards_resent++;
     out.push_back(Outgoing{map_->server(rank).address(), std::move(m)});
   }
 }
@@ -1327,7 +1360,7 @@ void ServerCore::ForwardDone(uint64_t push_id, const absl::Status& status, std::
   waiting_.erase(it);
 }
 
-void ServerCore::HandleReplicateAck(const Message& m, std::vector<Outgoing>& out) {
+void ServerCore::HandleReplicateAck(const Message& m, Nanos now, std::vector<Outgoing>& out) {
   const uint32_t rank = RankOfNode(m.header.sender_id());
   auto it = streams_.find(rank);
   if (it == streams_.end()) return;  // a backup that is no longer one: nothing waits on it
@@ -1335,6 +1368,12 @@ void ServerCore::HandleReplicateAck(const Message& m, std::vector<Outgoing>& out
   const proto::ReplicateAck& a = m.header.replicate_ack();
   if (a.stream() != stream.id) return;  // an ack of a stream that ended
   if (!a.rejected()) {
+    // A round trip, when this ack is for the front forward alone and that
+    // was sent once (an ack that covers several waited for a lost one).
+    if (!stream.unacked.empty() && stream.unacked.front().position == a.position() &&
+        stream.unacked.front().resends == 0) {
+      ForwardTimer(rank).Sample(now - stream.unacked.front().sent);
+    }
     while (!stream.unacked.empty() && stream.unacked.front().position <= a.position()) {
       const Forward done = std::move(stream.unacked.front());
       stream.unacked.pop_front();

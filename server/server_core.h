@@ -67,8 +67,13 @@
 //     order applied) and sends the push's Ack only once every backup it
 //     forwarded to acknowledged. A backup that rejects a forward for any
 //     reason but an older epoch turns the Ack into an Error with its reason.
-//     Unacknowledged forwards are sent again, in order, every
-//     options.replicate_retry (Tick).
+//     A forward unacknowledged for its backup's resend timer is sent again
+//     (Tick), each on its own timer: common/retransmit_timer.h with
+//     options.forward_resend, learned from the round trips of forwards that
+//     were sent once and acknowledged alone, doubling per resend up to the
+//     ceiling, with the bytes of the stream's unacknowledged forwards up to
+//     it allowed for. (The backup keeps forwards that arrive ahead of a lost
+//     one, so the lost one alone goes again.)
 //   * A push or pull stamped with a newer map epoch than this server's is
 //     answered Aborted at this server's epoch and changes nothing (the
 //     worker sends it again): by its older map this server could take or
@@ -127,6 +132,7 @@
 #include "common/keys.h"
 #include "common/message.h"
 #include "common/clock.h"
+#include "common/retransmit_timer.h"
 #include "compress/codec.h"
 #include "server/checkpoint.h"
 #include "server/clock_table.h"
@@ -159,7 +165,8 @@ struct ServerCoreOptions {
   // receiver reads them in place and pieces would only add messages.
   // Null: split.
   std::function<bool(const std::string& to, size_t bytes)> reads_in_place;
-  Nanos replicate_retry = 200 * kMillis;    // resend unacknowledged forwards to backups this often
+  // The resend timer of forwards to each backup (see the contract).
+  RetransmitOptions forward_resend = {.initial = 200 * kMillis, .floor = 2 * kMillis, .ceiling = 1 * kSeconds};
   // Audit mode (fault experiments): every row also keeps the list of pushes
   // applied to it, (worker node, incarnation, seq), replicated and
   // transferred with the row; AuditDump() writes them out.
@@ -198,6 +205,7 @@ struct ServerStats {
   uint64_t compressed_pushes = 0;  // pushes whose values arrived as encoded parts
   uint64_t duplicate_pushes = 0;   // sequenced pushes (or shards of them) already applied
   uint64_t forwards_sent = 0;      // Replicate messages to backups, resends included
+  uint64_t forwards_resent = 0;    // of those, sent again (unacknowledged past the timer, or a new map)
   uint64_t forwards_applied = 0;   // Replicate messages this server applied as a backup
   uint64_t forwards_rejected = 0;  // Replicate messages this server refused (stale epoch, not a backup, bad)
   uint64_t transfers_sent = 0;     // state transfers to new backups (shards' rows, windows, clocks)
@@ -274,6 +282,10 @@ class ServerCore {
   // Pushes accepted but waiting for backups, and forwards not yet acknowledged.
   size_t waiting_acks() const { return waiting_.size(); }
   size_t unacked_forwards() const;
+  // When Tick next has a forward to send again (INT64_MAX: none), and the
+  // shortest forward timer of any backup (a forward sent now is due no sooner).
+  Nanos NextForwardDue() const;
+  Nanos ShortestForwardTimer() const;
 
   // The job's workers (node id -> rank), all at clock 0.
   void SetWorkers(const absl::flat_hash_map<uint32_t, uint32_t>& worker_rank_by_node);
@@ -328,7 +340,7 @@ class ServerCore {
   void HandleReplicate(const Message& m, std::vector<Outgoing>& out);
   void ReplicateOne(const Message& m, std::vector<Outgoing>& out);
   // A primary's side: a backup acknowledged (or rejected) forwards.
-  void HandleReplicateAck(const Message& m, std::vector<Outgoing>& out);
+  void HandleReplicateAck(const Message& m, Nanos now, std::vector<Outgoing>& out);
   // One forward of push_id is done (acknowledged, or its backup left): the
   // push's Ack goes out once none is left.
   void ForwardDone(uint64_t push_id, const absl::Status& status, std::vector<Outgoing>& out);
@@ -391,6 +403,7 @@ class ServerCore {
     Message message;  // header without epoch; stamped at each send
     Nanos sent;       // last sent
     std::vector<uint64_t> carried = {};  // pushes that also wait on this one (a transfer that replaced a stream)
+    uint32_t resends = 0;  // times sent again (its round trip is then ambiguous)
   };
   // Every push that waits on `f` is one forward closer to its Ack.
   void ForwardsDone(const Forward& f, const absl::Status& status, std::vector<Outgoing>& out);
@@ -435,8 +448,12 @@ class ServerCore {
   // The stream to backup `rank`, begun (a new id) if there is none.
   BackupStream& StreamTo(uint32_t rank);
   uint64_t next_stream_id_ = 1;
-  // Sends the stream's unacknowledged forwards, stamped with the current epoch.
-  void SendForwards(uint32_t rank, BackupStream& stream, Nanos now, std::vector<Outgoing>& out);
+  // Sends the stream's unacknowledged forwards, stamped with the current
+  // epoch: all of them, or (due_only) those past their resend timer.
+  void SendForwards(uint32_t rank, BackupStream& stream, Nanos now, std::vector<Outgoing>& out,
+                    bool due_only = false);
+  absl::flat_hash_map<uint32_t, RetransmitTimer> forward_timers_;  // backup rank -> its forwards' resend timer
+  RetransmitTimer& ForwardTimer(uint32_t rank);
 
   struct Held {
     Message request;

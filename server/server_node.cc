@@ -1,5 +1,7 @@
 #include "server/server_node.h"
 
+#include <limits>
+
 #include "common/metrics.h"
 
 #include <sys/resource.h>
@@ -57,7 +59,11 @@ void ServerNode::OnMessage(Message m) {
   }
   const uint64_t transfers_before = core_->stats().transfers_applied;
   const bool is_transfer = m.header.has_replicate() && m.header.replicate().has_transfer();
-  std::vector<Outgoing> out = core_->Step(std::move(m), MonotonicNow());
+  const Nanos stepped = MonotonicNow();
+  std::vector<Outgoing> out = core_->Step(std::move(m), stepped);
+  // Forwards this made may come due for a resend before the tick thread's
+  // next wake (it sleeps up to 100 ms when nothing is due).
+  if (tick_at_ > stepped + core_->ShortestForwardTimer() && core_->unacked_forwards() > 0) tick_cv_.notify_one();
   const bool pending = core_->pending_pushes() > 0;
   for (proto::ShardsInSync& s : core_->TakeShardsInSync()) {
     proto::Envelope notice;
@@ -145,7 +151,10 @@ void ServerNode::OnMapUpdate(const proto::ShardMapUpdate& update) {
 void ServerNode::TickLoop() {
   std::unique_lock lock(mu_);
   while (!stopping_) {
-    tick_cv_.wait_for(lock, std::chrono::milliseconds(100));
+    // Every 100 ms, or sooner when a forward to a backup comes due again.
+    const Nanos due = core_ != nullptr ? core_->NextForwardDue() : std::numeric_limits<Nanos>::max();
+    tick_at_ = std::min(MonotonicNow() + 100 * kMillis, due);
+    tick_cv_.wait_for(lock, std::chrono::nanoseconds(std::max<Nanos>(tick_at_ - MonotonicNow(), 0)));
     if (stopping_ || core_ == nullptr) continue;
     std::vector<Outgoing> out = core_->Tick(MonotonicNow());
     lock.unlock();

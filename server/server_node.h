@@ -88,6 +88,7 @@ class ServerNode {
   BufferPool pool_;
   mutable std::mutex mu_;  // guards core_ and every call into it (delivery and tick threads)
   std::condition_variable tick_cv_;
+  Nanos tick_at_ = 0;  // guarded by mu_: when the tick thread wakes next
   bool stopping_ = false;  // guarded by mu_
   bool rejoin_wanted_ = false;  // guarded by mu_: deposed by a map while the job runs
   bool session_ended_ = false;  // guarded by mu_
