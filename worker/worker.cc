@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/keys.h"
 #include "common/memory.h"
@@ -283,9 +284,30 @@ class WorkerImpl final : public Worker {
                    push_latency_.counts(), push_latency_.sum())
         .Histogram("tessera_worker_pull_latency_seconds", "Pull issue to completion (holds included)",
                    pull_latency_.bounds(), pull_latency_.counts(), pull_latency_.sum())
-        .Counter("tessera_worker_resends_total", "Push and pull parts sent again after a failover", s.resends)
+        .Counter("tessera_worker_resends_total", "Parts sent again: after a failover, unanswered past their timer, or a connection made again", s.resends)
         .Gauge("tessera_worker_clock", "This worker's clock", static_cast<double>(clock()))
         .Gauge("tessera_worker_incarnation", "Replacements of this rank before this process", incarnation());
+    {
+      std::lock_guard lock(mu_);
+      if (core_) {
+        for (const RequestTracker::ServerTimer& t : core_->tracker().Timers()) {
+          const std::string server = absl::StrCat(t.rank);
+          w.Gauge("tessera_worker_resend_timer_seconds",
+                  "Each server's resend timer, learned from its answers' round trips", t.rto / 1e9,
+                  {{"server", server}})
+              .Gauge("tessera_worker_round_trip_seconds", "Each server's smoothed round trip (holds left out)",
+                     t.smoothed / 1e9, {{"server", server}})
+              .Counter("tessera_worker_server_resends_total",
+                       "Requests sent again to each server: unanswered past its timer, or its connection made again",
+                       t.resends, {{"server", server}});
+        }
+      }
+      if (last_restore_to_answer_ >= 0) {
+        w.Gauge("tessera_worker_restore_to_answer_seconds",
+                "From the last connection to a server made again to that server's first answer",
+                last_restore_to_answer_ / 1e9);
+      }
+    }
     WriteTransportMetrics(w, transport_->stats());
     return w.text();
   }
@@ -566,6 +588,7 @@ class WorkerImpl final : public Worker {
     if (m.header.has_ack()) NoteFirstAckAfterFailover(m.header.epoch());
     std::unique_lock lock(mu_);
     if (!core_) return;
+    if (!restored_at_.empty()) NoteAnswerAfterRestore(m.header.sender_address());
     if (m.header.has_pull_reply()) {
       const auto& pr = m.header.pull_reply();
       stats_.pull_held += static_cast<Nanos>(pr.held_us()) * 1000;
@@ -639,11 +662,36 @@ class WorkerImpl final : public Worker {
     }
     WorkerCore::Effects effects = core_->OnLinkRestored(address, MonotonicNow());
     stats_.resends += effects.resent_parts;
+    restored_at_[address] = MonotonicNow();
     if (effects.resent_parts > 0) {
       TLOG_INFO("connection to {} made again: {} request{} to it sent again", address, effects.resent_parts,
                 effects.resent_parts == 1 ? "" : "s");
     }
     Deliver(lock, std::move(effects));
+  }
+
+  // The first answer from a server whose connection was made again: how
+  // long after (a metric, and a line). Requires mu_.
+  void NoteAnswerAfterRestore(const std::string& from) {
+    auto it = restored_at_.find(from);
+    if (it == restored_at_.end()) return;
+    last_restore_to_answer_ = MonotonicNow() - it->second;
+    restored_at_.erase(it);
+    TLOG_INFO("{} answered {:.1f} ms after its connection was made again", from,
+              static_cast<double>(last_restore_to_answer_) / kMillis);
+  }
+
+  // One line with each server's resend timer (at the end, and on request).
+  std::string DescribeTimers() const {
+    std::string text;
+    if (!core_) return text;
+    for (const RequestTracker::ServerTimer& t : core_->tracker().Timers()) {
+      absl::StrAppend(&text, text.empty() ? "" : "; ", "server ", t.rank, " ", absl::StrFormat("%.2f", t.rto / 1e6),
+                      " ms (round trip ", absl::StrFormat("%.2f", t.smoothed / 1e6), " +- ",
+                      absl::StrFormat("%.2f", t.variation / 1e6), " ms over ", t.samples, " answers, ", t.resends,
+                      " resent)");
+    }
+    return text;
   }
 
   // A newer shard map from the coordinator (a server was lost): the core
@@ -675,6 +723,7 @@ class WorkerImpl final : public Worker {
       std::lock_guard lock(mu_);
       if (closed_) return;
       closed_ = true;
+      if (const std::string timers = DescribeTimers(); !timers.empty()) TLOG_INFO("resend timers: {}", timers);
       if (core_) done = core_->FailAll(why).done;
     }
     tick_cv_.notify_all();
@@ -718,6 +767,8 @@ class WorkerImpl final : public Worker {
   Nanos failover_seen_at_ = 0;                          // guarded by mu_: when that map arrived
   Nanos next_wait_report_ = 0;                          // guarded by mu_: when waits are reported next
   static constexpr Nanos kTickInterval = 100 * kMillis;  // the tick thread's longest sleep
+  absl::flat_hash_map<std::string, Nanos> restored_at_;  // guarded by mu_: connections made again, not yet answered
+  Nanos last_restore_to_answer_ = -1;                   // guarded by mu_: the last such wait (-1: none yet)
   Nanos tick_at_ = 0;                                   // guarded by mu_: when the tick thread wakes next
   bool closed_ = false;                                // guarded by mu_
   std::thread ticker_;
