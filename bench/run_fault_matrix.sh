@@ -12,7 +12,7 @@
 #   e1e2-kill-server   SIGKILL server-1 at 2 s (primary of some shards, backup of others)
 #   e3-pause-server    SIGSTOP server-1 for 1.5 s at 2 s (past its 0.5 s lease: deposed)
 #   e5-message-faults  TESSERA_FAULTS=$E5_FAULTS for every process, the whole job;
-#                      workers resend after 300 ms; E5_CLOCKS clocks (it is slow)
+#                      (workers and servers resend on their learned timers); E5_CLOCKS clocks
 #   e7-restart-worker  restart worker-1 at 2 s (on_worker_loss: wait, lease 1 s, heartbeat 0.2 s)
 #   server-restart     restart server-1 at 2 s, kill server-2 at 5 s (copies re-made on the rejoined server)
 #   e8-coordinator-failover  kill server-1 at 2 s and the leading coordinator at 2.55 s; the coordinator's

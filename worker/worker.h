@@ -44,12 +44,16 @@
 //   error for a loss the replicas cover; a loss they do not cover ends the
 //   job with the coordinator's reason. Clock() first waits for the pushes
 //   issued before it, so that no server counts a clock before it has them.
-// - Lost messages: a request to a server unanswered for
-//   options.resend_after is sent again under a new request id (pushes keep
-//   their sequence number, so a server applies each once), then after twice
-//   that, four times, ... (up to 64 times: a request held for slower workers
-//   is not repeated often); it still fails after options.request_timeout
-//   (plus any hold) in all.
+// - Lost messages: a request to a server unanswered for that server's
+//   resend timer is sent again under a new request id (pushes keep their
+//   sequence number, so a server applies each once; a server holding the
+//   first send for slower workers keeps holding that one), then after twice
+//   that, four times, ... up to options.resend_ceiling. The timer is
+//   learned from the round trips of the server's answers (worker/
+//   worker_core.h, Tick; options.resend_after before the first). When the
+//   transport says the connection to a server was made again, what that
+//   server owes goes again at once. A request still fails after
+//   options.request_timeout (plus any hold) in all.
 // - Transfer scheduling (docs/design.md, "Transfer scheduling"): with
 //   options.part_bytes, each server's share of a push or a pull goes in
 //   parts of at most that many value bytes (at least one row a part; but
