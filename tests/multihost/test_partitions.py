@@ -25,6 +25,7 @@ Partitions are blackhole routes inside the namespaces (netns_hosts.py).
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
@@ -163,7 +164,7 @@ def test_one_worker_and_one_server_cut_20_s_resumes_soon_after_the_heal(tmp_path
     try:
         job.wait_for_progress(step=200, timeout=90)
         hosts.cut(worker, server)
-        time.sleep(20)
+        time.sleep(float(os.environ.get("TESSERA_TEST_CUT_SECONDS", "20")))
         assert job.running(), f"the job ended during the partition:\n{job.describe()}"
         hosts.heal(worker, server)
         healed = time.time()
