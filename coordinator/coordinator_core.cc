@@ -387,6 +387,16 @@ void CoordinatorCore::HandleBarrier(const Message& m, std::vector<Outgoing>& out
     out.push_back(Outgoing{m.header.sender_address(), std::move(reply)});
     return;
   }
+  // The same request again (a worker repeats it until released): its
+  // release was lost; send it again rather than start a new round.
+  if (auto r = node.released_requests.find(name);
+      m.header.request_id() != 0 && r != node.released_requests.end() &&
+      r->second == std::make_pair(node.info.incarnation(), m.header.request_id())) {
+    Message release;
+    release.header.mutable_barrier_release()->set_name(name);
+    out.push_back(Outgoing{node.info.address(), std::move(release)});
+    return;
+  }
   // A replacement catching up: its predecessor already passed this barrier.
   auto waiting = barriers_.find(name);
   const bool arrived = waiting != barriers_.end() && waiting->second.contains(node.info.node_id());
@@ -409,6 +419,7 @@ void CoordinatorCore::HandleBarrier(const Message& m, std::vector<Outgoing>& out
     return;
   }
   barriers_[name].insert(node.info.node_id());
+  barrier_requests_[name][node.info.node_id()] = m.header.request_id();
   ReleaseBarriers(out);
 }
 
@@ -428,11 +439,15 @@ void CoordinatorCore::ReleaseBarriers(std::vector<Outgoing>& out) {
     for (uint32_t id : ids) {
       Node& n = nodes_.at(id);
       n.passed_barriers[name] = n.info.incarnation();
+      if (auto r = barrier_requests_.find(name); r != barrier_requests_.end()) {
+        if (auto req = r->second.find(id); req != r->second.end()) n.released_requests[name] = {n.info.incarnation(), req->second};
+      }
       Message release;
       release.header.mutable_barrier_release()->set_name(name);
       out.push_back(Outgoing{nodes_.at(id).info.address(), std::move(release)});
     }
     barriers_.erase(name);
+    barrier_requests_.erase(name);
     ++stats_.barriers_released;
   }
 }

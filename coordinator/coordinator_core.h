@@ -197,6 +197,9 @@ class CoordinatorCore {
     std::string away_reason;
     // Barriers this rank passed, with the incarnation that passed them.
     absl::flat_hash_map<std::string, uint32_t> passed_barriers;
+    // The request id of the last request of each barrier released to it:
+    // the same request again (its release was lost) gets the release again.
+    absl::flat_hash_map<std::string, std::pair<uint32_t, uint64_t>> released_requests;  // (incarnation, id)
     // A worker that joined the running job: barriers the job had passed
     // then, each released to it at once the first time it asks.
     absl::flat_hash_set<std::string> catch_up_barriers;
@@ -330,6 +333,8 @@ class CoordinatorCore {
   proto::ShardMap shard_map_;
   // Barrier name -> node ids of the workers that reached it.
   absl::flat_hash_map<std::string, absl::flat_hash_set<uint32_t>> barriers_;
+  // barrier name -> node id -> the request id it arrived with
+  absl::flat_hash_map<std::string, absl::flat_hash_map<uint32_t, uint64_t>> barrier_requests_;
   std::vector<std::string> events_;
   Stats stats_;
   LoadTracker load_;

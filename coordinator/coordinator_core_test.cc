@@ -205,6 +205,24 @@ TEST_F(CoordinatorCoreTest, BarrierReleasesWhenAllWorkersArrive) {
   auto out = barrier("w1");
   ASSERT_EQ(out.size(), 3u);
   for (const auto& o : out) EXPECT_EQ(o.message.header.barrier_release().name(), "epoch-1");
+  // w2's release was lost: w2 sends the same request again and gets the
+  // release again, without starting a new round of the barrier.
+  Message repeat = From("w2", 77);
+  repeat.header.mutable_barrier_request()->set_name("epoch-2");
+  EXPECT_TRUE(core.Step(repeat, 0).empty()) << "epoch-2 waits for w0 and w1";
+  for (const char* w : {"w0", "w1"}) {
+    Message m = From(w, 78);
+    m.header.mutable_barrier_request()->set_name("epoch-2");
+    out = core.Step(m, 0);
+  }
+  ASSERT_EQ(out.size(), 3u) << "epoch-2 released";
+  out = core.Step(repeat, 0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].to, "w2");
+  EXPECT_EQ(out[0].message.header.barrier_release().name(), "epoch-2");
+  Message next = From("w2", 79);  // a new request of the same name: a new round
+  next.header.mutable_barrier_request()->set_name("epoch-2");
+  EXPECT_TRUE(core.Step(next, 0).empty());
   // Servers cannot take part.
   Message m = From("s0");
   m.header.mutable_barrier_request()->set_name("x");
@@ -281,8 +299,9 @@ TEST_F(CoordinatorCoreTest, WaitPolicyKeepsALostWorkersPlaceForAReplacement) {
   CoordinatorCore core(o, 0);
   Assemble(core, 1, 2);
   auto heartbeat = [&](const std::string& from, Nanos now) { return Heartbeat(core, from, now); };
+  uint64_t request_id = 100;  // each request its own id, as sessions number them
   auto barrier = [&](const std::string& from, const std::string& name, Nanos now) {
-    Message m = From(from);
+    Message m = From(from, ++request_id);
     m.header.mutable_barrier_request()->set_name(name);
     return core.Step(m, now);
   };

@@ -177,6 +177,17 @@ std::vector<proto::Envelope> SessionCore::Tick(Nanos now) {
     out.push_back(done.request);
     done.next_send = now + options_.register_retry;
   }
+  // Barriers not yet released or refused: the same request again (the
+  // coordinator sends a lost release again).
+  for (auto& [name, barrier] : barriers_) {
+    if (barrier.released || barrier.error || !Heartbeating()) continue;
+    if (barrier.next_send == 0) {
+      barrier.next_send = now + options_.register_retry;  // sent by the caller just now
+    } else if (now >= barrier.next_send) {
+      out.push_back(barrier.request);
+      barrier.next_send = now + options_.register_retry;
+    }
+  }
   for (proto::Envelope& h : out) h.set_sender_id(self().node_id());
   return out;
 }
@@ -192,6 +203,9 @@ std::optional<Nanos> SessionCore::NextTickAt() const {
   for (const auto& [id, done] : dones_) {
     if (!done.reply && !done.expired) consider(done.next_send);
   }
+  for (const auto& [name, barrier] : barriers_) {
+    if (!barrier.released && !barrier.error && barrier.next_send != 0) consider(barrier.next_send);
+  }
   return next;
 }
 
@@ -200,7 +214,7 @@ proto::Envelope SessionCore::Barrier(const std::string& name) {
   h.set_request_id(NextRequestId());
   h.set_sender_id(self().node_id());
   h.mutable_barrier_request()->set_name(name);
-  barriers_[name] = BarrierState{.request_id = h.request_id()};
+  barriers_[name] = BarrierState{.request_id = h.request_id(), .request = h};
   return h;
 }
 

@@ -46,6 +46,9 @@
 // - Shutdown ends the job: OK, or Aborted("job failed: REASON").
 // - The end is final: ended() is set once and never changes; Tick sends
 //   nothing after it.
+// - A barrier request (Barrier) is sent again, the same request, every
+//   register_retry until it is released or refused (the coordinator sends
+//   a lost release again for the same request).
 // - A done report (ReportDone) is sent again every register_retry, with the
 //   same request id, until the coordinator answers it, the job ends, or its
 //   deadline.
@@ -178,6 +181,8 @@ class SessionCore {
  private:
   struct BarrierState {
     uint64_t request_id = 0;
+    proto::Envelope request;  // sent again every register_retry until released or refused
+    Nanos next_send = 0;      // 0: the caller sent it; the next Tick starts the timer
     bool released = false;
     std::optional<absl::Status> error;
   };

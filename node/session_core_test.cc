@@ -566,6 +566,28 @@ TEST(SessionCoreTest, TheDoneReportStopsAtItsDeadlineOrAnError) {
   EXPECT_FALSE(core.done_reply(refused).has_value());
 }
 
+TEST(SessionCoreTest, ABarrierRequestGoesAgainUntilReleased) {
+  SessionCore core = Running(Options(), 0);
+  const Nanos retry = Options().register_retry;
+  const proto::Envelope request = core.Barrier("epoch-1");
+  auto barrier_requests = [](const std::vector<proto::Envelope>& out) {
+    std::vector<proto::Envelope> found;
+    for (const auto& h : out)
+      if (h.has_barrier_request()) found.push_back(h);
+    return found;
+  };
+  EXPECT_TRUE(barrier_requests(core.Tick(1 * kSeconds)).empty()) << "the caller sent it: its timer starts";
+  EXPECT_TRUE(barrier_requests(core.Tick(1 * kSeconds + retry - 1)).empty());
+  auto again = barrier_requests(core.Tick(1 * kSeconds + retry));
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].request_id(), request.request_id()) << "the same request";
+  EXPECT_EQ(again[0].barrier_request().name(), "epoch-1");
+  ASSERT_TRUE(core.NextTickAt().has_value());
+  EXPECT_LE(*core.NextTickAt(), 1 * kSeconds + 2 * retry);
+  EXPECT_TRUE(core.Handle(Release("epoch-1"), 2 * kSeconds));
+  EXPECT_TRUE(barrier_requests(core.Tick(10 * kSeconds)).empty()) << "released: no more";
+}
+
 TEST(SessionCoreTest, BarrierReleasedAndRefused) {
   SessionCore core = Running(Options(), 0);
   const proto::Envelope request = core.Barrier("epoch-1");
