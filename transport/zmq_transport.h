@@ -125,8 +125,8 @@ class ZmqTransport final : public Transport {
     size_t receive_copy_below_bytes = 8 * 1024;
     // Links (see the contract; tcp only; 0: the system's default for each).
     int link_timeout_ms = 2000;     // sent bytes unacknowledged this long: the connection is broken
-    int connect_timeout_ms = 500;   // a connection attempt gives up after this ...
-    int reconnect_ms = 100;         // ... and the next one starts this much later
+    int connect_timeout_ms = 200;   // a connection attempt gives up after this ...
+    int reconnect_ms = 50;          // ... and the next one starts this much later
     // The job's CURVE key pair (Z85, 40 characters each; transport/job_keys.h);
     // both empty = no authentication or encryption.
     std::string curve_public_key;

@@ -506,7 +506,12 @@ class WorkerImpl final : public Worker {
     in_flight_->fetch_add(1, std::memory_order_relaxed);  // before anything can complete it
     // The tick thread sleeps until the next resend is due; this operation's
     // parts may come due sooner (after an idle spell, it sleeps 100 ms).
-    if (tick_at_ > now + core_->ShortestResendTimer()) tick_cv_.notify_one();
+    // One wake per sleep of the tick thread at most (a sequential caller
+    // would otherwise wake it at every operation after an idle spell).
+    if (!tick_woken_ && tick_at_ > now + core_->ShortestResendTimer()) {
+      tick_woken_ = true;
+      tick_cv_.notify_one();
+    }
     Deliver(lock, std::move(*effects));
     return Future(std::move(state));
   }
@@ -605,6 +610,7 @@ class WorkerImpl final : public Worker {
     while (!closed_) {
       // Every 100 ms, or sooner when a resend comes due.
       tick_at_ = std::min(MonotonicNow() + kTickInterval, core_->NextResendDue());
+      tick_woken_ = false;
       tick_cv_.wait_for(lock, std::chrono::nanoseconds(std::max<Nanos>(tick_at_ - MonotonicNow(), 0)));
       if (closed_) break;
       // Operations past their deadline fail; parts a lagging server refused
@@ -618,7 +624,11 @@ class WorkerImpl final : public Worker {
         next_wait_report_ = now + options_.wait_report_interval;
         owed = core_->tracker().OwedBy(now, options_.wait_report_interval);
       }
-      Deliver(lock, std::move(effects));
+      if (effects.sends.empty() && effects.done.empty()) {
+        lock.unlock();  // the usual wake: nothing was due (no send lock to take)
+      } else {
+        Deliver(lock, std::move(effects));
+      }
       for (const RequestTracker::Owed& o : owed) ReportWait(o);
       lock.lock();
     }
@@ -770,6 +780,7 @@ class WorkerImpl final : public Worker {
   absl::flat_hash_map<std::string, Nanos> restored_at_;  // guarded by mu_: connections made again, not yet answered
   Nanos last_restore_to_answer_ = -1;                   // guarded by mu_: the last such wait (-1: none yet)
   Nanos tick_at_ = 0;                                   // guarded by mu_: when the tick thread wakes next
+  bool tick_woken_ = false;                             // guarded by mu_: woken early during this sleep already
   bool closed_ = false;                                // guarded by mu_
   std::thread ticker_;
 };
