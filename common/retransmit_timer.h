@@ -1,9 +1,10 @@
 #pragma once
 // RetransmitTimer: how long to wait for an answer before sending a request
 // again, learned from the round trips a peer's answers took (the way TCP
-// sets its retransmission timeout, RFC 6298). One per peer: the worker keeps
-// one per server (worker/request_tracker.h), a server one per backup it
-// forwards to (server/server_core.h). Pure: no clocks, samples come in.
+// sets its retransmission timeout, RFC 6298). One per peer and kind of
+// answer: the worker keeps two per server (pushes, other requests:
+// worker/request_tracker.h, TimerLane), a server one per backup it forwards
+// to (server/server_core.h). Pure: no clocks, samples come in.
 //
 // Contract:
 // - Sample(rtt): one measured round trip (send to answer, minus any time the

@@ -386,6 +386,10 @@ TEST_F(ReplicationTest, LostAndRepeatedForwardsAreResentAndAppliedOnce) {
   ASSERT_EQ(Count(&proto::Envelope::has_replicate), 2u);
   Outgoing first = net_.front();
   net_.pop_front();  // the first forward is lost: the second arrives with a gap
+  DeliverOne();
+  ASSERT_EQ(net_.size(), 1u);
+  EXPECT_TRUE(net_.front().message.header.replicate_ack().gap());
+  net_.pop_front();  // ... and the backup's gap notice is lost too: the timer must do it
   DeliverAll();
   EXPECT_TRUE(inbox_.empty());
   EXPECT_EQ(cores_[1]->unacked_forwards(), 2u);
@@ -456,11 +460,45 @@ TEST_F(ReplicationTest, ReorderedForwardsAreAppliedInOrderWithoutWaitingForARese
   for (int i = 0; i < 3; ++i) DeliverOne();
   ASSERT_EQ(Count(&proto::Envelope::has_replicate), 3u);
   std::reverse(net_.begin(), net_.end());  // positions 3, 2, 1
-  DeliverAll();                            // no Tick: nothing is resent
+  DeliverAll();                            // no Tick
   ASSERT_EQ(inbox_.size(), 3u);
   for (const Message& m : inbox_) EXPECT_TRUE(m.header.has_ack()) << m.header.ShortDebugString();
   EXPECT_EQ(cores_[2]->stats().forwards_applied, 3u);
-  EXPECT_EQ(cores_[1]->stats().forwards_sent, 3u);
+  // Position 3 arrived while 1 was missing: one gap notice, and position 1
+  // went once more (it was only overtaken: acknowledged again, applied once).
+  EXPECT_EQ(cores_[2]->stats().forward_gaps_reported, 1u);
+  EXPECT_EQ(cores_[1]->stats().forwards_gap_resent, 1u);
+  EXPECT_EQ(cores_[1]->stats().forwards_sent, 4u);
+}
+
+TEST_F(LearningReplicationTest, ALostForwardThatALaterOneOvertakesGoesAgainAtOnce) {
+  const auto keys = KeysOf(1, 2, map_);
+  for (uint64_t i = 1; i <= 3; ++i) Send(ServerAddress(1), Push(i, keys, 1.0f, i));
+  for (int i = 0; i < 3; ++i) DeliverOne();
+  ASSERT_EQ(Count(&proto::Envelope::has_replicate), 3u);
+  net_.pop_front();  // position 1 is lost
+  // Position 2 reaches the backup: it says 1 is missing, and the primary
+  // sends 1 again at once: no Tick, no timer.
+  DeliverOne();
+  EXPECT_EQ(cores_[2]->stats().forward_gaps_reported, 1u);
+  DeliverOne();  // position 3: kept, and no second notice for the same gap
+  EXPECT_EQ(cores_[2]->stats().forward_gaps_reported, 1u);
+  DeliverOne();  // the gap notice
+  EXPECT_EQ(cores_[1]->stats().forwards_gap_resent, 1u);
+  ASSERT_EQ(Count(&proto::Envelope::has_replicate), 1u);
+  // That resend is lost too: the notice is not repeated; the timer takes over.
+  net_.pop_front();
+  EXPECT_LT(cores_[1]->NextForwardDue(), std::numeric_limits<Nanos>::max());
+  EXPECT_TRUE(net_.empty());
+  // (Position 1 went twice already: its wait is doubled; by then all three are due.)
+  auto again = cores_[1]->Tick(now_ + 2 * cores_[1]->ShortestForwardTimer() + kMillis);
+  ASSERT_EQ(again.size(), 3u) << "the timer resends the unacknowledged stream in order";
+  for (Outgoing& o : again) net_.push_back(std::move(o));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 3u);
+  for (const Message& m : inbox_) EXPECT_TRUE(m.header.has_ack()) << m.header.ShortDebugString();
+  EXPECT_EQ(cores_[2]->stats().forwards_applied, 3u);
+  EXPECT_EQ(cores_[1]->stats().forwards_gap_resent, 1u);
 }
 
 TEST_F(ReplicationTest, ALostBackupReleasesTheAcksThatWaitedOnIt) {

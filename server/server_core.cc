@@ -1162,6 +1162,12 @@ Nanos ServerCore::ShortestForwardTimer() const {
   return shortest;
 }
 
+std::vector<std::pair<uint32_t, RetransmitTimer>> ServerCore::ForwardTimers() const {
+  std::vector<std::pair<uint32_t, RetransmitTimer>> out(forward_timers_.begin(), forward_timers_.end());
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
 RetransmitTimer& ServerCore::ForwardTimer(uint32_t rank) {
   auto it = forward_timers_.find(rank);
   if (it == forward_timers_.end()) it = forward_timers_.emplace(rank, RetransmitTimer(options_.forward_resend)).first;
@@ -1175,14 +1181,18 @@ void ServerCore::SendForwards(uint32_t rank, BackupStream& stream, Nanos now, st
   for (Forward& f : stream.unacked) {
     ahead += f.message.FrameBytes();
     if (due_only && now - f.sent < timer.After(f.resends, ahead)) continue;
-    Message m = f.message;  // shares the frames
-    m.header.set_epoch(map_->epoch());
-    f.sent = now;
-    f.resends++;
-    stats_.forwards_sent++;
-    stats_.forwards_resent++;
-    out.push_back(Outgoing{map_->server(rank).address(), std::move(m)});
+    ResendForward(rank, f, now, out);
   }
+}
+
+void ServerCore::ResendForward(uint32_t rank, Forward& f, Nanos now, std::vector<Outgoing>& out) {
+  Message m = f.message;  // shares the frames
+  m.header.set_epoch(map_->epoch());
+  f.sent = now;
+  f.resends++;
+  stats_.forwards_sent++;
+  stats_.forwards_resent++;
+  out.push_back(Outgoing{map_->server(rank).address(), std::move(m)});
 }
 
 void ServerCore::HandlePush(Message request, Nanos now, std::vector<Outgoing>& out) {
@@ -1369,8 +1379,9 @@ void ServerCore::HandleReplicateAck(const Message& m, Nanos now, std::vector<Out
   if (a.stream() != stream.id) return;  // an ack of a stream that ended
   if (!a.rejected()) {
     // A round trip, when this ack is for the front forward alone and that
-    // was sent once (an ack that covers several waited for a lost one).
-    if (!stream.unacked.empty() && stream.unacked.front().position == a.position() &&
+    // was sent once (an ack that covers several waited for a lost one; a
+    // gap notice waited for a later forward).
+    if (!a.gap() && !stream.unacked.empty() && stream.unacked.front().position == a.position() &&
         stream.unacked.front().resends == 0) {
       ForwardTimer(rank).Sample(now - stream.unacked.front().sent);
     }
@@ -1385,6 +1396,15 @@ void ServerCore::HandleReplicateAck(const Message& m, Nanos now, std::vector<Out
         in_sync_.push_back(std::move(s));
       }
       ForwardsDone(done, absl::OkStatus(), out);
+    }
+    // A gap notice: the backup holds a later forward and misses the next
+    // one; it goes again now (once per notice of that position), not after
+    // the timer.
+    if (a.gap() && !stream.unacked.empty() && stream.unacked.front().position == a.position() + 1 &&
+        !stream.unacked.front().gap_resent) {
+      stream.unacked.front().gap_resent = true;
+      stats_.forwards_gap_resent++;
+      ResendForward(rank, stream.unacked.front(), now, out);
     }
     return;
   }
@@ -1421,7 +1441,7 @@ void ServerCore::HandleReplicate(const Message& m, std::vector<Outgoing>& out) {
 void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
   const proto::Envelope& h = m.header;
   const proto::Replicate& r = h.replicate();
-  auto ack = [&](uint64_t position, const absl::Status& rejection, bool stale = false) {
+  auto ack = [&](uint64_t position, const absl::Status& rejection, bool stale = false, bool gap = false) {
     if (h.sender_address().empty()) return;
     Message reply;
     reply.header.set_sender_id(options_.node_id);
@@ -1429,6 +1449,7 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
     auto* a = reply.header.mutable_replicate_ack();
     a->set_position(position);
     a->set_stream(r.stream());
+    a->set_gap(gap);
     if (!rejection.ok()) {
       stats_.forwards_rejected++;
       a->set_rejected(true);
@@ -1460,6 +1481,7 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
     stream = r.stream();
     expected_from_[h.sender_id()] = 1;
     early_forwards_.erase(h.sender_id());
+    gap_reported_.erase(h.sender_id());
   }
   uint64_t& expected = expected_from_.try_emplace(h.sender_id(), 1).first->second;
   if (r.position() < expected) {  // a resend of what is applied: acknowledge again
@@ -1469,6 +1491,14 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
   if (r.position() > expected) {  // a gap: kept (bounded) until its turn; the primary resends in order anyway
     auto& early = early_forwards_[h.sender_id()];
     if (early.size() < kMaxEarlyForwards) early.emplace(r.position(), m);
+    // Say once per missing position that it is missing (a gap notice): the
+    // primary sends it again now rather than after its timer.
+    uint64_t& reported = gap_reported_[h.sender_id()];
+    if (reported != expected) {
+      reported = expected;
+      stats_.forward_gaps_reported++;
+      ack(expected - 1, absl::OkStatus(), /*stale=*/false, /*gap=*/true);
+    }
     return;
   }
   expected++;

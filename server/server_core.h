@@ -73,7 +73,13 @@
 //     were sent once and acknowledged alone, doubling per resend up to the
 //     ceiling, with the bytes of the stream's unacknowledged forwards up to
 //     it allowed for. (The backup keeps forwards that arrive ahead of a lost
-//     one, so the lost one alone goes again.)
+//     one, so the lost one alone goes again.) A backup that receives a later
+//     forward while the next position is missing says so at once, once per
+//     missing position (ReplicateAck.gap); the primary then sends that
+//     position again without waiting for its timer (the way TCP's duplicate
+//     acknowledgements trigger a fast retransmit; a forward that was only
+//     overtaken arrives twice and is acknowledged again). A lost forward is
+//     so resent after about a round trip whenever a later one follows it.
 //   * A push or pull stamped with a newer map epoch than this server's is
 //     answered Aborted at this server's epoch and changes nothing (the
 //     worker sends it again): by its older map this server could take or
@@ -205,7 +211,9 @@ struct ServerStats {
   uint64_t compressed_pushes = 0;  // pushes whose values arrived as encoded parts
   uint64_t duplicate_pushes = 0;   // sequenced pushes (or shards of them) already applied
   uint64_t forwards_sent = 0;      // Replicate messages to backups, resends included
-  uint64_t forwards_resent = 0;    // of those, sent again (unacknowledged past the timer, or a new map)
+  uint64_t forwards_resent = 0;    // of those, sent again (unacknowledged past the timer, a gap notice, or a new map)
+  uint64_t forwards_gap_resent = 0;  // of those, sent again for a backup's gap notice
+  uint64_t forward_gaps_reported = 0;  // gap notices this server sent as a backup
   uint64_t forwards_applied = 0;   // Replicate messages this server applied as a backup
   uint64_t forwards_rejected = 0;  // Replicate messages this server refused (stale epoch, not a backup, bad)
   uint64_t transfers_sent = 0;     // state transfers to new backups (shards' rows, windows, clocks)
@@ -286,6 +294,8 @@ class ServerCore {
   // shortest forward timer of any backup (a forward sent now is due no sooner).
   Nanos NextForwardDue() const;
   Nanos ShortestForwardTimer() const;
+  // Each backup's forward timer (rank order): for logs and metrics.
+  std::vector<std::pair<uint32_t, RetransmitTimer>> ForwardTimers() const;
 
   // The job's workers (node id -> rank), all at clock 0.
   void SetWorkers(const absl::flat_hash_map<uint32_t, uint32_t>& worker_rank_by_node);
@@ -404,7 +414,10 @@ class ServerCore {
     Nanos sent;       // last sent
     std::vector<uint64_t> carried = {};  // pushes that also wait on this one (a transfer that replaced a stream)
     uint32_t resends = 0;  // times sent again (its round trip is then ambiguous)
+    bool gap_resent = false;  // sent again for a backup's gap notice (once)
   };
+  // Sends `f` to backup `rank` again now, at this server's epoch.
+  void ResendForward(uint32_t rank, Forward& f, Nanos now, std::vector<Outgoing>& out);
   // Every push that waits on `f` is one forward closer to its Ack.
   void ForwardsDone(const Forward& f, const absl::Status& status, std::vector<Outgoing>& out);
   struct BackupStream {
@@ -477,6 +490,7 @@ class ServerCore {
   absl::flat_hash_map<uint32_t, uint64_t> stream_from_;     // primary node id -> its stream being applied
   static constexpr size_t kMaxEarlyForwards = 4096;
   absl::flat_hash_map<uint32_t, std::map<uint64_t, Message>> early_forwards_;  // primary -> position -> forward
+  absl::flat_hash_map<uint32_t, uint64_t> gap_reported_;  // primary node id -> missing position last reported
   absl::flat_hash_map<uint64_t, WaitingAck> waiting_;       // push id -> its Ack, held for backups
   struct AuditEntry {
     uint32_t worker, incarnation;

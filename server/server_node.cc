@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
 #include <thread>
@@ -363,7 +364,23 @@ absl::Status ServerNode::Run() {
   ServerStats st = stats();
   TLOG_INFO("served {} pushes and {} pulls ({} bytes in, {} bytes out, {} bad requests)", st.push_requests,
             st.pull_requests, st.bytes_in, st.bytes_out, st.bad_requests);
+  if (const std::string forwards = DescribeForwards(st); !forwards.empty()) TLOG_INFO("{}", forwards);
   return end;
+}
+
+std::string ServerNode::DescribeForwards(const ServerStats& st) const {
+  std::lock_guard lock(mu_);
+  if (st.forwards_sent == 0 && st.forward_gaps_reported == 0) return "";
+  std::string text = absl::StrCat("forwards: ", st.forwards_sent, " sent, ", st.forwards_resent, " sent again (",
+                                  st.forwards_gap_resent, " on a backup's gap notice), ", st.forward_gaps_reported,
+                                  " gap notices sent as a backup");
+  if (core_ == nullptr) return text;
+  for (const auto& [rank, t] : core_->ForwardTimers()) {
+    absl::StrAppend(&text, "; backup ", rank, " timer ", absl::StrFormat("%.2f", t.rto() / 1e6), " ms (round trip ",
+                    absl::StrFormat("%.2f", t.smoothed() / 1e6), " +- ", absl::StrFormat("%.2f", t.variation() / 1e6),
+                    " ms over ", t.samples(), ")");
+  }
+  return text;
 }
 
 std::string ServerNode::MetricsText() const {
@@ -385,6 +402,15 @@ std::string ServerNode::MetricsText() const {
                s.duplicate_pushes)
       .Counter("tessera_server_forwards_sent_total", "Replicate messages sent to backups, resends included",
                s.forwards_sent)
+      .Counter("tessera_server_forwards_resent_total",
+               "Replicate messages sent again: unacknowledged past the backup's timer, a gap notice, or a new map",
+               s.forwards_resent)
+      .Counter("tessera_server_forwards_gap_resent_total",
+               "Replicate messages sent again at once because the backup said it missed them (gap notice)",
+               s.forwards_gap_resent)
+      .Counter("tessera_server_forward_gaps_reported_total",
+               "Gap notices sent as a backup (a later forward arrived while an earlier one was missing)",
+               s.forward_gaps_reported)
       .Counter("tessera_server_forwards_applied_total", "Replicate messages applied as a backup", s.forwards_applied)
       .Counter("tessera_server_forwards_rejected_total", "Replicate messages refused (older epoch, not a backup)",
                s.forwards_rejected)

@@ -66,6 +66,9 @@ class ServerNode {
   std::string MetricsText() const;
 
  private:
+  // One line on forwards to backups (sent, sent again, gap notices) and each
+  // backup's learned timer; empty when this server forwarded nothing.
+  std::string DescribeForwards(const ServerStats& st) const;
   void OnMessage(Message m);
   void OnMapUpdate(const proto::ShardMapUpdate& update);
   // Makes a core from a JobReady and serves with it: requests and the map

@@ -43,9 +43,13 @@ void RequestTracker::Begin(Handle handle, std::string what, std::vector<PartSpec
   ops_.emplace(raw, std::move(op));
 }
 
+TimerLane RequestTracker::LaneOf(const Part& part) {
+  return part.request.header.has_push() ? TimerLane::kPushes : TimerLane::kRequests;
+}
+
 RequestTracker::Peer& RequestTracker::PeerOf(uint32_t rank) {
   auto it = peers_.find(rank);
-  if (it == peers_.end()) it = peers_.emplace(rank, Peer{RetransmitTimer(retransmit_)}).first;
+  if (it == peers_.end()) it = peers_.emplace(rank, Peer{{RetransmitTimer(retransmit_), RetransmitTimer(retransmit_)}}).first;
   return it->second;
 }
 
@@ -75,7 +79,8 @@ Nanos RequestTracker::DueAt(const Part& part) const {
   auto it = peers_.find(part.server_rank);
   if (part.received != 0 || (it != peers_.end() && it->second.link_down)) return std::numeric_limits<Nanos>::max();
   const Nanos wait = it == peers_.end() ? RetransmitTimer(retransmit_).After(part.resends, part.ahead_bytes)
-                                        : it->second.timer.After(part.resends, part.ahead_bytes);
+                                        : it->second.timers[static_cast<size_t>(LaneOf(part))].After(
+                                              part.resends, part.ahead_bytes);
   return part.sent_at + wait;
 }
 
@@ -92,7 +97,9 @@ Nanos RequestTracker::NextDue() const {
 
 Nanos RequestTracker::ShortestTimer() const {
   Nanos shortest = RetransmitTimer(retransmit_).rto();
-  for (const auto& [rank, peer] : peers_) shortest = std::min(shortest, peer.timer.rto());
+  for (const auto& [rank, peer] : peers_) {
+    for (const RetransmitTimer& timer : peer.timers) shortest = std::min(shortest, timer.rto());
+  }
   return shortest;
 }
 
@@ -117,10 +124,24 @@ void RequestTracker::LinkDown(uint32_t rank, bool down) { PeerOf(rank).link_down
 std::vector<RequestTracker::ServerTimer> RequestTracker::Timers() const {
   std::vector<ServerTimer> out;
   for (const auto& [rank, peer] : peers_) {
-    out.push_back(ServerTimer{rank, peer.timer.rto(), peer.timer.smoothed(), peer.timer.variation(),
-                              peer.timer.samples(), peer.resends, peer.link_down});
+    const size_t before = out.size();
+    for (size_t lane = 0; lane < kLanes; ++lane) {
+      const RetransmitTimer& timer = peer.timers[lane];
+      if (timer.samples() == 0 && peer.resends[lane] == 0) continue;  // never used on this lane
+      out.push_back(ServerTimer{rank, static_cast<TimerLane>(lane), timer.rto(), timer.smoothed(), timer.variation(),
+                                timer.samples(), peer.resends[lane], peer.link_down});
+    }
+    // Neither lane answered or resent yet: the server still shows (its
+    // initial timer, its link), on the requests lane.
+    if (out.size() == before) {
+      const RetransmitTimer& timer = peer.timers[0];
+      out.push_back(ServerTimer{rank, TimerLane::kRequests, timer.rto(), timer.smoothed(), timer.variation(), 0, 0,
+                                peer.link_down});
+    }
   }
-  std::sort(out.begin(), out.end(), [](const ServerTimer& a, const ServerTimer& b) { return a.rank < b.rank; });
+  std::sort(out.begin(), out.end(), [](const ServerTimer& a, const ServerTimer& b) {
+    return std::pair(a.rank, a.lane) < std::pair(b.rank, b.lane);
+  });
   return out;
 }
 
@@ -280,7 +301,7 @@ std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& r
     const uint64_t held_us = h.has_pull_reply() ? h.pull_reply().held_us()
                              : h.has_clock_ack() ? h.clock_ack().held_us()
                                                  : 0;
-    PeerOf(part.server_rank).timer.Sample(now - part.sent_at - static_cast<Nanos>(held_us) * 1000);
+    PeerOf(part.server_rank).timers[static_cast<size_t>(LaneOf(part))].Sample(now - part.sent_at - static_cast<Nanos>(held_us) * 1000);
   }
   // A table creation is refused this way too, by a server removed from the
   // job (drained) under a map this worker does not have yet; under that
@@ -337,7 +358,7 @@ std::vector<RequestTracker::Resend> RequestTracker::TakeResends(uint64_t epoch,
     if (part.request.header.has_push() || part.request.header.has_pull() ||
         (!dead(part.server_rank) && part.request.header.body_case() != proto::Envelope::BODY_NOT_SET)) {
       const bool lost = !part.parked && !dead(part.server_rank);  // resent for silence, not for a new map
-      if (lost) PeerOf(part.server_rank).resends++;
+      if (lost) PeerOf(part.server_rank).resends[static_cast<size_t>(LaneOf(part))]++;
       resends.push_back(Resend{id, part.server_rank, std::move(part.scatter), std::move(part.request),
                                part.resends + (lost ? 1 : 0), part.transfer});
       // The op keeps counting this part until Reissue.

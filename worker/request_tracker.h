@@ -46,7 +46,8 @@
 //   idempotent, pulls read, and a server that holds the first send for
 //   slower workers keeps holding that one (Envelope.first_request_id).
 // - Round trips: every answer (the first message of it, for pieces) that
-//   OnReply is given a time for is a sample of its server's timer: from
+//   OnReply is given a time for is a sample of its server's timer for its
+//   lane (TimerLane: pushes apart from everything else): from
 //   when that request id was sent to now, less the time the server says it
 //   held the request (PullReply.held_us, ClockAck.held_us). A request id is
 //   sent once, so no sample is ambiguous.
@@ -62,6 +63,7 @@
 //   never resent for silence until MarkSent says it left (its resend timer
 //   starts there), while its operation's deadline counts from Begin. It is
 //   handed back by TakeResends when its server is dead, and by TakeQueued.
+#include <array>
 #include <concepts>
 #include <cstdint>
 #include <functional>
@@ -78,6 +80,16 @@
 #include "worker/pulled_rows.h"
 
 namespace tessera {
+
+// The two kinds of answer a server's timers learn apart. A push is answered
+// once its backups have it (replication > 1: about two round trips, and a
+// wider spread); every other request (pull, clock, table) is answered by
+// the server alone. One estimator over both would learn their mixture: a
+// mean between the two and a variation as wide as the gap, which times
+// every request out late.
+enum class TimerLane : uint8_t { kRequests = 0, kPushes = 1 };
+inline constexpr size_t kLanes = 2;
+inline const char* LaneName(TimerLane lane) { return lane == TimerLane::kPushes ? "pushes" : "requests"; }
 
 // Where a pull's rows go: the caller's `out`, or a view that keeps them in
 // the reply frames (see RequestTracker's contract).
@@ -215,13 +227,16 @@ class RequestTracker {
   // the row width); 0 for an unknown request or one that is not a pull.
   uint64_t ExpectedValues(uint64_t request_id) const;
   uint64_t ignored_replies() const { return ignored_replies_; }
-  // Each server's resend timer and how many parts went to it again for
-  // silence, by rank (servers never sent to are left out).
+  // Each server's resend timer per lane and how many parts of that lane
+  // went to it again, by rank then lane. A lane never answered nor resent
+  // is left out; a server with neither shows on the requests lane; servers
+  // never sent to are left out.
   struct ServerTimer {
     uint32_t rank = 0;
+    TimerLane lane = TimerLane::kRequests;
     Nanos rto = 0, smoothed = 0, variation = 0;
     uint64_t samples = 0;
-    uint64_t resends = 0;  // parts sent again for silence or after a restored link
+    uint64_t resends = 0;  // parts of the lane sent again for silence or after a restored link
     bool link_down = false;
   };
   std::vector<ServerTimer> Timers() const;
@@ -263,12 +278,14 @@ class RequestTracker {
   // Per server: its timer, the wire bytes of its parts awaiting an answer,
   // resends for silence, and whether its link is down.
   struct Peer {
-    RetransmitTimer timer;
+    std::array<RetransmitTimer, kLanes> timers;  // by TimerLane
     uint64_t awaiting = 0;
-    uint64_t resends = 0;
+    std::array<uint64_t, kLanes> resends{};       // by TimerLane
     bool link_down = false;
   };
   Peer& PeerOf(uint32_t rank);
+  // The timer lane of a part: pushes, or every other kind.
+  static TimerLane LaneOf(const Part& part);
   // Part `part` left at `now`: its timer starts and its bytes count.
   void Sent(Part& part, Nanos now);
   // Its bytes no longer count (answered, taken out, or its op ended).

@@ -802,6 +802,48 @@ TEST(RequestTrackerTimerTest, ARestoredLinkMakesItsServersPartsDueAtOnce) {
   EXPECT_EQ(out, all);
 }
 
+TEST(RequestTrackerTimerTest, PushesAndOtherRequestsLearnTheirOwnTimers) {
+  // A push answered after its backups (8 ms) and clocks answered at once
+  // (1 ms) by the same server: each lane learns its own round trip, so a
+  // lost clock is resent after about a millisecond, not after a timer
+  // learned from the mixture (mean 4.5 ms, variation as wide as the gap).
+  RequestTracker t({"a"}, Learned());
+  Nanos now = 0;
+  uint64_t id = 10;
+  Message push;
+  push.header.mutable_push();
+  for (int i = 0; i < 40; ++i) {
+    t.Begin(std::make_shared<int>(i), "push", {{id, 0, {}, push}}, now + kSeconds, {}, 0, now);
+    ASSERT_EQ(t.OnReply(Ack(id++), now + 8 * kMillis).size(), 1u);
+    now += 8 * kMillis;
+    t.Begin(std::make_shared<int>(i), "clock", {{id, 0, {}, Clock(1)}}, now + kSeconds, {}, 0, now);
+    ASSERT_EQ(t.OnReply(ClockAck(id++, 0), now + 1 * kMillis).size(), 1u);
+    now += 1 * kMillis;
+  }
+  auto timers = t.Timers();
+  ASSERT_EQ(timers.size(), 2u) << "one entry per lane";
+  EXPECT_EQ(timers[0].lane, TimerLane::kRequests);
+  EXPECT_EQ(timers[1].lane, TimerLane::kPushes);
+  EXPECT_EQ(timers[0].samples, 40u);
+  EXPECT_EQ(timers[1].samples, 40u);
+  EXPECT_NEAR(static_cast<double>(timers[0].smoothed), 1.0 * kMillis, 0.01 * kMillis);
+  EXPECT_NEAR(static_cast<double>(timers[1].smoothed), 8.0 * kMillis, 0.01 * kMillis);
+  EXPECT_LT(timers[0].rto, 2 * kMillis);
+  EXPECT_GE(timers[1].rto, 8 * kMillis);
+  // An unanswered clock is due after the clocks' timer; a push after the pushes'.
+  t.Begin(std::make_shared<int>(98), "clock", {{id, 0, {}, Clock(2)}}, now + kSeconds, {}, 0, now);
+  EXPECT_EQ(t.NextDue(), now + timers[0].rto);
+  std::vector<RequestTracker::Completion> done;
+  ASSERT_EQ(t.TakeResends(1, kNeverDead, &done, now + timers[0].rto, true).size(), 1u);
+  t.Begin(std::make_shared<int>(99), "push", {{id + 1, 0, {}, push}}, now + kSeconds, {}, 0, now);
+  EXPECT_EQ(t.NextDue(), now + timers[1].rto);
+  EXPECT_TRUE(t.TakeResends(1, kNeverDead, &done, now + timers[1].rto - 1, true).empty());
+  // Resends are counted on their lane.
+  timers = t.Timers();
+  EXPECT_EQ(timers[0].resends, 1u);
+  EXPECT_EQ(timers[1].resends, 0u);
+}
+
 TEST(RequestTrackerTimerTest, NothingIsResentIntoALinkThatIsDown) {
   RequestTracker t({"a"}, Learned());
   t.Begin(std::make_shared<int>(0), "clock", {{10, 0, {}, Clock(1)}}, 600 * kSeconds, {}, 0, 0);

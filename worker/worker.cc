@@ -292,14 +292,16 @@ class WorkerImpl final : public Worker {
       if (core_) {
         for (const RequestTracker::ServerTimer& t : core_->tracker().Timers()) {
           const std::string server = absl::StrCat(t.rank);
+          const std::string lane = LaneName(t.lane);
           w.Gauge("tessera_worker_resend_timer_seconds",
-                  "Each server's resend timer, learned from its answers' round trips", t.rto / 1e9,
-                  {{"server", server}})
-              .Gauge("tessera_worker_round_trip_seconds", "Each server's smoothed round trip (holds left out)",
-                     t.smoothed / 1e9, {{"server", server}})
+                  "Each server's resend timer per lane (pushes, other requests), learned from its answers' round trips",
+                  t.rto / 1e9, {{"server", server}, {"lane", lane}})
+              .Gauge("tessera_worker_round_trip_seconds",
+                     "Each server's smoothed round trip per lane (holds left out)", t.smoothed / 1e9,
+                     {{"server", server}, {"lane", lane}})
               .Counter("tessera_worker_server_resends_total",
-                       "Requests sent again to each server: unanswered past its timer, or its connection made again",
-                       t.resends, {{"server", server}});
+                       "Requests sent again to each server per lane: unanswered past its timer, or its connection made again",
+                       t.resends, {{"server", server}, {"lane", lane}});
         }
       }
       if (last_restore_to_answer_ >= 0) {
@@ -696,7 +698,8 @@ class WorkerImpl final : public Worker {
     std::string text;
     if (!core_) return text;
     for (const RequestTracker::ServerTimer& t : core_->tracker().Timers()) {
-      absl::StrAppend(&text, text.empty() ? "" : "; ", "server ", t.rank, " ", absl::StrFormat("%.2f", t.rto / 1e6),
+      absl::StrAppend(&text, text.empty() ? "" : "; ", "server ", t.rank, " ", LaneName(t.lane), " ",
+                      absl::StrFormat("%.2f", t.rto / 1e6),
                       " ms (round trip ", absl::StrFormat("%.2f", t.smoothed / 1e6), " +- ",
                       absl::StrFormat("%.2f", t.variation / 1e6), " ms over ", t.samples, " answers, ", t.resends,
                       " resent)");
