@@ -454,6 +454,26 @@ TEST_F(LearningReplicationTest, ALostForwardGoesAgainAfterAFewRoundTripsNotAFixe
   EXPECT_EQ(cores_[2]->stats().forwards_applied, 2u);
 }
 
+TEST_F(LearningReplicationTest, ABackupsLinkMadeAgainGetsItsUnacknowledgedForwardsAtOnce) {
+  const auto keys = KeysOf(1, 2, map_);
+  for (uint64_t i = 1; i <= 2; ++i) Send(ServerAddress(1), Push(i, keys, 1.0f, i));
+  for (int i = 0; i < 2; ++i) DeliverOne();
+  ASSERT_EQ(Count(&proto::Envelope::has_replicate), 2u);
+  net_.clear();  // both were on the connection that broke
+  EXPECT_TRUE(cores_[1]->OnLinkRestored(ServerAddress(0), now_).empty()) << "not a backup with forwards owed";
+  EXPECT_TRUE(cores_[1]->OnLinkRestored("tcp://elsewhere:1", now_).empty());
+  auto again = cores_[1]->OnLinkRestored(ServerAddress(2), now_);  // no Tick, no timer
+  ASSERT_EQ(again.size(), 2u);
+  EXPECT_EQ(again[0].message.header.replicate().position() + 1, again[1].message.header.replicate().position())
+      << "in order";
+  EXPECT_EQ(cores_[1]->stats().forwards_link_resent, 2u);
+  for (Outgoing& o : again) net_.push_back(std::move(o));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 2u);
+  for (const Message& m : inbox_) EXPECT_TRUE(m.header.has_ack()) << m.header.ShortDebugString();
+  EXPECT_EQ(cores_[2]->stats().forwards_applied, 2u);
+}
+
 TEST_F(ReplicationTest, ReorderedForwardsAreAppliedInOrderWithoutWaitingForAResend) {
   const auto keys = KeysOf(1, 2, map_);
   for (uint64_t i = 1; i <= 3; ++i) Send(ServerAddress(1), Push(i, keys, 1.0f, i));

@@ -395,6 +395,17 @@ void ServerCore::ReleaseHeld(Nanos now, std::vector<Outgoing>& out) {
   }
 }
 
+std::vector<Outgoing> ServerCore::OnLinkRestored(std::string_view address, Nanos now) {
+  std::vector<Outgoing> out;
+  if (!map_) return out;
+  for (auto& [rank, stream] : streams_) {
+    if (stream.unacked.empty() || rank >= map_->num_servers() || map_->server(rank).address() != address) continue;
+    stats_.forwards_link_resent += stream.unacked.size();
+    SendForwards(rank, stream, now, out, /*due_only=*/false);
+  }
+  return out;
+}
+
 std::vector<Outgoing> ServerCore::Tick(Nanos now) {
   ApplyPending();
   std::vector<Outgoing> out;

@@ -213,6 +213,7 @@ struct ServerStats {
   uint64_t forwards_sent = 0;      // Replicate messages to backups, resends included
   uint64_t forwards_resent = 0;    // of those, sent again (unacknowledged past the timer, a gap notice, or a new map)
   uint64_t forwards_gap_resent = 0;  // of those, sent again for a backup's gap notice
+  uint64_t forwards_link_resent = 0;  // of those, sent again because the link to the backup was made again
   uint64_t forward_gaps_reported = 0;  // gap notices this server sent as a backup
   uint64_t forwards_applied = 0;   // Replicate messages this server applied as a backup
   uint64_t forwards_rejected = 0;  // Replicate messages this server refused (stale epoch, not a backup, bad)
@@ -305,6 +306,11 @@ class ServerCore {
   std::vector<Outgoing> Step(Message request, Nanos now = 0);
   // Answers held requests whose hold timeout passed.
   std::vector<Outgoing> Tick(Nanos now);
+  // The transport says the connection to `address` was made again (what was
+  // on the old one may be lost): when that is a backup this server streams
+  // to, every unacknowledged forward goes to it again now, in order, not at
+  // its timer. Any other address: nothing.
+  std::vector<Outgoing> OnLinkRestored(std::string_view address, Nanos now);
   // Applies the pushes Step accepted but left pending (apply_after_ack), in
   // arrival order. Cheap when nothing is pending.
   void ApplyPending();

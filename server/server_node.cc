@@ -149,6 +149,18 @@ void ServerNode::OnMapUpdate(const proto::ShardMapUpdate& update) {
   for (Outgoing& o : *out) (void)transport_->Send(o.to, std::move(o.message));
 }
 
+void ServerNode::OnLink(const std::string& address, bool up) {
+  if (!up) return;  // forwards to a link that is down wait for it (or for the backup's loss)
+  std::vector<Outgoing> out;
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_ || core_ == nullptr) return;
+    out = core_->OnLinkRestored(address, MonotonicNow());
+  }
+  if (!out.empty()) TLOG_INFO("connection to {} made again: {} forwards sent again", address, out.size());
+  for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
+}
+
 void ServerNode::TickLoop() {
   std::unique_lock lock(mu_);
   while (!stopping_) {
@@ -310,6 +322,7 @@ absl::Status ServerNode::Rejoin() {
 }
 
 absl::Status ServerNode::Run() {
+  transport_->SetLinkHandler([this](const std::string& address, bool up) { OnLink(address, up); });
   if (auto s = transport_->Start([this](Message m) { OnMessage(std::move(m)); }); !s.ok()) return s;
   TLOG_INFO("listening on {}; joining the job", transport_->address());
   session_.set_heartbeat_filler([this](proto::Heartbeat* hb) {
@@ -372,7 +385,8 @@ std::string ServerNode::DescribeForwards(const ServerStats& st) const {
   std::lock_guard lock(mu_);
   if (st.forwards_sent == 0 && st.forward_gaps_reported == 0) return "";
   std::string text = absl::StrCat("forwards: ", st.forwards_sent, " sent, ", st.forwards_resent, " sent again (",
-                                  st.forwards_gap_resent, " on a backup's gap notice), ", st.forward_gaps_reported,
+                                  st.forwards_gap_resent, " on a backup's gap notice, ", st.forwards_link_resent,
+                                  " on a link made again), ", st.forward_gaps_reported,
                                   " gap notices sent as a backup");
   if (core_ == nullptr) return text;
   for (const auto& [rank, t] : core_->ForwardTimers()) {

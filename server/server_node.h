@@ -70,6 +70,9 @@ class ServerNode {
   // backup's learned timer; empty when this server forwarded nothing.
   std::string DescribeForwards(const ServerStats& st) const;
   void OnMessage(Message m);
+  // A link event from the transport: a backup's connection made again
+  // resends its unacknowledged forwards (ServerCore::OnLinkRestored).
+  void OnLink(const std::string& address, bool up);
   void OnMapUpdate(const proto::ShardMapUpdate& update);
   // Makes a core from a JobReady and serves with it: requests and the map
   // that came while there was none are applied first. `first`: the job's
