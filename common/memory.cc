@@ -1,8 +1,13 @@
 #include "common/memory.h"
 
 #include <malloc.h>
+#include <unistd.h>
 
+#include <charconv>
+#include <fstream>
 #include <mutex>
+#include <sstream>
+#include <string>
 
 namespace tessera {
 
@@ -13,6 +18,60 @@ bool KeepLargeAllocationsMapped() {
     return ok;
   }();
   return accepted;
+}
+
+std::optional<uint64_t> ParseCgroupMemoryLimit(std::string_view text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
+  if (text.empty() || text == "max") return std::nullopt;
+  uint64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value == 0) return std::nullopt;
+  if (value >= (uint64_t{1} << 62)) return std::nullopt;  // v1's "no limit" (page-rounded 2^63 - 1)
+  return value;
+}
+
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return "";
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The limit of this process's cgroup, if one is set and readable.
+std::optional<uint64_t> CgroupMemoryLimit() {
+  std::istringstream groups(ReadFile("/proc/self/cgroup"));
+  std::string line;
+  std::optional<uint64_t> lowest;
+  auto consider = [&](const std::string& file) {
+    if (auto v = ParseCgroupMemoryLimit(ReadFile(file)); v && (!lowest || *v < *lowest)) lowest = v;
+  };
+  while (std::getline(groups, line)) {
+    // "0::/path" (v2) or "N:memory:/path" (v1, possibly "N:cpu,memory:/path").
+    const size_t a = line.find(':');
+    const size_t b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    const std::string path = line.substr(b + 1);
+    if (controllers.empty()) {
+      consider("/sys/fs/cgroup" + path + "/memory.max");
+    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
+      consider("/sys/fs/cgroup/memory" + path + "/memory.limit_in_bytes");
+    }
+  }
+  return lowest;
+}
+
+}  // namespace
+
+uint64_t UsableMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  uint64_t bytes = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+  if (auto limit = CgroupMemoryLimit(); limit && (bytes == 0 || *limit < bytes)) bytes = *limit;
+  return bytes == 0 ? uint64_t{1} << 30 : bytes;  // nothing readable: assume 1 GiB rather than no limit
 }
 
 }  // namespace tessera

@@ -13,8 +13,23 @@
 // M_TRIM_THRESHOLD to 1 GiB for the whole process, once; later calls do
 // nothing. It trades up to about 1 GiB of idle heap kept by the process for
 // the page faults. Returns whether glibc accepted the settings.
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
 namespace tessera {
 
 bool KeepLargeAllocationsMapped();
+
+// The memory this process may use: the host's physical memory, or the
+// limit of its control group where that is lower (cgroup v2 memory.max,
+// else v1 memory.limit_in_bytes, of the group /proc/self/cgroup names).
+// Never 0: 1 GiB when neither can be read.
+uint64_t UsableMemoryBytes();
+
+// A cgroup memory limit file's text ("max\n", "1073741824\n"): the limit
+// in bytes, or nullopt for "max", an empty or malformed text, or a value so
+// large that it means no limit (v1 writes about 2^63 for none).
+std::optional<uint64_t> ParseCgroupMemoryLimit(std::string_view text);
 
 }  // namespace tessera

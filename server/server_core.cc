@@ -29,6 +29,43 @@ std::vector<uint32_t> DistinctShards(std::span<const uint32_t> vshards, uint32_t
 
 constexpr uint64_t kUnbounded = std::numeric_limits<uint64_t>::max();
 
+// Clocks count iterations: one at or past 2^62 is no job's, and arithmetic
+// on it (a clock plus one, plus a staleness, times a hold) would overflow.
+constexpr uint64_t kMaxClock = uint64_t{1} << 62;
+
+// The clock fields of a push, pull or clock advance: in range, and a hold
+// no longer than the server allows.
+absl::Status CheckClockFields(const proto::Envelope& h, Nanos max_hold) {
+  uint64_t clock = 0;
+  uint64_t hold_ms = 0;
+  const char* what = nullptr;
+  if (h.has_push()) {
+    clock = h.push().clock();
+    what = "push";
+  } else if (h.has_pull()) {
+    clock = h.pull().clock();
+    hold_ms = h.pull().hold_timeout_ms();
+    what = "pull";
+  } else if (h.has_clock_advance()) {
+    clock = h.clock_advance().clock();
+    hold_ms = h.clock_advance().hold_timeout_ms();
+    what = "clock advance";
+  } else {
+    return absl::OkStatus();
+  }
+  if (clock >= kMaxClock) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " clock ", clock, " is out of range (clocks stay below 2^62 = ", kMaxClock, ")"));
+  }
+  const uint64_t max_hold_ms = static_cast<uint64_t>(max_hold / kMillis);
+  if (hold_ms > max_hold_ms) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " asks to be held up to ", hold_ms,
+                                                   " ms for slower workers; this server holds a request at most ",
+                                                   max_hold_ms, " ms (tessera-server --max-hold-ms)"));
+  }
+  return absl::OkStatus();
+}
+
 // Staleness of a table: BSP 0, SSP its bound, ASP unbounded.
 uint64_t Staleness(const proto::TableConfig& c) {
   switch (c.consistency()) {
@@ -282,6 +319,13 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
     SetError(reply, absl::AbortedError(absl::StrCat("server ", my_rank_, " has shard map epoch ", map_->epoch(),
                                                     ", older than the request's ", h.epoch(), "; send it again")));
     stats_.behind_epoch++;
+    send(std::move(reply));
+    return out;
+  }
+  if (absl::Status s = CheckClockFields(h, options_.max_hold); !s.ok()) {
+    Message reply = Reply(request);
+    SetError(reply, s);
+    stats_.bad_requests++;
     send(std::move(reply));
     return out;
   }
@@ -1240,6 +1284,15 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
     return absl::InvalidArgumentError(absl::StrCat("push needs 2 frames (keys, values), got ", m.frames.size()));
   }
   const uint32_t sender = m.header.sender_id();
+  // acked_below is the lowest push of the worker still in flight, this one
+  // included: past its own number it would mark this push and later ones as
+  // seen, and every later push of the worker would be dropped as a duplicate.
+  if (req.seq() != 0 && req.acked_below() > req.seq()) {
+    return absl::InvalidArgumentError(absl::StrCat("push number ", req.seq(), " says every push below acked_below ",
+                                                   req.acked_below(),
+                                                   " was acknowledged, itself included; acked_below must be at "
+                                                   "most the push's own number"));
+  }
   // A resend may carry an earlier clock than the worker has announced since
   // (it went to a server that was lost); it is the same push, not a late one.
   if (!req.resend() && clocks_.IsLive(sender) && req.clock() < clocks_.ClockOf(sender)) {

@@ -182,6 +182,9 @@ struct ServerCoreOptions {
   uint64_t max_keys_per_request = uint64_t{1} << 26;  // keys in one push or pull (64 Mi)
   uint64_t max_table_bytes = 0;                       // rows x Table::RowBytes per table; 0 = no limit
   size_t max_held_per_peer = 1024;                    // requests held for slower workers, per sender
+  // The longest hold a request may ask for (Pull/ClockAdvance
+  // hold_timeout_ms); a request asking for more is refused.
+  Nanos max_hold = 24 * 3600 * kSeconds;
 };
 
 // Pull replies in pieces. A reply whose values frame is larger than

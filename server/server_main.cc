@@ -2,6 +2,7 @@
 // coordinator ends the job in order, 1 on any failure with one line saying why.
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <thread>
@@ -73,30 +74,58 @@ int main(int argc, char** argv) {
   app.add_option("--keep-checkpoints", checkpoints.keep, "Checkpoints kept per server rank")->check(CLI::PositiveNumber);
   app.add_option("--restore-from", checkpoints.restore_from,
                  "Start from checkpoints: each shard this server holds is loaded from its newest checkpoint in DIR");
-  uint64_t max_table_mb = 0, max_message_mb = 2048;
+  std::string max_table_mb = "auto";
+  uint64_t max_message_mb = 2048;
+  uint64_t max_hold_ms = static_cast<uint64_t>(core.max_hold / tessera::kMillis);
   app.add_option("--max-keys-per-request", core.max_keys_per_request,
                  "Refuse a push or pull of more keys than this (ResourceExhausted)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--max-table-mb", max_table_mb,
                  "Refuse a push or pull that would grow a table past this many MiB of rows on this server "
-                 "(rows x bytes per row as docs/embeddings.md counts them: weights, optimizer state, index; 0 = no limit)")
-      ->capture_default_str();
+                 "(rows x bytes per row as docs/embeddings.md counts them: weights, optimizer state, index); "
+                 "auto: three quarters of the memory this process may use (the host's, or its cgroup's limit "
+                 "where lower); 0: no limit")
+      ->capture_default_str()
+      ->check([](const std::string& v) -> std::string {
+        if (v == "auto") return "";
+        uint64_t mb = 0;
+        auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), mb);
+        if (ec != std::errc() || end != v.data() + v.size() || mb > (uint64_t{1} << 40)) {
+          return "must be auto, 0 (no limit) or a number of MiB up to 2^40";
+        }
+        return "";
+      });
   app.add_option("--max-held-per-peer", core.max_held_per_peer,
                  "Requests of one sender held at once, waiting for slower workers; more are refused")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-hold-ms", max_hold_ms,
+                 "Longest a pull or clock advance may ask to be held for slower workers (its hold timeout); "
+                 "a request asking for more is refused")
+      ->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
   app.add_option("--max-message-mb", max_message_mb,
                  "Largest message accepted (header and frames); a larger one is dropped by the transport. "
                  "Pull replies asked for whole (Worker::PullView) go in pieces past half of it")
       ->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
   app.add_flag("--debug", debug, "Log debug lines");
   CLI11_PARSE(app, argc, argv);
-  core.max_table_bytes = max_table_mb << 20;
+  if (max_table_mb == "auto") {
+    core.max_table_bytes = tessera::UsableMemoryBytes() / 4 * 3;
+  } else {
+    uint64_t mb = 0;
+    std::from_chars(max_table_mb.data(), max_table_mb.data() + max_table_mb.size(), mb);
+    core.max_table_bytes = mb << 20;
+  }
+  core.max_hold = static_cast<tessera::Nanos>(max_hold_ms) * tessera::kMillis;
   checkpoints.every = static_cast<tessera::Nanos>(checkpoint_every * 1e9);
   core.audit = !audit_dir.empty();
   if (name.empty()) name = so.rank >= 0 ? "server-" + std::to_string(so.rank) : "server";
   tessera::InitLogging(name, debug);
   std::signal(SIGPIPE, SIG_IGN);
   tessera::KeepLargeAllocationsMapped();  // large receives come back warm (common/memory.h)
+  if (core.max_table_bytes > 0) {
+    TLOG_INFO("tables are limited to {} MiB of rows each on this server (--max-table-mb {})",
+              core.max_table_bytes >> 20, max_table_mb);
+  }
   so.connect_timeout = static_cast<tessera::Nanos>(connect_timeout * 1e9);
   so.heartbeat_interval = static_cast<tessera::Nanos>(heartbeat_interval * 1e9);
   so.lease = static_cast<tessera::Nanos>(lease * 1e9);

@@ -34,6 +34,8 @@ absl::Status ValidateTableConfig(const proto::TableConfig& c) {
                                                    kMaxDenseRows, "], got ", c.dense_rows()));
   if (c.kind() == proto::SPARSE && c.dense_rows() != 0)
     return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": sparse table must not set dense_rows"));
+  if (!proto::ConsistencyKind_IsValid(c.consistency()))
+    return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": unknown consistency ", c.consistency()));
   if (!proto::OptimizerKind_IsValid(c.optimizer()))
     return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": unknown optimizer ", c.optimizer()));
   if (!proto::InitKind_IsValid(c.init()))

@@ -27,7 +27,7 @@ import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import yaml
 
@@ -219,7 +219,7 @@ class CheckpointsSection:
 @dataclass(frozen=True)
 class LimitsSection:
     max_keys_per_request: int = 1 << 26
-    max_table_mb: int = 0
+    max_table_mb: Union[int, str] = "auto"
     max_held_per_peer: int = 1024
     max_message_mb: int = 2048
 
@@ -453,6 +453,14 @@ _transport = _one_of(TRANSPORTS)
 _worker_loss = _one_of(WORKER_LOSS_POLICIES)
 _pull_policy = _one_of(("Always", "IfNotPresent", "Never"))
 _count_or_zero = _int_in(0, 2**63, "a non-negative integer (0: not set)")
+
+
+def _mib_or_auto(value: Any) -> Optional[str]:
+    if value == "auto":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**40:
+        return "must be auto (three quarters of each server's memory), 0 (no limit) or a number of MiB up to 2^40"
+    return None
 _standbys = _int_in(0, 16, "a number of standby coordinators from 0 to 16")
 
 
@@ -618,8 +626,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
     },
     "limits": {
         "max_keys_per_request": Field(_positive_int, 1 << 26, "servers refuse a push or pull of more keys"),
-        "max_table_mb": Field(_count_or_zero, 0,
-                              "servers refuse what would grow a table past this many MiB of rows each; 0: no limit"),
+        "max_table_mb": Field(_mib_or_auto, "auto",
+                              "servers refuse what would grow a table past this many MiB of rows each; auto: three "
+                              "quarters of the memory each server may use (its host's, or its cgroup's limit); "
+                              "0: no limit"),
         "max_held_per_peer": Field(_positive_int, 1024,
                                    "requests of one worker a server holds at once for slower workers"),
         "max_message_mb": Field(_int_in(1, 1 << 20, "an integer from 1 to 1048576"), 2048,

@@ -456,3 +456,13 @@ def test_transport_byte_counts_against_each_other(tmp_path):
     config = load_config(path, ["shm.min_frame_bytes=524288", "shm.ring_bytes=1048576",
                                 "rdma.pool_bytes=4096", "rdma.max_pinned_bytes=4096"])
     assert (config.shm.ring_bytes, config.rdma.max_pinned_bytes) == (1048576, 4096)
+
+
+def test_table_memory_limit_is_auto_unless_set(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    assert load_config(path).limits.max_table_mb == "auto"
+    assert load_config(path, ["limits.max_table_mb=0"]).limits.max_table_mb == 0
+    assert load_config(path, ["limits.max_table_mb=512"]).limits.max_table_mb == 512
+    for bad in ("lots", "-1", "2.5"):
+        message = error_of(path, [f"limits.max_table_mb={bad}"])
+        assert "limits.max_table_mb" in message and "auto" in message, message

@@ -228,7 +228,7 @@ def test_command_lines_follow_the_contract(tmp_path, job_file):
         str(tmp_path / "build/server/tessera-server"), "--coordinator", "tcp://h:1", "--rank", "1",
         "--bind", "tcp://127.0.0.1:0", "--name", "server-1", "--connect-timeout", "10",
         "--coordinator-give-up", "60",
-        "--max-keys-per-request", "67108864", "--max-table-mb", "0", "--max-held-per-peer", "1024",
+        "--max-keys-per-request", "67108864", "--max-table-mb", "auto", "--max-held-per-peer", "1024",
         "--max-message-mb", "2048"]
     assert worker_argv(config, binaries, layout, 0, "tcp://h:1") == [
         str(tmp_path / "build/examples/fake-worker"), "--coordinator", "tcp://h:1", "--rank", "0",

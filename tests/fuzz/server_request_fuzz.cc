@@ -5,6 +5,7 @@
 // corpus in tests/fuzz/corpus/server_request by the test suite.
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <memory>
 
 #include "common/keys.h"
@@ -114,4 +115,20 @@ void WriteSeeds(const std::string& dir) {
   forward.header.mutable_replicate()->set_num_keys(keys.size());
   forward.frames = push.frames;
   write("replicate", forward);
+  // Regressions (each once got past the checks; now refused):
+  // a pull held on the BSP table asking for a 2^64-1 ms hold (its deadline
+  // overflowed), a clock advance to 2^64-1, and a push whose acked_below
+  // passed its own number (every later push of the worker would have been
+  // dropped as a duplicate).
+  Message held = dense;
+  held.header.mutable_pull()->set_clock(5);
+  held.header.mutable_pull()->set_hold_timeout_ms(std::numeric_limits<uint64_t>::max());
+  write("regress-pull-hold-overflow", held);
+  Message far = clock;
+  far.header.mutable_clock_advance()->set_clock(std::numeric_limits<uint64_t>::max());
+  far.header.mutable_clock_advance()->set_hold_timeout_ms(std::numeric_limits<uint64_t>::max());
+  write("regress-clock-out-of-range", far);
+  Message acked = push;
+  acked.header.mutable_push()->set_acked_below(std::numeric_limits<uint64_t>::max());
+  write("regress-push-acked-below-past-seq", acked);
 }
