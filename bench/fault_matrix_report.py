@@ -42,8 +42,8 @@ RECOVERY_WINDOW = 0.5       # recovery: trailing window
 RECOVERY_FRACTION = 0.8     # ... carrying this share of the pre-fault rate
 RECOVERY_STEP = 0.05
 GOAL_FAILOVER_SECONDS = 1.0  # the goals
-SCENARIO_ORDER = ["baseline", "e1e2-kill-server", "e3-pause-server", "e5-message-faults",
-                  "e7-restart-worker", "server-restart"]
+SCENARIO_ORDER = ["baseline", "e1e2-kill-server", "e3-pause-server", "e5-message-faults", "e5-loss-1", "e5-loss-5",
+                  "e5-loss-10", "e7-restart-worker", "server-restart"]
 
 
 # --------------------------------------------------------------------------

@@ -13,6 +13,9 @@
 #   e3-pause-server    SIGSTOP server-1 for 1.5 s at 2 s (past its 0.5 s lease: deposed)
 #   e5-message-faults  TESSERA_FAULTS=$E5_FAULTS for every process, the whole job;
 #                      (workers and servers resend on their learned timers); E5_CLOCKS clocks
+#   e5-loss-1, e5-loss-5, e5-loss-10
+#                      1%, 5% and 10% of messages dropped on every link (seed=3,drop=P,side=send),
+#                      the whole job, E5_CLOCKS clocks: how throughput falls with the loss rate
 #   e7-restart-worker  restart worker-1 at 2 s (on_worker_loss: wait, lease 1 s, heartbeat 0.2 s)
 #   server-restart     restart server-1 at 2 s, kill server-2 at 5 s (copies re-made on the rejoined server)
 #   e8-coordinator-failover  kill server-1 at 2 s and the leading coordinator at 2.55 s; the coordinator's
@@ -37,7 +40,7 @@ PYTHON=/usr/bin/python3
 CLOCKS=${CLOCKS:-2000}
 E5_CLOCKS=${E5_CLOCKS:-100}
 E5_FAULTS=${E5_FAULTS:-seed=11,drop=0.02,dup=0.02,reorder=0.05,side=send}
-SCENARIOS=${SCENARIOS:-baseline e1e2-kill-server e3-pause-server e5-message-faults e7-restart-worker server-restart e8-coordinator-failover}
+SCENARIOS=${SCENARIOS:-baseline e1e2-kill-server e3-pause-server e5-message-faults e5-loss-1 e5-loss-5 e5-loss-10 e7-restart-worker server-restart e8-coordinator-failover}
 REPEATS=${REPEATS:-1}
 TIMEOUT=${TIMEOUT:-180}
 OUT=$(realpath -m "${OUT:-$ROOT/runs/fault_matrix-$(date +%Y%m%d-%H%M%S)}")
@@ -111,6 +114,11 @@ scenario() {
       TITLE="E5: message faults"
       MSG_FAULTS=$E5_FAULTS
       ARGS=(--set "worker.args.clocks=$E5_CLOCKS") ;;
+    e5-loss-1|e5-loss-5|e5-loss-10)
+      local percent=${1#e5-loss-}
+      TITLE="E5: ${percent}% of messages lost"
+      MSG_FAULTS="seed=3,drop=$("$PYTHON" -c "print($percent / 100)"),side=send"
+      ARGS=(--set "worker.args.clocks=$E5_CLOCKS") ;;
     e7-restart-worker)
       TITLE="E7: restart worker-1"
       ARGS+=(--set cluster.on_worker_loss=wait --set timeouts.lease_seconds=1 --set timeouts.heartbeat_seconds=0.2
@@ -125,7 +133,8 @@ scenario() {
              --set 'faults=[{target: server-1, action: kill, at_seconds: 2}, {target: coordinator, action: kill, at_seconds: 2.55}]') ;;
     *)
       echo "run_fault_matrix.sh: unknown scenario $1 (known: baseline e1e2-kill-server e3-pause-server" \
-           "e5-message-faults e7-restart-worker server-restart e8-coordinator-failover)" >&2
+           "e5-message-faults e5-loss-1 e5-loss-5 e5-loss-10 e7-restart-worker server-restart" \
+           "e8-coordinator-failover)" >&2
       exit 2 ;;
   esac
 }
