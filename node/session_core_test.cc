@@ -414,7 +414,9 @@ TEST(SessionCoreTest, ACoordinatorThatAnswersAgainEndsTheSilence) {
   EXPECT_FALSE(core.silent_since().has_value());
   for (Nanos t = 13 * kSeconds; t <= 30 * kSeconds; t += kSeconds) {
     core.Tick(t);
-    if (t <= 17 * kSeconds) EXPECT_FALSE(core.silent_since().has_value()) << t;
+    if (t <= 17 * kSeconds) {
+      EXPECT_FALSE(core.silent_since().has_value()) << t;
+    }
   }
   EXPECT_FALSE(core.ended().has_value()) << "a whole give_up from the last answer";
   core.Tick(33 * kSeconds);
