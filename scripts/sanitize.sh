@@ -19,10 +19,12 @@
 # times as long), with assertions on. Test binaries are run directly (a
 # partial build leaves ctest's other tests unbuilt). The fuzz step of
 # scripts/test.sh covers the codecs, checkpoints, server requests and the
-# shared-memory ring under ASan+UBSan too. Then the transports (ZeroMQ,
-# in-process, fault wrapper, shared memory, caller delivery) under TSan at
-# -O1 into build-tsan-ci/. Not in `ci`, for time: the in-process clusters
-# under TSan and the multi-process tests under ASan (`asan`, `tsan`).
+# shared-memory ring under ASan+UBSan too. Then, under TSan at -O1 into
+# build-tsan-ci/, the transports (ZeroMQ, in-process, fault wrapper, shared
+# memory, caller delivery) and whole jobs in one process (the in-process
+# clusters and the bad-request table over real sockets: the coordinator,
+# server and worker shells with all their threads). Not in `ci`, for time:
+# the multi-process tests under a sanitizer (`asan`, `tsan`).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 WHICH=${1:-all}
@@ -64,7 +66,7 @@ if [ "$WHICH" = ci ]; then
   }
   for t in "${TESTS[@]}"; do run "$(basename "$t") (ASan+UBSan)" "$DIR/$t" --gtest_brief=1; done
   run "tessera-sim (ASan+UBSan, 300 seeds)" "$DIR/tests/sim/tessera-sim" --first-seed 1 --seeds 300
-  # The transports' threads under TSan (-O1, build-tsan-ci/). The shared-
+  # Threads under TSan (-O1, build-tsan-ci/). The shared-
   # memory tests that fork a reader process are left out: TSan cannot follow
   # a fork of a threaded process (its own threads included).
   TDIR=$ROOT/build-tsan-ci
@@ -73,10 +75,11 @@ if [ "$WHICH" = ci ]; then
       -DTESSERA_SANITIZE=thread -DTESSERA_CUDA=OFF -DTESSERA_BUILD_BENCH=OFF >/dev/null
   fi
   cmake --build "$TDIR" -j "$JOBS" --target transport_conformance_test fault_transport_test shm_transport_test \
-    caller_delivery_test
+    caller_delivery_test inproc_cluster_test bad_requests_test
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/scripts/tsan.supp"
   DIR=$TDIR
-  for t in transport/transport_conformance_test transport/fault_transport_test transport/caller_delivery_test; do
+  for t in transport/transport_conformance_test transport/fault_transport_test transport/caller_delivery_test \
+    tests/cluster/inproc_cluster_test tests/cluster/bad_requests_test; do
     run "$(basename "$t") (TSan)" "$TDIR/$t" --gtest_brief=1
   done
   run "shm_transport_test (TSan)" "$TDIR/transport/shm_transport_test" --gtest_brief=1 \
