@@ -26,7 +26,9 @@
 // Thread safety: none (the owner's lock).
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
+#include "absl/strings/str_format.h"
 #include "common/clock.h"
 
 namespace tessera {
@@ -86,6 +88,13 @@ inline Nanos RetransmitTimer::After(uint32_t resends, uint64_t bytes) const {
     wait += static_cast<Nanos>(std::min(allowance, 1e18));
   }
   return wait;
+}
+
+// A learned timer as the logs show it: "9.14 ms (round trip 2.88 +- 1.57 ms
+// over 789 answers" (the caller closes the parenthesis, after what it adds).
+inline std::string DescribeTimer(Nanos rto, Nanos smoothed, Nanos variation, uint64_t samples) {
+  return absl::StrFormat("%.2f ms (round trip %.2f +- %.2f ms over %d answers", rto / 1e6, smoothed / 1e6,
+                         variation / 1e6, samples);
 }
 
 }  // namespace tessera

@@ -209,6 +209,20 @@ class ReplicationTest : public ::testing::Test {
     return n;
   }
 
+  // Pushes 1..n of keys (whose primary is server 1) reach it and are
+  // applied; their n forwards to the backup are left on the network.
+  void PushToServerOne(const std::vector<Key>& keys, uint64_t n) {
+    for (uint64_t i = 1; i <= n; ++i) Send(ServerAddress(1), Push(i, keys, 1.0f, i));
+    for (uint64_t i = 0; i < n; ++i) DeliverOne();
+    ASSERT_EQ(Count(&proto::Envelope::has_replicate), n);
+  }
+
+  // Exactly n replies reached the worker, each an Ack.
+  void ExpectAcks(size_t n) const {
+    ASSERT_EQ(inbox_.size(), n);
+    for (const Message& m : inbox_) EXPECT_TRUE(m.header.has_ack()) << m.header.ShortDebugString();
+  }
+
   // Copies per shard and audit mode, for SetUp (a derived fixture sets them
   // in its constructor).
   uint32_t replication_ = 2;
@@ -455,10 +469,7 @@ TEST_F(LearningReplicationTest, ALostForwardGoesAgainAfterAFewRoundTripsNotAFixe
 }
 
 TEST_F(LearningReplicationTest, ABackupsLinkMadeAgainGetsItsUnacknowledgedForwardsAtOnce) {
-  const auto keys = KeysOf(1, 2, map_);
-  for (uint64_t i = 1; i <= 2; ++i) Send(ServerAddress(1), Push(i, keys, 1.0f, i));
-  for (int i = 0; i < 2; ++i) DeliverOne();
-  ASSERT_EQ(Count(&proto::Envelope::has_replicate), 2u);
+  ASSERT_NO_FATAL_FAILURE(PushToServerOne(KeysOf(1, 2, map_), 2));
   net_.clear();  // both were on the connection that broke
   EXPECT_TRUE(cores_[1]->OnLinkRestored(ServerAddress(0), now_).empty()) << "not a backup with forwards owed";
   EXPECT_TRUE(cores_[1]->OnLinkRestored("tcp://elsewhere:1", now_).empty());
@@ -469,20 +480,15 @@ TEST_F(LearningReplicationTest, ABackupsLinkMadeAgainGetsItsUnacknowledgedForwar
   EXPECT_EQ(cores_[1]->stats().forwards_link_resent, 2u);
   for (Outgoing& o : again) net_.push_back(std::move(o));
   DeliverAll();
-  ASSERT_EQ(inbox_.size(), 2u);
-  for (const Message& m : inbox_) EXPECT_TRUE(m.header.has_ack()) << m.header.ShortDebugString();
+  ExpectAcks(2);
   EXPECT_EQ(cores_[2]->stats().forwards_applied, 2u);
 }
 
 TEST_F(ReplicationTest, ReorderedForwardsAreAppliedInOrderWithoutWaitingForAResend) {
-  const auto keys = KeysOf(1, 2, map_);
-  for (uint64_t i = 1; i <= 3; ++i) Send(ServerAddress(1), Push(i, keys, 1.0f, i));
-  for (int i = 0; i < 3; ++i) DeliverOne();
-  ASSERT_EQ(Count(&proto::Envelope::has_replicate), 3u);
+  ASSERT_NO_FATAL_FAILURE(PushToServerOne(KeysOf(1, 2, map_), 3));
   std::reverse(net_.begin(), net_.end());  // positions 3, 2, 1
   DeliverAll();                            // no Tick
-  ASSERT_EQ(inbox_.size(), 3u);
-  for (const Message& m : inbox_) EXPECT_TRUE(m.header.has_ack()) << m.header.ShortDebugString();
+  ExpectAcks(3);
   EXPECT_EQ(cores_[2]->stats().forwards_applied, 3u);
   // Position 3 arrived while 1 was missing: one gap notice, and position 1
   // went once more (it was only overtaken: acknowledged again, applied once).
@@ -492,10 +498,7 @@ TEST_F(ReplicationTest, ReorderedForwardsAreAppliedInOrderWithoutWaitingForARese
 }
 
 TEST_F(LearningReplicationTest, ALostForwardThatALaterOneOvertakesGoesAgainAtOnce) {
-  const auto keys = KeysOf(1, 2, map_);
-  for (uint64_t i = 1; i <= 3; ++i) Send(ServerAddress(1), Push(i, keys, 1.0f, i));
-  for (int i = 0; i < 3; ++i) DeliverOne();
-  ASSERT_EQ(Count(&proto::Envelope::has_replicate), 3u);
+  ASSERT_NO_FATAL_FAILURE(PushToServerOne(KeysOf(1, 2, map_), 3));
   net_.pop_front();  // position 1 is lost
   // Position 2 reaches the backup: it says 1 is missing, and the primary
   // sends 1 again at once: no Tick, no timer.
@@ -515,8 +518,7 @@ TEST_F(LearningReplicationTest, ALostForwardThatALaterOneOvertakesGoesAgainAtOnc
   ASSERT_EQ(again.size(), 3u) << "the timer resends the unacknowledged stream in order";
   for (Outgoing& o : again) net_.push_back(std::move(o));
   DeliverAll();
-  ASSERT_EQ(inbox_.size(), 3u);
-  for (const Message& m : inbox_) EXPECT_TRUE(m.header.has_ack()) << m.header.ShortDebugString();
+  ExpectAcks(3);
   EXPECT_EQ(cores_[2]->stats().forwards_applied, 3u);
   EXPECT_EQ(cores_[1]->stats().forwards_gap_resent, 1u);
 }

@@ -8,6 +8,7 @@
 #include <thread>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -17,6 +18,20 @@
 #include "common/metrics.h"
 #include "server/server_node.h"
 #include "transport/transport_factory.h"
+
+namespace {
+
+// --max-table-mb: "auto" (three quarters of the memory this process may
+// use), 0 (no limit) or MiB up to 2^40, as bytes; nullopt for anything else.
+std::optional<uint64_t> TableLimitBytes(const std::string& v) {
+  if (v == "auto") return tessera::UsableMemoryBytes() / 4 * 3;
+  uint64_t mb = 0;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), mb);
+  if (v.empty() || ec != std::errc() || end != v.data() + v.size() || mb > (uint64_t{1} << 40)) return std::nullopt;
+  return mb << 20;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::string bind = "tcp://127.0.0.1:0", name;
@@ -87,13 +102,7 @@ int main(int argc, char** argv) {
                  "where lower); 0: no limit")
       ->capture_default_str()
       ->check([](const std::string& v) -> std::string {
-        if (v == "auto") return "";
-        uint64_t mb = 0;
-        auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), mb);
-        if (ec != std::errc() || end != v.data() + v.size() || mb > (uint64_t{1} << 40)) {
-          return "must be auto, 0 (no limit) or a number of MiB up to 2^40";
-        }
-        return "";
+        return TableLimitBytes(v) ? "" : "must be auto, 0 (no limit) or a number of MiB up to 2^40";
       });
   app.add_option("--max-held-per-peer", core.max_held_per_peer,
                  "Requests of one sender held at once, waiting for slower workers; more are refused")
@@ -108,13 +117,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
   app.add_flag("--debug", debug, "Log debug lines");
   CLI11_PARSE(app, argc, argv);
-  if (max_table_mb == "auto") {
-    core.max_table_bytes = tessera::UsableMemoryBytes() / 4 * 3;
-  } else {
-    uint64_t mb = 0;
-    std::from_chars(max_table_mb.data(), max_table_mb.data() + max_table_mb.size(), mb);
-    core.max_table_bytes = mb << 20;
-  }
+  core.max_table_bytes = *TableLimitBytes(max_table_mb);  // checked by the parser
   core.max_hold = static_cast<tessera::Nanos>(max_hold_ms) * tessera::kMillis;
   checkpoints.every = static_cast<tessera::Nanos>(checkpoint_every * 1e9);
   core.audit = !audit_dir.empty();

@@ -8,7 +8,6 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
 #include <thread>
@@ -390,9 +389,8 @@ std::string ServerNode::DescribeForwards(const ServerStats& st) const {
                                   " gap notices sent as a backup");
   if (core_ == nullptr) return text;
   for (const auto& [rank, t] : core_->ForwardTimers()) {
-    absl::StrAppend(&text, "; backup ", rank, " timer ", absl::StrFormat("%.2f", t.rto() / 1e6), " ms (round trip ",
-                    absl::StrFormat("%.2f", t.smoothed() / 1e6), " +- ", absl::StrFormat("%.2f", t.variation() / 1e6),
-                    " ms over ", t.samples(), ")");
+    absl::StrAppend(&text, "; backup ", rank, " timer ",
+                    DescribeTimer(t.rto(), t.smoothed(), t.variation(), t.samples()), ")");
   }
   return text;
 }

@@ -699,10 +699,7 @@ class WorkerImpl final : public Worker {
     if (!core_) return text;
     for (const RequestTracker::ServerTimer& t : core_->tracker().Timers()) {
       absl::StrAppend(&text, text.empty() ? "" : "; ", "server ", t.rank, " ", LaneName(t.lane), " ",
-                      absl::StrFormat("%.2f", t.rto / 1e6),
-                      " ms (round trip ", absl::StrFormat("%.2f", t.smoothed / 1e6), " +- ",
-                      absl::StrFormat("%.2f", t.variation / 1e6), " ms over ", t.samples, " answers, ", t.resends,
-                      " resent)");
+                      DescribeTimer(t.rto, t.smoothed, t.variation, t.samples), ", ", t.resends, " resent)");
     }
     return text;
   }
