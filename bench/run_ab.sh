@@ -17,7 +17,8 @@
 #
 # Environment: ROUNDS (8), SIZES (4096,1048576,16777216), OPS (push,pull),
 # MODES (sequential,inflight8), REPEATS (3), MIN_SECONDS (0.5), NEAR_NS
-# (150), KEEP=1 to keep the results (printed at the end).
+# (150), KEEP=1 to keep the results (printed at the end), SET (launcher
+# overrides for both trees).
 set -euo pipefail
 
 if [ $# -ne 2 ]; then
@@ -53,10 +54,16 @@ source "$ROOT/bench/lib.sh"
 WORK=$(mktemp -d /tmp/tessera-ab.XXXXXX)
 if [ "${KEEP:-0}" != 1 ]; then trap 'rm -rf "$WORK"' EXIT; fi
 
+# SET: extra launcher overrides for both trees, space-separated (one
+# launcher drives both, so a setting the older server lacks must be set to
+# what it understands, e.g. SET="limits.max_table_mb=0" before `auto`).
+EXTRA=()
+for o in ${SET:-}; do EXTRA+=(--set "$o"); done
+
 run_tessera() {  # BUILD_DIR RUN_DIR
   bench_push_pull_run run_ab.sh "$1" "$2" --set shm.enabled=false \
     --set "worker.args.sizes=\"$SIZES\"" --set "worker.args.ops=\"$OPS\"" --set "worker.args.modes=\"$MODES\"" \
-    --set "worker.args.repeats=$REPEATS" --set "worker.args.min_seconds=$MIN_SECONDS"
+    --set "worker.args.repeats=$REPEATS" --set "worker.args.min_seconds=$MIN_SECONDS" "${EXTRA[@]}"
 }
 
 for round in $(seq 1 "$ROUNDS"); do
