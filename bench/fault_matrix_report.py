@@ -43,7 +43,7 @@ RECOVERY_FRACTION = 0.8     # ... carrying this share of the pre-fault rate
 RECOVERY_STEP = 0.05
 GOAL_FAILOVER_SECONDS = 1.0  # the goals
 SCENARIO_ORDER = ["baseline", "e1e2-kill-server", "e3-pause-server", "e5-message-faults", "e5-loss-1", "e5-loss-5",
-                  "e5-loss-10", "e7-restart-worker", "server-restart"]
+                  "e5-loss-10", "e7-restart-worker", "server-restart", "e8-coordinator-failover", "e9-restore"]
 
 
 # --------------------------------------------------------------------------
@@ -203,6 +203,9 @@ def run_rows(scenario: str, repeat: int, summary: dict, progress: list, verdict)
         audit = {k: verdict.get(k) for k in ("issued", "acknowledged", "applied", "lost", "duplicates", "phantoms",
                                              "values", "replicas", "ok")}
         audit["servers"] = len(verdict.get("servers") or [])
+        # Acknowledged pushes a checkpoint restore lost by design (E9): not
+        # violations, listed exactly in the run's audit.json.
+        audit["lost_to_restore"] = verdict.get("lost_to_restore", 0)
     return {"scenario": scenario, "repeat": repeat, "status": summary.get("status"),
             "reason": summary.get("reason"), "wall_seconds": _round(summary.get("wall_seconds"), 2),
             "job_rate": _round(job_rate, 1), "acked_total": sum(d for _, d in incs), "audit": audit,
@@ -231,8 +234,9 @@ def table_rows(runs: list) -> list:
         audits = [r["audit"] for r in rs if r["audit"]]
         audit = None
         if audits:
-            audit = {k: sum(a[k] or 0 for a in audits) for k in ("issued", "acknowledged", "applied", "lost",
-                                                                   "duplicates", "phantoms", "values", "replicas")}
+            audit = {k: sum(a.get(k) or 0 for a in audits) for k in ("issued", "acknowledged", "applied", "lost",
+                                                                       "duplicates", "phantoms", "values", "replicas",
+                                                                       "lost_to_restore")}
             audit["passed"] = sum(1 for a in audits if a["ok"])
         common = {"scenario": scenario, "runs": len(rs), "ok_runs": sum(1 for r in rs if r["status"] == "ok"),
                   "audited_runs": len(audits), "audit": audit, "job_rate": _median(r["job_rate"] for r in rs)}
@@ -275,7 +279,9 @@ def markdown(rows: list, titles: dict) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         a = r["audit"]
-        audit_cells = (f"{a['issued']} / {a['acknowledged']} / {a['applied']} | {a['lost']} | {a['duplicates']} | "
+        lost = "" if not a else f"{a['lost']}" + (
+            f" (+{a['lost_to_restore']} to the restore)" if a.get("lost_to_restore") else "")
+        audit_cells = (f"{a['issued']} / {a['acknowledged']} / {a['applied']} | {lost} | {a['duplicates']} | "
                        f"{a['replicas']} | {'PASS' if a['passed'] == r['runs'] else 'FAIL'} "
                        f"{a['passed']}/{r['runs']}") if a else "- | - | - | - | not run"
         status = "" if r["ok_runs"] == r["runs"] else f" (job ok {r['ok_runs']}/{r['runs']})"
@@ -302,11 +308,12 @@ def goals(rows: list, runs: list) -> list:
     failovers = [(r["scenario"], f["fault"], f["failover_seconds"]) for r in runs for f in r["faults"]
                  if f["failover_seconds"] is not None]
     # rows of one scenario share its audit: count each scenario once
-    seen, lost, dups, replicas = set(), 0, 0, 0
+    seen, lost, dups, replicas, restored = set(), 0, 0, 0, 0
     for r in rows:
         if r["audit"] and r["scenario"] not in seen:
             seen.add(r["scenario"])
             lost += r["audit"]["lost"]
+            restored += r["audit"].get("lost_to_restore") or 0
             dups += r["audit"]["duplicates"]
             replicas += r["audit"]["replicas"]
     lines = []
@@ -321,7 +328,9 @@ def goals(rows: list, runs: list) -> list:
     def verdict(count):
         return "not met" if count else ("met" if audited == len(runs) else "not shown")
 
-    lines.append(f"- zero acknowledged pushes lost: {verdict(lost)} ({lost} lost; {scope})")
+    restore = (f"; besides, {restored} acknowledged pushes lost by design to checkpoint restores when every copy "
+               f"of a shard died, each listed in its run's audit.json" if restored else "")
+    lines.append(f"- zero acknowledged pushes lost: {verdict(lost)} ({lost} lost; {scope}{restore})")
     lines.append(f"- zero duplicates: {verdict(dups)} ({dups} duplicates; {replicas} replica mismatches; {scope})")
     return lines
 

@@ -20,6 +20,10 @@
 #   server-restart     restart server-1 at 2 s, kill server-2 at 5 s (copies re-made on the rejoined server)
 #   e8-coordinator-failover  kill server-1 at 2 s and the leading coordinator at 2.55 s; the coordinator's
 #                      state in etcd (started by this script on loopback, /usr/bin/etcd) and one standby
+#   e9-restore         kill server-1 and server-2 together at 2 s: the shards whose both copies were on
+#                      them are restored on server-0 from the newest checkpoint (every 0.3 s,
+#                      on_shard_loss: restore); the pushes acknowledged after it are lost by design and
+#                      the audit lists exactly which (audit.json: lost_to_restore_pushes)
 #
 # Environment: OUT (default runs/fault_matrix-<date>): run
 # directories under OUT/runs, report.md, report.json, fault_<scenario>.png,
@@ -40,7 +44,7 @@ PYTHON=/usr/bin/python3
 CLOCKS=${CLOCKS:-2000}
 E5_CLOCKS=${E5_CLOCKS:-100}
 E5_FAULTS=${E5_FAULTS:-seed=11,drop=0.02,dup=0.02,reorder=0.05,side=send}
-SCENARIOS=${SCENARIOS:-baseline e1e2-kill-server e3-pause-server e5-message-faults e5-loss-1 e5-loss-5 e5-loss-10 e7-restart-worker server-restart e8-coordinator-failover}
+SCENARIOS=${SCENARIOS:-baseline e1e2-kill-server e3-pause-server e5-message-faults e5-loss-1 e5-loss-5 e5-loss-10 e7-restart-worker server-restart e8-coordinator-failover e9-restore}
 REPEATS=${REPEATS:-1}
 TIMEOUT=${TIMEOUT:-180}
 OUT=$(realpath -m "${OUT:-$ROOT/runs/fault_matrix-$(date +%Y%m%d-%H%M%S)}")
@@ -131,10 +135,14 @@ scenario() {
       start_etcd
       ARGS+=(--set "coordinator.etcd=$ETCD_URL" --set coordinator.standbys=1
              --set 'faults=[{target: server-1, action: kill, at_seconds: 2}, {target: coordinator, action: kill, at_seconds: 2.55}]') ;;
+    e9-restore)
+      TITLE="E9: kill server-1 and server-2 together (every copy of some shards; restore from checkpoints)"
+      ARGS+=(--set cluster.on_shard_loss=restore --set checkpoints.dir=ckpt --set checkpoints.every_seconds=0.3
+             --set 'faults=[{target: server-1, action: kill, at_seconds: 2}, {target: server-2, action: kill, at_seconds: 2}]') ;;
     *)
       echo "run_fault_matrix.sh: unknown scenario $1 (known: baseline e1e2-kill-server e3-pause-server" \
            "e5-message-faults e5-loss-1 e5-loss-5 e5-loss-10 e7-restart-worker server-restart" \
-           "e8-coordinator-failover)" >&2
+           "e8-coordinator-failover e9-restore)" >&2
       exit 2 ;;
   esac
 }

@@ -123,7 +123,8 @@ def test_run_rows_from_summary_progress_and_verdict():
     assert row["status"] == "ok" and row["wall_seconds"] == 9.12
     assert row["acked_total"] == 3 * 55 * 40
     assert row["audit"] == {"issued": 100, "acknowledged": 98, "applied": 99, "lost": 0, "duplicates": 0,
-                            "phantoms": 0, "values": 0, "replicas": 0, "ok": True, "servers": 2}
+                            "phantoms": 0, "values": 0, "replicas": 0, "ok": True, "servers": 2,
+                            "lost_to_restore": 0}
     (f,) = row["faults"]
     assert f["fault"] == "kill server-1 at 2 s"
     assert f["detection_seconds"] == 0.49 and f["failover_seconds"] == 0.493 and f["recovered"] is True
@@ -171,6 +172,12 @@ def test_table_medians_sums_and_goals():
     assert g[0].startswith("- failover under 1 s: not met (slowest of 3 failovers 1.500 s")
     assert g[1] == "- zero acknowledged pushes lost: met (0 lost; 4 of 4 runs audited)"
     assert g[2].startswith("- zero duplicates: not met (1 duplicates")
+    e9 = fm.run_rows("e9-restore", 1, summary_with(KILL), progress, dict(VERDICT, lost_to_restore=7))
+    e9_rows = fm.table_rows(runs + [e9])
+    assert "| 0 (+7 to the restore) |" in fm.markdown(e9_rows, {})
+    assert fm.goals(e9_rows, runs + [e9])[1].startswith(
+        "- zero acknowledged pushes lost: met (0 lost; 5 of 5 runs audited; besides, 7 acknowledged pushes lost by "
+        "design to checkpoint restores")
     runs.append(fm.run_rows("baseline", 2, summary_with(status="failed"), [], None))
     assert fm.goals(fm.table_rows(runs), runs)[1] == \
         "- zero acknowledged pushes lost: not shown (0 lost; 4 of 5 runs audited)"

@@ -61,6 +61,18 @@ TEST(KeysTest, VirtualShardOfIsDeterministicAndMixesTheTable) {
   EXPECT_EQ(VirtualShardOf(1, 12345, 1), 0u);
 }
 
+// Fixed values: the placement is part of the wire contract (checkpoints,
+// shard maps) and tests/audit/audit_check.py computes it too (its
+// test_vshard_of_matches_the_servers expects the same numbers).
+TEST(KeysTest, VirtualShardOfKeepsItsKnownValues) {
+  EXPECT_EQ(VirtualShardOf(5, 0, 64), 6u);
+  EXPECT_EQ(VirtualShardOf(5, 1, 64), 45u);
+  EXPECT_EQ(VirtualShardOf(5, 10, 64), 31u);
+  EXPECT_EQ(VirtualShardOf(5, 11, 64), 36u);
+  EXPECT_EQ(VirtualShardOf(5, 12345, 64), 54u);
+  EXPECT_EQ(VirtualShardOf(3, (Key{1} << 63) + 7, 1000), 370u);
+}
+
 proto::NodeInfo Server(uint32_t rank) {
   proto::NodeInfo n;
   n.set_node_id(100 + rank);

@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "server/server_core.h"
 #include "server/table.h"
 
@@ -623,6 +626,51 @@ TEST_F(ReplicationTest, ACheckpointRestoresRowsWindowsAndAppliedCounts) {
   ASSERT_TRUE(job.RestoreShards(snap, snap.vshards, /*with_windows=*/false).ok());
   job.Step(Push(1, {keys[0]}, 2.0f, 1), now_);
   EXPECT_EQ(job.stats().duplicate_pushes, 0u);
+}
+
+TEST_F(ReplicationTest, AnAuditedRestoreListsThePushesTheCheckpointHeldByWriterAndSequence) {
+  const auto keys = KeysOf(0, 6, map_);
+  uint64_t seq = 0;
+  PushEach(keys, 1.0f, &seq);  // seqs 1..6, one key each
+  const ShardSnapshot snap = cores_[0]->SnapshotPrimaryShards();
+  ServerCore fresh(ServerCoreOptions{.node_id = 30, .audit = true});
+  ASSERT_TRUE(fresh.InstallShardMap(map_, 0).ok());
+  fresh.SetWorkers({{kWorkerNode, 0}});
+  ASSERT_TRUE(fresh.RestoreShards(snap, snap.vshards, /*with_windows=*/true).ok());
+  // One "restored" line per shard; each push is held (below its writer's
+  // floor or listed) by exactly the line of its key's shard.
+  std::map<uint32_t, std::string> lines;
+  for (absl::string_view line : absl::StrSplit(fresh.AuditDump(), '\n')) {
+    if (!absl::StartsWith(line, "restored ")) continue;
+    std::vector<std::string> parts = absl::StrSplit(line, ' ');
+    ASSERT_GE(parts.size(), 4u) << line;
+    EXPECT_EQ(parts[3], absl::StrCat(map_.num_vshards())) << line;
+    lines[static_cast<uint32_t>(std::stoul(parts[1]))] = std::string(line);
+  }
+  ASSERT_EQ(lines.size(), snap.vshards.size());
+  auto holds = [&](uint32_t v, uint64_t s) {
+    std::vector<std::string> parts = absl::StrSplit(lines.at(v), ' ');
+    for (size_t i = 4; i < parts.size(); ++i) {
+      std::vector<std::string> w = absl::StrSplit(parts[i], ':');
+      EXPECT_TRUE(w.size() == 3 || w.size() == 4) << parts[i];
+      if (w.size() < 3 || std::stoul(w[0]) != kWorkerNode || std::stoul(w[1]) != 0) continue;
+      if (s < std::stoull(w[2])) return true;
+      if (w.size() == 4)
+        for (absl::string_view x : absl::StrSplit(w[3], '/'))
+          if (std::stoull(std::string(x)) == s) return true;
+    }
+    return false;
+  };
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t own = VirtualShardOf(kTable, keys[i], map_.num_vshards());
+    for (uint32_t v : snap.vshards) EXPECT_EQ(holds(v, i + 1), v == own) << "push " << i + 1 << ", shard " << v;
+  }
+  EXPECT_FALSE(holds(VirtualShardOf(kTable, keys[0], map_.num_vshards()), 7)) << "a later push is not held";
+  // Outside audit mode, and without windows, nothing is listed.
+  ServerCore job(ServerCoreOptions{.node_id = 31, .audit = true});
+  ASSERT_TRUE(job.InstallShardMap(map_, 0).ok());
+  ASSERT_TRUE(job.RestoreShards(snap, snap.vshards, /*with_windows=*/false).ok());
+  EXPECT_FALSE(absl::StrContains(job.AuditDump(), "restored ")) << job.AuditDump();
 }
 
 TEST_F(ReplicationTest, AResendSpanningServersIsSplitByTheNewMap) {

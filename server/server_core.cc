@@ -9,6 +9,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "compress/row_compressor.h"
 
 namespace tessera {
@@ -1042,6 +1043,7 @@ absl::StatusOr<uint64_t> ServerCore::RestoreShards(const ShardSnapshot& snapshot
   }
   if (with_windows) {
     ImportShardState(state, [&](uint32_t v) { return std::binary_search(wanted.begin(), wanted.end(), v); });
+    if (options_.audit) AuditRestored(state, wanted);
     for (uint32_t v : wanted) {
       auto it = snapshot.applied_pushes_by_vshard.find(v);
       applied_[v] = it == snapshot.applied_pushes_by_vshard.end() ? 0 : it->second;
@@ -1055,11 +1057,31 @@ void ServerCore::AuditApplied(uint32_t table_id, std::span<const Key> keys, cons
   for (Key k : keys) audit_[{table_id, k}].push_back(AuditEntry{origin.worker, origin.incarnation, origin.seq, piece});
 }
 
+void ServerCore::AuditRestored(const proto::ShardTransfer& state, std::span<const uint32_t> vshards) {
+  std::map<uint32_t, std::vector<std::string>> windows;
+  for (uint32_t v : vshards) windows[v];
+  for (const proto::DedupWindow& d : state.dedup()) {
+    auto it = windows.find(d.vshard());
+    if (it == windows.end()) continue;
+    std::vector<uint64_t> seqs(d.seqs().begin(), d.seqs().end());
+    std::sort(seqs.begin(), seqs.end());
+    std::string w = absl::StrCat(d.worker_id(), ":", d.incarnation(), ":", d.floor());
+    if (!seqs.empty()) absl::StrAppend(&w, ":", absl::StrJoin(seqs, "/"));
+    it->second.push_back(std::move(w));
+  }
+  for (auto& [v, list] : windows) {
+    std::sort(list.begin(), list.end());
+    audit_restores_.push_back(absl::StrCat("restored ", v, " of ", map_->num_vshards(), list.empty() ? "" : " ",
+                                           absl::StrJoin(list, " ")));
+  }
+}
+
 std::string ServerCore::AuditDump() const {
   if (!options_.audit || !map_) return {};
   std::string out = absl::StrCat("# tessera audit server ", my_rank_, " epoch ", map_->epoch(),
                                  deposed() ? " deposed" : "", "\n");
   if (deposed()) return out;
+  for (const std::string& line : audit_restores_) absl::StrAppend(&out, line, "\n");
   std::vector<uint32_t> ids;
   for (const auto& [id, table] : tables_) ids.push_back(id);
   std::sort(ids.begin(), ids.end());

@@ -250,7 +250,14 @@ class ServerCore {
   //   row TABLE KEY ROLE V1,V2,.. WORKER:INCARNATION:SEQ ...
   // ROLE is "primary" or "backup"; a push of a piece of the row adds
   // :FIRST:COUNT (its columns) to its entry. A first line "# tessera audit
-  // server RANK epoch E" names the server. Empty outside audit mode.
+  // server RANK epoch E" names the server. Every shard this server restored
+  // from a checkpoint inside the running job (RestoreShards with windows)
+  // adds, before the rows, the pushes that checkpoint held, by sequence
+  // number, so that a checker can tell exactly which acknowledged pushes
+  // the restore lost (those above a writer's window and not in it):
+  //   restored VSHARD of NUM_VSHARDS WORKER:INCARNATION:FLOOR[:SEQ/SEQ/..] ...
+  // (every push of that writer numbered below FLOOR, and the SEQs, were in
+  // the checkpoint; a writer not listed had none). Empty outside audit mode.
   std::string AuditDump() const;
 
   // Checkpoints (server/checkpoint.h): the shards this server is primary of
@@ -449,6 +456,9 @@ class ServerCore {
   // added to `t`; and the reverse, for the shards `keep` accepts.
   void ExportShardState(const absl::flat_hash_set<uint32_t>& shards, proto::ShardTransfer* t) const;
   void ImportShardState(const proto::ShardTransfer& t, const std::function<bool(uint32_t)>& keep);
+  // Audit mode: notes the windows a checkpoint restored for `vshards` (the
+  // "restored" lines of AuditDump).
+  void AuditRestored(const proto::ShardTransfer& state, std::span<const uint32_t> vshards);
   // A backup's side: applies a transfer (validated first).
   absl::Status ApplyTransfer(const Message& m, uint32_t from);
   struct WaitingAck {
@@ -507,6 +517,7 @@ class ServerCore {
     Columns piece;  // the columns the push carried (whole rows: count 0)
   };
   absl::flat_hash_map<std::pair<uint32_t, Key>, std::vector<AuditEntry>> audit_;  // (table, key) -> pushes applied
+  std::vector<std::string> audit_restores_;  // "restored ..." lines of AuditDump, in restore order
   uint64_t next_push_id_ = 1;
   std::vector<proto::ShardsInSync> in_sync_;  // acknowledged transfers, for TakeShardsInSync
   // Moves (common/keys.h, "Moving a shard"). A shard this server is

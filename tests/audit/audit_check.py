@@ -17,6 +17,17 @@ writes only its header), and proves, for every row of the table:
                             that column);
   replicas equal            every copy of a row lists the same pushes.
 
+A shard restored from a checkpoint inside the running job (both copies
+lost, on_shard_loss: restore) loses the pushes acknowledged after that
+checkpoint, by design. The restoring server's dump then lists, per
+restored shard, the pushes the checkpoint held by writer and sequence
+number ("restored VSHARD of NUM_VSHARDS WORKER:INC:FLOOR[:SEQ/SEQ..]");
+an acknowledged push missing from a row of such a shard, and not held by
+its checkpoint, is lost to the restore: reported exactly (every push and
+key, in the JSON verdict) and not a violation. A missing push the
+checkpoint did hold, or one in a shard that was never restored, stays a
+violation.
+
 Prints a summary and the first violations; exits 0 when everything holds,
 1 when something does not, 2 when the input is unusable.
 
@@ -53,8 +64,43 @@ def read_pushes(records: Path):
     return issued, acked
 
 
-def read_audits(audit: Path):
-    """rows[(table, key)] -> list of (server file, role, value, [pushes])"""
+MASK64 = (1 << 64) - 1
+
+
+def mix64(x: int) -> int:
+    """common/keys.h's Mix64 (splitmix64's finalizer)."""
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & MASK64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def vshard_of(table_id: int, key: int, num_vshards: int) -> int:
+    """common/keys.h's VirtualShardOf: the virtual shard of a key."""
+    h = mix64(key ^ ((table_id * 0x9E3779B97F4A7C15) & MASK64))
+    return (h * num_vshards) >> 64
+
+
+def read_restore(server: str, line: str):
+    """One "restored VSHARD of N WORKER:INC:FLOOR[:SEQ/..] ..." line ->
+    (server, vshard, n, {(worker, inc): (floor, {seqs})})."""
+    parts = line.split()
+    if len(parts) < 4 or parts[2] != "of":
+        raise ValueError(line)
+    windows = {}
+    for w in parts[4:]:
+        fields = w.split(":")
+        if len(fields) not in (3, 4):
+            raise ValueError(line)
+        seqs = {int(x) for x in fields[3].split("/")} if len(fields) == 4 else set()
+        windows[(int(fields[0]), int(fields[1]))] = (int(fields[2]), seqs)
+    return server, int(parts[1]), int(parts[3]), windows
+
+
+def read_audits(audit: Path, restores=None):
+    """rows[(table, key)] -> list of (server file, role, value, [pushes]);
+    the dumps' "restored" lines appended to `restores` (read_restore's tuples)."""
     rows = defaultdict(list)
     servers = []
     for path in sorted(audit.glob("server-*.audit")):
@@ -66,6 +112,14 @@ def read_audits(audit: Path):
         servers.append(path.name)
         for number, line in enumerate(lines[1:], 2):
             parts = line.split()
+            if parts and parts[0] == "restored":
+                try:
+                    restored = read_restore(path.name, line)
+                except ValueError:
+                    raise ValueError(f"{path}:{number}: cannot read {line!r}") from None
+                if restores is not None:
+                    restores.append(restored)
+                continue
             if len(parts) < 5 or parts[0] != "row":
                 raise ValueError(f"{path}:{number}: cannot read {line!r}")
             table, key, role = int(parts[1]), int(parts[2]), parts[3]
@@ -82,8 +136,24 @@ def read_audits(audit: Path):
     return rows, servers
 
 
-def check(issued, acked, rows):
+def lost_to_a_restore(push, key, tables, restores) -> bool:
+    """Whether some checkpoint restore of the key's shard did not hold the
+    push (its writer's window there has it neither below the floor nor
+    listed): a push acknowledged after that checkpoint, lost by design."""
+    node, inc, seq = push
+    for _, vshard, n, windows in restores:
+        if not any(vshard_of(t, key, n) == vshard for t in tables):
+            continue
+        floor, seqs = windows.get((node, inc), (0, set()))
+        if seq >= floor and seq not in seqs:
+            return True
+    return False
+
+
+def check(issued, acked, rows, restores=()):
     violations = defaultdict(list)
+    restored_losses = set()  # (push, key) lost to a checkpoint restore
+    tables = {table for (table, _) in rows}
     applied = set()
     issued_to_key = defaultdict(set)
     for push, keys in issued.items():
@@ -121,13 +191,16 @@ def check(issued, acked, rows):
             continue
         for k in set(issued[push]):
             copies = [c for (t, key), cs in rows.items() if key == k for c in cs]
-            if k not in keys_held or not copies:
-                violations["lost"].append(f"acknowledged push {push} to key {k}: no server holds the row")
+            missing = [f"no server holds the row"] if k not in keys_held or not copies else [
+                f"missing on {server} ({role})" for server, role, value, pushes, _ in copies if push not in pushes]
+            if not missing:
                 continue
-            for server, role, value, pushes, _ in copies:
-                if push not in pushes:
-                    violations["lost"].append(f"acknowledged push {push} missing from key {k} on {server} ({role})")
-    return applied, violations
+            if lost_to_a_restore(push, k, tables, restores):
+                restored_losses.add((push, k))
+                continue
+            for where in missing:
+                violations["lost"].append(f"acknowledged push {push} to key {k}: {where}")
+    return applied, violations, sorted(restored_losses)
 
 
 def main(argv=None):
@@ -138,7 +211,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         issued, acked = read_pushes(args.records)
-        rows, servers = read_audits(args.audit)
+        restores = []
+        rows, servers = read_audits(args.audit, restores)
     except (OSError, ValueError) as e:
         print(f"audit_check: {e}", file=sys.stderr)
         return 2
@@ -146,15 +220,28 @@ def main(argv=None):
         print(f"audit_check: nothing to check ({len(issued)} pushes issued, {len(servers)} server dumps)",
               file=sys.stderr)
         return 2
-    applied, violations = check(issued, acked, rows)
+    applied, violations, restored_losses = check(issued, acked, rows, restores)
     counts = {kind: len(violations.get(kind, [])) for kind in ("lost", "duplicates", "phantoms", "values", "replicas")}
     ok = not any(counts.values())
+    lost_pushes = sorted({push for push, _ in restored_losses})
     verdict = {"issued": len(issued), "acknowledged": len(acked), "applied": len(applied & set(issued)),
-               "rows": len(rows), "servers": servers, **counts, "ok": ok}
+               "rows": len(rows), "servers": servers, **counts, "ok": ok,
+               "restored_shards": sorted({(server, v) for server, v, _, _ in restores}),
+               "lost_to_restore": len(lost_pushes),
+               "lost_to_restore_pushes": [[*push, key] for push, key in restored_losses]}
     print(f"audit: {len(issued)} pushes issued, {len(acked)} acknowledged, {verdict['applied']} applied, "
           f"{len(rows)} rows on {len(servers)} servers; lost {counts['lost']}, duplicates {counts['duplicates']}, "
           f"phantoms {counts['phantoms']}, value mismatches {counts['values']}, "
           f"replica mismatches {counts['replicas']}: {'PASS' if ok else 'FAIL'}")
+    if restores:
+        shards = sorted({v for _, v, _, _ in restores})
+        print(f"  {len(shards)} shards restored from checkpoints inside the job ({','.join(map(str, shards))}): "
+              f"{len(lost_pushes)} acknowledged pushes lost to the restore, by design "
+              f"({len(restored_losses)} push-key pairs; every one in the JSON verdict)")
+        for push, key in restored_losses[:20]:
+            print(f"  lost to the restore: push {push[0]}:{push[1]}:{push[2]} to key {key}")
+        if len(restored_losses) > 20:
+            print(f"  ... and {len(restored_losses) - 20} more")
     for kind, items in violations.items():
         for item in items[:5]:
             print(f"  {kind}: {item}")

@@ -99,3 +99,47 @@ def test_shard_map_problems_finds_two_maps_under_one_epoch_and_epochs_going_back
     assert shard_map_problems(split) == ["epoch 2 has 2 maps: bbbbbbbb (first at server-0), cccccccc (first at worker-1)"]
     back = fine + [at("server-0", 2, "bbbbbbbb")]
     assert shard_map_problems(back) == ["server-0 adopted epoch 2 after epoch 2"]
+
+
+def test_vshard_of_matches_the_servers():
+    # The same fixed values as common/keys_test.cc's VirtualShardOfKeepsItsKnownValues.
+    assert [audit_check.vshard_of(5, k, 64) for k in (0, 1, 10, 11, 12345)] == [6, 45, 31, 36, 54]
+    assert audit_check.vshard_of(3, (1 << 63) + 7, 1000) == 370
+
+
+# Key 10 of table 5 is in shard 31 of 64, key 11 in shard 36. Push 7:0:2
+# (to key 10) was acknowledged after the checkpoint that shard 31 was
+# restored from: that checkpoint held writer 7's pushes below 2 only.
+RESTORE_PUSHES = "I 7 0 1 10 11\nA 7 0 1\nI 7 0 2 10\nA 7 0 2\nI 7 0 3 11\nA 7 0 3\n"
+RESTORED = ("# tessera audit server 0 epoch 3\nrestored 31 of 64 7:0:2\n"
+            "row 5 10 primary 1 7:0:1\nrow 5 11 primary 2 7:0:1 7:0:3\n")
+
+
+def test_a_push_lost_to_a_checkpoint_restore_is_reported_exactly_and_allowed(tmp_path):
+    code, verdict = run(tmp_path, {"server-0-node-1.audit": RESTORED}, RESTORE_PUSHES)
+    assert code == 0 and verdict["ok"], verdict
+    assert verdict["lost"] == 0
+    assert verdict["lost_to_restore"] == 1 and verdict["lost_to_restore_pushes"] == [[7, 0, 2, 10]]
+    assert verdict["restored_shards"] == [["server-0-node-1.audit", 31]]
+    # A window of another incarnation of the writer holds none of this one's pushes.
+    (tmp_path / "inc").mkdir()
+    code, verdict = run(tmp_path / "inc", {"server-0-node-1.audit": RESTORED.replace("7:0:2", "7:0:1 7:1:9")},
+                        RESTORE_PUSHES)
+    assert code == 0 and verdict["lost_to_restore_pushes"] == [[7, 0, 2, 10]], verdict
+
+
+@pytest.mark.parametrize("restored", [
+    "restored 31 of 64 7:0:3",      # the checkpoint held push 2 (below its floor): losing it is a bug
+    "restored 31 of 64 7:0:1:2/5",  # ... held it by number
+    "restored 36 of 64 7:0:1",      # another shard was restored: key 10's was not
+    "restored 31 of 32 7:0:1",      # shard 31 of 32 is not key 10's
+])
+def test_a_loss_that_no_restore_explains_stays_a_violation(tmp_path, restored):
+    dump = RESTORED.replace("restored 31 of 64 7:0:2", restored)
+    code, verdict = run(tmp_path, {"server-0-node-1.audit": dump}, RESTORE_PUSHES)
+    assert code == 1 and verdict["lost"] == 1 and verdict["lost_to_restore"] == 0, verdict
+
+
+def test_an_unreadable_restore_line_is_unusable_input(tmp_path):
+    code, _ = run(tmp_path, {"server-0-node-1.audit": RESTORED.replace("7:0:2", "7:0")}, RESTORE_PUSHES)
+    assert code == 2
