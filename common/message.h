@@ -1,6 +1,9 @@
 #pragma once
 // Message: one protocol message = a protobuf header (Envelope) plus raw data
 // frames (keys, values) that never pass through protobuf.
+#include <atomic>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +23,17 @@ struct Message {
   // A pull reply its receiver keeps as it arrives (Worker::PullView, the
   // request's Pull.whole): sent as one message, never in pieces. Not sent.
   bool unsplit = false;
+  // Byte accounting (transport/transport.h TransportStats), for callers that
+  // count their own traffic by kind (the worker's wire bytes). Not sent.
+  // - sent_bytes: where set, the transport adds what it counts in
+  //   bytes_sent for this message (the header as sent, with whatever the
+  //   transport stamps into it, plus every frame, shared-memory ones
+  //   included), each time it hands the message over.
+  // - received_bytes: set by the transport that delivers the message: what
+  //   it counted in bytes_received for it (the header as it arrived, before
+  //   the transport took its own fields out, plus every frame).
+  std::shared_ptr<std::atomic<uint64_t>> sent_bytes;
+  uint64_t received_bytes = 0;
 
   // Total bytes of the data frames (what the data path moves).
   size_t FrameBytes() const {

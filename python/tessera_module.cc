@@ -836,6 +836,8 @@ PYBIND11_MODULE(_tessera, m) {
             d["messages_received"] = t.messages_received;
             d["bytes_sent"] = t.bytes_sent;
             d["bytes_received"] = t.bytes_received;
+            d["zmq_parts_sent"] = t.zmq_parts_sent;
+            d["zmq_parts_received"] = t.zmq_parts_received;
             d["malformed_received"] = t.malformed_received;
             d["auth_rejected"] = t.auth_rejected;
             return d;

@@ -323,6 +323,7 @@ absl::Status EndpointCore::Send(const std::string& to, Message message, Actions&
   c->messages.push_back(std::move(m));
   ++stats_.messages_sent;
   stats_.bytes_sent += total;
+  if (message.sent_bytes) message.sent_bytes->fetch_add(total, std::memory_order_relaxed);
   Pump(*c, out);
   return absl::OkStatus();
 }
@@ -1198,6 +1199,7 @@ void EndpointCore::Deliver(Connection& c, Actions& out) {
         message.frames.assign(std::make_move_iterator(m.parts.begin() + 1), std::make_move_iterator(m.parts.end()));
         ++stats_.messages_received;
         stats_.bytes_received += m.bytes;
+        message.received_bytes = m.bytes;
         out.push_back(DeliverAction{c.id, std::move(message)});
       }
     }

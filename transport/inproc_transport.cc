@@ -56,6 +56,8 @@ absl::Status InProcTransport::Send(const std::string& to, Message message) {
     stats_.messages_sent++;
     stats_.bytes_sent += bytes;
   }
+  if (message.sent_bytes) message.sent_bytes->fetch_add(bytes, std::memory_order_relaxed);
+  message.sent_bytes.reset();  // the sender's counter; the receiver gets its own accounting
   network_->Deliver(to, std::move(message));  // unknown address: dropped, per contract
   return absl::OkStatus();
 }
@@ -64,7 +66,8 @@ void InProcTransport::Enqueue(Message message) {
   std::lock_guard lock(mu_);
   if (stopping_) return;
   stats_.messages_received++;
-  stats_.bytes_received += message.header.ByteSizeLong() + message.FrameBytes();
+  message.received_bytes = message.header.ByteSizeLong() + message.FrameBytes();
+  stats_.bytes_received += message.received_bytes;
   queue_.push_back(std::move(message));
   cv_.notify_one();
 }

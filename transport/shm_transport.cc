@@ -116,6 +116,9 @@ class ShmTransport::Impl {
     if (!local || !HasLargeFrame(message)) {
       return inner_->Send(to, std::move(message));
     }
+    // The inner transport counts the header and the frames left in the
+    // message; the ring and lent bytes are counted here (stats() adds them).
+    const std::shared_ptr<std::atomic<uint64_t>> sent_bytes = message.sent_bytes;
     if (message.lendable) SweepExitedReaders();
     std::unique_lock lock(peer->mu);
     // Lend (no copy; the peer reads the frames in place) when the peer has
@@ -153,6 +156,7 @@ class ShmTransport::Impl {
       d->set_length(region->length);
       shm_frames_sent_.fetch_add(1, std::memory_order_relaxed);
       shm_bytes_sent_.fetch_add(frame.size(), std::memory_order_relaxed);
+      if (sent_bytes) sent_bytes->fetch_add(frame.size(), std::memory_order_relaxed);
       frame = Buffer();
     }
     if (lent.empty()) return inner_->Send(to, std::move(message));
@@ -171,6 +175,7 @@ class ShmTransport::Impl {
     }
     shm_lent_frames_sent_.fetch_add(lent_frames, std::memory_order_relaxed);
     shm_lent_bytes_sent_.fetch_add(lent_bytes, std::memory_order_relaxed);
+    if (sent_bytes) sent_bytes->fetch_add(lent_bytes, std::memory_order_relaxed);
     return sent;
   }
 
@@ -361,6 +366,7 @@ class ShmTransport::Impl {
       shm_bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
       shm_lent_frames_received_.fetch_add(lent_frames, std::memory_order_relaxed);
       shm_lent_bytes_received_.fetch_add(lent_bytes, std::memory_order_relaxed);
+      m.received_bytes += bytes + lent_bytes;  // the inner transport's count, plus what came through memory
       m.header.clear_shm_frames();
     }
     handler_(std::move(m));  // last: the handler may destroy this transport

@@ -31,11 +31,38 @@
 
 namespace tessera {
 
+// What a transport counted. Byte counts are Tessera message bytes: each
+// message's serialized header plus its data frames, counted once, when the
+// message is handed to the medium (Send accepted it) and when it is
+// delivered to the handler. They leave out everything the medium adds:
+// ZeroMQ's framing and connection handshakes, CURVE's encryption, TCP/IP
+// headers and retransmissions, RDMA's envelopes. Malformed messages
+// (dropped, counted in malformed_received) are not in bytes_received;
+// messages queued for a peer that never connected are in bytes_sent.
+//
+// What the sockets carry, for ZmqTransport over TCP (ZMTP 3; checked
+// against the kernel's per-socket counters on loopback by
+// tests/launcher_e2e/test_wire_bytes.py): for each direction,
+//   socket bytes = bytes - shm bytes (shm_bytes_*, shm_lent_bytes_*)
+//                + per part (zmq_parts_*): 2 bytes (part up to 255 bytes)
+//                  or 9 bytes (longer); with CURVE 33 more (command name,
+//                  nonce, flags and MAC of its MESSAGE command)
+//                + per connection and direction: the greeting (64 bytes)
+//                  and the handshake (43 bytes without CURVE, so 107 in
+//                  all; with CURVE 301 from the bound side, 559 from the
+//                  connecting side; libzmq 4.3)
+// Messages a transport makes itself (ShmTransport's releases) are in its
+// counts but in no caller's (Message::sent_bytes, received_bytes).
 struct TransportStats {
   uint64_t messages_sent = 0;
   uint64_t messages_received = 0;
-  uint64_t bytes_sent = 0;      // header + frames
-  uint64_t bytes_received = 0;  // header + frames
+  uint64_t bytes_sent = 0;      // header + frames (shared-memory frames included)
+  uint64_t bytes_received = 0;  // header + frames (shared-memory frames included)
+  // ZeroMQ message parts (a header or a data frame, the routing identity
+  // not included) of the messages counted above; zero on transports that
+  // do not use ZeroMQ (in-process, RDMA).
+  uint64_t zmq_parts_sent = 0;
+  uint64_t zmq_parts_received = 0;
   uint64_t malformed_received = 0;
   uint64_t auth_rejected = 0;   // connections refused: not the job's key (ZmqTransport with CURVE)
   // The same-host shared-memory path (ShmTransport); zero elsewhere.

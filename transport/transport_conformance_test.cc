@@ -668,8 +668,14 @@ TEST_P(TransportConformanceTest, StatsCountMessagesAndBytes) {
   Message stamped = m;
   stamped.header.set_sender_address(sender->address());
   const uint64_t expected_bytes = stamped.header.ByteSizeLong() + 5100;
+  // Each message's own count (Message::sent_bytes, received_bytes) adds up
+  // to the transport's.
+  auto counted = std::make_shared<std::atomic<uint64_t>>(0);
+  m.sent_bytes = counted;
+  Message second_message = MakeMessage(43);
+  second_message.sent_bytes = counted;
   ASSERT_OK(sender->Send(receiver->address(), std::move(m)));
-  ASSERT_OK(sender->Send(receiver->address(), MakeMessage(43)));
+  ASSERT_OK(sender->Send(receiver->address(), std::move(second_message)));
   const uint64_t expected_total = expected_bytes + [&] {
     Message second = MakeMessage(43);
     second.header.set_sender_address(sender->address());
@@ -678,6 +684,18 @@ TEST_P(TransportConformanceTest, StatsCountMessagesAndBytes) {
   ASSERT_TRUE(inbox.WaitForCount(2)) << "received " << inbox.size();
 
   const TransportStats sent = sender->stats();
+  EXPECT_EQ(counted->load(), sent.bytes_sent);
+  uint64_t received_bytes = 0;
+  for (const Message& r : inbox.Snapshot()) {
+    EXPECT_FALSE(r.sent_bytes) << "the sender's counter must not travel";
+    received_bytes += r.received_bytes;
+  }
+  EXPECT_EQ(received_bytes, receiver->stats().bytes_received);
+  // ZeroMQ parts: a header and three frames, then a header alone (the
+  // shared-memory frames leave empty parts behind).
+  const bool zmq = IsZmq() && GetParam() != Kind::kRdma;
+  EXPECT_EQ(sent.zmq_parts_sent, zmq ? 5u : 0u);
+  EXPECT_EQ(receiver->stats().zmq_parts_received, zmq ? 5u : 0u);
   if (IsShm()) {
     // Headers carry the host identity and two ring descriptors; the frames'
     // bytes went through a ring and are counted all the same.

@@ -2,6 +2,7 @@
 // Prometheus series of a transport's counters, for a node's /metrics page:
 //   tessera_transport_messages_total{direction="sent"|"received"}
 //   tessera_transport_bytes_total{direction}            header + frames, ring bytes included
+//   tessera_transport_zmq_parts_total{direction}        ZeroMQ message parts (header and data frames)
 //   tessera_transport_malformed_total                   incoming messages dropped as malformed
 //   tessera_transport_auth_rejected_total               connections refused (not the job's key)
 //   tessera_transport_shm_frames_total{direction}       frames through same-host shared memory
@@ -12,6 +13,13 @@
 //   tessera_transport_shm_lent_bytes_total{direction}
 //   tessera_transport_shm_lent_bytes                    lent by this process and not yet released
 //   tessera_transport_shm_lends_reclaimed_total         lends dropped because the reader's process ended
+//
+// Bytes are Tessera message bytes (TransportStats in transport/transport.h):
+// not ZeroMQ framing, handshakes, CURVE encryption or TCP/IP headers. Over
+// ZeroMQ/TCP the sockets carry these bytes (minus the shm ones) plus 2 to 9
+// bytes per part (35 to 42 with CURVE) plus each connection's greeting and
+// handshake; tests/launcher_e2e/test_wire_bytes.py checks that against the
+// kernel's counters.
 #include "common/metrics.h"
 #include "transport/transport.h"
 
@@ -25,8 +33,13 @@ inline metrics::TextWriter& WriteTransportMetrics(metrics::TextWriter& w, const 
   };
   return w.Counters("tessera_transport_messages_total", "Messages sent and received by this node's transport",
                     both(s.messages_sent, s.messages_received))
-      .Counters("tessera_transport_bytes_total", "Header and frame bytes sent and received (shared memory included)",
+      .Counters("tessera_transport_bytes_total",
+                "Message header and frame bytes sent and received (shared memory included; not ZeroMQ framing, "
+                "handshakes, encryption or TCP/IP headers)",
                 both(s.bytes_sent, s.bytes_received))
+      .Counters("tessera_transport_zmq_parts_total",
+                "ZeroMQ message parts (header and data frames) of the messages sent and received",
+                both(s.zmq_parts_sent, s.zmq_parts_received))
       .Counter("tessera_transport_malformed_total", "Incoming messages dropped as malformed", s.malformed_received)
       .Counter("tessera_transport_auth_rejected_total", "Connections refused: not the job's key", s.auth_rejected)
       .Counters("tessera_transport_shm_frames_total", "Data frames through same-host shared memory",

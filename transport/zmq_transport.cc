@@ -208,6 +208,8 @@ class ZmqTransport::Impl {
   std::atomic<uint64_t> messages_received_{0};
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> parts_sent_{0};
+  std::atomic<uint64_t> parts_received_{0};
   std::atomic<uint64_t> malformed_received_{0};
   std::atomic<uint64_t> auth_rejected_{0};
 
@@ -552,6 +554,8 @@ absl::Status ZmqTransport::Impl::Send(const std::string& to, Message message) {
   }
   messages_sent_.fetch_add(1, std::memory_order_relaxed);
   bytes_sent_.fetch_add(total_bytes, std::memory_order_relaxed);
+  parts_sent_.fetch_add(parts.size(), std::memory_order_relaxed);
+  if (message.sent_bytes) message.sent_bytes->fetch_add(total_bytes, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -624,11 +628,14 @@ void ZmqTransport::Impl::Deliver(Incoming& in) {
     return DropMalformed(absl::StrCat("header of ", header_part.size(), " bytes does not parse"));
   }
   if (message.header.sender_address().empty()) return DropMalformed("header names no sender_address");
+  const size_t parts = in.parts.size() - 1;  // the header and the data frames; the identity is local
   message.frames.reserve(in.parts.size() - 2);
   for (size_t i = 2; i < in.parts.size(); ++i) message.frames.push_back(ZmqToFrame(std::move(in.parts[i])));
   in.parts.clear();
   messages_received_.fetch_add(1, std::memory_order_relaxed);
   bytes_received_.fetch_add(in.bytes, std::memory_order_relaxed);
+  parts_received_.fetch_add(parts, std::memory_order_relaxed);
+  message.received_bytes = in.bytes;
 
   if (state_.load(std::memory_order_acquire) != kRunning) return;
   try {
@@ -869,6 +876,8 @@ TransportStats ZmqTransport::Impl::stats() const {
   s.messages_received = messages_received_.load(std::memory_order_relaxed);
   s.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
   s.bytes_received = bytes_received_.load(std::memory_order_relaxed);
+  s.zmq_parts_sent = parts_sent_.load(std::memory_order_relaxed);
+  s.zmq_parts_received = parts_received_.load(std::memory_order_relaxed);
   s.malformed_received = malformed_received_.load(std::memory_order_relaxed);
   s.auth_rejected = auth_rejected_.load(std::memory_order_relaxed);
   return s;

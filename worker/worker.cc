@@ -483,9 +483,9 @@ class WorkerImpl final : public Worker {
     s.pulls = pulls_.load();
     s.bytes_pushed = bytes_pushed_.load();
     s.bytes_pulled = bytes_pulled_.load();
-    s.wire_bytes_pushed = wire_pushed_.load();
-    s.wire_bytes_pulled = wire_pulled_.load();
-    s.wire_bytes_other = wire_other_.load();
+    s.wire_bytes_pushed = wire_pushed_->load();
+    s.wire_bytes_pulled = wire_pulled_->load();
+    s.wire_bytes_other = wire_other_->load();
     return s;
   }
 
@@ -575,14 +575,23 @@ class WorkerImpl final : public Worker {
     return it->second;
   }
 
-  // Adds a message to or from a server to the wire byte counts.
-  void CountWire(const Message& m) {
-    uint64_t bytes = m.header.ByteSizeLong();
-    for (const Buffer& f : m.frames) bytes += f.size();
-    std::atomic<uint64_t>& counter = m.header.has_push()                                   ? wire_pushed_
-                                     : m.header.has_pull() || m.header.has_pull_reply() ? wire_pulled_
-                                                                                          : wire_other_;
-    counter.fetch_add(bytes, std::memory_order_relaxed);
+  // The wire byte counter of a message to or from a server.
+  const std::shared_ptr<std::atomic<uint64_t>>& WireCounter(const Message& m) const {
+    return m.header.has_push()                                   ? wire_pushed_
+           : m.header.has_pull() || m.header.has_pull_reply() ? wire_pulled_
+                                                                : wire_other_;
+  }
+  // A message to a server: the transport adds the bytes it counts for it
+  // (its header as sent, with the transport's own fields, and its frames)
+  // to the wire counts, so that they are the transport's bytes, split by kind.
+  void CountWire(Message& m) { m.sent_bytes = WireCounter(m); }
+  // A message from a server: what the transport counted receiving it.
+  void CountReceived(const Message& m) {
+    uint64_t bytes = m.received_bytes;
+    if (bytes == 0) {  // a transport that does not say
+      bytes = m.header.ByteSizeLong() + m.FrameBytes();
+    }
+    WireCounter(m)->fetch_add(bytes, std::memory_order_relaxed);
   }
 
   void OnMessage(Message m) {
@@ -591,7 +600,7 @@ class WorkerImpl final : public Worker {
       return;
     }
     if (session_->Handle(m)) return;
-    CountWire(m);  // as received (a compressed pull reply counts its encoded parts)
+    CountReceived(m);  // as received (a compressed pull reply counts its encoded parts)
     if (m.header.has_ack()) NoteFirstAckAfterFailover(m.header.epoch());
     std::unique_lock lock(mu_);
     if (!core_) return;
@@ -752,7 +761,11 @@ class WorkerImpl final : public Worker {
   uint32_t num_workers_ = 0;
   std::atomic<uint64_t> clock_{0};
   std::atomic<uint64_t> pushes_{0}, pulls_{0}, bytes_pushed_{0}, bytes_pulled_{0};
-  std::atomic<uint64_t> wire_pushed_{0}, wire_pulled_{0}, wire_other_{0};
+  // Shared with the messages in flight (Message::sent_bytes): a transport
+  // that holds a message back (FaultTransport's delays) counts it later.
+  const std::shared_ptr<std::atomic<uint64_t>> wire_pushed_ = std::make_shared<std::atomic<uint64_t>>(0),
+                                               wire_pulled_ = std::make_shared<std::atomic<uint64_t>>(0),
+                                               wire_other_ = std::make_shared<std::atomic<uint64_t>>(0);
   std::unique_ptr<metrics::MetricsHttpServer> metrics_;
   // 50 us .. about 3.4 s, doubling.
   metrics::Histogram push_latency_{metrics::ExponentialBuckets(50e-6, 2, 17)};

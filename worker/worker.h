@@ -200,9 +200,16 @@ struct WorkerStats {
   Nanos clock_wait = 0;              // total time blocked in Clock()
   Nanos pull_held = 0;               // total time servers held this worker's pulls (sum over parts)
   std::array<uint64_t, kStalenessBuckets> staleness{};  // pulls (parts) by observed staleness
-  // Bytes on the wire to and from servers: every message's serialized header
-  // plus its frames (keys, values or encoded parts with their headers, indices
-  // and scales), as handed to or received from the transport.
+  // Bytes of the messages to and from servers, as the transport counts them
+  // (TransportStats::bytes_sent / bytes_received, tessera_transport_bytes_total):
+  // every message's serialized header as it goes out or comes in (with the
+  // fields the transport itself stamps, such as the shared-memory ones), plus
+  // its frames (keys, values or encoded parts with their headers, indices and
+  // scales; shared-memory frames included). With the coordinator's messages
+  // they add up to the transport's bytes. Not counted: ZeroMQ framing and
+  // handshakes, CURVE encryption, TCP/IP headers (tests/launcher_e2e/
+  // test_wire_bytes.py checks these counts against the kernel's socket
+  // counters: about 2 to 9 bytes more per frame, 35 to 42 with CURVE).
   uint64_t wire_bytes_pushed = 0;  // push requests sent
   uint64_t wire_bytes_pulled = 0;  // pull requests sent and pull replies received
   uint64_t wire_bytes_other = 0;   // everything else to and from servers (acks, clocks, tables)
