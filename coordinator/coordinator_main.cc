@@ -16,6 +16,7 @@
 #include "coordinator/coordinator_node.h"
 #include "common/metrics.h"
 #include "coordinator/etcd_leadership.h"
+#include "node/timing_defaults.h"
 #include "transport/transport_factory.h"
 
 namespace {
@@ -39,7 +40,10 @@ int main(int argc, char** argv) {
   tessera::CoordinatorOptions options;
   options.replication = 2;
   std::string bind = "tcp://127.0.0.1:0", address_file, summary_file, name = "coordinator";
-  double assemble_timeout = 30, heartbeat_interval = 1, lease = 5, rejoin_timeout = 60, server_lease = 0.5;
+  double assemble_timeout = 30, rejoin_timeout = 60;
+  double heartbeat_interval = tessera::DefaultSeconds(tessera::kDefaultHeartbeatInterval);
+  double lease = tessera::DefaultSeconds(tessera::kDefaultLease);
+  double server_lease = tessera::DefaultSeconds(tessera::kDefaultServerLease);
   double silence_give_up = static_cast<double>(tessera::CoordinatorOptions{}.isolation_give_up) / 1e9;
   bool debug = false;
   CLI::App app{"tessera-coordinator: membership, shard map, heartbeats, barriers and job end.\n"
@@ -55,8 +59,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-interval", heartbeat_interval,
                  "Seconds between node heartbeats: nodes whose own interval is longer adopt it when they register")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--lease", lease, "Seconds of silence after which a node is declared lost")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   std::string on_worker_loss = "stop";
   app.add_option("--on-worker-loss", on_worker_loss,
@@ -110,6 +116,7 @@ int main(int argc, char** argv) {
   app.add_option("--server-lease", server_lease,
                  "With replication: seconds of silence after which a server is lost and its shards fail over "
                  "(servers heartbeat every 0.1 s by default); without replication servers get --lease")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   std::string on_shard_loss = "stop";
   app.add_option("--on-shard-loss", on_shard_loss,

@@ -63,8 +63,8 @@ class CoordinatorSession {
     proto::Role role = proto::WORKER;         // SERVER or WORKER
     int rank = -1;                            // requested rank, -1 = any
     Nanos connect_timeout = 30 * kSeconds;    // registration + assembly
-    Nanos heartbeat_interval = 1 * kSeconds;  // how often to heartbeat
-    Nanos lease = 5 * kSeconds;               // coordinator silence that is logged as such
+    Nanos heartbeat_interval = kDefaultHeartbeatInterval;  // how often to heartbeat
+    Nanos lease = kDefaultLease;  // coordinator silence that is logged as such
     Nanos give_up = 60 * kSeconds;            // coordinator silence that ends the job for this node
     Nanos register_retry = 500 * kMillis;     // resend registration this often
   };

@@ -72,6 +72,7 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "common/message.h"
+#include "node/timing_defaults.h"
 
 namespace tessera {
 
@@ -79,8 +80,8 @@ struct SessionCoreOptions {
   proto::Role role = proto::WORKER;         // SERVER or WORKER
   int rank = -1;                            // requested rank, -1 = any
   Nanos connect_timeout = 30 * kSeconds;    // named in the join errors (the deadline is StartJoin's)
-  Nanos heartbeat_interval = 1 * kSeconds;  // how often to heartbeat
-  Nanos lease = 5 * kSeconds;               // coordinator silence after which the node is silent()
+  Nanos heartbeat_interval = kDefaultHeartbeatInterval;  // how often to heartbeat
+  Nanos lease = kDefaultLease;  // coordinator silence after which the node is silent()
   Nanos give_up = 60 * kSeconds;            // coordinator silence that ends the job (at least lease)
   Nanos register_retry = 500 * kMillis;     // resend registration (and the done report) this often
   std::string coordinator;                  // the coordinator's address, for errors

@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/memory.h"
 #include "common/metrics.h"
+#include "node/timing_defaults.h"
 #include "server/server_node.h"
 #include "transport/transport_factory.h"
 
@@ -37,7 +38,9 @@ int main(int argc, char** argv) {
   std::string bind = "tcp://127.0.0.1:0", name;
   // Frequent heartbeats: with replication the coordinator declares a server
   // lost after --server-lease (0.5 s) of silence and fails its shards over.
-  double connect_timeout = 60, heartbeat_interval = 0.1, lease = 5;
+  double connect_timeout = 60;
+  double heartbeat_interval = tessera::DefaultSeconds(tessera::kDefaultServerHeartbeatInterval);
+  double lease = tessera::DefaultSeconds(tessera::kDefaultLease);
   double give_up = static_cast<double>(tessera::CoordinatorSession::Options{}.give_up) / 1e9;
   bool debug = false;
   tessera::CoordinatorSession::Options so;
@@ -51,10 +54,13 @@ int main(int argc, char** argv) {
   app.add_option("--name", name, "Name in log lines (default server-RANK)");
   app.add_option("--connect-timeout", connect_timeout, "Seconds to wait for the job to assemble")
       ->check(CLI::PositiveNumber);
-  app.add_option("--heartbeat-interval", heartbeat_interval, "Seconds between heartbeats")->check(CLI::PositiveNumber);
+  app.add_option("--heartbeat-interval", heartbeat_interval, "Seconds between heartbeats")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--lease", lease,
                  "Seconds of coordinator silence after which the server says so in its log (again every LEASE "
                  "seconds while it lasts); it goes on serving by its shard map and heartbeating")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--coordinator-give-up", give_up,
                  "Seconds of coordinator silence after which the server gives up and exits (at least --lease). "

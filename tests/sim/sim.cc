@@ -154,8 +154,8 @@ SessionCore MakeSession(proto::Role role, uint32_t rank, const Scenario& sc, Nan
   SessionCoreOptions o;
   o.role = role;
   o.rank = static_cast<int>(rank);
-  o.heartbeat_interval = sc.heartbeat_ns;
-  o.lease = 4 * sc.lease_ns;  // a node's lease on the coordinator
+  o.heartbeat_interval = role == proto::SERVER && sc.server_heartbeat_ns > 0 ? sc.server_heartbeat_ns : sc.heartbeat_ns;
+  o.lease = sc.node_lease_ns > 0 ? sc.node_lease_ns : 4 * sc.lease_ns;  // a node's lease on the coordinator
   o.register_retry = 100 * kMs;
   o.coordinator = kCoordinator;
   SessionCore core(o);
@@ -1215,6 +1215,7 @@ RunResult World::Run() {
   co.vshards = sc_.vshards;
   co.assemble_timeout = 30 * kSeconds;
   co.lease = sc_.lease_ns;
+  co.server_lease = sc_.server_lease_ns;
   co.address = kCoordinator;
   co.replication = sc_.replication;
   co.heartbeat_interval = sc_.heartbeat_ns;
@@ -1625,8 +1626,11 @@ ScaleResult RunScale(uint32_t servers, uint32_t workers, uint32_t vshards, uint6
   sc.replication = std::min<uint32_t>(2, servers);
   sc.min_delay_ns = 50'000;  // 50-500 us: one data center
   sc.max_delay_ns = 500'000;
-  sc.heartbeat_ns = 1 * kSeconds;  // the production defaults
-  sc.lease_ns = 5 * kSeconds;
+  sc.heartbeat_ns = kDefaultHeartbeatInterval;  // the binaries' defaults
+  sc.server_heartbeat_ns = kDefaultServerHeartbeatInterval;
+  sc.lease_ns = kDefaultLease;
+  sc.server_lease_ns = kDefaultServerLease;
+  sc.node_lease_ns = kDefaultLease;
   sc.scale_crash_at_ns = 30 * kSeconds;
   const auto start = std::chrono::steady_clock::now();
   World world(seed, sc, RunOptions{.time_limit_ns = 120 * kSeconds});

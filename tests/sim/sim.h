@@ -128,6 +128,9 @@ struct Scenario {
   // Timings of the membership protocol.
   int64_t heartbeat_ns = 100'000'000;  // node -> coordinator
   int64_t lease_ns = 500'000'000;      // silence after which the coordinator loses a node
+  int64_t server_heartbeat_ns = 0;     // servers' own interval (0: heartbeat_ns)
+  int64_t server_lease_ns = 0;         // under replication, a server's lease (the coordinator's server_lease; 0: lease_ns)
+  int64_t node_lease_ns = 0;           // a node's lease on the coordinator (0: 4 * lease_ns)
   // Scale mode (RunScale): no workload; server 0 crashes at this time and
   // the run ends once every live node has the next map.
   int64_t scale_crash_at_ns = 0;
@@ -174,8 +177,10 @@ RunResult Run(uint64_t seed, const Scenario& scenario, const RunOptions& options
 Scenario RebalanceScenario(uint64_t seed, double threshold);
 
 // Scale mode (docs/scaling.md): membership, heartbeats, one server lost and
-// its failover, for a cluster of any size, with the production timings
-// (heartbeat 1 s, lease 5 s) and no data traffic.
+// its failover, for a cluster of any size, with the binaries' default
+// timings (node/timing_defaults.h: workers heartbeat every 1 s, servers
+// every 0.1 s; a server is lost after 0.5 s, a worker after 5 s) and no
+// data traffic.
 struct ScaleResult {
   uint32_t servers = 0, workers = 0, vshards = 0;
   double assemble_ms = 0;             // simulated: start to the last JobReady delivered

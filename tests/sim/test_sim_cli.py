@@ -45,3 +45,21 @@ def test_bad_arguments_are_refused():
     assert p.returncode == 2 and "cannot write the trace to /nonexistent-dir/t.trace" in p.stderr
     p = run("--help")
     assert "--seeds" in p.stdout and "--minutes" in p.stdout and "--break" in p.stdout
+
+
+def test_the_scale_run_uses_the_binaries_default_timings():
+    """docs/scaling.md's figures are those of the settings users get
+    (node/timing_defaults.h): servers heartbeat every 0.1 s and are lost
+    after 0.5 s under replication, workers every 1 s. All simulated, so
+    exact: 4 servers and 20 workers send the coordinator 4 * 10 + 20 * 1
+    heartbeats a second, and server 0's crash is detected within the
+    server lease."""
+    out = run("--scale", "4x20x64", "10x30x128").stdout
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"^\| \d", line)]
+    assert len(rows) == 2, out
+    for servers, workers, row in ((4, 20, rows[0]), (10, 30, rows[1])):
+        cells = [c.strip() for c in row]
+        assert (int(cells[0]), int(cells[1])) == (servers, workers), out
+        assert float(cells[5]) == servers * 10 + workers * 1, out  # coordinator msgs/s
+        detect = float(cells[8])
+        assert 400 <= detect <= 500, out  # 0.5 s lease, less the time since the last 0.1 s heartbeat

@@ -1,0 +1,40 @@
+"""The launcher's timing defaults are the binaries' defaults.
+
+The C++ defaults live in one place (node/timing_defaults.h), used by
+tessera-coordinator's and tessera-server's flags and by the simulator's
+scale runs; the launcher passes its own `timeouts.*` values as flags. If
+the two drifted apart, a job started by hand and one started by the
+launcher would time out differently, and simulated scale figures would
+not be the launcher's. This test reads each binary's --help."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+LAUNCHER = Path(__file__).resolve().parents[2] / "launcher"
+sys.path.insert(0, str(LAUNCHER))
+
+from tessera_launch.config import TimeoutsSection  # noqa: E402
+
+
+def help_defaults(binary: Path) -> dict:
+    """{flag: default} from a CLI11 --help ("--lease FLOAT:POSITIVE=5")."""
+    text = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30, check=True).stdout
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\s+(--[\w-]+) [^\s=]*=(\S+)", text, re.M)}
+
+
+def test_the_launchers_timeouts_are_the_coordinators_and_servers_defaults(binaries):
+    t = TimeoutsSection()
+    coordinator = help_defaults(binaries / "coordinator" / "tessera-coordinator")
+    server = help_defaults(binaries / "server" / "tessera-server")
+    pairs = [
+        ("coordinator --heartbeat-interval", coordinator.get("--heartbeat-interval"), t.heartbeat_seconds),
+        ("coordinator --lease", coordinator.get("--lease"), t.lease_seconds),
+        ("coordinator --server-lease", coordinator.get("--server-lease"), t.server_lease_seconds),
+        ("server --lease", server.get("--lease"), t.lease_seconds),
+    ]
+    wrong = [f"{flag}: binary {value}, launcher {want}" for flag, value, want in pairs
+             if value is None or float(value) != float(want)]
+    assert not wrong, wrong
+    # Servers heartbeat well inside the server lease (the launcher does not set it).
+    assert float(server["--heartbeat-interval"]) <= t.server_lease_seconds / 4, server
