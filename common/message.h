@@ -12,6 +12,16 @@
 
 namespace tessera {
 
+// The largest message (header and data frames) a ZeroMQ transport accepts
+// by default, and so a worker's and the coordinator's: a worker splits each
+// server's share of a push or pull into parts that fit it (worker/
+// worker_core.h, --transfer_max_message_mb), so its requests, and the
+// replies to them, never meet it. Servers accept more by default
+// (kDefaultServerMaxMessageBytes): a state transfer to a new backup is one
+// message with every row of its shards, not yet sent in parts.
+inline constexpr size_t kDefaultMaxMessageBytes = size_t{256} << 20;
+inline constexpr size_t kDefaultServerMaxMessageBytes = size_t{2048} << 20;
+
 struct Message {
   proto::Envelope header;
   std::vector<Buffer> frames;

@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   app.add_option("--restore-from", checkpoints.restore_from,
                  "Start from checkpoints: each shard this server holds is loaded from its newest checkpoint in DIR");
   std::string max_table_mb = "auto";
-  uint64_t max_message_mb = 2048;
+  uint64_t max_message_mb = tessera::kDefaultServerMaxMessageBytes >> 20;
   uint64_t max_hold_ms = static_cast<uint64_t>(core.max_hold / tessera::kMillis);
   app.add_option("--max-keys-per-request", core.max_keys_per_request,
                  "Refuse a push or pull of more keys than this (ResourceExhausted)")
@@ -119,7 +119,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
   app.add_option("--max-message-mb", max_message_mb,
                  "Largest message accepted (header and frames); a larger one is dropped by the transport. "
-                 "Pull replies asked for whole (Worker::PullView) go in pieces past half of it")
+                 "Pull replies asked for whole (Worker::PullView) go in pieces past half of it. Workers split "
+                 "their requests to fit it: give them the same value (--transfer_max_message_mb)")
       ->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
   app.add_flag("--debug", debug, "Log debug lines");
   CLI11_PARSE(app, argc, argv);
@@ -145,6 +146,8 @@ int main(int argc, char** argv) {
   transport_options.max_message_bytes = max_message_mb << 20;
   // Whole pull replies (Worker::PullView) must fit one message, headers included.
   core.max_whole_reply_bytes = std::min<size_t>(core.max_whole_reply_bytes, (max_message_mb << 20) / 2);
+  // So must the pieces of the others (a 1 MiB limit would drop 1 MiB pieces and their headers).
+  core.pull_reply_piece_bytes = std::min<size_t>(core.pull_reply_piece_bytes, (max_message_mb << 20) / 2);
   auto transport = tessera::MakeTransport(std::move(transport_options));
   if (!transport.ok()) {
     TLOG_ERROR("cannot create transport: {}", transport.status().message());

@@ -112,7 +112,7 @@ class ZmqTransport final : public Transport {
     int linger_ms = 0;
     // Largest accepted message (header + data frames), both ways; also the
     // ZMQ_MAXMSGSIZE of the ROUTER, which caps any single frame.
-    size_t max_message_bytes = 1ull << 31;
+    size_t max_message_bytes = kDefaultMaxMessageBytes;
     // Largest number of data frames in one message, both ways.
     size_t max_data_frames = 64;
     // ZeroMQ I/O threads of this transport's own context (at least 1).

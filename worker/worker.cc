@@ -184,6 +184,7 @@ class WorkerImpl final : public Worker {
     co.resend_bytes_per_second = options_.resend_bytes_per_second;
     co.part_bytes = options_.part_bytes;
     co.max_bytes_in_flight_per_server = options_.max_bytes_in_flight_per_server;
+    co.max_message_bytes = options_.max_message_bytes;
     auto core = WorkerCore::Create(std::move(co), ready->shard_map());
     if (!core.ok()) return core.status();
     const std::string joined_map = absl::StrCat("shard map epoch ", ready->shard_map().epoch(), " (map ",
@@ -825,7 +826,10 @@ proto::WorkerDone MakeWorkerDone(const WorkerStats& stats, uint64_t steps, doubl
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Connect(const WorkerOptions& options) {
   if (options.coordinator.empty()) return absl::InvalidArgumentError("WorkerOptions.coordinator is empty");
-  auto transport = MakeTransport(options.bind);
+  ZmqTransport::Options transport_options;
+  transport_options.bind = options.bind;
+  transport_options.max_message_bytes = options.max_message_bytes;
+  auto transport = MakeTransport(std::move(transport_options));
   if (!transport.ok()) return transport.status();
   return Connect(options, std::move(*transport));
 }

@@ -134,6 +134,9 @@ struct WorkerOptions {
                                              // in pieces of columns (see Transfer scheduling above)
   uint64_t max_bytes_in_flight_per_server = 0;  // value bytes sent to one server and unanswered; parts wait by
                                                 // priority beyond it (0: unbounded, everything sent at once)
+  size_t max_message_bytes = kDefaultMaxMessageBytes;  // the servers' largest message (--max-message-mb): each
+                                                       // server's share of a push or pull goes in parts that fit
+                                                       // it; also this worker's transport's limit (Connect)
 };
 
 // Options of one table. Workers that create the same table must pass equal

@@ -168,6 +168,16 @@ absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t tab
   if (what.empty()) what = absl::StrCat("push to table ", table);
   const size_t row_bytes = size_t{width} * sizeof(float);
   const size_t rows_per_part = RowsPerPart(row_bytes);
+  // Rows wider than a part go in pieces of columns (uncompressed pushes of
+  // tables that allow it), each a slice of the caller's row.
+  const size_t piece_columns = PieceColumns(row_bytes, compressor == nullptr && row_pieces);
+  if (piece_columns == 0 && !keys.empty() && sizeof(Key) + row_bytes > MessageBudget()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": a row of ", row_bytes, " bytes does not fit in one message of at most ", options_.max_message_bytes,
+        " bytes (the servers' --max-message-mb, the worker's --transfer_max_message_mb; limits.max_message_mb in "
+        "the launcher), and this push cannot go in pieces of rows (", compressor != nullptr ? "it is compressed" :
+        "the table's optimizer needs whole rows", ")"));
+  }
   const ShardMapView& map = *map_;
   Effects effects;
   std::vector<RequestTracker::PartSpec> parts;
@@ -177,7 +187,7 @@ absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t tab
   // (part_bytes), each part has its own number, so that two parts reaching
   // the same shard are both applied. acked_below is the lowest number still
   // in flight (every push numbered below it is complete).
-  const bool number_per_part = options_.part_bytes > 0;
+  const bool number_per_part = options_.part_bytes > 0 || piece_columns > 0 || keys.size() > rows_per_part;
   const uint64_t first_seq = last_push_seq_ + 1;
   const uint64_t acked_below = pushes_in_flight_.empty() ? first_seq : *pushes_in_flight_.begin();
   auto next_seq = [&] {
@@ -219,10 +229,7 @@ absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t tab
     const uint64_t bytes = columns > 0 ? uint64_t{columns} * sizeof(float) : n * row_bytes;
     parts.push_back({id, server, {}, std::move(m), {priority, id, bytes}});
   };
-  // Rows wider than a part go in pieces of columns (uncompressed pushes of
-  // tables that allow it), each a slice of the caller's row: key i's row
-  // from column c.
-  const size_t piece_columns = PieceColumns(row_bytes, compressor == nullptr && row_pieces);
+  // Key i's row from column c, in pieces: slices of the caller's row.
   auto add_pieces = [&](uint32_t server, size_t i) {  // key i and its row: slices of the caller's memory
     for (size_t c = 0; c < width && encode_error.ok(); c += piece_columns) {
       const size_t n = std::min(piece_columns, width - c);
@@ -321,15 +328,27 @@ WorkerCore::Effects WorkerCore::Pull(Handle handle, uint32_t table, std::span<co
   return effects;
 }
 
+size_t WorkerCore::MessageBudget() const {
+  const size_t limit = options_.max_message_bytes;
+  if (limit == 0) return std::numeric_limits<size_t>::max();
+  return limit - std::max(limit / 64, std::min<size_t>(limit / 2, 4096));  // room for the header
+}
+
 size_t WorkerCore::PieceColumns(size_t row_bytes, bool allowed) const {
-  if (!allowed || options_.part_bytes == 0 || row_bytes <= options_.part_bytes) return 0;
-  const size_t columns = std::max<size_t>(1, options_.part_bytes / sizeof(float));
+  size_t piece_bytes = options_.part_bytes > 0 ? options_.part_bytes : std::numeric_limits<size_t>::max();
+  const size_t budget = MessageBudget();
+  if (sizeof(Key) + row_bytes > budget) piece_bytes = std::min(piece_bytes, budget - std::min(budget, sizeof(Key)));
+  if (!allowed || row_bytes <= piece_bytes) return 0;
+  const size_t columns = std::max<size_t>(1, piece_bytes / sizeof(float));
   return columns * sizeof(float) >= row_bytes ? 0 : columns;  // a "piece" of the whole row is the row
 }
 
 size_t WorkerCore::RowsPerPart(size_t row_bytes) const {
-  if (options_.part_bytes == 0 || row_bytes == 0) return std::numeric_limits<size_t>::max();
-  return std::max<size_t>(1, options_.part_bytes / row_bytes);
+  size_t rows = std::numeric_limits<size_t>::max();
+  if (options_.part_bytes > 0 && row_bytes > 0) rows = std::max<size_t>(1, options_.part_bytes / row_bytes);
+  const size_t budget = MessageBudget();
+  if (budget != std::numeric_limits<size_t>::max()) rows = std::min(rows, std::max<size_t>(1, budget / (sizeof(Key) + row_bytes)));
+  return rows;
 }
 
 WorkerCore::Effects WorkerCore::OnReply(Message reply, std::optional<Nanos> now) {

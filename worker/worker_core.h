@@ -90,6 +90,16 @@
 //   no push part is queued (the Worker shell waits for its pushes first).
 // - The answer frees a part's bytes (an answer of Aborted too: the part is
 //   then parked, and queued again when it goes again).
+// - Every request fits the servers' largest message (max_message_bytes,
+//   on by default): a part holds at most MessageBudget() bytes of keys and
+//   rows (the rest of the limit is room for the header), whatever
+//   part_bytes says. With part_bytes 0 only a share that would not fit is
+//   split; a push split this way numbers each part on its own, as under
+//   part_bytes. A pushed row that does not fit alone goes in pieces of
+//   columns where pieces are allowed (uncompressed, not ADAM); elsewhere
+//   the push fails with InvalidArgument naming the row's size and the limit
+//   (--transfer_max_message_mb), and nothing is sent. A pull part holds at
+//   least one row; the server sends its reply in pieces.
 // Thread safety: none; the shell serializes calls.
 #include <compare>
 #include <cstdint>
@@ -128,6 +138,7 @@ struct WorkerCoreOptions {
   double resend_bytes_per_second = 100e6;  // a part's bytes (and those ahead of it) add their time at this rate
   uint64_t part_bytes = 0;                // parts of at most this many value bytes per server (0: no split)
   uint64_t max_bytes_in_flight_per_server = 0;  // value bytes sent to one server and unanswered (0: unbounded)
+  size_t max_message_bytes = kDefaultMaxMessageBytes;  // the servers' largest message (0: no limit)
 };
 
 // Transfer priority of a push or a pull: lower numbers go first (for
@@ -242,10 +253,16 @@ class WorkerCore {
   // routes elsewhere go again by it.
   void RouteQueued(Nanos now, Effects& effects);
   bool scheduled() const { return options_.max_bytes_in_flight_per_server > 0; }
-  // Rows per part for rows of `row_bytes` (part_bytes; at least one).
+  // Bytes of keys and rows one part may hold: max_message_bytes less room
+  // for the header (a 64th of it, at least 4 KiB or half of it; unbounded
+  // without a limit).
+  size_t MessageBudget() const;
+  // Rows per part for rows of `row_bytes` (part_bytes and the message
+  // budget; at least one).
   size_t RowsPerPart(size_t row_bytes) const;
   // Columns per piece for a push of rows of row_bytes: 0 (whole rows) unless
-  // pieces are allowed and the rows are wider than part_bytes.
+  // pieces are allowed and the rows are wider than part_bytes or than the
+  // message budget.
   size_t PieceColumns(size_t row_bytes, bool allowed) const;
   // Sends a new push or pull part now (no bound), or queues it (marks it queued).
   void Dispatch(RequestTracker::PartSpec& part, Effects& effects);

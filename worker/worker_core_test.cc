@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "compress/row_compressor.h"
@@ -819,6 +820,73 @@ TEST(WorkerCoreTransferTest, PartBytesSplitsEachServersShareAndNumbersEveryPart)
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->sends.size(), one.size());
   EXPECT_EQ(tiny->last_push_seq(), one.size());
+}
+
+// Every request fits the servers' largest message: a share that would not
+// fit goes in parts (each numbered on its own), a row that would not fit
+// alone in pieces where allowed, else the push is refused naming the limit.
+TEST(WorkerCoreTransferTest, EveryRequestFitsTheServersLargestMessage) {
+  const proto::ShardMap map = MakeMap(1);
+  WorkerCoreOptions o = Options();
+  o.max_message_bytes = 640;  // 320 bytes of keys and rows a part, the rest for the header
+  auto core = MakeCore(map, o);
+  auto message_bytes = [](const Message& m) {
+    size_t n = m.header.ByteSizeLong();
+    for (const Buffer& f : m.frames) n += f.size();
+    return n;
+  };
+  const uint32_t width = 2;  // 16 bytes a row with its key: 20 rows a part
+  std::vector<Key> keys(50);
+  std::iota(keys.begin(), keys.end(), 1);
+  std::vector<float> values(keys.size() * width);
+  std::iota(values.begin(), values.end(), 0.0f);
+  auto e = core->Push(NewHandle(), kTable, keys, values, width, 0, nullptr, 0);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ(e->sends.size(), 3u);
+  std::vector<uint64_t> rows, seqs;
+  for (const Outgoing& s : e->sends) {
+    EXPECT_LE(message_bytes(s.message), 640u);
+    rows.push_back(s.message.header.push().num_keys());
+    seqs.push_back(s.message.header.push().seq());
+  }
+  EXPECT_EQ(rows, (std::vector<uint64_t>{20, 20, 10}));
+  EXPECT_EQ(seqs, (std::vector<uint64_t>{1, 2, 3}));  // one number a part: the server applies each
+  // A push that fits keeps one part and one number.
+  auto small = core->Push(NewHandle(), kTable, std::span<const Key>(keys).first(20),
+                          std::span<const float>(values).first(40), width, 0, nullptr, 0);
+  ASSERT_TRUE(small.ok());
+  ASSERT_EQ(small->sends.size(), 1u);
+  EXPECT_EQ(small->sends[0].message.header.push().seq(), 4u);
+  // Pulls too.
+  std::vector<float> out(keys.size() * width);
+  auto pull = core->Pull(NewHandle(), kTable, keys, out, width, 0, 0);
+  ASSERT_EQ(pull.sends.size(), 3u);
+  for (const Outgoing& s : pull.sends) EXPECT_LE(message_bytes(s.message), 640u);
+
+  // A row of 800 bytes fits no part: in pieces of 78 columns where allowed ...
+  const uint32_t wide = 200;
+  std::vector<float> row(wide, 1.0f);
+  const std::vector<Key> one = {7};
+  auto pieces = core->Push(NewHandle(), kTable, one, row, wide, 0, nullptr, 0, {}, 0, /*row_pieces=*/true);
+  ASSERT_TRUE(pieces.ok()) << pieces.status();
+  ASSERT_EQ(pieces->sends.size(), 3u);
+  uint32_t columns = 0;
+  for (const Outgoing& s : pieces->sends) {
+    EXPECT_LE(message_bytes(s.message), 640u);
+    EXPECT_EQ(s.message.header.push().first_column(), columns);
+    columns += s.message.header.push().columns();
+  }
+  EXPECT_EQ(columns, wide);
+  // ... and refused, with nothing sent and no number spent, where not.
+  const uint64_t before = core->last_push_seq();
+  auto refused = core->Push(NewHandle(), kTable, one, row, wide, 0, nullptr, 0, {}, 0, /*row_pieces=*/false);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string why(refused.status().message());
+  EXPECT_NE(why.find("a row of 800 bytes"), std::string::npos) << why;
+  EXPECT_NE(why.find("at most 640 bytes"), std::string::npos) << why;
+  EXPECT_NE(why.find("--transfer_max_message_mb"), std::string::npos) << why;
+  EXPECT_EQ(core->last_push_seq(), before);
 }
 
 // Rows wider than part_bytes go in pieces of columns (with row_pieces):

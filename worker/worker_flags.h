@@ -58,6 +58,7 @@ struct WorkerProcessFlags {
   std::string metrics_host = "127.0.0.1";
   int64_t transfer_part_bytes = 0;                      // parts of at most this many value bytes (0: no split)
   int64_t transfer_max_bytes_in_flight_per_server = 0;  // value bytes in flight to one server (0: unbounded)
+  int64_t transfer_max_message_mb = static_cast<int64_t>(kDefaultMaxMessageBytes >> 20);  // the servers' largest message
   ResendFlags resend;
 
   void AddTo(CLI::App& app) {
@@ -95,6 +96,11 @@ struct WorkerProcessFlags {
                    "value bytes sent to one server and not yet answered; more parts wait, by priority "
                    "(0: unbounded)")
         ->check(ByteCountOrZero());
+    app.add_option("--transfer_max_message_mb,--transfer-max-message-mb", transfer_max_message_mb,
+                   "the servers' largest message in MiB (tessera-server --max-message-mb): each server's share of "
+                   "a push or pull goes in parts that fit it")
+        ->capture_default_str()
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
     resend.AddTo(app);
   }
 
@@ -130,6 +136,7 @@ struct WorkerProcessFlags {
     o.metrics_host = metrics_host;
     o.part_bytes = static_cast<uint64_t>(transfer_part_bytes);
     o.max_bytes_in_flight_per_server = static_cast<uint64_t>(transfer_max_bytes_in_flight_per_server);
+    o.max_message_bytes = static_cast<size_t>(transfer_max_message_mb) << 20;
     resend.ApplyTo(o);
     return o;
   }

@@ -221,7 +221,7 @@ class LimitsSection:
     max_keys_per_request: int = 1 << 26
     max_table_mb: Union[int, str] = "auto"
     max_held_per_peer: int = 1024
-    max_message_mb: int = 2048
+    max_message_mb: int = 2048  # common/message.h kDefaultServerMaxMessageBytes
 
 
 @dataclass(frozen=True)
@@ -633,7 +633,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "max_held_per_peer": Field(_positive_int, 1024,
                                    "requests of one worker a server holds at once for slower workers"),
         "max_message_mb": Field(_int_in(1, 1 << 20, "an integer from 1 to 1048576"), 2048,
-                                "largest message a server accepts"),
+                                "largest message a server accepts; when set, workers split their requests to fit "
+                                "it (they keep to 256 MiB by default)"),
     },
     "rdma": {
         "required": Field(_boolean, False,

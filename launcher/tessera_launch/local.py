@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Optional, TextIO
 
 from . import REPO_ROOT
-from .config import JobConfig, TimeoutsSection, load_config
+from .config import JobConfig, LimitsSection, TimeoutsSection, load_config
 from .fault_logs import analyze_all, read_logs
 from .faults import FaultScheduler
 from .summary import build_summary, format_report, read_coordinator_summary, write_summary, write_text_atomically
@@ -486,6 +486,8 @@ def worker_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
     give_up = config.timeouts.coordinator_give_up_seconds
     if give_up != TimeoutsSection.coordinator_give_up_seconds:  # only when set: programs without the flag still run
         argv += ["--coordinator_give_up_seconds", _seconds(give_up)]
+    if config.limits.max_message_mb != LimitsSection.max_message_mb:  # the workers split requests to fit it
+        argv += ["--transfer_max_message_mb", str(config.limits.max_message_mb)]
     port = config.metrics.port_of("worker", rank, config.cluster.servers)
     if port:
         argv += ["--metrics_port", str(port), "--metrics_host", config.metrics.host]

@@ -273,6 +273,21 @@ def test_the_coordinator_give_up_reaches_workers_only_when_set(tmp_path, job_fil
     assert argv[argv.index("--coordinator-give-up") + 1] == "90"
 
 
+def test_a_larger_message_limit_reaches_servers_and_workers(tmp_path, job_file):
+    """limits.max_message_mb is the servers' --max-message-mb and, when not
+    the default, the workers' --transfer_max_message_mb (they split their
+    requests to fit it); a worker program without the flag still runs with
+    the default, which is the workers' own."""
+    binaries = Binaries.locate(tmp_path / "build", "tessera-logreg")
+    layout = RunLayout(tmp_path / "run")
+    assert "--transfer_max_message_mb" not in worker_argv(load_config(job_file), binaries, layout, 0, "tcp://h:1")
+    config = load_config(job_file, ["limits.max_message_mb=1024"])
+    argv = worker_argv(config, binaries, layout, 0, "tcp://h:1")
+    assert argv[argv.index("--transfer_max_message_mb") + 1] == "1024"
+    argv = server_argv(config, binaries, layout, 0, "tcp://h:1", debug=False)
+    assert argv[argv.index("--max-message-mb") + 1] == "1024"
+
+
 def test_a_job_with_server_weights_in_its_file_runs(tmp_path, fake_build):
     path = tmp_path / "weighted.yaml"
     path.write_text(JOB.replace("  vshards: 8\n", "  vshards: 8\n  server_weights: [1, 3]\n"))

@@ -14,13 +14,15 @@ from pathlib import Path
 LAUNCHER = Path(__file__).resolve().parents[2] / "launcher"
 sys.path.insert(0, str(LAUNCHER))
 
-from tessera_launch.config import TimeoutsSection  # noqa: E402
+from tessera_launch.config import LimitsSection, TimeoutsSection  # noqa: E402
 
 
 def help_defaults(binary: Path) -> dict:
-    """{flag: default} from a CLI11 --help ("--lease FLOAT:POSITIVE=5")."""
+    """{flag: default} from a CLI11 --help ("--lease FLOAT:POSITIVE=5",
+    "--a_b,--a-b INT:INT in [1 - 9]=2": under its first name)."""
     text = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30, check=True).stdout
-    return {m.group(1): m.group(2) for m in re.finditer(r"^\s+(--[\w-]+) [^\s=]*=(\S+)", text, re.M)}
+    pattern = r"^\s+(--[\w-]+)(?:,--[\w-]+)* [A-Z][^=\n]*?=(\S+)"
+    return {m.group(1): m.group(2) for m in re.finditer(pattern, text, re.M)}
 
 
 def test_the_launchers_timeouts_are_the_coordinators_and_servers_defaults(binaries):
@@ -38,3 +40,15 @@ def test_the_launchers_timeouts_are_the_coordinators_and_servers_defaults(binari
     assert not wrong, wrong
     # Servers heartbeat well inside the server lease (the launcher does not set it).
     assert float(server["--heartbeat-interval"]) <= t.server_lease_seconds / 4, server
+
+
+def test_the_launchers_message_limit_is_the_servers_and_workers_fit_it(binaries):
+    """limits.max_message_mb is tessera-server's --max-message-mb default
+    (common/message.h kDefaultServerMaxMessageBytes); a worker program's
+    --transfer_max_message_mb (worker/worker_flags.h) is no larger, so that
+    workers left at their default split their requests to fit what servers
+    accept."""
+    server = help_defaults(binaries / "server" / "tessera-server")
+    worker = help_defaults(binaries / "examples" / "tessera-logreg")
+    assert int(server["--max-message-mb"]) == LimitsSection.max_message_mb, server
+    assert 1 <= int(worker["--transfer_max_message_mb"]) <= LimitsSection.max_message_mb, worker
