@@ -12,15 +12,15 @@
 
 namespace tessera {
 
-// The largest message (header and data frames) a ZeroMQ transport accepts
-// by default, and so a worker's and the coordinator's: a worker splits each
-// server's share of a push or pull into parts that fit it (worker/
-// worker_core.h, --transfer_max_message_mb), so its requests, and the
-// replies to them, never meet it. Servers accept more by default
-// (kDefaultServerMaxMessageBytes): a state transfer to a new backup is one
-// message with every row of its shards, not yet sent in parts.
+// The largest message (header and data frames) a process accepts by
+// default: every ZeroMQ transport's max_message_bytes, tessera-server's
+// --max-message-mb and the launcher's limits.max_message_mb. Nothing a job
+// sends by default meets it: a worker splits each server's share of a push
+// or pull into parts that fit it (worker/worker_core.h,
+// --transfer_max_message_mb), servers send pull replies in pieces and
+// state transfers to backups in several messages (ShardTransfer.continued).
+// It bounds what one message of a peer makes a process allocate.
 inline constexpr size_t kDefaultMaxMessageBytes = size_t{256} << 20;
-inline constexpr size_t kDefaultServerMaxMessageBytes = size_t{2048} << 20;
 
 struct Message {
   proto::Envelope header;

@@ -45,7 +45,8 @@ class ReplicationTest : public ::testing::Test {
     map_ = RoundRobinShardMap(1, 12, servers, replication_);
     for (uint32_t r = 0; r < kServers; ++r) {
       cores_.push_back(std::make_unique<ServerCore>(
-          ServerCoreOptions{.node_id = r + 1, .forward_resend = resend_, .audit = audit_}));
+          ServerCoreOptions{.node_id = r + 1, .max_message_bytes = max_message_bytes_, .forward_resend = resend_,
+                            .audit = audit_}));
       ASSERT_TRUE(cores_[r]->InstallShardMap(map_, r).ok());
       cores_[r]->SetWorkers({{kWorkerNode, 0}});
       Message create = Request(1000 + r);
@@ -230,6 +231,7 @@ class ReplicationTest : public ::testing::Test {
   // in its constructor).
   uint32_t replication_ = 2;
   bool audit_ = false;
+  size_t max_message_bytes_ = kDefaultMaxMessageBytes;
   proto::ShardMap map_;
   std::vector<std::unique_ptr<ServerCore>> cores_;
   std::deque<Outgoing> net_;
@@ -1169,6 +1171,74 @@ TEST_F(MoveTest, ABackupsCopyMovesWithoutHoldingReadsAndTheBackupLetsItGo) {
     EXPECT_EQ(RowsAt(2)[k], std::vector<float>(2, 3.0f)) << k;
     EXPECT_FALSE(RowsAt(1).contains(k)) << k;
   }
+}
+
+// A transfer larger than half the message limit goes in several messages
+// (ShardTransfer.continued), each within it; the backup ends with every
+// row, the window and the applied count, and the shards are in sync only
+// once the last message is acknowledged.
+class SmallMessagesTest : public ReplicationTest {
+ protected:
+  SmallMessagesTest() {
+    replication_ = 3;
+    max_message_bytes_ = 1024;  // 512 bytes of keys and rows a message: 32 rows of width 2
+  }
+};
+
+TEST_F(SmallMessagesTest, ALargeTransferGoesInMessagesThatFitAndIsInSyncAtItsLast) {
+  const auto keys = KeysOf(0, 150, map_);
+  uint64_t seq = 0;
+  PushEach(keys, 1.0f, &seq);  // on servers 0, 1 and 2 (replication 3)
+  ASSERT_EQ(RowsAt(1).size(), keys.size());
+  ASSERT_EQ(RowsAt(2).size(), keys.size());
+  inbox_.clear();
+  Fail(0);  // server 1 leads server 0's shards; server 2, their co-backup, gets their state again
+  // Hold the transfer's messages back to count them.
+  std::vector<Outgoing> transfer;
+  for (const Outgoing& o : net_)
+    if (o.message.header.has_replicate() && o.message.header.replicate().has_transfer()) transfer.push_back(o);
+  ASSERT_GE(transfer.size(), 5u) << "150 rows of 16 bytes with their keys, 32 a message";
+  size_t rows = 0;
+  for (size_t i = 0; i < transfer.size(); ++i) {
+    const Message& m = transfer[i].message;
+    size_t bytes = m.header.ByteSizeLong();
+    for (const Buffer& f : m.frames) bytes += f.size();
+    EXPECT_LE(bytes, 1024u) << "message " << i;
+    EXPECT_EQ(m.header.replicate().transfer().continued(), i > 0) << i;
+    for (size_t f = 0; f < m.frames.size(); f += 2) rows += m.frames[f].size() / sizeof(Key);
+  }
+  EXPECT_EQ(rows, keys.size());
+  // Everything but the transfer's last message, and the acks: nothing is in sync yet.
+  cores_[1]->TakeShardsInSync();
+  const uint64_t last_position = transfer.back().message.header.replicate().position();
+  auto last = std::find_if(net_.begin(), net_.end(), [&](const Outgoing& o) {
+    return o.message.header.has_replicate() && o.message.header.replicate().has_transfer() &&
+           o.message.header.replicate().position() == last_position;
+  });
+  ASSERT_NE(last, net_.end());
+  Outgoing held = *last;
+  net_.erase(last);
+  DeliverAll();
+  EXPECT_EQ(cores_[2]->stats().transfers_applied, 1u);  // counted at its first message
+  EXPECT_TRUE(cores_[1]->TakeShardsInSync().empty()) << "in sync before the transfer's last message";
+  EXPECT_GT(cores_[1]->unacked_forwards(), 0u);
+  net_.push_back(std::move(held));
+  DeliverAll();
+  EXPECT_FALSE(cores_[1]->TakeShardsInSync().empty());
+  EXPECT_EQ(cores_[2]->stats().transfers_applied, 1u);
+  EXPECT_EQ(cores_[1]->stats().transfers_sent, 1u);
+  EXPECT_EQ(cores_[1]->unacked_forwards(), 0u);
+  EXPECT_EQ(RowsAt(2), RowsAt(1));
+  EXPECT_EQ(RowsAt(2).size(), keys.size());
+  // Server 2 can take over with the windows: a resend of an applied push is not applied again.
+  Fail(1);
+  DeliverAll();
+  inbox_.clear();
+  Send(ServerAddress(2), Push(2, {keys[0]}, 1.0f, 1, /*resend=*/true));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  EXPECT_TRUE(inbox_[0].header.has_ack()) << inbox_[0].header.ShortDebugString();
+  EXPECT_EQ(PullFrom(2, {keys[0]}), std::vector<float>(2, 1.0f));
 }
 
 class ThreeCopiesTest : public ReplicationTest {

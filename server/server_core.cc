@@ -773,53 +773,94 @@ void ServerCore::SendTablesToBackups(Nanos now, std::vector<Outgoing>& out) {
 void ServerCore::SendTransfer(uint32_t rank, const std::vector<uint32_t>& vshards, std::vector<uint64_t> carried,
                               Nanos now, std::vector<Outgoing>& out) {
   const absl::flat_hash_set<uint32_t> shards(vshards.begin(), vshards.end());
-  Message f;
-  f.header.set_sender_id(options_.node_id);
-  auto* r = f.header.mutable_replicate();
-  proto::ShardTransfer* t = r->mutable_transfer();
-  for (uint32_t v : vshards) {
-    t->add_vshards(v);
-    t->add_applied(applied(v));
-  }
+  // Each message carries at most this many bytes of keys and rows (half the
+  // limit: the first one's header holds windows and clocks too).
+  const size_t chunk = std::max<size_t>(options_.max_message_bytes / 2, 1);
+  auto new_message = [&](bool continued) {
+    Message f;
+    f.header.set_sender_id(options_.node_id);
+    proto::ShardTransfer* t = f.header.mutable_replicate()->mutable_transfer();
+    for (uint32_t v : vshards) t->add_vshards(v);
+    t->set_continued(continued);
+    return f;
+  };
+  std::vector<Message> messages;
+  messages.push_back(new_message(false));
+  for (uint32_t v : vshards) messages[0].header.mutable_replicate()->mutable_transfer()->add_applied(applied(v));
+  size_t filled = 0;  // key and row bytes in messages.back()
   std::vector<uint32_t> ids;
   for (const auto& [id, table] : tables_) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
   uint64_t rows = 0;
   for (uint32_t id : ids) {
     const Table& table = *tables_.at(id);
-    *t->add_tables() = table.config();
+    const size_t row_bytes = sizeof(Key) + size_t{StoredRowFloats(table.config())} * sizeof(float);
     std::vector<Key> keys;
     std::vector<float> values;
+    // Closes this table's rows in the current message.
+    auto flush = [&] {
+      *messages.back().header.mutable_replicate()->mutable_transfer()->add_tables() = table.config();
+      messages.back().frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
+      messages.back().frames.push_back(Buffer::CopyOf(values.data(), values.size() * sizeof(float)));
+      rows += keys.size();
+      keys.clear();
+      values.clear();
+    };
     table.ForEachRow([&](Key k, std::span<const float> row) {
       if (!shards.contains(map_->VShardOfKey(id, k))) return;
+      if (filled > 0 && filled + row_bytes > chunk) {  // the message is full: the rows go on in the next
+        if (!keys.empty()) flush();
+        messages.push_back(new_message(true));
+        filled = 0;
+      }
       keys.push_back(k);
       values.insert(values.end(), row.begin(), row.end());
+      filled += row_bytes;
     });
-    rows += keys.size();
-    f.frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
-    f.frames.push_back(Buffer::CopyOf(values.data(), values.size() * sizeof(float)));
+    if (!keys.empty() || messages.size() == 1) flush();
   }
-  ExportShardState(shards, t);
+  // Every table's config goes in the first message (a backup learns of
+  // tables without rows of these shards too, and creates each before its
+  // rows come); the later ones list the tables they hold rows of.
+  proto::ShardTransfer* first = messages[0].header.mutable_replicate()->mutable_transfer();
+  for (uint32_t id : ids) {
+    if (std::any_of(first->tables().begin(), first->tables().end(),
+                    [&](const proto::TableConfig& c) { return c.table_id() == id; })) {
+      continue;
+    }
+    *first->add_tables() = tables_.at(id)->config();
+    messages[0].frames.push_back(Buffer::CopyOf(nullptr, 0));
+    messages[0].frames.push_back(Buffer::CopyOf(nullptr, 0));
+  }
+  ExportShardState(shards, first);
   clocks_.ForEach([&](uint32_t node, uint64_t clock, bool live) {
-    proto::WorkerClock* c = t->add_clocks();
+    proto::WorkerClock* c = first->add_clocks();
     c->set_worker_id(node);
     c->set_clock(clock);
     c->set_live(live);
   });
   BackupStream& stream = StreamTo(rank);
-  r->set_stream(stream.id);
-  r->set_position(stream.next_position++);
-  Message wire = f;
-  wire.header.set_epoch(map_->epoch());
-  stream.unacked.push_back(Forward{r->position(), 0, std::move(f), now, std::move(carried)});
+  for (size_t i = 0; i < messages.size(); ++i) {
+    Message& f = messages[i];
+    proto::Replicate* r = f.header.mutable_replicate();
+    r->set_stream(stream.id);
+    r->set_position(stream.next_position++);
+    Message wire = f;
+    wire.header.set_epoch(map_->epoch());
+    const bool last = i + 1 == messages.size();
+    // The pushes carried wait for the last message: a backup applies its
+    // stream in order, so its ack covers the ones before.
+    stream.unacked.push_back(Forward{r->position(), 0, std::move(f), now, last ? std::move(carried) : std::vector<uint64_t>{},
+                                     0, false, /*more=*/!last});
+    out.push_back(Outgoing{map_->server(rank).address(), std::move(wire)});
+  }
   if (vshards.empty()) {
     stats_.table_configs_sent++;  // SendTablesToBackups
   } else {
-    stats_.forwards_sent++;
+    stats_.forwards_sent += messages.size();
     stats_.transfers_sent++;
   }
   stats_.rows_transferred += rows;
-  out.push_back(Outgoing{map_->server(rank).address(), std::move(wire)});
 }
 
 absl::Status ServerCore::ApplyTransfer(const Message& m, uint32_t from) {
@@ -866,6 +907,18 @@ absl::Status ServerCore::ApplyTransfer(const Message& m, uint32_t from) {
     if (!shards.contains(d.vshard())) {
       return absl::InvalidArgumentError(absl::StrCat("transfer: a window of shard ", d.vshard(), " not transferred"));
     }
+  }
+  if (t.continued()) {  // more rows of the shards the transfer before this one began
+    for (int i = 0; i < t.tables_size(); ++i) {
+      proto::CreateTable create;
+      *create.mutable_config() = t.tables(i);
+      if (auto s = HandleCreateTable(create); !s.ok()) return s;
+      Table* table = tables_.at(t.tables(i).table_id()).get();
+      if (auto s = table->RestoreRows(m.frames[2 * i].As<Key>(), m.frames[2 * i + 1].As<float>(), true); !s.ok()) {
+        return s;  // (checked above: not reached)
+      }
+    }
+    return absl::OkStatus();
   }
   // The transfer replaces this server's copy of those shards: rows, windows
   // and audit records it has and the primary lacks (forwards of a deposed
@@ -1183,6 +1236,7 @@ void ServerCore::RescopeTransfer(Message& m, const std::function<bool(uint32_t)>
   if (std::all_of(t.vshards().begin(), t.vshards().end(), kept)) return;
   if (m.frames.size() != 2 * size_t(t.tables_size())) return;  // (built by SendTransfer: not reached)
   proto::ShardTransfer next;
+  next.set_continued(t.continued());
   for (int i = 0; i < t.vshards_size(); ++i) {
     if (!kept(t.vshards(i))) continue;
     next.add_vshards(t.vshards(i));
@@ -1474,7 +1528,7 @@ void ServerCore::HandleReplicateAck(const Message& m, Nanos now, std::vector<Out
     while (!stream.unacked.empty() && stream.unacked.front().position <= a.position()) {
       const Forward done = std::move(stream.unacked.front());
       stream.unacked.pop_front();
-      if (done.message.header.replicate().has_transfer() &&
+      if (done.message.header.replicate().has_transfer() && !done.more &&
           done.message.header.replicate().transfer().vshards_size() > 0) {
         proto::ShardsInSync s;
         s.set_backup_rank(rank);
@@ -1590,7 +1644,7 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
   expected++;
   if (r.has_transfer()) {
     absl::Status status = ApplyTransfer(m, from);
-    if (status.ok() && r.transfer().vshards_size() > 0) stats_.transfers_applied++;
+    if (status.ok() && r.transfer().vshards_size() > 0 && !r.transfer().continued()) stats_.transfers_applied++;
     ack(r.position(), status);
     return;
   }

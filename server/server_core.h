@@ -166,6 +166,11 @@ struct ServerCoreOptions {
   // to this many value bytes, so that it fits the transport's message limit
   // (tessera-server sets it under --max-message-mb); past it, pieces.
   size_t max_whole_reply_bytes = size_t{1} << 30;
+  // A state transfer to a backup (new copies, moves, restores) whose rows
+  // pass half of this goes in several messages of at most that many row
+  // bytes each (ShardTransfer.continued), so that each fits the receiver's
+  // message limit (tessera-server --max-message-mb; the same on every server).
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
   // Whether the transport would lend values of this many bytes to this
   // address (Transport::LendsTo): such replies are not split, since the
   // receiver reads them in place and pieces would only add messages.
@@ -431,6 +436,7 @@ class ServerCore {
     std::vector<uint64_t> carried = {};  // pushes that also wait on this one (a transfer that replaced a stream)
     uint32_t resends = 0;  // times sent again (its round trip is then ambiguous)
     bool gap_resent = false;  // sent again for a backup's gap notice (once)
+    bool more = false;        // a transfer whose rows go on in the next position: not in sync before it
   };
   // Sends `f` to backup `rank` again now, at this server's epoch.
   void ResendForward(uint32_t rank, Forward& f, Nanos now, std::vector<Outgoing>& out);

@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   app.add_option("--restore-from", checkpoints.restore_from,
                  "Start from checkpoints: each shard this server holds is loaded from its newest checkpoint in DIR");
   std::string max_table_mb = "auto";
-  uint64_t max_message_mb = tessera::kDefaultServerMaxMessageBytes >> 20;
+  uint64_t max_message_mb = tessera::kDefaultMaxMessageBytes >> 20;
   uint64_t max_hold_ms = static_cast<uint64_t>(core.max_hold / tessera::kMillis);
   app.add_option("--max-keys-per-request", core.max_keys_per_request,
                  "Refuse a push or pull of more keys than this (ResourceExhausted)")
@@ -148,6 +148,7 @@ int main(int argc, char** argv) {
   core.max_whole_reply_bytes = std::min<size_t>(core.max_whole_reply_bytes, (max_message_mb << 20) / 2);
   // So must the pieces of the others (a 1 MiB limit would drop 1 MiB pieces and their headers).
   core.pull_reply_piece_bytes = std::min<size_t>(core.pull_reply_piece_bytes, (max_message_mb << 20) / 2);
+  core.max_message_bytes = max_message_mb << 20;  // state transfers to backups go in messages that fit
   auto transport = tessera::MakeTransport(std::move(transport_options));
   if (!transport.ok()) {
     TLOG_ERROR("cannot create transport: {}", transport.status().message());

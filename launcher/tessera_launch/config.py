@@ -128,6 +128,7 @@ class TimeoutsSection:
     lease_seconds: float = 5
     rejoin_seconds: float = 60
     server_lease_seconds: float = 0.5
+    server_heartbeat_seconds: float = 0.1  # node/timing_defaults.h kDefaultServerHeartbeatInterval
     coordinator_give_up_seconds: float = 60
 
 
@@ -221,7 +222,7 @@ class LimitsSection:
     max_keys_per_request: int = 1 << 26
     max_table_mb: Union[int, str] = "auto"
     max_held_per_peer: int = 1024
-    max_message_mb: int = 2048  # common/message.h kDefaultServerMaxMessageBytes
+    max_message_mb: int = 256  # common/message.h kDefaultMaxMessageBytes
 
 
 @dataclass(frozen=True)
@@ -550,6 +551,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "lease_seconds": Field(_positive_number, 5, "silence after which a node is lost"),
         "rejoin_seconds": Field(_positive_number, 60,
                                 "on_worker_loss: wait: how long a lost worker's place is kept"),
+        "server_heartbeat_seconds": Field(_positive_number, 0.1,
+                                          "how often servers heartbeat (within server_lease_seconds)"),
         "server_lease_seconds": Field(_positive_number, 0.5,
                                       "with replication: silence after which a server is lost and fails over"),
         "coordinator_give_up_seconds": Field(_positive_number, 60,
@@ -632,9 +635,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                               "0: no limit"),
         "max_held_per_peer": Field(_positive_int, 1024,
                                    "requests of one worker a server holds at once for slower workers"),
-        "max_message_mb": Field(_int_in(1, 1 << 20, "an integer from 1 to 1048576"), 2048,
-                                "largest message a server accepts; when set, workers split their requests to fit "
-                                "it (they keep to 256 MiB by default)"),
+        "max_message_mb": Field(_int_in(1, 1 << 20, "an integer from 1 to 1048576"), 256,
+                                "largest message a server accepts; workers split their requests to fit it"),
     },
     "rdma": {
         "required": Field(_boolean, False,
@@ -1065,6 +1067,18 @@ class _Validator:
             self.error(
                 ("cluster", "max_workers"),
                 f"cluster.max_workers ({cluster['max_workers']}) must be 0 or at least cluster.workers ({workers})",
+            )
+        server_heartbeat = timeouts.get("server_heartbeat_seconds", TimeoutsSection.server_heartbeat_seconds)
+        server_lease = timeouts.get("server_lease_seconds", TimeoutsSection.server_lease_seconds)
+        if (
+            "server_heartbeat_seconds" in timeouts or "server_lease_seconds" in timeouts
+        ) and _positive_number(server_heartbeat) is None and _positive_number(server_lease) is None and (
+            server_lease <= server_heartbeat
+        ):
+            self.error(
+                ("timeouts", "server_lease_seconds"),
+                f"timeouts.server_lease_seconds ({server_lease}) must be greater than "
+                f"timeouts.server_heartbeat_seconds ({server_heartbeat})",
             )
         if (
             "lease_seconds" in timeouts

@@ -454,6 +454,8 @@ def server_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
         "--connect-timeout", _seconds(config.timeouts.assemble_seconds + CONNECT_TIMEOUT_MARGIN_SECONDS),
         "--coordinator-give-up", _seconds(config.timeouts.coordinator_give_up_seconds),
     ]
+    if config.timeouts.server_heartbeat_seconds != TimeoutsSection.server_heartbeat_seconds:  # only when set
+        argv += ["--heartbeat-interval", _seconds(config.timeouts.server_heartbeat_seconds)]
     port = config.metrics.port_of("server", rank, config.cluster.servers)
     if port:
         argv += ["--metrics-port", str(port), "--metrics-host", config.metrics.host]

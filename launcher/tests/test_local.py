@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from conftest import LAUNCHER_DIR
-from tessera_launch.config import load_config
+from tessera_launch.config import ConfigError, load_config
 from tessera_launch.local import (Binaries, LocalOptions, RunLayout, SetupError, coordinator_argv,
                                   process_argv, process_env, run_local, server_argv, with_launcher_environment,
                                   worker_argv)
@@ -229,7 +229,7 @@ def test_command_lines_follow_the_contract(tmp_path, job_file):
         "--bind", "tcp://127.0.0.1:0", "--name", "server-1", "--connect-timeout", "10",
         "--coordinator-give-up", "60",
         "--max-keys-per-request", "67108864", "--max-table-mb", "auto", "--max-held-per-peer", "1024",
-        "--max-message-mb", "2048"]
+        "--max-message-mb", "256"]
     assert worker_argv(config, binaries, layout, 0, "tcp://h:1") == [
         str(tmp_path / "build/examples/fake-worker"), "--coordinator", "tcp://h:1", "--rank", "0",
         "--name", "worker-0", "--epochs", "1", "--learning_rate", "0.5", "--verbose", "true"]
@@ -447,3 +447,18 @@ def test_cli_runs_a_job(tmp_path, job_file, fake_build):
 def test_cli_rejects_bad_timeout():
     result = run_cli("local", "--config", "x.yaml", "--timeout", "-1")
     assert result.returncode == 2 and "must be positive" in result.stderr
+
+
+def test_the_servers_heartbeat_reaches_them_only_when_set(tmp_path, job_file):
+    """timeouts.server_heartbeat_seconds is the servers' --heartbeat-interval
+    (0.1 s by default, the binary's own default, so not passed); it must be
+    shorter than the server lease."""
+    binaries = Binaries.locate(tmp_path / "build", "tessera-logreg")
+    layout = RunLayout(tmp_path / "run")
+    assert "--heartbeat-interval" not in server_argv(load_config(job_file), binaries, layout, 0, "tcp://h:1", False)
+    config = load_config(job_file, ["timeouts.server_heartbeat_seconds=2", "timeouts.server_lease_seconds=10"])
+    argv = server_argv(config, binaries, layout, 0, "tcp://h:1", debug=False)
+    assert argv[argv.index("--heartbeat-interval") + 1] == "2"
+    with pytest.raises(ConfigError, match=r"timeouts.server_lease_seconds \(0.5\) must be greater than "
+                                          r"timeouts.server_heartbeat_seconds \(2\)"):
+        load_config(job_file, ["timeouts.server_heartbeat_seconds=2"])

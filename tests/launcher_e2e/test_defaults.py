@@ -34,21 +34,22 @@ def test_the_launchers_timeouts_are_the_coordinators_and_servers_defaults(binari
         ("coordinator --lease", coordinator.get("--lease"), t.lease_seconds),
         ("coordinator --server-lease", coordinator.get("--server-lease"), t.server_lease_seconds),
         ("server --lease", server.get("--lease"), t.lease_seconds),
+        ("server --heartbeat-interval", server.get("--heartbeat-interval"), t.server_heartbeat_seconds),
     ]
     wrong = [f"{flag}: binary {value}, launcher {want}" for flag, value, want in pairs
              if value is None or float(value) != float(want)]
     assert not wrong, wrong
-    # Servers heartbeat well inside the server lease (the launcher does not set it).
-    assert float(server["--heartbeat-interval"]) <= t.server_lease_seconds / 4, server
+    # Servers heartbeat well inside the server lease.
+    assert t.server_heartbeat_seconds <= t.server_lease_seconds / 4
 
 
-def test_the_launchers_message_limit_is_the_servers_and_workers_fit_it(binaries):
-    """limits.max_message_mb is tessera-server's --max-message-mb default
-    (common/message.h kDefaultServerMaxMessageBytes); a worker program's
-    --transfer_max_message_mb (worker/worker_flags.h) is no larger, so that
-    workers left at their default split their requests to fit what servers
-    accept."""
+def test_the_launchers_message_limit_is_the_servers_and_the_workers_default(binaries):
+    """limits.max_message_mb, tessera-server --max-message-mb and a worker
+    program's --transfer_max_message_mb (worker/worker_flags.h) start equal
+    (common/message.h kDefaultMaxMessageBytes): workers split their requests
+    to fit what servers accept, and the launcher passes the workers the
+    limit only when it is not that default."""
     server = help_defaults(binaries / "server" / "tessera-server")
     worker = help_defaults(binaries / "examples" / "tessera-logreg")
     assert int(server["--max-message-mb"]) == LimitsSection.max_message_mb, server
-    assert 1 <= int(worker["--transfer_max_message_mb"]) <= LimitsSection.max_message_mb, worker
+    assert int(worker["--transfer_max_message_mb"]) == LimitsSection.max_message_mb, worker

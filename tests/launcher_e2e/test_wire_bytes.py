@@ -182,7 +182,8 @@ def test_reported_bytes_match_the_sockets(source_dir, binaries, tmp_path, curve)
     config.write_text("\n".join([
         "job: {name: wire-bytes}",
         "cluster: {servers: 1, workers: 1, vshards: 8, transport: tcp, host: 127.0.0.1}",
-        "timeouts: {heartbeat_seconds: 2, lease_seconds: 10}",  # quiet windows between heartbeats
+        # Quiet windows between heartbeats: every process (servers too) heartbeats every 2 s.
+        "timeouts: {heartbeat_seconds: 2, lease_seconds: 10, server_heartbeat_seconds: 2, server_lease_seconds: 10}",
         f"metrics: {{port: {base}}}",
         f"security: {{curve: {'true' if curve else 'false'}}}",
         "worker:",
