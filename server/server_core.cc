@@ -908,27 +908,19 @@ absl::Status ServerCore::ApplyTransfer(const Message& m, uint32_t from) {
       return absl::InvalidArgumentError(absl::StrCat("transfer: a window of shard ", d.vshard(), " not transferred"));
     }
   }
-  if (t.continued()) {  // more rows of the shards the transfer before this one began
-    for (int i = 0; i < t.tables_size(); ++i) {
-      proto::CreateTable create;
-      *create.mutable_config() = t.tables(i);
-      if (auto s = HandleCreateTable(create); !s.ok()) return s;
-      Table* table = tables_.at(t.tables(i).table_id()).get();
-      if (auto s = table->RestoreRows(m.frames[2 * i].As<Key>(), m.frames[2 * i + 1].As<float>(), true); !s.ok()) {
-        return s;  // (checked above: not reached)
-      }
-    }
-    return absl::OkStatus();
-  }
   // The transfer replaces this server's copy of those shards: rows, windows
   // and audit records it has and the primary lacks (forwards of a deposed
-  // primary that reached only this copy, never acknowledged) go.
-  for (auto& [id, table] : tables_) {
-    const uint32_t table_id = id;
-    table->EraseRows([&](Key k) { return shards.contains(map_->VShardOfKey(table_id, k)); });
+  // primary that reached only this copy, never acknowledged) go. A
+  // continued one adds more rows of the shards the one before it began.
+  if (!t.continued()) {
+    for (auto& [id, table] : tables_) {
+      const uint32_t table_id = id;
+      table->EraseRows([&](Key k) { return shards.contains(map_->VShardOfKey(table_id, k)); });
+    }
+    absl::erase_if(dedup_, [&](const auto& e) { return shards.contains(static_cast<uint32_t>(e.first >> 32)); });
+    absl::erase_if(audit_,
+                   [&](const auto& e) { return shards.contains(map_->VShardOfKey(e.first.first, e.first.second)); });
   }
-  absl::erase_if(dedup_, [&](const auto& e) { return shards.contains(static_cast<uint32_t>(e.first >> 32)); });
-  absl::erase_if(audit_, [&](const auto& e) { return shards.contains(map_->VShardOfKey(e.first.first, e.first.second)); });
   for (int i = 0; i < t.tables_size(); ++i) {
     proto::CreateTable create;
     *create.mutable_config() = t.tables(i);
@@ -938,6 +930,7 @@ absl::Status ServerCore::ApplyTransfer(const Message& m, uint32_t from) {
       return s;  // (checked above: not reached)
     }
   }
+  if (t.continued()) return absl::OkStatus();  // (its first part brought the windows, counts and clocks)
   ImportShardState(t, [](uint32_t) { return true; });
   for (int i = 0; i < t.vshards_size() && i < t.applied_size(); ++i) applied_[t.vshards(i)] = t.applied(i);
   for (const proto::WorkerClock& c : t.clocks()) {

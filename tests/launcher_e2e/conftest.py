@@ -10,6 +10,7 @@ tessera-server and tessera-logreg from a CMake build tree. ctest passes
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -91,3 +92,26 @@ def binaries(build_dir) -> Path:
 @pytest.fixture
 def launcher(source_dir, build_dir, tmp_path) -> Launcher:
     return Launcher(source_dir, build_dir, tmp_path)
+
+
+def free_port_base(count: int) -> int:
+    """A port with `count` free ports from it (checked by binding them)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count > 65535:
+            continue
+        sockets = []
+        try:
+            for p in range(base, base + count):
+                t = socket.socket()
+                sockets.append(t)
+                t.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for t in sockets:
+                t.close()
+    raise RuntimeError("no run of free ports")

@@ -5,34 +5,12 @@ same-host shared-memory path, which the transport series and the logs show."""
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
-
-def free_port_base(count: int) -> int:
-    """A port with `count` free ports from it (checked by binding them)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count > 65535:
-            continue
-        sockets = []
-        try:
-            for p in range(base, base + count):
-                t = socket.socket()
-                sockets.append(t)
-                t.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for t in sockets:
-                t.close()
-    raise RuntimeError("no run of free ports")
+from conftest import free_port_base
 
 
 def scrape(port: int, deadline: float) -> str:

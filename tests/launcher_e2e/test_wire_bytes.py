@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
+
+from conftest import free_port_base
 
 # One side of one connection: the ZMTP 3 greeting (64 bytes) and the
 # handshake. Without CURVE a READY command with the socket type and an
@@ -52,28 +52,6 @@ HANDSHAKE_MIN = 64
 HANDSHAKE_MAX = {False: 128, True: 600}
 PART_BASE = {False: 2, True: 35}  # framing of the smallest part: ZMTP header (+ CURVE's MESSAGE command)
 PART_SPREAD = 7  # a part over 255 bytes (or over 222 with CURVE) has a 9-byte header instead of 2
-
-
-def free_port_base(count: int) -> int:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count > 65535:
-            continue
-        held = []
-        try:
-            for p in range(base, base + count):
-                t = socket.socket()
-                held.append(t)
-                t.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for t in held:
-                t.close()
-    raise RuntimeError("no run of free ports")
 
 
 def scrape(port: int) -> dict:
