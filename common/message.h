@@ -22,6 +22,14 @@ namespace tessera {
 // It bounds what one message of a peer makes a process allocate.
 inline constexpr size_t kDefaultMaxMessageBytes = size_t{256} << 20;
 
+// What a transport was given to send to one address and has not yet written
+// out or dropped (Transport::Backlog): whole messages, and their bytes as
+// the transport counts them (header + data frames).
+struct PeerBacklog {
+  uint64_t messages = 0;
+  uint64_t bytes = 0;
+};
+
 struct Message {
   proto::Envelope header;
   std::vector<Buffer> frames;

@@ -243,6 +243,7 @@ class FaultTransport::Impl : public std::enable_shared_from_this<Impl> {
   TransportStats stats() const { return inner_->stats(); }
   void SetLinkHandler(Transport::LinkHandler handler) { inner_->SetLinkHandler(std::move(handler)); }
   bool LendsTo(const std::string& to, size_t bytes) const { return inner_->LendsTo(to, bytes); }
+  PeerBacklog Backlog(const std::string& to) const { return inner_->Backlog(to); }
   FaultStats fault_stats() const {
     std::lock_guard lock(mu_);
     return fault_stats_;
@@ -504,6 +505,7 @@ void FaultTransport::Stop() { impl_->Stop(); }
 
 TransportStats FaultTransport::stats() const { return impl_->stats(); }
 bool FaultTransport::LendsTo(const std::string& to, size_t bytes) const { return impl_->LendsTo(to, bytes); }
+PeerBacklog FaultTransport::Backlog(const std::string& to) const { return impl_->Backlog(to); }
 void FaultTransport::SetLinkHandler(LinkHandler handler) { impl_->SetLinkHandler(std::move(handler)); }
 
 FaultStats FaultTransport::fault_stats() const { return impl_->fault_stats(); }

@@ -192,6 +192,7 @@ class FaultTransport final : public Transport {
   void Stop() override;
   TransportStats stats() const override;
   bool LendsTo(const std::string& to, size_t bytes) const override;
+  PeerBacklog Backlog(const std::string& to) const override;  // the wrapped transport's
   void SetLinkHandler(LinkHandler handler) override;  // the wrapped transport's events
 
   FaultStats fault_stats() const;

@@ -227,6 +227,7 @@ class ShmTransport::Impl {
   void WakeCallerDelivery() { inner_->WakeCallerDelivery(); }
 
   void SetLinkHandler(Transport::LinkHandler handler) { inner_->SetLinkHandler(std::move(handler)); }
+  PeerBacklog Backlog(const std::string& to) const { return inner_->Backlog(to); }
   bool LendsTo(const std::string& to, size_t bytes) const {
     if (!options_.cross_memory || bytes < options_.min_lend_bytes || stopped_.load(std::memory_order_acquire)) {
       return false;
@@ -561,6 +562,7 @@ absl::Status ShmTransport::Send(const std::string& to, Message message) {
 void ShmTransport::Stop() { impl_->Stop(); }
 TransportStats ShmTransport::stats() const { return impl_->stats(); }
 bool ShmTransport::LendsTo(const std::string& to, size_t bytes) const { return impl_->LendsTo(to, bytes); }
+PeerBacklog ShmTransport::Backlog(const std::string& to) const { return impl_->Backlog(to); }
 void ShmTransport::SetLinkHandler(LinkHandler handler) { impl_->SetLinkHandler(std::move(handler)); }
 bool ShmTransport::DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait) {
   return impl_->DeliverUntil(done, max_wait);

@@ -104,6 +104,7 @@ class ShmTransport final : public Transport {
   void Stop() override;
   TransportStats stats() const override;
   bool LendsTo(const std::string& to, size_t bytes) const override;
+  PeerBacklog Backlog(const std::string& to) const override;  // the wrapped transport's
   void SetLinkHandler(LinkHandler handler) override;  // the wrapped transport's events
   // Caller delivery through the inner transport (transport/transport.h).
   bool DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait) override;

@@ -97,6 +97,15 @@ class Transport {
   // splitting it to pipeline copies gains nothing. A hint: the send may
   // still copy (a bound reached meanwhile). Thread-safe.
   virtual bool LendsTo(const std::string& /*to*/, size_t /*bytes*/) const { return false; }
+  // The messages given to Send for `to` that this transport still holds:
+  // not yet written to the network (nor dropped). It is memory this process
+  // spends on that peer, and it grows when the peer reads slower than it is
+  // sent to (a server answering a worker that does not read its replies).
+  // Counts move when a whole message leaves: a message is counted from
+  // Send until its last byte was handed to the kernel or it was dropped.
+  // Transports that hand a message over during Send report zero (the
+  // default); wrappers report the transport they wrap. Thread-safe, cheap.
+  virtual PeerBacklog Backlog(const std::string& /*to*/) const { return {}; }
 
   // Caller delivery (optional): a thread about to block until done() holds
   // may deliver incoming messages itself meanwhile, so that the reply it

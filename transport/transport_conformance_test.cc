@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 
 #include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -902,6 +903,60 @@ TEST(ZmqTransportConformanceTest, SentBuffersAreReleased) {
     sender.Stop();
     EXPECT_EQ(released->load(), 2) << "an undeliverable frame was still held after Stop";
   }
+}
+
+// Backlog: messages to a peer count from Send until libzmq wrote their last
+// byte (or dropped them), whatever their shape, and nothing else counts.
+TEST(ZmqTransportConformanceTest, BacklogCountsWhatAPeerHasNotReadYet) {
+  zmq::context_t ctx(1);
+  zmq::socket_t slow(ctx, zmq::socket_type::router);
+  slow.set(zmq::sockopt::linger, 0);
+  slow.set(zmq::sockopt::rcvhwm, 1);  // its I/O thread stops reading the socket at once
+  slow.set(zmq::sockopt::rcvbuf, 64 * 1024);
+  slow.bind("tcp://127.0.0.1:0");
+  const std::string slow_address = slow.get(zmq::sockopt::last_endpoint);
+
+  ZmqTransport sender;
+  ASSERT_OK(sender.Start(IgnoreMessage));
+  EXPECT_EQ(sender.Backlog(slow_address).messages, 0u) << "a peer never sent to";
+  constexpr int kBig = 48;
+  constexpr size_t kBigBytes = 1 << 20;
+  uint64_t sent = 0;
+  for (int i = 0; i < kBig; ++i) {
+    Message m = MakeMessage(static_cast<uint64_t>(i + 1), {PatternFrame(kBigBytes, i)});
+    ASSERT_OK(sender.Send(slow_address, std::move(m)));
+  }
+  // Header-only messages and a small last frame, behind them.
+  ASSERT_OK(sender.Send(slow_address, MakeMessage(100, {})));
+  ASSERT_OK(sender.Send(slow_address, MakeMessage(101, {PatternFrame(kBigBytes, 7), PatternFrame(10, 8)})));
+  sent = sender.stats().bytes_sent;
+  // The kernel's buffers (and libzmq's batch) hold a few MiB at most; the
+  // rest waits in the sender.
+  PeerBacklog b = sender.Backlog(slow_address);
+  EXPECT_GE(b.messages, 24u);
+  EXPECT_LE(b.messages, static_cast<uint64_t>(kBig) + 2);
+  EXPECT_GE(b.bytes, 24 * kBigBytes);
+  EXPECT_LE(b.bytes, sent);
+  EXPECT_EQ(sender.Backlog("tcp://127.0.0.1:1").messages, 0u) << "another address";
+
+  // The peer reads everything: the backlog empties, exactly.
+  int read = 0;
+  while (read < kBig + 2) {
+    std::vector<zmq::message_t> parts;
+    ASSERT_TRUE(zmq::recv_multipart(slow, std::back_inserter(parts)));
+    ++read;
+  }
+  ASSERT_TRUE(WaitUntil([&] { return sender.Backlog(slow_address).messages == 0; }))
+      << sender.Backlog(slow_address).messages << " messages still counted";
+  EXPECT_EQ(sender.Backlog(slow_address).bytes, 0u);
+
+  // A message to an address nobody listens on stays queued, and counted.
+  const std::string vacant = VacantTcpAddress();
+  ASSERT_OK(sender.Send(vacant, MakeMessage(200, {PatternFrame(100, 1)})));
+  std::this_thread::sleep_for(milliseconds(50));
+  b = sender.Backlog(vacant);
+  EXPECT_EQ(b.messages, 1u);
+  EXPECT_GT(b.bytes, 100u);
 }
 
 TEST(ZmqTransportConformanceTest, HandlerMayStopTheTransport) {

@@ -55,15 +55,30 @@ constexpr uintptr_t kReceiveAlignment = 8;
 // atomic flag gives ThreadSanitizer the happens-before edge that libzmq's
 // own (uninstrumented) queues provide between the sending thread and the I/O
 // thread that frees the message.
+// Messages and bytes sent to one peer that libzmq still holds (Backlog).
+struct BacklogCount {
+  std::atomic<uint64_t> messages{0};
+  std::atomic<uint64_t> bytes{0};
+};
+
 struct SendHold {
   explicit SendHold(Buffer b) : buffer(std::move(b)) {}
   Buffer buffer;
   std::atomic<bool> published{false};
+  // Set on the last frame of a message: libzmq releases a message's frames
+  // in order once written (or dropped), so the release of the last one
+  // means the whole message left; it takes the message off the backlog.
+  std::shared_ptr<BacklogCount> backlog;
+  uint64_t backlog_bytes = 0;
 };
 
 void ReleaseSendHold(void* /*data*/, void* hint) {
   auto* hold = static_cast<SendHold*>(hint);
   (void)hold->published.load(std::memory_order_acquire);
+  if (hold->backlog) {
+    hold->backlog->bytes.fetch_sub(hold->backlog_bytes, std::memory_order_relaxed);
+    hold->backlog->messages.fetch_sub(1, std::memory_order_release);
+  }
   delete hold;
 }
 
@@ -106,6 +121,17 @@ class ZmqTransport::Impl {
 
   absl::Status Start(std::shared_ptr<Impl> self, Handler handler);
   absl::Status Send(const std::string& to, Message message);
+  PeerBacklog Backlog(const std::string& to) const {
+    std::shared_ptr<BacklogCount> count;
+    {
+      std::lock_guard lock(peers_mu_);
+      auto it = peers_.find(to);
+      if (it == peers_.end()) return {};
+      count = it->second->backlog;
+    }
+    return PeerBacklog{.messages = count->messages.load(std::memory_order_acquire),
+                       .bytes = count->bytes.load(std::memory_order_relaxed)};
+  }
   void Stop();
   TransportStats stats() const;
   bool DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait);
@@ -120,6 +146,8 @@ class ZmqTransport::Impl {
   struct Peer {
     std::mutex mu;
     zmq::socket_t socket ABSL_GUARDED_BY(mu);  // closed (null) after Stop
+    // Shared with the holds of messages libzmq has not released yet.
+    const std::shared_ptr<BacklogCount> backlog = std::make_shared<BacklogCount>();
   };
   // A message as read off the ROUTER, before validation.
   struct Incoming {
@@ -134,6 +162,9 @@ class ZmqTransport::Impl {
   std::string AdvertisedAddress(const std::string& endpoint) const;
   absl::StatusOr<std::shared_ptr<Peer>> PeerFor(const std::string& to);
   zmq::message_t FrameToZmq(Buffer frame) const;
+  // A frame always sent without a copy, whose release takes `bytes` and one
+  // message off `backlog` (the last frame of a message).
+  static zmq::message_t LastFrameToZmq(Buffer frame, std::shared_ptr<BacklogCount> backlog, uint64_t bytes);
   Buffer ZmqToFrame(zmq::message_t&& part);
   void ReceiveLoop();
   ReadResult Drain(const std::function<bool()>* stop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(router_mu_);
@@ -200,7 +231,7 @@ class ZmqTransport::Impl {
   // Outgoing connections, one per destination address.
   // Invariants: once dealers_closed_ is set, no Peer is added and every Peer
   // that was in peers_ has (or is about to have) a closed socket.
-  std::mutex peers_mu_;
+  mutable std::mutex peers_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(peers_mu_);
   bool dealers_closed_ ABSL_GUARDED_BY(peers_mu_) = false;
 
@@ -502,6 +533,26 @@ zmq::message_t ZmqTransport::Impl::FrameToZmq(Buffer frame) const {
   }
 }
 
+zmq::message_t ZmqTransport::Impl::LastFrameToZmq(Buffer frame, std::shared_ptr<BacklogCount> backlog,
+                                                  uint64_t bytes) {
+  if (frame.empty()) frame = Buffer::Allocate(1).Slice(0, 0);  // libzmq wants a pointer even for no bytes
+  auto* hold = new SendHold(std::move(frame));
+  void* data = const_cast<std::byte*>(hold->buffer.data());
+  const size_t size = hold->buffer.size();
+  // Counted before libzmq can release it (which may happen at once).
+  backlog->messages.fetch_add(1, std::memory_order_relaxed);
+  backlog->bytes.fetch_add(bytes, std::memory_order_relaxed);
+  hold->backlog = std::move(backlog);
+  hold->backlog_bytes = bytes;
+  hold->published.store(true, std::memory_order_release);
+  try {
+    return zmq::message_t(data, size, &ReleaseSendHold, hold);
+  } catch (...) {
+    ReleaseSendHold(data, hold);  // zmq_msg_init_data failed and did not take the hint
+    throw;
+  }
+}
+
 absl::Status ZmqTransport::Impl::Send(const std::string& to, Message message) {
   const int state = state_.load(std::memory_order_acquire);
   if (state != kRunning) {
@@ -519,19 +570,26 @@ absl::Status ZmqTransport::Impl::Send(const std::string& to, Message message) {
                                                    options_.max_message_bytes));
   }
 
-  // Build the parts before taking the destination's lock.
+  absl::StatusOr<std::shared_ptr<Peer>> peer = PeerFor(to);
+  if (!peer.ok()) return peer.status();
+  // Build the parts before taking the destination's lock. The last one is
+  // sent without a copy: its release says the message left (Backlog).
   std::vector<zmq::message_t> parts;
   parts.reserve(1 + message.frames.size());
   try {
-    parts.emplace_back(header_bytes);
-    message.header.SerializeWithCachedSizesToArray(static_cast<uint8_t*>(parts.back().data()));
-    for (Buffer& frame : message.frames) parts.push_back(FrameToZmq(std::move(frame)));
+    if (message.frames.empty()) {
+      Buffer header = Buffer::Allocate(header_bytes);
+      message.header.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(header.mutable_data()));
+      parts.push_back(LastFrameToZmq(std::move(header), (*peer)->backlog, total_bytes));
+    } else {
+      parts.emplace_back(header_bytes);
+      message.header.SerializeWithCachedSizesToArray(static_cast<uint8_t*>(parts.back().data()));
+      for (size_t i = 0; i + 1 < message.frames.size(); ++i) parts.push_back(FrameToZmq(std::move(message.frames[i])));
+      parts.push_back(LastFrameToZmq(std::move(message.frames.back()), (*peer)->backlog, total_bytes));
+    }
   } catch (const zmq::error_t& e) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot build message for ", to, ": ", ErrorText(e)));
   }
-
-  absl::StatusOr<std::shared_ptr<Peer>> peer = PeerFor(to);
-  if (!peer.ok()) return peer.status();
   {
     std::lock_guard lock((*peer)->mu);
     zmq::socket_t& socket = (*peer)->socket;
@@ -890,6 +948,8 @@ ZmqTransport::~ZmqTransport() { impl_->Stop(); }
 absl::Status ZmqTransport::Start(Handler handler) { return impl_->Start(impl_, std::move(handler)); }
 
 const std::string& ZmqTransport::address() const { return impl_->address(); }
+
+PeerBacklog ZmqTransport::Backlog(const std::string& to) const { return impl_->Backlog(to); }
 
 absl::Status ZmqTransport::Send(const std::string& to, Message message) {
   return impl_->Send(to, std::move(message));

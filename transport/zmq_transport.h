@@ -30,7 +30,8 @@
 //   (ZMQ_SNDHWM = 0, ZMQ_IMMEDIATE off), so a message to a peer that is down or
 //   not yet listening is queued and delivered if the peer comes up, and lost
 //   if it never does or if the transport stops first (see linger_ms). Queued
-//   memory toward a dead peer is therefore not bounded by this class.
+//   memory toward a dead or slow peer is therefore not bounded by this
+//   class; Backlog(to) tells how much it is, for the caller to bound.
 //   Errors: FailedPrecondition before Start() or after Stop();
 //   InvalidArgument for a destination ZeroMQ cannot parse, for more than
 //   options.max_data_frames data frames, or for a message larger than
@@ -39,7 +40,8 @@
 //   copied; the transport keeps a reference to each such Buffer until libzmq
 //   has written its bytes (or dropped the message). Borrowed Buffers must stay
 //   valid that long, which may be after Send() returns; smaller frames are
-//   copied during Send().
+//   copied during Send(), except a message's last frame, which is always
+//   kept by reference (its release marks the message written: Backlog).
 // - Receiving: one thread (started by Start) reads the ROUTER and calls the
 //   handler once per whole message, in arrival order; a thread inside
 //   DeliverUntil takes its place while it waits (never both at once). A data frame of at
@@ -146,6 +148,10 @@ class ZmqTransport final : public Transport {
   absl::Status Start(Handler handler) override;
   const std::string& address() const override;
   absl::Status Send(const std::string& to, Message message) override;
+  // Messages queued toward `to` (its DEALER's unbounded queue, see Send)
+  // whose last frame libzmq has not released: not yet written to the
+  // kernel, or waiting for a connection.
+  PeerBacklog Backlog(const std::string& to) const override;
   void Stop() override;
   TransportStats stats() const override;
   // Caller delivery (transport/transport.h): while a thread waits in

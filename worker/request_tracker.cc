@@ -320,6 +320,13 @@ std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& r
     Uncount(part);
     return done;
   }
+  if (h.has_error() && h.error().code() == static_cast<int>(absl::StatusCode::kUnavailable) && part.received == 0) {
+    // Not served now (busy, or no map yet): as if unanswered; the part goes
+    // again when its resend timer runs out.
+    ++unavailable_replies_;
+    op->unavailable = absl::StrCat(ServerName(part.server_rank), ": ", h.error().message());
+    return done;
+  }
   bool part_done = true;
   if (op->status.ok()) {
     absl::Status s = ApplyReply(part, reply, &part_done);
@@ -451,7 +458,9 @@ std::vector<RequestTracker::Completion> RequestTracker::Tick(Nanos now) {
       if (auto p = parts_.find(id); p != parts_.end()) silent.push_back(ServerName(p->second.server_rank));
     std::string names;
     for (size_t i = 0; i < silent.size(); ++i) absl::StrAppend(&names, i ? ", " : "", silent[i]);
-    op->status = absl::DeadlineExceededError(absl::StrCat(op->what, " timed out waiting for ", names));
+    op->status = absl::DeadlineExceededError(
+        absl::StrCat(op->what, " timed out waiting for ", names,
+                     op->unavailable.empty() ? "" : absl::StrCat(" (last answered Unavailable by ", op->unavailable, ")")));
     done.push_back(Finish(op));
   }
   return done;

@@ -243,6 +243,12 @@ class RequestTracker {
   // Replies whose lent values could not be read because their server was
   // gone (Buffer::CopyOut Unavailable); each was treated as never received.
   uint64_t lost_lent_replies() const { return lost_lent_replies_; }
+  // Error replies of code Unavailable: the server could not serve the part
+  // now (busy: its answers to this worker wait to be written out; or no
+  // shard map yet). Each is treated as no answer: the part goes again when
+  // its resend timer runs out (backing off), and an operation that times
+  // out meanwhile says what its servers last answered.
+  uint64_t unavailable_replies() const { return unavailable_replies_; }
 
  private:
   struct Op {
@@ -256,6 +262,7 @@ class RequestTracker {
     size_t remaining = 0;
     absl::Status status;
     std::vector<uint64_t> request_ids;
+    std::string unavailable;  // the last Unavailable answer, with its server's name
   };
   struct Part {
     Op* op;
@@ -311,6 +318,7 @@ class RequestTracker {
   absl::flat_hash_map<uint64_t, Op*> resend_ops_;  // parts taken by TakeResends, not yet reissued
   uint64_t ignored_replies_ = 0;
   uint64_t lost_lent_replies_ = 0;
+  uint64_t unavailable_replies_ = 0;
   std::vector<std::byte> scratch_;  // lent values of small scattered rows are read whole into this first
 };
 

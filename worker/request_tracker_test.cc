@@ -302,6 +302,35 @@ TEST(RequestTrackerTest, LentValuesOfAServerThatIsGoneAreAsIfNeverReceived) {
   EXPECT_EQ(out, (std::vector<float>{7, 8}));
 }
 
+// A server that cannot serve a part now (busy) answers Unavailable: the part
+// is still awaited and goes again on its timer; an operation that times out
+// meanwhile says what the server answered.
+TEST(RequestTrackerTest, AnUnavailableAnswerIsNoAnswerAndTheTimeoutNamesIt) {
+  RequestTracker t({"a"}, Fixed(100));
+  std::vector<float> out(2, -1);
+  Message pull;
+  pull.header.mutable_pull();
+  t.Begin(std::make_shared<int>(0), "pull", {{10, 0, {0, {}, 1}, pull}}, 1'000, out, 2, /*now=*/0);
+  Message busy = Error(10, "busy: 70000 answers to you are not sent yet (--max-requests-in-flight-per-peer)");
+  busy.header.mutable_error()->set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_TRUE(t.OnReply(busy, 5).empty()) << "not an error: the part is still awaited";
+  EXPECT_EQ(t.unavailable_replies(), 1u);
+  EXPECT_EQ(t.in_flight(), 1u);
+  auto never_dead = [](uint32_t) { return false; };
+  std::vector<RequestTracker::Completion> done;
+  auto again = t.TakeResends(1, never_dead, &done, 200, true);
+  ASSERT_EQ(again.size(), 1u) << "sent again once its timer ran out";
+  EXPECT_TRUE(t.Reissue(again[0], {{11, 0, {0, {}, 1}, pull}}, 200).empty());
+  busy.header.set_request_id(11);
+  EXPECT_TRUE(t.OnReply(busy, 210).empty());
+  done = t.Tick(1'000);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(done[0].status.message().find("server 0 (a)"), std::string::npos) << done[0].status;
+  EXPECT_NE(done[0].status.message().find("--max-requests-in-flight-per-peer"), std::string::npos) << done[0].status;
+  EXPECT_EQ(out, (std::vector<float>{-1, -1}));
+}
+
 TEST(RequestTrackerTest, MalformedReplyFailsWithoutWritingOutside) {
   RequestTracker t({"a"});
   std::vector<float> out(2, -1);
