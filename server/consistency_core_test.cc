@@ -32,6 +32,25 @@ class ConsistencyCoreTest : public ::testing::Test {
     ASSERT_EQ(core_->Step(std::move(m), 0).size(), 1u);
   }
 
+  // A SPARSE table `id` that drops rows no push touched for `ttl` clocks.
+  void CreateEvictingTable(uint32_t id, proto::ConsistencyKind kind, uint64_t ttl) {
+    Message m = From(kW0, next_id_++);
+    auto* c = m.header.mutable_create_table()->mutable_config();
+    c->set_table_id(id);
+    c->set_width(1);
+    c->set_kind(proto::SPARSE);
+    c->set_optimizer(proto::ACCUMULATE);
+    c->set_consistency(kind);
+    c->set_evict_after_clocks(ttl);
+    auto out = core_->Step(std::move(m), 0);
+    ASSERT_EQ(out.size(), 1u);
+    ASSERT_TRUE(out[0].message.header.has_ack()) << out[0].message.header.ShortDebugString();
+  }
+
+  static bool Acked(const std::vector<Outgoing>& out) {
+    return out.size() == 1 && out[0].message.header.has_ack();
+  }
+
   static Message From(uint32_t worker, uint64_t id) {
     Message m;
     m.header.set_request_id(id);
@@ -44,9 +63,10 @@ class ConsistencyCoreTest : public ::testing::Test {
     return PushKeys(w, clock, {42}, v, now);
   }
 
-  std::vector<Outgoing> PushKeys(uint32_t w, uint64_t clock, const std::vector<Key>& keys, float v, Nanos now = 0) {
+  std::vector<Outgoing> PushKeys(uint32_t w, uint64_t clock, const std::vector<Key>& keys, float v, Nanos now = 0,
+                                 uint32_t table = 1) {
     Message m = From(w, next_id_++);
-    m.header.mutable_push()->set_table_id(1);
+    m.header.mutable_push()->set_table_id(table);
     m.header.mutable_push()->set_num_keys(keys.size());
     m.header.mutable_push()->set_clock(clock);
     const std::vector<float> values(keys.size(), v);
@@ -317,6 +337,68 @@ TEST_F(ConsistencyCoreTest, ARequestSentAgainWhileHeldIsHeldOnceUnderItsNewestId
   late.header.set_first_request_id(10);
   late.header.mutable_clock_advance()->set_clock(1);
   EXPECT_EQ(core_->Step(std::move(late), 31 * kMillis).size(), 1u);
+}
+
+// A push stamped far past every clock the workers announced (a buggy
+// worker's stamp, below the 2^62 that is refused) is applied, but moves its
+// table's clock only one past the highest announced clock: it does not age
+// out every row at once, and the job's later pushes are not "far behind".
+TEST_F(ConsistencyCoreTest, AFarAheadPushStampMovesTheTableClockOnlyOnePastTheAnnouncedClocks) {
+  Init(proto::ASP, 0);
+  constexpr uint32_t kEvicting = 2;
+  CreateEvictingTable(kEvicting, proto::ASP, /*ttl=*/3);
+  ASSERT_EQ(Clock(kW0, 2, 0).size(), 0u);  // notices: both workers at clock 2
+  ASSERT_EQ(Clock(kW1, 2, 0).size(), 0u);
+  ASSERT_TRUE(Acked(PushKeys(kW0, 2, {1, 2, 3}, 1.0f, 0, kEvicting)));
+  const Table* t = core_->table(kEvicting);
+  ASSERT_EQ(t->clock(), 2u);
+  auto far = PushKeys(kW1, uint64_t{1} << 40, {4}, 1.0f, 0, kEvicting);
+  ASSERT_TRUE(Acked(far)) << ErrorOf(far);
+  EXPECT_EQ(t->clock(), 3u) << "moved to the highest announced clock + 1, not 2^40";
+  EXPECT_EQ(t->num_rows(), 4u);
+  EXPECT_EQ(t->counters().evicted_by_age, 0u);
+  EXPECT_EQ(core_->stats().push_clocks_bounded, 1u);
+  // The job goes on: a push at its real clock is taken and changes the clock as before.
+  ASSERT_TRUE(Acked(PushKeys(kW0, 3, {1}, 1.0f, 0, kEvicting)));
+  EXPECT_EQ(t->clock(), 3u);
+  // Eviction by age still works at the real clocks: at clock 7, rows last
+  // touched at clock 3 (keys 1 and 4) are 4 > 3 behind (keys 2, 3: at 2).
+  ASSERT_EQ(Clock(kW0, 7, 0).size(), 0u);
+  ASSERT_TRUE(Acked(PushKeys(kW0, 7, {5}, 1.0f, 0, kEvicting)));
+  EXPECT_EQ(t->clock(), 7u);
+  EXPECT_EQ(t->num_rows(), 1u);
+  EXPECT_EQ(t->counters().evicted_by_age, 4u);
+  EXPECT_EQ(core_->stats().push_clocks_bounded, 1u);
+}
+
+// Under BSP a worker stamps clock c once every server acknowledged its
+// clock c - 1; its ClockAdvance(c) may be lost and sent again after a push
+// stamped c arrives. That push is taken, and moves the table's clock to c
+// (eviction at the real clock); the resent advance is acknowledged later.
+TEST_F(ConsistencyCoreTest, APushStampedAheadOfALostClockAdvanceMovesTheTableClockAsStamped) {
+  Init(proto::BSP, 0);
+  constexpr uint32_t kEvicting = 2;
+  CreateEvictingTable(kEvicting, proto::BSP, /*ttl=*/3);
+  ASSERT_TRUE(Acked(PushKeys(kW0, 0, {1}, 1.0f, 0, kEvicting)));
+  for (uint64_t c = 1; c <= 4; ++c) {
+    ASSERT_EQ(Clock(kW0, c, 0).size(), 0u);
+    ASSERT_EQ(Clock(kW1, c, 0).size(), 0u);
+  }
+  ASSERT_TRUE(Acked(PushKeys(kW1, 4, {2}, 1.0f, 0, kEvicting)));
+  // w0's ClockAdvance(5) is lost; its push stamped 5 arrives first.
+  auto out = PushKeys(kW0, 5, {3}, 1.0f, 0, kEvicting);
+  ASSERT_TRUE(Acked(out)) << ErrorOf(out);
+  const Table* t = core_->table(kEvicting);
+  EXPECT_EQ(t->clock(), 5u);
+  EXPECT_EQ(t->counters().evicted_by_age, 1u) << "key 1, last touched at clock 0";
+  EXPECT_EQ(t->num_rows(), 2u);
+  EXPECT_EQ(core_->stats().push_clocks_bounded, 0u);
+  // The advance, sent again, is recorded; w0's clock ack waits for w1.
+  EXPECT_EQ(Clock(kW0, 5, 77).size(), 0u);
+  auto released = Clock(kW1, 5, 0);
+  ASSERT_EQ(released.size(), 1u);
+  EXPECT_EQ(released[0].message.header.request_id(), 77u);
+  EXPECT_TRUE(released[0].message.header.has_clock_ack());
 }
 
 }  // namespace

@@ -1003,6 +1003,14 @@ TEST_F(ReplicationTest, BackupsKeepOptimizerStateAndEvictAtTheSameClocks) {
   Table reference(config, [](Key) { return true; });
   uint64_t seq = 0;
   for (uint64_t clock = 0; clock < 8; ++clock) {
+    // The worker announces each clock before it stamps pushes with it, as
+    // Clock() does (a push moves its table's clock at most one past the
+    // clocks announced: "Push clocks" in server_core.h).
+    for (uint32_t r = 0; clock > 0 && r < kServers; ++r) {
+      Message notice = Request(0);
+      notice.header.mutable_clock_advance()->set_clock(clock);
+      Send(ServerAddress(r), std::move(notice));
+    }
     // Key i is pushed at clocks where clock % (i + 1) == 0: the rarer ones
     // grow old and are evicted in between.
     std::vector<Key> pushed;
@@ -1053,6 +1061,37 @@ TEST_F(ReplicationTest, BackupsKeepOptimizerStateAndEvictAtTheSameClocks) {
     EXPECT_EQ(t.bytes, t.rows * Table::RowBytes(config));
   }
   EXPECT_TRUE(seen);
+}
+
+// A push stamped far past every announced clock moves the primary's table
+// clock one past the highest announced clock, and the primary forwards that
+// clock, not the stamp: its backups' tables move exactly as far (replicas
+// agree, evictions included), whatever clocks the backups have heard.
+TEST_F(ReplicationTest, AFarAheadStampIsForwardedAsTheClockThePrimaryGaveIt) {
+  const std::vector<Key> keys = KeysOf(0, 3, map_);
+  Message notice = Request(0);  // the worker announced clock 4 to server 0 only
+  notice.header.mutable_clock_advance()->set_clock(4);
+  Send(ServerAddress(0), std::move(notice));
+  Message push = Push(2000, keys, 1.0f, /*seq=*/1);
+  push.header.mutable_push()->set_clock(uint64_t{1} << 40);
+  Send(ServerAddress(0), std::move(push));
+  DeliverOne();  // the notice
+  DeliverOne();  // the push: applied, forwarded
+  std::vector<uint64_t> forwarded;
+  for (const Outgoing& o : net_)
+    if (o.message.header.has_replicate()) forwarded.push_back(o.message.header.replicate().clock());
+  ASSERT_FALSE(forwarded.empty());
+  for (uint64_t c : forwarded) EXPECT_EQ(c, 5u);
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  ASSERT_TRUE(inbox_[0].header.has_ack()) << inbox_[0].header.ShortDebugString();
+  EXPECT_EQ(cores_[0]->table(kTable)->clock(), 5u);
+  EXPECT_EQ(cores_[0]->stats().push_clocks_bounded, 1u);
+  ShardMapView view = *ShardMapView::Create(map_);
+  for (uint32_t b : view.BackupsOf(view.VShardOfKey(kTable, keys[0]))) {
+    EXPECT_EQ(cores_[b]->table(kTable)->clock(), 5u) << "backup " << b;
+    EXPECT_EQ(cores_[b]->stats().push_clocks_bounded, 0u) << "backups apply the forwarded clock as it is";
+  }
 }
 
 }  // namespace

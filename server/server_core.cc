@@ -34,6 +34,12 @@ constexpr uint64_t kUnbounded = std::numeric_limits<uint64_t>::max();
 // on it (a clock plus one, plus a staleness, times a hold) would overflow.
 constexpr uint64_t kMaxClock = uint64_t{1} << 62;
 
+// How far past the highest clock announced here a push may move its
+// table's clock ("Push clocks" in server_core.h): a worker stamps clock c
+// only once every server acknowledged its clock c - 1 (BSP, SSP), so one
+// is the most a legitimate stamp is ahead of what this server has heard.
+constexpr uint64_t kPushClockLead = 1;
+
 // The clock fields of a push, pull or clock advance: in range, and a hold
 // no longer than the server allows.
 absl::Status CheckClockFields(const proto::Envelope& h, Nanos max_hold) {
@@ -1425,11 +1431,16 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
   // Borrowed frames (owner() null: an in-process sender's own memory) may
   // be reused by the sender as soon as it sees the ack: apply those now.
   const bool defer = options_.apply_after_ack && apply_keys.owner() != nullptr && apply_values.owner() != nullptr;
+  // The clock the push moves its table's clock to: its stamp, but no further
+  // than kPushClockLead past the highest clock any worker announced here
+  // ("Push clocks" in server_core.h). Backups get this clock, not the stamp.
+  const uint64_t table_clock = std::min(req.clock(), clocks_.highest_clock() + kPushClockLead);
+  if (table_clock < req.clock()) stats_.push_clocks_bounded++;
   if (!apply_keys.empty()) {
     if (defer) {
-      pending_.push_back(PendingPush{table, apply_keys, apply_values, req.clock(), *piece});
+      pending_.push_back(PendingPush{table, apply_keys, apply_values, table_clock, *piece});
     } else {
-      absl::Status s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>(), req.clock(), *piece);
+      absl::Status s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>(), table_clock, *piece);
       assert(s.ok());  // checked above
       (void)s;
     }
@@ -1468,7 +1479,7 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
     r->set_seq(origin.seq);
     r->set_acked_below(origin.acked_below);
     r->set_table_id(req.table_id());
-    r->set_clock(req.clock());
+    r->set_clock(table_clock);
     r->set_first_column(piece->first);
     r->set_columns(piece->count);
     r->set_num_keys(idx.size());

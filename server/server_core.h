@@ -48,6 +48,36 @@
 //   A ClockQuery with `join` from a worker this server does not know (one
 //   that joined the running job) starts tracking it at the fastest live
 //   worker's clock (ClockTable::Join); the ClockAck says that clock.
+// - Push clocks (eviction by age, server/table.h): a push moves its table's
+//   clock to its stamp, but never past H + 1, where H is the highest clock
+//   any worker has announced here (ClockTable::highest_clock(): by
+//   ClockAdvance, notice or state transfer). A push stamped later is
+//   applied and acknowledged as any other; only the clock it gives its
+//   table (and its rows' recency) stops at H + 1, and stats() counts it
+//   (push_clocks_bounded). So a wrong stamp (say 2^40) cannot age out every
+//   row of a table at once, nor make every later push look far behind.
+//   Why H + 1: under BSP and SSP a worker stamps clock c only after every
+//   server acknowledged its clock c - 1; its ClockAdvance(c) may still be on
+//   its way (lost and sent again) when a push stamped c arrives, so a
+//   legitimate job's tables move exactly as their stamps say.
+//   Why not refuse such a push instead: a server may rightly know less than
+//   H + 1 of a healthy worker: an ASP job's clock notices are sent once and
+//   never again, and a server new to a worker hears its clock from one
+//   notice and the state transfer; a refused push would be retried until an
+//   announcement that may never come. There, the table's clock lags until
+//   an announcement arrives (rows touched meanwhile get the lagging clock,
+//   and may be dropped up to that many clocks early), and nothing fails.
+//   The primary decides the clock; backups apply the forwarded one
+//   (Replicate.clock) as it is, so replicas still agree.
+//   Pulls' and clock advances' clocks are not bounded: a pull's clock only
+//   decides how long it is held (at most --max-hold-ms, at most
+//   max_held_per_peer of them) and changes nothing; a clock advance moves
+//   only its sender's own clock (a far one holds back nobody, and the
+//   sender's later pushes stamped below it are refused), and a legitimate
+//   one may jump any distance (an ASP worker runs ahead of the others
+//   without bound; lost notices; a replacement worker, or a server that
+//   missed many, hears a worker's clock late). A worker that announces a
+//   far clock raises H: the bound stops wrong stamps, not wrong announcements.
 // - Replication (../shared/DESIGN.md section 6; the map's backups):
 //   * A push is taken only by the primary of the shard of each of its keys;
 //     a key of a shard this server is not primary of gets Aborted ("not the
@@ -218,6 +248,7 @@ struct ServerStats {
   uint64_t bytes_out = 0;  // data frame bytes sent (values or encoded parts), as on the wire
   uint64_t compressed_pushes = 0;  // pushes whose values arrived as encoded parts
   uint64_t duplicate_pushes = 0;   // sequenced pushes (or shards of them) already applied
+  uint64_t push_clocks_bounded = 0;  // pushes stamped past what their table's clock may move to ("Push clocks")
   uint64_t forwards_sent = 0;      // Replicate messages to backups, resends included
   uint64_t forwards_resent = 0;    // of those, sent again (unacknowledged past the timer, a gap notice, or a new map)
   uint64_t forwards_gap_resent = 0;  // of those, sent again for a backup's gap notice

@@ -22,7 +22,10 @@
 //   sightings; until then the push's row for it is dropped. Pulls of such a
 //   key return the initializer's values and count nothing.
 // - Eviction (SPARSE, evict_after_clocks or memory_budget_bytes): the
-//   table's clock is the largest clock stamp of the pushes applied to it. A
+//   table's clock is the largest clock stamp of the pushes applied to it
+//   (ApplyPush's `clock`: ServerCore passes the worker's stamp bounded by
+//   the clocks the workers announced, "Push clocks" in server_core.h, so
+//   one wrong stamp cannot age out every row at once). A
 //   push stamps the rows it touches with that clock and makes them the most
 //   recently used. A row whose stamp is more than evict_after_clocks behind
 //   the table's clock is dropped when the clock advances; before a row is

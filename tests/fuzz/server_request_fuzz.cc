@@ -1,6 +1,6 @@
 // Fuzz target: one request, any bytes, into a live ServerCore (a map of two
 // servers, replication 2, tables of every kind this server can hold: sparse
-// and dense, a compressed one, SSP). The core must answer or refuse without
+// and dense, a compressed one, SSP, one with eviction by age). The core must answer or refuse without
 // crashing, reading out of bounds or tripping a sanitizer. Replayed over the
 // corpus in tests/fuzz/corpus/server_request by the test suite.
 #include <cstdint>
@@ -60,6 +60,9 @@ std::unique_ptr<ServerCore> MakeCore() {
   (void)core->Step(CreateTable(1, 4, proto::SPARSE, "", proto::ASP));
   (void)core->Step(CreateTable(2, 2, proto::DENSE, "", proto::BSP));
   (void)core->Step(CreateTable(3, 8, proto::SPARSE, "topk:ratio=0.5", proto::SSP));
+  Message evicting = CreateTable(5, 2, proto::SPARSE, "", proto::ASP);
+  evicting.header.mutable_create_table()->mutable_config()->set_evict_after_clocks(2);
+  (void)core->Step(std::move(evicting));
   return core;
 }
 
@@ -131,4 +134,13 @@ void WriteSeeds(const std::string& dir) {
   Message acked = push;
   acked.header.mutable_push()->set_acked_below(std::numeric_limits<uint64_t>::max());
   write("regress-push-acked-below-past-seq", acked);
+  // A push to the table with eviction by age stamped 2^40, far past every
+  // announced clock: its table's clock once jumped there, and every row was
+  // dropped at once (now it moves one past the highest announced clock).
+  std::vector<float> narrow(keys.size() * 2, 0.5f);
+  Message ahead = push;
+  ahead.header.mutable_push()->set_table_id(5);
+  ahead.header.mutable_push()->set_clock(uint64_t{1} << 40);
+  ahead.frames[1] = Buffer::CopyOf(narrow.data(), narrow.size() * sizeof(float));
+  write("regress-push-clock-far-ahead", ahead);
 }
