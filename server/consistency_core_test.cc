@@ -306,6 +306,43 @@ TEST_F(ConsistencyCoreTest, RequestsHeldPerSenderAreCapped) {
   EXPECT_EQ(out.size(), 2u);
 }
 
+// Answers to one peer that its transport still holds (it reads them slowly)
+// bound what that peer may ask: past either limit its requests are refused
+// as busy (Unavailable, retryable, naming both settings), past the slack
+// dropped; other peers and replication are served; nothing changes.
+TEST_F(ConsistencyCoreTest, APeerWhoseAnswersPileUpIsRefusedAsBusy) {
+  std::map<std::string, PeerBacklog> backlog;
+  Init(proto::ASP, 0, false,
+       {.node_id = 1, .max_bytes_in_flight_per_peer = 1000, .max_requests_in_flight_per_peer = 10,
+        .backlog_of = [&](const std::string& to) { return backlog[to]; }});
+  const std::string w0 = From(kW0, 0).header.sender_address();
+  ASSERT_TRUE(Acked(Push(kW0, 0, 1.0f)));
+  backlog[w0] = {.messages = 9, .bytes = 999};
+  ASSERT_TRUE(Acked(Push(kW0, 0, 1.0f))) << "under both limits";
+  backlog[w0] = {.messages = 10, .bytes = 0};
+  auto out = Push(kW0, 0, 5.0f);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].message.header.error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_NE(ErrorOf(out).find("--max-requests-in-flight-per-peer"), std::string::npos) << ErrorOf(out);
+  EXPECT_NE(ErrorOf(out).find("--max-mb-in-flight-per-peer"), std::string::npos);
+  backlog[w0] = {.messages = 1, .bytes = 1000};
+  EXPECT_NE(ErrorOf(Pull(kW0, 0, 50)).find("busy"), std::string::npos) << "bytes at the limit";
+  EXPECT_NE(ErrorOf(Clock(kW0, 1, 51)).find("busy"), std::string::npos) << "clock advances too";
+  EXPECT_EQ(Pull(kW1, 0, 52).size(), 1u) << "another peer is served";
+  EXPECT_FALSE(Pull(kW1, 0, 53)[0].message.header.has_error());
+  backlog[w0] = {.messages = 10 + kBusyAnswerSlack, .bytes = 0};
+  EXPECT_TRUE(Push(kW0, 0, 5.0f).empty()) << "past the slack: dropped, not even refused";
+  EXPECT_EQ(core_->stats().busy_refused, 4u);
+  EXPECT_EQ(core_->stats().busy_dropped, 1u);
+  EXPECT_EQ(core_->stats().bad_requests, 0u) << "busy is not bad input";
+  EXPECT_EQ(core_->last_busy_peer(), w0);
+  backlog[w0] = {};
+  auto pulled = Pull(kW0, 0, 60);
+  ASSERT_EQ(pulled.size(), 1u);
+  ASSERT_FALSE(pulled[0].message.header.has_error());
+  EXPECT_EQ(pulled[0].message.frames[0].As<float>()[0], 2.0f) << "refused pushes changed nothing";
+}
+
 // A worker that sends a held request again (its resend timer fired while the
 // server held it for a slower worker) gets one answer, under the newest
 // request id, with the time held counted from the newest send; the capped

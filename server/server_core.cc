@@ -307,6 +307,29 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
     send(std::move(reply));
     return out;
   }
+  if (options_.backlog_of && wants_reply &&
+      (h.has_push() || h.has_pull() || h.has_clock_advance() || h.has_create_table() || h.has_stats_request() ||
+       h.has_clock_query())) {
+    const PeerBacklog backlog = options_.backlog_of(reply_to);
+    if (backlog.bytes >= options_.max_bytes_in_flight_per_peer ||
+        backlog.messages >= options_.max_requests_in_flight_per_peer) {
+      stats_.busy_refused++;
+      last_busy_peer_ = reply_to;
+      if (backlog.messages >= options_.max_requests_in_flight_per_peer + kBusyAnswerSlack) {
+        stats_.busy_dropped++;
+        return out;
+      }
+      Message reply = Reply(request);
+      SetError(reply, absl::UnavailableError(absl::StrCat(
+                          "busy: ", backlog.messages, " answers (", backlog.bytes, " bytes) to ", reply_to,
+                          " are not sent yet; this server keeps at most ", options_.max_requests_in_flight_per_peer,
+                          " answers and ", options_.max_bytes_in_flight_per_peer,
+                          " bytes in flight per peer (tessera-server --max-requests-in-flight-per-peer, "
+                          "--max-mb-in-flight-per-peer); send it again once they are read")));
+      send(std::move(reply));
+      return out;
+    }
+  }
   const bool data_request = h.has_push() || h.has_pull() || h.has_replicate() || h.has_create_table();
   if (deposed() && data_request) {
     Message reply = Reply(request);

@@ -176,6 +176,11 @@
 
 namespace tessera {
 
+// A refusal for a full backlog is answered while the peer has fewer than
+// max_requests_in_flight_per_peer + this many messages waiting; past that,
+// requests are dropped unanswered (ServerCoreOptions).
+inline constexpr uint64_t kBusyAnswerSlack = 1024;
+
 struct ServerCoreOptions {
   uint32_t node_id = 0;                     // stamped on replies
   BufferPool* pool = nullptr;               // reply buffers (not owned; may be null)
@@ -217,6 +222,22 @@ struct ServerCoreOptions {
   uint64_t max_keys_per_request = uint64_t{1} << 26;  // keys in one push or pull (64 Mi)
   uint64_t max_table_bytes = 0;                       // rows x Table::RowBytes per table; 0 = no limit
   size_t max_held_per_peer = 1024;                    // requests held for slower workers, per sender
+  // Requests in flight per peer: answered, with answers this server's
+  // transport has not yet written out to that peer (backlog_of). A worker
+  // request (push, pull, clock advance, table creation, query) from an
+  // address whose backlog is at either limit is not served: it is answered
+  // Unavailable, naming the limit (the worker sends it again after its
+  // resend timer, so a worker that reads its answers late is slowed down,
+  // not failed), or, once that address has max_requests_in_flight_per_peer
+  // + kBusyAnswerSlack messages waiting, dropped unanswered (the worker's
+  // resend timer covers it). Together with max_held_per_peer and the
+  // transport's message limit this bounds the memory one peer can make a
+  // server spend. Requests between servers (replication) are not limited.
+  uint64_t max_bytes_in_flight_per_peer = uint64_t{1} << 30;  // 1 GiB
+  uint64_t max_requests_in_flight_per_peer = 65536;            // messages (each piece of a pull reply counts)
+  // What the transport still holds for an address (Transport::Backlog);
+  // null: nothing is ever in flight (no limit applies).
+  std::function<PeerBacklog(const std::string& to)> backlog_of;
   // The longest hold a request may ask for (Pull/ClockAdvance
   // hold_timeout_ms); a request asking for more is refused.
   Nanos max_hold = 24 * 3600 * kSeconds;
@@ -244,6 +265,8 @@ struct ServerStats {
   uint64_t push_requests = 0;
   uint64_t pull_requests = 0;
   uint64_t bad_requests = 0;
+  uint64_t busy_refused = 0;  // worker requests answered Unavailable: that peer's answers in flight were at a limit
+  uint64_t busy_dropped = 0;  // of those, dropped unanswered (too many answers waiting even for a refusal)
   uint64_t bytes_in = 0;   // data frame bytes received (keys + values or encoded parts), as on the wire
   uint64_t bytes_out = 0;  // data frame bytes sent (values or encoded parts), as on the wire
   uint64_t compressed_pushes = 0;  // pushes whose values arrived as encoded parts
@@ -366,6 +389,8 @@ class ServerCore {
   size_t held() const { return held_.size(); }
 
   const ServerStats& stats() const { return stats_; }
+  // The address of the last request refused as busy (stats().busy_refused).
+  const std::string& last_busy_peer() const { return last_busy_peer_; }
   size_t held_now() const { return held_.size(); }  // requests waiting for slower workers
   uint64_t rows() const;                             // rows over every table
   // Per table, for metrics: its rows, their bytes (Table::RowBytes) and
@@ -608,6 +633,7 @@ class ServerCore {
   absl::flat_hash_map<uint32_t, compress::Codec> pull_codecs_;  // tables with pull_compression
   uint64_t pull_encodes_ = 0;                                   // tensor ids of encoded pull replies
   ServerStats stats_;
+  std::string last_busy_peer_;
 };
 
 }  // namespace tessera

@@ -113,6 +113,16 @@ int main(int argc, char** argv) {
   app.add_option("--max-held-per-peer", core.max_held_per_peer,
                  "Requests of one sender held at once, waiting for slower workers; more are refused")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  uint64_t max_mb_in_flight_per_peer = core.max_bytes_in_flight_per_peer >> 20;
+  app.add_option("--max-mb-in-flight-per-peer", max_mb_in_flight_per_peer,
+                 "MiB of answers to one peer this server keeps waiting to be written out (the peer reads them "
+                 "slower than it asks); past this its requests are answered Unavailable (busy) and it asks "
+                 "again later")
+      ->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 30));
+  app.add_option("--max-requests-in-flight-per-peer", core.max_requests_in_flight_per_peer,
+                 "Answers (pull reply pieces count one each) to one peer this server keeps waiting to be written "
+                 "out; past this its requests are answered Unavailable (busy), and past this + 1024 dropped")
+      ->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 30));
   app.add_option("--max-hold-ms", max_hold_ms,
                  "Longest a pull or clock advance may ask to be held for slower workers (its hold timeout); "
                  "a request asking for more is refused")
@@ -126,6 +136,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   core.max_table_bytes = *TableLimitBytes(max_table_mb);  // checked by the parser
   core.max_hold = static_cast<tessera::Nanos>(max_hold_ms) * tessera::kMillis;
+  core.max_bytes_in_flight_per_peer = max_mb_in_flight_per_peer << 20;
   checkpoints.every = static_cast<tessera::Nanos>(checkpoint_every * 1e9);
   core.audit = !audit_dir.empty();
   if (name.empty()) name = so.rank >= 0 ? "server-" + std::to_string(so.rank) : "server";

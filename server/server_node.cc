@@ -1,5 +1,6 @@
 #include "server/server_node.h"
 
+#include <bit>
 #include <limits>
 
 #include "common/metrics.h"
@@ -29,6 +30,8 @@ ServerNode::ServerNode(CoordinatorSession::Options session, std::unique_ptr<Tran
         core_options.reads_in_place = [t = transport_.get()](const std::string& to, size_t bytes) {
           return t->LendsTo(to, bytes);
         };
+        // Answers to a peer still queued here bound what it may ask for.
+        core_options.backlog_of = [t = transport_.get()](const std::string& to) { return t->Backlog(to); };
         return core_options;
       }()) {}
 
@@ -58,6 +61,7 @@ void ServerNode::OnMessage(Message m) {
     return;
   }
   const uint64_t transfers_before = core_->stats().transfers_applied;
+  const uint64_t busy_before = core_->stats().busy_refused;
   const bool is_transfer = m.header.has_replicate() && m.header.replicate().has_transfer();
   const Nanos stepped = MonotonicNow();
   std::vector<Outgoing> out = core_->Step(std::move(m), stepped);
@@ -72,7 +76,16 @@ void ServerNode::OnMessage(Message m) {
   }
   const bool took_transfer = is_transfer && core_->stats().transfers_applied > transfers_before;
   const uint64_t epoch = core_->epoch();
+  const uint64_t busy = core_->stats().busy_refused;
+  // The 1st, 2nd, 4th, ... refusal is logged.
+  const std::string busy_peer = busy > busy_before && std::has_single_bit(busy) ? core_->last_busy_peer() : "";
   lock.unlock();
+  if (!busy_peer.empty()) {
+    const PeerBacklog backlog = transport_->Backlog(busy_peer);
+    TLOG_WARN("busy: refused a request of {} (refusal {} in all): {} answers ({} bytes) to it are not written out "
+              "yet (--max-requests-in-flight-per-peer, --max-mb-in-flight-per-peer)",
+              busy_peer, busy, backlog.messages, backlog.bytes);
+  }
   if (took_transfer) TLOG_INFO("took over shard copies by state transfer (map epoch {}); now a backup of them", epoch);
   for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
   if (pending) {
@@ -376,6 +389,11 @@ absl::Status ServerNode::Run() {
   ServerStats st = stats();
   TLOG_INFO("served {} pushes and {} pulls ({} bytes in, {} bytes out, {} bad requests)", st.push_requests,
             st.pull_requests, st.bytes_in, st.bytes_out, st.bad_requests);
+  if (st.busy_refused > 0) {
+    TLOG_WARN("refused {} worker requests as busy ({} of them dropped unanswered): a peer read its answers slower "
+              "than it asked (--max-mb-in-flight-per-peer, --max-requests-in-flight-per-peer)",
+              st.busy_refused, st.busy_dropped);
+  }
   if (const std::string forwards = DescribeForwards(st); !forwards.empty()) TLOG_INFO("{}", forwards);
   return end;
 }
@@ -404,6 +422,17 @@ std::string ServerNode::MetricsText() const {
       .Counter("tessera_server_bad_requests_total", "Requests answered with an error", s.bad_requests)
       .Counter("tessera_server_held_requests_total", "Pulls and clock advances held for slower workers",
                s.held_requests)
+      .Counter("tessera_server_busy_refused_total",
+               "Worker requests refused (Unavailable) while that peer's answers in flight were at a limit "
+               "(--max-mb-in-flight-per-peer, --max-requests-in-flight-per-peer)",
+               s.busy_refused)
+      .Counter("tessera_server_push_clocks_bounded_total",
+               "Pushes stamped further ahead than one past the highest clock any worker announced here: their "
+               "table's clock moved only that far",
+               s.push_clocks_bounded)
+      .Counter("tessera_server_busy_dropped_total",
+               "Of those, dropped unanswered: too many answers to that peer waiting even for a refusal",
+               s.busy_dropped)
       .Counter("tessera_server_compressed_pushes_total", "Pushes whose values arrived encoded", s.compressed_pushes)
       .Counter("tessera_server_received_bytes_total", "Data frame bytes received, as on the wire", s.bytes_in)
       .Counter("tessera_server_sent_bytes_total", "Data frame bytes sent, as on the wire", s.bytes_out)

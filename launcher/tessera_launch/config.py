@@ -223,6 +223,8 @@ class LimitsSection:
     max_table_mb: Union[int, str] = "auto"
     max_held_per_peer: int = 1024
     max_message_mb: int = 256  # common/message.h kDefaultMaxMessageBytes
+    max_mb_in_flight_per_peer: int = 1024
+    max_requests_in_flight_per_peer: int = 65536
 
 
 @dataclass(frozen=True)
@@ -637,6 +639,13 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                    "requests of one worker a server holds at once for slower workers"),
         "max_message_mb": Field(_int_in(1, 1 << 20, "an integer from 1 to 1048576"), 256,
                                 "largest message a server accepts; workers split their requests to fit it"),
+        "max_mb_in_flight_per_peer": Field(_int_in(1, 1 << 30, "an integer from 1 to 1073741824"), 1024,
+                                           "MiB of answers to one worker a server keeps waiting to be written out "
+                                           "(the worker reads slower than it asks); past it the worker's requests "
+                                           "are answered busy and it asks again later"),
+        "max_requests_in_flight_per_peer": Field(_int_in(1, 1 << 30, "an integer from 1 to 1073741824"), 65536,
+                                                 "answers (pull reply pieces one each) to one worker a server keeps "
+                                                 "waiting to be written out; past it busy, as above"),
     },
     "rdma": {
         "required": Field(_boolean, False,

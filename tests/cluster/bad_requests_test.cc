@@ -12,6 +12,10 @@
 #include <future>
 #include <limits>
 #include <mutex>
+#include <thread>
+
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include "common/logging.h"
 #include "compress/row_compressor.h"
@@ -154,6 +158,90 @@ TEST(BadRequestsTest, EveryBadRequestGetsItsErrorAndChangesNothing) {
   EXPECT_EQ(job.server().stats().bad_requests,
             static_cast<uint64_t>(std::count_if(cases.begin(), cases.end(), [](const Case& k) { return k.bad; })))
       << "every bad request is counted";
+}
+
+// A peer (here one with the job's access, sending by hand) that asks for big
+// rows and never reads the answers: without a bound, the server's transport
+// would queue every answer for it. The server keeps at most
+// --max-mb-in-flight-per-peer of answers waiting for it, refuses the rest
+// as busy (and changes nothing), and serves everyone else meanwhile; the
+// answers it kept and the refusals arrive once the peer reads.
+TEST(BadRequestsTest, APeerThatDoesNotReadItsAnswersGetsBusyAndTheServerStaysBounded) {
+  spdlog::default_logger()->set_level(spdlog::level::warn);
+  constexpr uint64_t kLimit = 8 << 20;
+  OneServerJob job(ServerCoreOptions{.max_bytes_in_flight_per_peer = kLimit});
+  RawClient client(job.coordinator_address());
+  ASSERT_TRUE(client.Join().ok());
+  constexpr uint32_t kWide = 2, kRowFloats = 1 << 18;  // rows of 1 MiB
+  ASSERT_TRUE(client.Call(Create(kRowFloats, "", "", kWide)).header.has_ack());
+  const std::vector<Key> key = {5};
+  std::vector<float> row(kRowFloats, 0.25f);
+  ASSERT_TRUE(client.Call(Push(kWide, 1, {Of(key), Of(row)})).header.has_ack());
+
+  zmq::context_t ctx(1);
+  zmq::socket_t slow(ctx, zmq::socket_type::router);  // where the answers go: never read until the end
+  slow.set(zmq::sockopt::linger, 0);
+  slow.set(zmq::sockopt::rcvhwm, 1);
+  slow.set(zmq::sockopt::rcvbuf, 64 * 1024);
+  slow.bind("tcp://127.0.0.1:0");
+  const std::string slow_address = slow.get(zmq::sockopt::last_endpoint);
+  zmq::socket_t asker(ctx, zmq::socket_type::dealer);
+  asker.set(zmq::sockopt::linger, 0);
+  asker.connect(client.server());
+  constexpr int kAsks = 200;
+  for (int i = 0; i < kAsks; ++i) {
+    Message pull = Pull(kWide, 1, {Of(key)});
+    pull.header.set_request_id(static_cast<uint64_t>(i + 1));
+    pull.header.set_sender_id(client.session().self().node_id());
+    pull.header.set_sender_address(slow_address);
+    const std::string header = pull.header.SerializeAsString();
+    asker.send(zmq::buffer(header), zmq::send_flags::sndmore);
+    asker.send(zmq::buffer(key.data(), sizeof(Key)), zmq::send_flags::none);
+  }
+  auto answered = [&] {
+    const ServerStats st = job.server().stats();
+    return st.pull_requests + st.busy_refused;
+  };
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (answered() < kAsks && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const ServerStats st = job.server().stats();
+  ASSERT_EQ(st.pull_requests + st.busy_refused, static_cast<uint64_t>(kAsks)) << "every request was answered or refused";
+  // Answers left the server only while fewer than kLimit bytes waited, plus
+  // what the kernel's socket buffers took: far fewer than were asked for.
+  EXPECT_GE(st.busy_refused, kAsks / 2u);
+  EXPECT_EQ(st.busy_dropped, 0u);
+  EXPECT_EQ(st.bad_requests, 0u) << "busy is not bad input";
+
+  // Another peer is served meanwhile.
+  Message mine = client.Call(Pull(kWide, 1, {Of(key)}));
+  ASSERT_TRUE(mine.header.has_pull_reply()) << mine.header.ShortDebugString();
+
+  // The slow peer reads: the kept answers, then a refusal for each other ask.
+  int rows = 0, busy = 0;
+  for (int i = 0; i < kAsks; ++i) {
+    std::vector<zmq::message_t> parts;
+    ASSERT_TRUE(zmq::recv_multipart(slow, std::back_inserter(parts))) << i;
+    proto::Envelope h;
+    ASSERT_TRUE(h.ParseFromArray(parts[1].data(), static_cast<int>(parts[1].size())));
+    if (h.has_pull_reply()) {
+      ++rows;
+      continue;
+    }
+    ASSERT_TRUE(h.has_error()) << h.ShortDebugString();
+    EXPECT_EQ(h.error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
+    EXPECT_NE(h.error().message().find("--max-mb-in-flight-per-peer"), std::string::npos) << h.error().message();
+    ++busy;
+  }
+  EXPECT_EQ(static_cast<uint64_t>(busy), st.busy_refused);
+  EXPECT_EQ(rows + busy, kAsks);
+  EXPECT_LE(rows, 40) << "answers kept for a peer that does not read are bounded by the limit (8 MiB of 1 MiB rows) "
+                         "and the kernel's buffers";
+
+  ASSERT_TRUE(client.session().ReportDone({}, 10 * kSeconds).ok());
+  EXPECT_TRUE(client.session().WaitForEnd().ok());
+  job.ExpectOrderlyEnd();
 }
 
 }  // namespace

@@ -134,14 +134,14 @@ Buffer Of(const std::vector<T>& v) {
 // set), the coordinator and the server running on threads of their own.
 class OneServerJob {
  public:
-  OneServerJob() : coordinator_(Options(), NewTransport()) {
+  explicit OneServerJob(ServerCoreOptions server_options = {}) : coordinator_(Options(), NewTransport()) {
     EXPECT_TRUE(coordinator_.Start().ok());
     coordinator_done_ = std::async(std::launch::async, [this] { return coordinator_.Run(); });
     CoordinatorSession::Options so;
     so.coordinator = coordinator_.address();
     so.role = proto::SERVER;
     so.rank = 0;
-    server_ = std::make_unique<ServerNode>(so, NewTransport());
+    server_ = std::make_unique<ServerNode>(so, NewTransport(), std::move(server_options));
     server_done_ = std::async(std::launch::async, [this] { return server_->Run(); });
   }
   const std::string& coordinator_address() const { return coordinator_.address(); }

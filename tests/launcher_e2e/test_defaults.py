@@ -53,3 +53,18 @@ def test_the_launchers_message_limit_is_the_servers_and_the_workers_default(bina
     worker = help_defaults(binaries / "examples" / "tessera-logreg")
     assert int(server["--max-message-mb"]) == LimitsSection.max_message_mb, server
     assert int(worker["--transfer_max_message_mb"]) == LimitsSection.max_message_mb, worker
+
+
+def test_every_limit_the_launcher_passes_is_the_servers_default(binaries):
+    """Each limits.* setting reaches tessera-server as --max-* (local.py
+    server_argv); their defaults must agree, so a server started by hand
+    is as safe as one the launcher starts."""
+    server = help_defaults(binaries / "server" / "tessera-server")
+    limits = LimitsSection()
+    wrong = []
+    for name in ("max_keys_per_request", "max_table_mb", "max_held_per_peer", "max_message_mb",
+                 "max_mb_in_flight_per_peer", "max_requests_in_flight_per_peer"):
+        flag = "--" + name.replace("_", "-")
+        if str(server.get(flag)) != str(getattr(limits, name)):
+            wrong.append(f"{flag}: server {server.get(flag)}, launcher limits.{name} {getattr(limits, name)}")
+    assert not wrong, wrong
