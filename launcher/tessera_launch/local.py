@@ -461,9 +461,13 @@ def server_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
         argv += ["--metrics-port", str(port), "--metrics-host", config.metrics.host]
     limits = config.limits
     argv += ["--max-keys-per-request", str(limits.max_keys_per_request), "--max-table-mb", str(limits.max_table_mb),
-             "--max-held-per-peer", str(limits.max_held_per_peer), "--max-message-mb", str(limits.max_message_mb),
-             "--max-mb-in-flight-per-peer", str(limits.max_mb_in_flight_per_peer),
-             "--max-requests-in-flight-per-peer", str(limits.max_requests_in_flight_per_peer)]
+             "--max-held-per-peer", str(limits.max_held_per_peer), "--max-message-mb", str(limits.max_message_mb)]
+    # Passed when set (the server's defaults are the same: tests/launcher_e2e/test_defaults.py).
+    defaults = LimitsSection()
+    if limits.max_mb_in_flight_per_peer != defaults.max_mb_in_flight_per_peer:
+        argv += ["--max-mb-in-flight-per-peer", str(limits.max_mb_in_flight_per_peer)]
+    if limits.max_requests_in_flight_per_peer != defaults.max_requests_in_flight_per_peer:
+        argv += ["--max-requests-in-flight-per-peer", str(limits.max_requests_in_flight_per_peer)]
     if config.audit.dir:
         argv += ["--audit-dir", str(Path(config.audit.dir).resolve())]
     c = config.checkpoints

@@ -207,9 +207,10 @@ def server_main(argv):
     p.add_argument("--connect-timeout", type=float, required=True)
     p.add_argument("--coordinator-give-up", type=float, required=True)  # the real server's (ignored here)
     p.add_argument("--audit-dir", default="")
-    for flag in ("--max-keys-per-request", "--max-held-per-peer", "--max-message-mb", "--max-mb-in-flight-per-peer",
-                 "--max-requests-in-flight-per-peer"):
+    for flag in ("--max-keys-per-request", "--max-held-per-peer", "--max-message-mb"):
         p.add_argument(flag, type=int, required=True)  # the real server's limits (ignored here)
+    for flag in ("--max-mb-in-flight-per-peer", "--max-requests-in-flight-per-peer"):
+        p.add_argument(flag, type=int)  # passed when set
     p.add_argument("--max-table-mb", required=True)  # "auto" or MiB
     p.add_argument("--debug", action="store_true")
     a = p.parse_args(argv)
