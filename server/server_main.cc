@@ -154,6 +154,7 @@ int main(int argc, char** argv) {
 
   tessera::ZmqTransport::Options transport_options;
   transport_options.bind = bind;
+  transport_options.count_backlog = true;  // answers waiting for each peer bound what it may ask (--max-*-in-flight-*)
   transport_options.max_message_bytes = max_message_mb << 20;
   // Whole pull replies (Worker::PullView) must fit one message, headers included.
   core.max_whole_reply_bytes = std::min<size_t>(core.max_whole_reply_bytes, (max_message_mb << 20) / 2);

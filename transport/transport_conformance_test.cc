@@ -916,7 +916,7 @@ TEST(ZmqTransportConformanceTest, BacklogCountsWhatAPeerHasNotReadYet) {
   slow.bind("tcp://127.0.0.1:0");
   const std::string slow_address = slow.get(zmq::sockopt::last_endpoint);
 
-  ZmqTransport sender;
+  ZmqTransport sender(ZmqTransport::Options{.count_backlog = true});
   ASSERT_OK(sender.Start(IgnoreMessage));
   EXPECT_EQ(sender.Backlog(slow_address).messages, 0u) << "a peer never sent to";
   constexpr int kBig = 48;

@@ -12,7 +12,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <functional>
+#include <memory>
+#include <new>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -62,15 +65,26 @@ struct BacklogCount {
 };
 
 struct SendHold {
-  explicit SendHold(Buffer b) : buffer(std::move(b)) {}
-  Buffer buffer;
+  // A hold with `inline_size` bytes of its own after it (one allocation),
+  // for a small frame copied into it.
+  static SendHold* New(size_t inline_size = 0) {
+    return new (::operator new(sizeof(SendHold) + inline_size)) SendHold();
+  }
+  static void Delete(SendHold* hold) {
+    hold->~SendHold();
+    ::operator delete(hold);
+  }
+  std::byte* inline_bytes() { return reinterpret_cast<std::byte*>(this + 1); }
+
+  Buffer buffer;  // the frame, when not copied inline
   std::atomic<bool> published{false};
-  // Set on the last frame of a message: libzmq releases a message's frames
-  // in order once written (or dropped), so the release of the last one
-  // means the whole message left; it takes the message off the backlog.
+  // Set on the last frame of a message when the transport counts backlogs:
+  // libzmq releases a message's frames in order once written (or dropped),
+  // so the release of the last one means the whole message left.
   std::shared_ptr<BacklogCount> backlog;
   uint64_t backlog_bytes = 0;
 };
+static_assert(sizeof(SendHold) % alignof(uint64_t) == 0);
 
 void ReleaseSendHold(void* /*data*/, void* hint) {
   auto* hold = static_cast<SendHold*>(hint);
@@ -79,7 +93,18 @@ void ReleaseSendHold(void* /*data*/, void* hint) {
     hold->backlog->bytes.fetch_sub(hold->backlog_bytes, std::memory_order_relaxed);
     hold->backlog->messages.fetch_sub(1, std::memory_order_release);
   }
-  delete hold;
+  SendHold::Delete(hold);
+}
+
+// The message for `hold`'s bytes (data, size); the hold is released with it.
+zmq::message_t HeldMessage(SendHold* hold, void* data, size_t size) {
+  hold->published.store(true, std::memory_order_release);  // our last access before libzmq owns it
+  try {
+    return zmq::message_t(data, size, &ReleaseSendHold, hold);
+  } catch (...) {
+    ReleaseSendHold(data, hold);  // zmq_msg_init_data failed and did not take the hint
+    throw;
+  }
 }
 
 std::string Hostname() {
@@ -164,7 +189,12 @@ class ZmqTransport::Impl {
   zmq::message_t FrameToZmq(Buffer frame) const;
   // A frame always sent without a copy, whose release takes `bytes` and one
   // message off `backlog` (the last frame of a message).
-  static zmq::message_t LastFrameToZmq(Buffer frame, std::shared_ptr<BacklogCount> backlog, uint64_t bytes);
+  // The last frame of a message when backlogs are counted: always held, its
+  // release takes the message (`message_bytes`) off `backlog`. `fill`
+  // writes its `size` bytes where it is copied; `frame`, when given and
+  // large, is kept instead.
+  zmq::message_t CountedToZmq(size_t size, const std::function<void(std::byte*)>& fill, Buffer frame,
+                              std::shared_ptr<BacklogCount> backlog, uint64_t message_bytes) const;
   Buffer ZmqToFrame(zmq::message_t&& part);
   void ReceiveLoop();
   ReadResult Drain(const std::function<bool()>* stop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(router_mu_);
@@ -521,36 +551,30 @@ void ZmqTransport::Impl::LinkLoop() {
 zmq::message_t ZmqTransport::Impl::FrameToZmq(Buffer frame) const {
   if (frame.empty()) return zmq::message_t();
   if (frame.size() < options_.send_copy_below_bytes) return zmq::message_t(frame.data(), frame.size());
-  auto* hold = new SendHold(std::move(frame));
-  void* data = const_cast<std::byte*>(hold->buffer.data());
-  const size_t size = hold->buffer.size();
-  hold->published.store(true, std::memory_order_release);  // our last access before libzmq owns it
-  try {
-    return zmq::message_t(data, size, &ReleaseSendHold, hold);
-  } catch (...) {
-    delete hold;  // zmq_msg_init_data failed and did not take the hint
-    throw;
-  }
+  SendHold* hold = SendHold::New();
+  hold->buffer = std::move(frame);
+  return HeldMessage(hold, const_cast<std::byte*>(hold->buffer.data()), hold->buffer.size());
 }
 
-zmq::message_t ZmqTransport::Impl::LastFrameToZmq(Buffer frame, std::shared_ptr<BacklogCount> backlog,
-                                                  uint64_t bytes) {
-  if (frame.empty()) frame = Buffer::Allocate(1).Slice(0, 0);  // libzmq wants a pointer even for no bytes
-  auto* hold = new SendHold(std::move(frame));
-  void* data = const_cast<std::byte*>(hold->buffer.data());
-  const size_t size = hold->buffer.size();
+zmq::message_t ZmqTransport::Impl::CountedToZmq(size_t size, const std::function<void(std::byte*)>& fill, Buffer frame,
+                                                std::shared_ptr<BacklogCount> backlog, uint64_t message_bytes) const {
+  // Small frames are copied into the hold (one allocation, and no large
+  // buffer kept alive for a few bytes of it); others are kept by reference.
+  const bool copy = frame.empty() || size < options_.send_copy_below_bytes;
+  SendHold* hold = SendHold::New(copy ? std::max<size_t>(size, 1) : 0);
+  void* data = hold->inline_bytes();
+  if (copy) {
+    fill(hold->inline_bytes());
+  } else {
+    hold->buffer = std::move(frame);
+    data = const_cast<std::byte*>(hold->buffer.data());
+  }
   // Counted before libzmq can release it (which may happen at once).
   backlog->messages.fetch_add(1, std::memory_order_relaxed);
-  backlog->bytes.fetch_add(bytes, std::memory_order_relaxed);
+  backlog->bytes.fetch_add(message_bytes, std::memory_order_relaxed);
   hold->backlog = std::move(backlog);
-  hold->backlog_bytes = bytes;
-  hold->published.store(true, std::memory_order_release);
-  try {
-    return zmq::message_t(data, size, &ReleaseSendHold, hold);
-  } catch (...) {
-    ReleaseSendHold(data, hold);  // zmq_msg_init_data failed and did not take the hint
-    throw;
-  }
+  hold->backlog_bytes = message_bytes;
+  return HeldMessage(hold, data, size);
 }
 
 absl::Status ZmqTransport::Impl::Send(const std::string& to, Message message) {
@@ -572,20 +596,30 @@ absl::Status ZmqTransport::Impl::Send(const std::string& to, Message message) {
 
   absl::StatusOr<std::shared_ptr<Peer>> peer = PeerFor(to);
   if (!peer.ok()) return peer.status();
-  // Build the parts before taking the destination's lock. The last one is
-  // sent without a copy: its release says the message left (Backlog).
+  // Build the parts before taking the destination's lock. Counting
+  // backlogs, the last one is always held: its release says the message left.
   std::vector<zmq::message_t> parts;
   parts.reserve(1 + message.frames.size());
   try {
-    if (message.frames.empty()) {
-      Buffer header = Buffer::Allocate(header_bytes);
-      message.header.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(header.mutable_data()));
-      parts.push_back(LastFrameToZmq(std::move(header), (*peer)->backlog, total_bytes));
+    auto write_header = [&](std::byte* to) {
+      message.header.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(to));
+    };
+    if (options_.count_backlog && message.frames.empty()) {
+      parts.push_back(CountedToZmq(header_bytes, write_header, Buffer(), (*peer)->backlog, total_bytes));
     } else {
       parts.emplace_back(header_bytes);
-      message.header.SerializeWithCachedSizesToArray(static_cast<uint8_t*>(parts.back().data()));
-      for (size_t i = 0; i + 1 < message.frames.size(); ++i) parts.push_back(FrameToZmq(std::move(message.frames[i])));
-      parts.push_back(LastFrameToZmq(std::move(message.frames.back()), (*peer)->backlog, total_bytes));
+      write_header(static_cast<std::byte*>(parts.back().data()));
+      const size_t last = options_.count_backlog ? message.frames.size() - 1 : message.frames.size();
+      for (size_t i = 0; i < last; ++i) parts.push_back(FrameToZmq(std::move(message.frames[i])));
+      if (last < message.frames.size()) {
+        Buffer& frame = message.frames.back();
+        const size_t size = frame.size();
+        auto copy = [&](std::byte* to) {
+          if (size > 0) std::memcpy(to, frame.data(), size);
+        };
+        parts.push_back(CountedToZmq(size, copy, size < options_.send_copy_below_bytes ? Buffer() : std::move(frame),
+                                     (*peer)->backlog, total_bytes));
+      }
     }
   } catch (const zmq::error_t& e) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot build message for ", to, ": ", ErrorText(e)));

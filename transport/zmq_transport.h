@@ -40,8 +40,9 @@
 //   copied; the transport keeps a reference to each such Buffer until libzmq
 //   has written its bytes (or dropped the message). Borrowed Buffers must stay
 //   valid that long, which may be after Send() returns; smaller frames are
-//   copied during Send(), except a message's last frame, which is always
-//   kept by reference (its release marks the message written: Backlog).
+//   copied during Send() (with options.count_backlog, a message's last
+//   frame is always held, copied or not: its release marks the message
+//   written, see Backlog).
 // - Receiving: one thread (started by Start) reads the ROUTER and calls the
 //   handler once per whole message, in arrival order; a thread inside
 //   DeliverUntil takes its place while it waits (never both at once). A data frame of at
@@ -115,6 +116,11 @@ class ZmqTransport final : public Transport {
     // Largest accepted message (header + data frames), both ways; also the
     // ZMQ_MAXMSGSIZE of the ROUTER, which caps any single frame.
     size_t max_message_bytes = kDefaultMaxMessageBytes;
+    // Count what is queued toward each address (Backlog()). It costs an
+    // allocation for each message whose last frame would have been copied
+    // (a small one): servers turn it on, to bound what they queue for a
+    // peer that reads slowly; off, Backlog() reports nothing.
+    bool count_backlog = false;
     // Largest number of data frames in one message, both ways.
     size_t max_data_frames = 64;
     // ZeroMQ I/O threads of this transport's own context (at least 1).
@@ -148,9 +154,10 @@ class ZmqTransport final : public Transport {
   absl::Status Start(Handler handler) override;
   const std::string& address() const override;
   absl::Status Send(const std::string& to, Message message) override;
-  // Messages queued toward `to` (its DEALER's unbounded queue, see Send)
-  // whose last frame libzmq has not released: not yet written to the
-  // kernel, or waiting for a connection.
+  // With options.count_backlog: messages queued toward `to` (its DEALER's
+  // unbounded queue, see Send) whose last frame libzmq has not released:
+  // not yet written to the kernel, or waiting for a connection. Without it,
+  // zero.
   PeerBacklog Backlog(const std::string& to) const override;
   void Stop() override;
   TransportStats stats() const override;

@@ -162,7 +162,7 @@ class OneServerJob {
     return co;
   }
   static std::unique_ptr<Transport> NewTransport() {
-    auto t = MakeTransport("tcp://127.0.0.1:0");
+    auto t = MakeTransport(ZmqTransport::Options{.bind = "tcp://127.0.0.1:0", .count_backlog = true});
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? std::move(*t) : nullptr;
   }
