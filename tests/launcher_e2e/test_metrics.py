@@ -43,7 +43,15 @@ def test_scrapes_show_growing_counters(source_dir, binaries, tmp_path):
     job = subprocess.Popen(argv, cwd=source_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
-        server1, worker1 = scrape(base, deadline), scrape(base + 1, deadline)
+        # The first scrapes once training is under way (the worker makes its
+        # data first, which takes a while in a sanitizer build).
+        while True:
+            server1, worker1 = scrape(base, deadline), scrape(base + 1, deadline)
+            if value(server1, "tessera_server_push_requests_total") > 0 and value(
+                    worker1, "tessera_worker_pushes_total") > 0:
+                break
+            assert time.monotonic() < deadline, "no push within 60 s"
+            time.sleep(0.1)
         coordinator1 = scrape(base + 2, deadline)
         time.sleep(1.0)
         server2, worker2 = scrape(base, deadline), scrape(base + 1, deadline)
