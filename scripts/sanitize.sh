@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The sanitizer tier: the whole test suite under AddressSanitizer and
 # UndefinedBehaviorSanitizer, and the threaded parts (transports, the
-# coordinator session, server and worker shells, in-process clusters) under
-# ThreadSanitizer. No suppressions for the project's own code (scripts/tsan.supp
-# holds one for libzmq, which is not instrumented).
+# coordinator session, server and worker shells, in-process clusters, whole
+# jobs of real processes) under ThreadSanitizer. No suppressions for the
+# project's own code (scripts/tsan.supp holds libzmq's CURVE decryption in
+# libsodium, and spdlog's: libraries that are not instrumented).
 #
 #   scripts/sanitize.sh [asan|tsan|all|ci]     (default all)
 #
 # asan, tsan, all: build into build-asan/ and build-tsan/ (CUDA off), then
-# run ctest there; several times as long as scripts/test.sh, not part of it.
+# run ctest there (tsan: the threaded tests only, then the jobs of real
+# processes below); several times as long as scripts/test.sh, not part of it.
 #
 # `ci` is the tier scripts/test.sh runs, sized to CI's time on 2 cores:
 # every pure core's unit tests (common, compress, coordinator, session,
@@ -23,8 +25,21 @@
 # build-tsan-ci/, the transports (ZeroMQ, in-process, fault wrapper, shared
 # memory, caller delivery) and whole jobs in one process (the in-process
 # clusters and the bad-request table over real sockets: the coordinator,
-# server and worker shells with all their threads). Not in `ci`, for time:
-# the multi-process tests under a sanitizer (`asan`, `tsan`).
+# server and worker shells with all their threads). Then whole jobs of real
+# processes through tessera-launch, with tessera-coordinator,
+# tessera-server, tessera-keys and the worker programs (tessera-logreg, the
+# consistency and audit workloads) built with TSan there (tsan_jobs below):
+# a server SIGKILLed mid-job with replication 2 (tests/consistency/
+# test_failover.py, BSP: every pull exact), shards moved under load and
+# then 2%/2%/5% of all messages dropped/duplicated/reordered, each checked
+# by the audit (tests/audit/test_audit.py), and the logistic-regression
+# example over the shared-memory rings with lent pull replies, scraped over
+# HTTP (tests/launcher_e2e/test_metrics.py). Every one of these jobs
+# authenticates with CURVE (the launcher's default). A TSan report in any
+# process of a job fails its test. On the 2-core CI machine the jobs add
+# about 2 minutes (their binaries' build 50 s, the jobs 60 s). Not in `ci`,
+# for time: the other multi-process tests under a sanitizer (`asan` runs
+# them all).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 WHICH=${1:-all}
@@ -39,6 +54,58 @@ configure() {  # DIR SANITIZERS
 }
 
 status=0
+LOG_DIR=$ROOT
+# run NAME COMMAND...: runs it, its output to LOG_DIR/NAME.log; prints the end
+# of it on failure. A test that hangs fails after 20 minutes (a hung test
+# must not hold CI until its own deadline).
+run() {
+  local name=$1 start=$SECONDS rc=0
+  shift
+  local log="$LOG_DIR/${name%% *}.log"
+  timeout -k 10 1200 "$@" >"$log" 2>&1 || rc=$?
+  if [ "$rc" = 0 ]; then
+    echo "sanitize $WHICH: $name passed ($((SECONDS - start)) s)"
+  else
+    [ "$rc" = 124 ] && echo "(timed out after 1200 s)" >>"$log"
+    echo "sanitize $WHICH: $name FAILED (exit status $rc); the end of $log:"
+    tail -n 80 "$log"
+    status=1
+  fi
+}
+
+# Whole jobs of real processes for TSan: what they need built (the job key
+# tool too: CURVE is on by default), and tsan_jobs DIR, which runs them from
+# build tree DIR. The launcher hands its environment, TSAN_OPTIONS with it,
+# to every process it starts. Each process writes its reports to
+# DIR/tsan-reports/TEST.PID (log_path), so that a report fails the test even
+# where the job goes on without the process that made it (a server that
+# halts on a race is failed over like a killed one). The job logs stay in
+# DIR/jobs/TEST (pytest's --basetemp).
+JOB_BINARIES=(tessera-coordinator tessera-server tessera-keys tessera-logreg tessera-consistency-workload
+  tessera-consistency-check tessera-audit-workload)
+tsan_job() {  # DIR TEST PYTEST-ARGUMENTS...
+  local dir=$1 name=$2
+  shift 2
+  rm -rf "$dir/tsan-reports/$name".* "$dir/jobs/$name"
+  mkdir -p "$dir/tsan-reports" "$dir/jobs"
+  LOG_DIR=$dir run "$name (TSan, real processes)" env TESSERA_BUILD_DIR="$dir" \
+    TSAN_OPTIONS="$TSAN_OPTIONS:log_path=$dir/tsan-reports/$name" \
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider --basetemp "$dir/jobs/$name" "$@"
+  if compgen -G "$dir/tsan-reports/$name.*" >/dev/null; then
+    echo "sanitize $WHICH: $name: ThreadSanitizer reported in a process of the job ($dir/tsan-reports/):"
+    head -n 60 "$dir/tsan-reports/$name".*
+    status=1
+  fi
+}
+tsan_jobs() {  # DIR
+  # A server SIGKILLed mid-job, replication 2, BSP: the job ends ok, every pull exact.
+  tsan_job "$1" failover "$ROOT/tests/consistency/test_failover.py" -k bsp
+  # Shards moved under load; messages dropped, duplicated and reordered: the audit passes.
+  tsan_job "$1" audit "$ROOT/tests/audit/test_audit.py" -k "moved_under_load or (e5_ and 11)"
+  # tessera-logreg over the shared-memory rings (frames of 4 KiB and more, pull replies lent), metrics scraped.
+  tsan_job "$1" metrics "$ROOT/tests/launcher_e2e/test_metrics.py" --build-dir "$1" --source-dir "$ROOT"
+}
+
 if [ "$WHICH" = ci ]; then
   TESTS=(common/common_test common/sparse_batch_test compress/compress_test coordinator/coordinator_core_test
     node/session_core_test server/checkpoint_test server/row_index_test server/server_core_test
@@ -52,18 +119,7 @@ if [ "$WHICH" = ci ]; then
   for t in "${TESTS[@]}"; do names+=("$(basename "$t")"); done
   cmake --build "$DIR" -j "$JOBS" --target "${names[@]}" tessera-sim
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-  run() {  # NAME COMMAND...: runs it, its output to DIR/NAME.log; prints the end of it on failure
-    local name=$1 start=$SECONDS
-    shift
-    local log="$DIR/${name%% *}.log"
-    if "$@" >"$log" 2>&1; then
-      echo "sanitize ci: $name passed ($((SECONDS - start)) s)"
-    else
-      echo "sanitize ci: $name FAILED; the end of $log:"
-      tail -n 80 "$log"
-      status=1
-    fi
-  }
+  LOG_DIR=$DIR
   for t in "${TESTS[@]}"; do run "$(basename "$t") (ASan+UBSan)" "$DIR/$t" --gtest_brief=1; done
   run "tessera-sim (ASan+UBSan, 300 seeds)" "$DIR/tests/sim/tessera-sim" --first-seed 1 --seeds 300
   # Threads under TSan (-O1, build-tsan-ci/). The shared-
@@ -77,13 +133,15 @@ if [ "$WHICH" = ci ]; then
   cmake --build "$TDIR" -j "$JOBS" --target transport_conformance_test fault_transport_test shm_transport_test \
     caller_delivery_test inproc_cluster_test bad_requests_test
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/scripts/tsan.supp"
-  DIR=$TDIR
+  LOG_DIR=$TDIR
   for t in transport/transport_conformance_test transport/fault_transport_test transport/caller_delivery_test \
     tests/cluster/inproc_cluster_test tests/cluster/bad_requests_test; do
     run "$(basename "$t") (TSan)" "$TDIR/$t" --gtest_brief=1
   done
   run "shm_transport_test (TSan)" "$TDIR/transport/shm_transport_test" --gtest_brief=1 \
     --gtest_filter=-ShmTransportTest.NoLendingWhenEitherSideTurnsItOff:ShmTransportTest.TheLendsOfAReaderWhoseProcessEndedAreReclaimed:ShmTransportTest.AReaderReplacedAtItsAddressKeepsItsLendsUntilItsProcessEnds
+  cmake --build "$TDIR" -j "$JOBS" --target "${JOB_BINARIES[@]}"
+  tsan_jobs "$TDIR"
   exit $status
 fi
 if [ "$WHICH" = all ] || [ "$WHICH" = asan ]; then
@@ -98,15 +156,16 @@ if [ "$WHICH" = all ] || [ "$WHICH" = tsan ]; then
   configure "$ROOT/build-tsan" thread
   cmake --build "$ROOT/build-tsan" -j "$JOBS" --target transport_conformance_test fault_transport_test curve_test \
     inproc_cluster_test bad_requests_test auth_test etcd_client_test etcd_leadership_test server_core_test \
-    shm_transport_test shm_ring_test device_staging_test caller_delivery_test
+    shm_transport_test shm_ring_test device_staging_test caller_delivery_test "${JOB_BINARIES[@]}"
   # The threaded parts: transports (ZeroMQ, in-process, fault wrapper, shared
   # memory), GPU staging's pipeline against an in-process cluster, the
   # etcd keep-alive thread, and whole jobs in one process (coordinator,
   # server and worker shells with their threads).
-  # scripts/tsan.supp: third-party code only (libzmq's CURVE hand-off, which TSan cannot see).
-  (cd "$ROOT/build-tsan" && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions="$ROOT/scripts/tsan.supp" \
-     ctest --output-on-failure --timeout 1200 -j "$JOBS" \
+  # scripts/tsan.supp: third-party code only (libzmq's CURVE hand-off and spdlog's registry, which TSan cannot see).
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/scripts/tsan.supp"
+  (cd "$ROOT/build-tsan" && ctest --output-on-failure --timeout 1200 -j "$JOBS" \
        -R 'Transport|Curve|JobKeyFile|InProcCluster|BadRequests|AuthTest|Etcd|ServerCore|Replication|Consistency|Shm|Staging|CallerDelivery') \
     || status=1
+  tsan_jobs "$ROOT/build-tsan"  # the jobs of real processes of `ci`
 fi
 exit $status

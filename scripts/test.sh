@@ -2,7 +2,7 @@
 # Installs what is missing (apt), builds, and runs the whole test suite with
 # ctest; then, for the whole suite, the sanitizer tier (scripts/sanitize.sh
 # ci: every pure core's unit tests and the simulator under ASan+UBSan, the
-# transports and in-process clusters under TSan;
+# transports, in-process clusters and a few jobs of real processes under TSan;
 # TESSERA_SANITIZE_CI=0 skips it) and a bounded fuzzing of each fuzz target
 # (scripts/fuzz.sh; TESSERA_FUZZ_SECONDS per target, default 20; 0 skips).
 # Usage: scripts/test.sh [ctest arguments...]   e.g. scripts/test.sh -R Cluster
