@@ -916,7 +916,10 @@ TEST(ZmqTransportConformanceTest, BacklogCountsWhatAPeerHasNotReadYet) {
   slow.bind("tcp://127.0.0.1:0");
   const std::string slow_address = slow.get(zmq::sockopt::last_endpoint);
 
-  ZmqTransport sender(ZmqTransport::Options{.count_backlog = true});
+  // No link timeout: Linux counts TCP_USER_TIMEOUT against a zero window
+  // too, so a peer that reads nothing for that long (2 s by default; this
+  // test under TSan) would have its connection dropped and remade.
+  ZmqTransport sender(ZmqTransport::Options{.count_backlog = true, .link_timeout_ms = 0});
   ASSERT_OK(sender.Start(IgnoreMessage));
   EXPECT_EQ(sender.Backlog(slow_address).messages, 0u) << "a peer never sent to";
   constexpr int kBig = 48;
@@ -940,6 +943,7 @@ TEST(ZmqTransportConformanceTest, BacklogCountsWhatAPeerHasNotReadYet) {
   EXPECT_EQ(sender.Backlog("tcp://127.0.0.1:1").messages, 0u) << "another address";
 
   // The peer reads everything: the backlog empties, exactly.
+  slow.set(zmq::sockopt::rcvtimeo, 10000);  // a lost message fails the test instead of hanging it
   int read = 0;
   while (read < kBig + 2) {
     std::vector<zmq::message_t> parts;

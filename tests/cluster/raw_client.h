@@ -162,7 +162,10 @@ class OneServerJob {
     return co;
   }
   static std::unique_ptr<Transport> NewTransport() {
-    auto t = MakeTransport(ZmqTransport::Options{.bind = "tcp://127.0.0.1:0", .count_backlog = true});
+    // No link timeout: a test's peer may read nothing for seconds on purpose
+    // (Linux counts TCP_USER_TIMEOUT against a zero window too).
+    auto t = MakeTransport(
+        ZmqTransport::Options{.bind = "tcp://127.0.0.1:0", .count_backlog = true, .link_timeout_ms = 0});
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? std::move(*t) : nullptr;
   }
