@@ -22,10 +22,13 @@
 # partial build leaves ctest's other tests unbuilt). The fuzz step of
 # scripts/test.sh covers the codecs, checkpoints, server requests and the
 # shared-memory ring under ASan+UBSan too. Then, under TSan at -O1 into
-# build-tsan-ci/, the transports (ZeroMQ, in-process, fault wrapper, shared
-# memory, caller delivery) and whole jobs in one process (the in-process
-# clusters and the bad-request table over real sockets: the coordinator,
-# server and worker shells with all their threads). Then whole jobs of real
+# build-tsan-ci/, every test binary that starts threads: the transports
+# (ZeroMQ, CURVE, in-process, fault wrapper, shared memory, caller
+# delivery), GPU staging's pipeline, the buffer pool, the etcd leadership
+# keep-alive, and whole jobs in one process (the in-process clusters,
+# transfer priorities, the consistency tests, authentication and the
+# bad-request table over real sockets: the coordinator, server and worker
+# shells with all their threads). Then whole jobs of real
 # processes through tessera-launch, with tessera-coordinator,
 # tessera-server, tessera-keys and the worker programs (tessera-logreg, the
 # consistency and audit workloads) built with TSan there (tsan_jobs below):
@@ -131,11 +134,16 @@ if [ "$WHICH" = ci ]; then
       -DTESSERA_SANITIZE=thread -DTESSERA_CUDA=OFF -DTESSERA_BUILD_BENCH=OFF >/dev/null
   fi
   cmake --build "$TDIR" -j "$JOBS" --target transport_conformance_test fault_transport_test shm_transport_test \
-    caller_delivery_test inproc_cluster_test bad_requests_test
+    caller_delivery_test inproc_cluster_test bad_requests_test curve_test auth_test transfer_priority_test \
+    consistency_test device_staging_test common_test etcd_leadership_test
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/scripts/tsan.supp"
   LOG_DIR=$TDIR
+  # Every test binary that starts threads (server_core_test's one thread
+  # only drops a Buffer, which common_test's buffer tests do under TSan too).
   for t in transport/transport_conformance_test transport/fault_transport_test transport/caller_delivery_test \
-    tests/cluster/inproc_cluster_test tests/cluster/bad_requests_test; do
+    transport/curve_test tests/cluster/inproc_cluster_test tests/cluster/bad_requests_test tests/cluster/auth_test \
+    tests/cluster/transfer_priority_test tests/consistency/consistency_test worker/device_staging_test \
+    common/common_test coordinator/etcd_leadership_test; do
     run "$(basename "$t") (TSan)" "$TDIR/$t" --gtest_brief=1
   done
   run "shm_transport_test (TSan)" "$TDIR/transport/shm_transport_test" --gtest_brief=1 \
