@@ -59,6 +59,9 @@ configure() {  # DIR SANITIZERS
 
 status=0
 LOG_DIR=$ROOT
+targets() {  # PATH...: the build targets of test binaries given by their paths in a build tree
+  for t in "$@"; do basename "$t"; done
+}
 # run NAME COMMAND...: runs it, its output to LOG_DIR/NAME.log; prints the end
 # of it on failure. A test that hangs fails after 20 minutes (a hung test
 # must not hold CI until its own deadline).
@@ -121,9 +124,7 @@ if [ "$WHICH" = ci ]; then
     cmake -S "$ROOT" -B "$DIR" -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O0 -g1" \
       -DTESSERA_SANITIZE=address,undefined -DTESSERA_CUDA=OFF -DTESSERA_BUILD_BENCH=OFF >/dev/null
   fi
-  names=()
-  for t in "${TESTS[@]}"; do names+=("$(basename "$t")"); done
-  cmake --build "$DIR" -j "$JOBS" --target "${names[@]}" tessera-sim
+  cmake --build "$DIR" -j "$JOBS" --target $(targets "${TESTS[@]}") tessera-sim
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
   LOG_DIR=$DIR
   for t in "${TESTS[@]}"; do run "$(basename "$t") (ASan+UBSan)" "$DIR/$t" --gtest_brief=1; done
@@ -136,17 +137,16 @@ if [ "$WHICH" = ci ]; then
     cmake -S "$ROOT" -B "$TDIR" -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" \
       -DTESSERA_SANITIZE=thread -DTESSERA_CUDA=OFF -DTESSERA_BUILD_BENCH=OFF >/dev/null
   fi
-  cmake --build "$TDIR" -j "$JOBS" --target transport_conformance_test fault_transport_test shm_transport_test \
-    caller_delivery_test inproc_cluster_test bad_requests_test curve_test auth_test transfer_priority_test \
-    consistency_test device_staging_test common_test etcd_leadership_test
-  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/scripts/tsan.supp"
-  LOG_DIR=$TDIR
   # Every test binary that starts threads (server_core_test's one thread
   # only drops a Buffer, which common_test's buffer tests do under TSan too).
-  for t in transport/transport_conformance_test transport/fault_transport_test transport/caller_delivery_test \
-    transport/curve_test tests/cluster/inproc_cluster_test tests/cluster/bad_requests_test tests/cluster/auth_test \
-    tests/cluster/transfer_priority_test tests/consistency/consistency_test worker/device_staging_test \
-    common/common_test coordinator/etcd_leadership_test; do
+  TSAN_TESTS=(transport/transport_conformance_test transport/fault_transport_test transport/caller_delivery_test
+    transport/curve_test tests/cluster/inproc_cluster_test tests/cluster/bad_requests_test tests/cluster/auth_test
+    tests/cluster/transfer_priority_test tests/consistency/consistency_test worker/device_staging_test
+    common/common_test coordinator/etcd_leadership_test)
+  cmake --build "$TDIR" -j "$JOBS" --target $(targets "${TSAN_TESTS[@]}") shm_transport_test
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/scripts/tsan.supp"
+  LOG_DIR=$TDIR
+  for t in "${TSAN_TESTS[@]}"; do
     run "$(basename "$t") (TSan)" "$TDIR/$t" --gtest_brief=1
   done
   run "shm_transport_test (TSan)" "$TDIR/transport/shm_transport_test" --gtest_brief=1 \

@@ -199,6 +199,15 @@ void ServerCore::ReleaseHeldReplies(std::vector<Outgoing>& out) {
   }
 }
 
+void ServerCore::ForgetShards(const absl::flat_hash_set<uint32_t>& shards) {
+  for (auto& [id, table] : tables_) {
+    const uint32_t table_id = id;
+    table->EraseRows([&](Key k) { return shards.contains(map_->VShardOfKey(table_id, k)); });
+  }
+  absl::erase_if(dedup_, [&](const auto& e) { return shards.contains(static_cast<uint32_t>(e.first >> 32)); });
+  absl::erase_if(audit_, [&](const auto& e) { return shards.contains(map_->VShardOfKey(e.first.first, e.first.second)); });
+}
+
 void ServerCore::AbortHeldReplies(const std::function<bool(uint32_t)>& moved, std::vector<Outgoing>& out) {
   for (auto it = held_replies_.begin(); it != held_replies_.end();) {
     auto hit = std::find_if(it->vshards.begin(), it->vshards.end(), moved);
@@ -941,15 +950,7 @@ absl::Status ServerCore::ApplyTransfer(const Message& m, uint32_t from) {
   // and audit records it has and the primary lacks (forwards of a deposed
   // primary that reached only this copy, never acknowledged) go. A
   // continued one adds more rows of the shards the one before it began.
-  if (!t.continued()) {
-    for (auto& [id, table] : tables_) {
-      const uint32_t table_id = id;
-      table->EraseRows([&](Key k) { return shards.contains(map_->VShardOfKey(table_id, k)); });
-    }
-    absl::erase_if(dedup_, [&](const auto& e) { return shards.contains(static_cast<uint32_t>(e.first >> 32)); });
-    absl::erase_if(audit_,
-                   [&](const auto& e) { return shards.contains(map_->VShardOfKey(e.first.first, e.first.second)); });
-  }
+  if (!t.continued()) ForgetShards(shards);
   for (int i = 0; i < t.tables_size(); ++i) {
     proto::CreateTable create;
     *create.mutable_config() = t.tables(i);
@@ -1851,13 +1852,7 @@ void ServerCore::LetMovedShardsGo(const ShardMapView& old, std::vector<Outgoing>
   if (released.empty()) return;
   // The shards this server holds no copy of any more: their rows, windows
   // and counts go (a later copy here starts from a state transfer).
-  for (auto& [id, table] : tables_) {
-    const uint32_t table_id = id;
-    table->EraseRows([&](Key k) { return released.contains(map_->VShardOfKey(table_id, k)); });
-  }
-  absl::erase_if(dedup_, [&](const auto& e) { return released.contains(static_cast<uint32_t>(e.first >> 32)); });
-  absl::erase_if(audit_,
-                 [&](const auto& e) { return released.contains(map_->VShardOfKey(e.first.first, e.first.second)); });
+  ForgetShards(released);
   for (uint32_t v : released) applied_.erase(v);
   stats_.shards_released += released.size();
 }

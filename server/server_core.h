@@ -621,6 +621,8 @@ class ServerCore {
   void ReleaseHeldReplies(std::vector<Outgoing>& out);
   // Held replies that read a shard `moved` says this server lost are
   // answered Aborted instead (the worker pulls again from the new primary).
+  // Drops this server's rows, dedup windows and audit records of `shards`.
+  void ForgetShards(const absl::flat_hash_set<uint32_t>& shards);
   void AbortHeldReplies(const std::function<bool(uint32_t)>& moved, std::vector<Outgoing>& out);
   absl::flat_hash_map<uint32_t, uint64_t> applied_;  // vshard -> pushes applied to it (here or, before, elsewhere)
   // Load accounting: counts the keys of one request against their shards

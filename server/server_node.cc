@@ -426,13 +426,13 @@ std::string ServerNode::MetricsText() const {
                "Worker requests refused (Unavailable) while that peer's answers in flight were at a limit "
                "(--max-mb-in-flight-per-peer, --max-requests-in-flight-per-peer)",
                s.busy_refused)
+      .Counter("tessera_server_busy_dropped_total",
+               "Of those, dropped unanswered: too many answers to that peer waiting even for a refusal",
+               s.busy_dropped)
       .Counter("tessera_server_push_clocks_bounded_total",
                "Pushes stamped further ahead than one past the highest clock any worker announced here: their "
                "table's clock moved only that far",
                s.push_clocks_bounded)
-      .Counter("tessera_server_busy_dropped_total",
-               "Of those, dropped unanswered: too many answers to that peer waiting even for a refusal",
-               s.busy_dropped)
       .Counter("tessera_server_compressed_pushes_total", "Pushes whose values arrived encoded", s.compressed_pushes)
       .Counter("tessera_server_received_bytes_total", "Data frame bytes received, as on the wire", s.bytes_in)
       .Counter("tessera_server_sent_bytes_total", "Data frame bytes sent, as on the wire", s.bytes_out)

@@ -147,15 +147,12 @@ class ZmqTransport::Impl {
   absl::Status Start(std::shared_ptr<Impl> self, Handler handler);
   absl::Status Send(const std::string& to, Message message);
   PeerBacklog Backlog(const std::string& to) const {
-    std::shared_ptr<BacklogCount> count;
-    {
-      std::lock_guard lock(peers_mu_);
-      auto it = peers_.find(to);
-      if (it == peers_.end()) return {};
-      count = it->second->backlog;
-    }
-    return PeerBacklog{.messages = count->messages.load(std::memory_order_acquire),
-                       .bytes = count->bytes.load(std::memory_order_relaxed)};
+    std::lock_guard lock(peers_mu_);
+    auto it = peers_.find(to);
+    if (it == peers_.end()) return {};
+    const BacklogCount& count = *it->second->backlog;
+    return PeerBacklog{.messages = count.messages.load(std::memory_order_acquire),
+                       .bytes = count.bytes.load(std::memory_order_relaxed)};
   }
   void Stop();
   TransportStats stats() const;
@@ -187,12 +184,10 @@ class ZmqTransport::Impl {
   std::string AdvertisedAddress(const std::string& endpoint) const;
   absl::StatusOr<std::shared_ptr<Peer>> PeerFor(const std::string& to);
   zmq::message_t FrameToZmq(Buffer frame) const;
-  // A frame always sent without a copy, whose release takes `bytes` and one
-  // message off `backlog` (the last frame of a message).
   // The last frame of a message when backlogs are counted: always held, its
-  // release takes the message (`message_bytes`) off `backlog`. `fill`
-  // writes its `size` bytes where it is copied; `frame`, when given and
-  // large, is kept instead.
+  // release takes the message (`message_bytes`) off `backlog`. A non-empty
+  // `frame` is kept by reference; otherwise `fill` writes the frame's
+  // `size` bytes into the hold (one allocation).
   zmq::message_t CountedToZmq(size_t size, const std::function<void(std::byte*)>& fill, Buffer frame,
                               std::shared_ptr<BacklogCount> backlog, uint64_t message_bytes) const;
   Buffer ZmqToFrame(zmq::message_t&& part);
@@ -558,9 +553,7 @@ zmq::message_t ZmqTransport::Impl::FrameToZmq(Buffer frame) const {
 
 zmq::message_t ZmqTransport::Impl::CountedToZmq(size_t size, const std::function<void(std::byte*)>& fill, Buffer frame,
                                                 std::shared_ptr<BacklogCount> backlog, uint64_t message_bytes) const {
-  // Small frames are copied into the hold (one allocation, and no large
-  // buffer kept alive for a few bytes of it); others are kept by reference.
-  const bool copy = frame.empty() || size < options_.send_copy_below_bytes;
+  const bool copy = frame.empty();
   SendHold* hold = SendHold::New(copy ? std::max<size_t>(size, 1) : 0);
   void* data = hold->inline_bytes();
   if (copy) {
@@ -617,6 +610,7 @@ absl::Status ZmqTransport::Impl::Send(const std::string& to, Message message) {
         auto copy = [&](std::byte* to) {
           if (size > 0) std::memcpy(to, frame.data(), size);
         };
+        // A small one is copied (no large buffer kept alive for a few bytes of it).
         parts.push_back(CountedToZmq(size, copy, size < options_.send_copy_below_bytes ? Buffer() : std::move(frame),
                                      (*peer)->backlog, total_bytes));
       }
