@@ -58,15 +58,36 @@ ShmRingWriter::ShmRingWriter(uint64_t capacity, uint64_t start) : capacity_(capa
 
 std::optional<Region> ShmRingWriter::Allocate(uint64_t length, uint64_t released) {
   if (length == 0 || length > capacity_) return std::nullopt;
+  // Every subtraction below is modulo 2^64 (see "Positions"): `end - free`
+  // is the space from the oldest byte that may be in use to the frame's end.
+  const uint64_t free = FreeUpTo(released);
+  const auto fits = [&](uint64_t data) { return data + length - free <= capacity_; };
   uint64_t data = AlignUp(head_);
-  const uint64_t offset = data % capacity_;
-  if (offset + length > capacity_) data += capacity_ - offset;  // skip to the ring's start
-  const uint64_t end = data + length;
-  if (end - released > capacity_) return std::nullopt;
+  const uint64_t next_lap = head_ - head_ % capacity_ + capacity_;
+  if (head_ % capacity_ != 0 && fits(next_lap)) {
+    data = next_lap;  // the ring's start is free: reuse it (lowest offset first)
+  } else {
+    const uint64_t offset = data % capacity_;
+    if (offset + length > capacity_) data += capacity_ - offset;  // skip to the ring's start
+    if (!fits(data)) return std::nullopt;
+  }
   Region r{head_, data, length};
+  if (data != head_) paddings_.emplace_back(head_, data);
+  const uint64_t end = data + length;
   head_ = end;
   stuck_released_.reset();
   return r;
+}
+
+uint64_t ShmRingWriter::FreeUpTo(uint64_t released) {
+  const auto at_or_before = [](uint64_t a, uint64_t b) { return static_cast<int64_t>(b - a) >= 0; };
+  while (!paddings_.empty() && at_or_before(paddings_.front().second, released)) paddings_.pop_front();
+  uint64_t free = released;
+  for (const auto& [begin, end] : paddings_) {
+    if (!at_or_before(begin, free)) break;
+    free = end;  // a padding that starts where the free space ends holds no frame
+  }
+  return free;
 }
 
 bool ShmRingWriter::Stuck(uint64_t released, int64_t now, int64_t patience) {
@@ -80,8 +101,9 @@ bool ShmRingWriter::Stuck(uint64_t released, int64_t now, int64_t patience) {
 
 absl::Status ValidateRegion(const Region& r, uint64_t capacity) {
   if (r.length == 0) return absl::InvalidArgumentError("shared-memory frame of 0 bytes");
-  if (r.data > ~uint64_t{0} - r.length) return absl::InvalidArgumentError("shared-memory frame position overflows");
-  if (r.data < r.begin) return absl::InvalidArgumentError("shared-memory frame starts before its region");
+  // Positions are serial numbers modulo 2^64: a frame that "starts before its
+  // region" is one whose distance from the region's begin wraps.
+  if (r.data - r.begin >= capacity) return absl::InvalidArgumentError("shared-memory frame starts before its region");
   if (r.data % kAlignment != 0) return absl::InvalidArgumentError("shared-memory frame not 64-byte aligned");
   if (r.length > capacity || r.data % capacity + r.length > capacity) {
     return absl::InvalidArgumentError(
@@ -100,12 +122,14 @@ ShmRingReleaser::ShmRingReleaser(uint64_t released) : published_(released), know
 
 absl::Status ShmRingReleaser::Arrived(const Region& r) {
   std::lock_guard lock(mu_);
-  if (r.begin < known_end_) {
+  // Serial comparison (positions wrap modulo 2^64).
+  const auto ahead = static_cast<int64_t>(r.begin - known_end_);
+  if (ahead < 0) {
     return absl::FailedPreconditionError(absl::StrCat("shared-memory region at ", r.begin,
                                                       " arrived after one that ended at ", known_end_,
                                                       " (out of order or repeated)"));
   }
-  if (r.begin > known_end_) entries_.push_back({known_end_, r.begin, true});  // lost on the way
+  if (ahead > 0) entries_.push_back({known_end_, r.begin, true});  // lost on the way
   entries_.push_back({r.begin, r.end(), false});
   known_end_ = r.end();
   return absl::OkStatus();
@@ -233,7 +257,7 @@ void ShmSegment::StoreReleased(uint64_t position) {
   // stored first. Never move backwards.
   std::atomic<uint64_t>& released = reinterpret_cast<SharedHeader*>(base_)->released;
   uint64_t seen = released.load(std::memory_order_relaxed);
-  while (seen < position && !released.compare_exchange_weak(seen, position, std::memory_order_release,
+  while (static_cast<int64_t>(position - seen) > 0 && !released.compare_exchange_weak(seen, position, std::memory_order_release,
                                                             std::memory_order_relaxed)) {
   }
 }

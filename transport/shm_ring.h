@@ -14,13 +14,31 @@
 // unit tests drive directly, and the small OS part (ShmSegment) that creates,
 // opens and maps the files.
 //
-// Positions. Both sides count bytes since the ring was made (uint64, never
-// wrapping in practice); position p lives at offset p % capacity. A region is
+// Positions. Both sides count bytes since the ring was made; position p
+// lives at offset p % capacity. Positions are uint64 counted modulo 2^64 (a
+// multiple of every capacity) and compared as serial numbers (the later of
+// two is the one less than 2^63 ahead), so their wrapping is harmless. A region is
 // [begin, end): `begin` is where the writer's head was (any padding that
 // skipped the tail of the ring belongs to the region), the frame's bytes are
 // [data, end) with data >= begin, data % 64 == 0, and a frame never wraps
 // (data % capacity + length <= capacity). Consecutive regions of one ring
 // are contiguous: each begins where the previous one ended.
+//
+// Lowest offset first. A frame starts at the ring's start (offset 0, skipping
+// the rest of the current lap as padding) whenever that space is free, and
+// only otherwise after the last frame. So the bytes a job touches are the
+// bytes it has in flight, not the whole ring: one frame at a time reuses the
+// same offsets, k frames in flight cycle through about k frames' space. The
+// writer knows the padding it made holds no frame, so it counts a padding
+// that directly follows the released position as free too: a frame lost on
+// the way after a jump to the start holds back its own bytes only, and the
+// next frame can still be placed (which tells the reader of the gap). A
+// ring's pages cost a fault the first time each process touches them (on a
+// 2-vCPU VM 9.6 us per 4 KiB page for the writer, 5 us for the reader:
+// 1.4 ms per 256 KiB frame), and a frame that was just touched is still in
+// the cache; walking a 64 MiB ring frame after frame paid the faults for the
+// first 64 MiB and a cache miss for every byte after (docs/benchmarks.md,
+// "Same-host stall"). The padding costs positions, never memory.
 //
 // The shared header holds the consumer's `released` position: everything
 // before it is free. Only the receiver writes it (release order), only the
@@ -45,6 +63,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -68,7 +87,9 @@ class ShmRingWriter {
   // Space for `length` bytes (length > 0) given everything before `released`
   // is free, or nullopt when it does not fit now (or ever: length >
   // capacity). `released` must be what the reader last published (monotone,
-  // never past the head). On success the head moves past the region.
+  // never past the head). The frame goes at the ring's start when that
+  // space is free, else right after the head (see "Lowest offset first").
+  // On success the head moves past the region.
   std::optional<Region> Allocate(uint64_t length, uint64_t released);
 
   uint64_t head() const { return head_; }
@@ -81,8 +102,15 @@ class ShmRingWriter {
   bool Stuck(uint64_t released, int64_t now, int64_t patience);
 
  private:
+  // `released` moved past the paddings that directly follow it (they hold
+  // no frame); drops the paddings it has passed.
+  uint64_t FreeUpTo(uint64_t released);
+
   uint64_t capacity_;
   uint64_t head_;
+  // [begin, end) of each padding this writer made that `released` has not
+  // passed yet, in order (at most one per region in the ring).
+  std::deque<std::pair<uint64_t, uint64_t>> paddings_;
   std::optional<uint64_t> stuck_released_;  // released position when failures began
   int64_t stuck_since_ = 0;
 };

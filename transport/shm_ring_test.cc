@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <deque>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +17,16 @@ namespace tessera::shm {
 namespace {
 
 constexpr uint64_t kCap = 4096;
+
+// True when the frame of `r` shares a byte of the ring with a frame in `live`.
+bool OverlapsALiveFrame(const Region& r, const std::deque<Region>& live, uint64_t cap) {
+  const uint64_t a = r.data % cap;
+  for (const Region& l : live) {
+    const uint64_t b = l.data % cap;
+    if (a < b + l.length && b < a + r.length) return true;
+  }
+  return false;
+}
 
 TEST(ShmRingWriterTest, AllocatesAlignedContiguousRegions) {
   ShmRingWriter w(kCap);
@@ -62,12 +74,114 @@ TEST(ShmRingWriterTest, NeverHandsOutSpaceThatIsInUse) {
     auto r = w.Allocate(len, released);
     if (!r) continue;
     ASSERT_EQ(ValidateRegion(*r, kCap), absl::OkStatus());
-    ASSERT_LE(r->end() - released, kCap) << "overlaps space not yet released";
+    ASSERT_FALSE(OverlapsALiveFrame(*r, live, kCap)) << "frame " << i;
     if (!live.empty()) {
       ASSERT_EQ(r->begin, live.back().end());
     }
     live.push_back(*r);
   }
+}
+
+// One frame at a time (each released before the next is placed): every
+// frame reuses the ring's first bytes, so a job touches one frame's pages,
+// not the whole ring (a cold page costs a fault in each process).
+TEST(ShmRingWriterTest, OneFrameAtATimeReusesTheRingsStart) {
+  constexpr uint64_t cap = 1 << 20;
+  ShmRingWriter w(cap);
+  uint64_t released = 0;
+  for (int i = 0; i < 100; ++i) {
+    auto r = w.Allocate(256 * 1024 + 7, released);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->data % cap, 0u) << "frame " << i << " lies at offset " << r->data % cap;
+    ASSERT_EQ(ValidateRegion(*r, cap), absl::OkStatus());
+    released = r->end();
+  }
+}
+
+// k frames in flight, released in order, the oldest just before the next
+// is placed (a pipeline of k): the frames cycle through k frames' space.
+// With the release one frame late, through k + 1.
+TEST(ShmRingWriterTest, FramesInFlightCycleThroughTheirOwnSpaceOnly) {
+  constexpr uint64_t cap = 64 << 20, len = 1 << 20;
+  for (const int lag : {0, 1}) {
+    for (const uint64_t k : {1u, 2u, 8u}) {
+      ShmRingWriter w(cap);
+      std::deque<Region> live;
+      uint64_t released = 0, highest = 0;
+      for (int i = 0; i < 1000; ++i) {
+        while (live.size() >= k + lag) {
+          released = live.front().end();
+          live.pop_front();
+        }
+        auto r = w.Allocate(len, released);
+        ASSERT_TRUE(r) << "k " << k << " frame " << i;
+        ASSERT_FALSE(OverlapsALiveFrame(*r, live, cap));
+        highest = std::max(highest, r->data % cap + len);
+        live.push_back(*r);
+      }
+      EXPECT_LE(highest, (k + lag) * len) << k << " in flight (release lag " << lag << ") touched "
+                                          << highest << " bytes of a " << cap << "-byte ring";
+    }
+  }
+}
+
+// A frame lost on the way after a jump to the ring's start (its region holds
+// the rest of the lap as padding) must not keep the next frame out: the
+// reader learns of a lost region only from a later one, so a next frame that
+// could not be placed would leave the ring stuck until it is replaced.
+TEST(ShmRingWriterTest, AFrameLostAfterAJumpHoldsBackOnlyItsOwnBytes) {
+  constexpr uint64_t cap = 1 << 20, len = 300'000;
+  ShmRingWriter w(cap);
+  ShmRingReleaser reader(0);
+  auto a = w.Allocate(len, 0);
+  ASSERT_TRUE(a);
+  ASSERT_EQ(reader.Arrived(*a), absl::OkStatus());
+  uint64_t released = reader.Release(a->begin);
+  auto lost = w.Allocate(len, released);  // jumps to the start; never arrives
+  ASSERT_TRUE(lost);
+  ASSERT_EQ(lost->data, cap);
+  auto next = w.Allocate(len, released);
+  ASSERT_TRUE(next) << "the lost frame's padding kept the next frame out";
+  EXPECT_FALSE(OverlapsALiveFrame(*next, {*lost}, cap));
+  ASSERT_EQ(reader.Arrived(*next), absl::OkStatus());
+  released = reader.Release(next->begin);
+  EXPECT_EQ(released, next->end()) << "the reader counted the lost region as a gap";
+  auto after = w.Allocate(len, released);
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->data % cap, 0u) << "and the ring's start is reused again";
+}
+
+// Positions are counted modulo 2^64: a ring whose positions pass 2^64 goes on
+// as before, for the writer, the check of a peer's region and the releaser.
+TEST(ShmRingWriterTest, PositionsWrapAroundTwoToTheSixtyFour) {
+  const uint64_t start = ~uint64_t{0} - 3 * kCap + 101;  // three laps before the wrap, unaligned
+  std::mt19937_64 rng(11);
+  ShmRingWriter w(kCap, start);
+  ShmRingReleaser rel(start);
+  std::deque<Region> live;
+  uint64_t released = start;
+  bool wrapped = false;
+  for (int i = 0; i < 2000; ++i) {
+    if (!live.empty() && rng() % 3 == 0) {
+      // Out of order sometimes: the releaser publishes only contiguous ones.
+      const size_t pick = live.size() > 1 && rng() % 2 ? 1 : 0;
+      released = rel.Release(live[pick].begin);
+      live.erase(live.begin() + static_cast<long>(pick));
+    }
+    auto r = w.Allocate(1 + rng() % 1500, released);
+    if (!r) continue;
+    ASSERT_EQ(ValidateRegion(*r, kCap), absl::OkStatus()) << "at " << r->data;
+    ASSERT_FALSE(OverlapsALiveFrame(*r, live, kCap)) << "frame " << i;
+    ASSERT_EQ(rel.Arrived(*r), absl::OkStatus()) << "at " << r->begin;
+    wrapped = wrapped || r->data < start;
+    live.push_back(*r);
+  }
+  EXPECT_TRUE(wrapped) << "the run never passed 2^64";
+  for (const Region& r : live) released = rel.Release(r.begin);
+  EXPECT_EQ(released, w.head()) << "everything released";
+  EXPECT_EQ(rel.outstanding(), 0u);
+  // A replay from before the wrap is still "before".
+  EXPECT_FALSE(rel.Arrived(Region{start, start, 64}).ok());
 }
 
 TEST(ShmRingWriterTest, StuckOnlyAfterPatienceWithoutProgress) {
