@@ -95,6 +95,8 @@ struct EndpointCore::InboundRendezvous {
   State state = State::kWaitRegistration;
   uint64_t deadline = 0;
   Buffer destination;  // exactly `length` bytes
+  // Set while `destination` is one posted for (request id, frame index).
+  std::optional<std::pair<uint64_t, uint32_t>> posted_key;
   const void* register_address = nullptr;
   size_t register_bytes = 0;
   std::shared_ptr<void> register_owner;
@@ -966,23 +968,22 @@ void EndpointCore::HandleMessage(Connection& c, const WireFrame& frame, Actions&
 
 void EndpointCore::ArrangeDestination(Connection& c, InboundRendezvous& rz, uint64_t request_id, Actions& out) {
   if (rz.part >= 1) {
-    auto it = posted_destinations_.find({request_id, static_cast<uint32_t>(rz.part - 1)});
+    const std::pair<uint64_t, uint32_t> key{request_id, static_cast<uint32_t>(rz.part - 1)};
+    auto it = posted_destinations_.find(key);
     if (it != posted_destinations_.end()) {
-      Buffer dest = std::move(it->second);
-      posted_destinations_.erase(it);
-      if (dest.size() == rz.length) {
+      if (it->second.size() == rz.length) {
         ++stats_.preposted_hits;
+        Buffer dest = std::move(it->second);
+        posted_destinations_.erase(it);
         rz.register_address = dest.data();
         rz.register_bytes = dest.size();
         rz.register_owner = dest.owner();
         rz.destination = std::move(dest);
+        rz.posted_key = key;
       } else {
+        // Not this frame's (a reply of another shape, say a compressed
+        // one): it goes to a pool block, the destination stays posted.
         ++stats_.preposted_mismatches;
-        Problem(c, PeerError(c, absl::StatusCode::kInvalidArgument,
-                             absl::StrCat("pre-posted destination for request ", request_id, " frame ", rz.part - 1,
-                                          " holds ", dest.size(), " bytes but the value has ", rz.length,
-                                          "; received into a pool buffer instead")),
-                out);
       }
     }
   }
@@ -1298,6 +1299,34 @@ absl::Status EndpointCore::PostDestination(uint64_t request_id, uint32_t frame_i
 
 bool EndpointCore::CancelDestination(uint64_t request_id, uint32_t frame_index) {
   return posted_destinations_.erase({request_id, frame_index}) > 0;
+}
+
+EndpointCore::CancelResult EndpointCore::CancelDestination(uint64_t request_id, uint32_t frame_index,
+                                                           Actions& out) {
+  if (CancelDestination(request_id, frame_index)) return CancelResult::kCancelled;
+  const std::pair<uint64_t, uint32_t> key{request_id, frame_index};
+  for (auto& [id, c] : connections_) {
+    for (auto& [tag, rz] : c->inbound) {
+      if (rz.posted_key != key) continue;
+      rz.posted_key.reset();
+      if (rz.state == InboundRendezvous::State::kWaitRegistration) {
+        // Nothing named the memory to the peer yet: take a pool block instead.
+        DestinationPool::Destination d = destinations_.Get(rz.length);
+        rz.destination = std::move(d.buffer);
+        rz.register_address = d.block_address;
+        rz.register_bytes = d.block_bytes;
+        rz.register_owner = std::move(d.owner);
+      } else {
+        Disconnect(*c,
+                   PeerError(*c, absl::StatusCode::kCancelled,
+                             absl::StrCat("the destination posted for request ", request_id, " frame ", frame_index,
+                                          " was cancelled while the peer may still write into it")),
+                   out);
+      }
+      return CancelResult::kTaken;
+    }
+  }
+  return CancelResult::kNotPosted;
 }
 
 std::optional<ConnectionId> EndpointCore::ConnectionTo(const std::string& address) const {

@@ -292,10 +292,33 @@ class EndpointCore {
   // next message carrying request id `request_id` that arrives by rendezvous
   // with exactly destination.size() bytes is written straight into
   // `destination` (and delivered as that Buffer). The destination is kept
-  // until used or cancelled. AlreadyExists if one is posted for that key;
-  // InvalidArgument for an empty destination.
+  // until used or cancelled; a rendezvous of another length, or a frame that
+  // came inline, leaves it posted (counted in preposted_mismatches for a
+  // rendezvous). It is registered through the registration cache when a
+  // rendezvous takes it (a registration waits for room like any other).
+  // AlreadyExists if one is posted for that key; InvalidArgument for an
+  // empty destination.
   absl::Status PostDestination(uint64_t request_id, uint32_t frame_index, Buffer destination);
+  // True when the destination was posted and unused (it is dropped);
+  // false when none is posted under that key, including one a rendezvous
+  // has taken (see the overload below for that case).
   bool CancelDestination(uint64_t request_id, uint32_t frame_index);
+  // What the overload below found.
+  enum class CancelResult {
+    kCancelled,  // posted and unused: dropped, never written
+    kNotPosted,  // nothing under that key: never posted, cancelled, or its data arrived
+    kTaken,      // a rendezvous had taken it and its data had not arrived: given up (below)
+  };
+  // CancelDestination for a caller that must not see its memory written
+  // after the call (Transport::CancelDestination). A destination taken by
+  // a rendezvous whose clear-to-send has not left yet (waiting for room to
+  // register) is swapped for a block of the DestinationPool: the message
+  // still arrives, into our memory. One whose clear-to-send has left may be
+  // written by the peer at any moment: its connection is disconnected (a
+  // DisconnectAction in `out`, unless it is already going) and the shell
+  // must destroy the queue pair before it lets the caller reuse the memory;
+  // that message is lost with the connection.
+  CancelResult CancelDestination(uint64_t request_id, uint32_t frame_index, Actions& out);
 
   // --- Introspection (tests, metrics) ---
   const EndpointStats& stats() const { return stats_; }

@@ -141,6 +141,14 @@ class RdmaTransport final : public Transport {
   absl::Status Send(const std::string& to, Message message) override { return impl_->Send(to, std::move(message)); }
   void Stop() override { impl_->Stop(); }
   TransportStats stats() const override { return impl_->stats(); }
+  bool PlacesInto(const std::string& /*from*/) const override { return impl_->running(); }
+  absl::Status PostDestination(const std::string& from, uint64_t request_id, uint32_t frame_index,
+                               Buffer destination) override {
+    return impl_->PostDestination(from, request_id, frame_index, std::move(destination));
+  }
+  bool CancelDestination(const std::string& /*from*/, uint64_t request_id, uint32_t frame_index) override {
+    return impl_->CancelDestination(request_id, frame_index);
+  }
 
  private:
   class Impl {
@@ -153,6 +161,13 @@ class RdmaTransport final : public Transport {
     void Stop();
     TransportStats stats() const;
     const std::string& address() const { return address_; }
+    bool running() const { return state_.load(std::memory_order_acquire) == kRunning; }
+    // Posted destinations (transport/transport.h) are the core's
+    // (EndpointCore::PostDestination), matched by request id and frame
+    // index: request ids are the poster's own, so only replies carry them.
+    absl::Status PostDestination(const std::string& from, uint64_t request_id, uint32_t frame_index,
+                                 Buffer destination);
+    bool CancelDestination(uint64_t request_id, uint32_t frame_index);
 
    private:
     enum State : int { kNew, kRunning, kStopping };
@@ -321,6 +336,45 @@ absl::Status RdmaTransport::Impl::Send(const std::string& to, Message message) {
   absl::Status s = core_->Send(to, std::move(message), actions);
   Execute(actions, none);  // a Send never delivers
   return s;
+}
+
+absl::Status RdmaTransport::Impl::PostDestination(const std::string& from, uint64_t request_id,
+                                                  uint32_t frame_index, Buffer destination) {
+  if (destination.remote()) {
+    return absl::InvalidArgumentError("a posted destination must be local memory (it is written by RDMA)");
+  }
+  std::lock_guard lock(mu_);
+  if (!running() || core_ == nullptr) return absl::FailedPreconditionError("transport not running");
+  absl::Status s = core_->PostDestination(request_id, frame_index, std::move(destination));
+  if (absl::IsAlreadyExists(s)) return absl::AlreadyExistsError(absl::StrCat(s.message(), " (from ", from, ")"));
+  return s;
+}
+
+bool RdmaTransport::Impl::CancelDestination(uint64_t request_id, uint32_t frame_index) {
+  std::lock_guard lock(mu_);
+  if (core_ == nullptr) return false;  // stopped: every queue pair is gone
+  Actions actions;
+  const EndpointCore::CancelResult result = core_->CancelDestination(request_id, frame_index, actions);
+  // A rendezvous that had named this memory to its peer: the connection
+  // goes now, queue pair first, so that no write lands after we return.
+  Actions more;
+  for (Action& a : actions) {
+    auto* x = std::get_if<DisconnectAction>(&a);
+    if (x == nullptr) {
+      more.push_back(std::move(a));
+      continue;
+    }
+    if (x->log) TLOG_WARN("RDMA {}: {}", address_, x->reason.message());
+    if (Link* link = LinkOf(x->connection); link != nullptr && link->connected) rdma_disconnect(link->id);
+    TearDown(x->connection, x->reason, more);
+  }
+  std::vector<Message> deliveries;
+  Execute(more, deliveries);
+  for (Message& m : deliveries) {  // none expected: a cancel completes no message
+    TLOG_WARN("RDMA {}: a message completed while cancelling a destination was dropped (request {})", address_,
+              m.header.request_id());
+  }
+  return result == EndpointCore::CancelResult::kCancelled;
 }
 
 RdmaTransport::Impl::Link* RdmaTransport::Impl::LinkOf(ConnectionId connection) {

@@ -244,6 +244,7 @@ class FaultTransport::Impl : public std::enable_shared_from_this<Impl> {
   void SetLinkHandler(Transport::LinkHandler handler) { inner_->SetLinkHandler(std::move(handler)); }
   bool LendsTo(const std::string& to, size_t bytes) const { return inner_->LendsTo(to, bytes); }
   PeerBacklog Backlog(const std::string& to) const { return inner_->Backlog(to); }
+  Transport& inner() const { return *inner_; }
   FaultStats fault_stats() const {
     std::lock_guard lock(mu_);
     return fault_stats_;
@@ -507,6 +508,14 @@ TransportStats FaultTransport::stats() const { return impl_->stats(); }
 bool FaultTransport::LendsTo(const std::string& to, size_t bytes) const { return impl_->LendsTo(to, bytes); }
 PeerBacklog FaultTransport::Backlog(const std::string& to) const { return impl_->Backlog(to); }
 void FaultTransport::SetLinkHandler(LinkHandler handler) { impl_->SetLinkHandler(std::move(handler)); }
+bool FaultTransport::PlacesInto(const std::string& from) const { return impl_->inner().PlacesInto(from); }
+absl::Status FaultTransport::PostDestination(const std::string& from, uint64_t request_id, uint32_t frame_index,
+                                             Buffer destination) {
+  return impl_->inner().PostDestination(from, request_id, frame_index, std::move(destination));
+}
+bool FaultTransport::CancelDestination(const std::string& from, uint64_t request_id, uint32_t frame_index) {
+  return impl_->inner().CancelDestination(from, request_id, frame_index);
+}
 
 FaultStats FaultTransport::fault_stats() const { return impl_->fault_stats(); }
 

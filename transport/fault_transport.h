@@ -194,6 +194,13 @@ class FaultTransport final : public Transport {
   bool LendsTo(const std::string& to, size_t bytes) const override;
   PeerBacklog Backlog(const std::string& to) const override;  // the wrapped transport's
   void SetLinkHandler(LinkHandler handler) override;  // the wrapped transport's events
+  // Posted destinations are the wrapped transport's: a frame it placed
+  // stays placed whatever this wrapper then does to its message (a dropped
+  // message used its destination up; a duplicate or a delayed one views it).
+  bool PlacesInto(const std::string& from) const override;
+  absl::Status PostDestination(const std::string& from, uint64_t request_id, uint32_t frame_index,
+                               Buffer destination) override;
+  bool CancelDestination(const std::string& from, uint64_t request_id, uint32_t frame_index) override;
 
   FaultStats fault_stats() const;
   const FaultSpec& spec() const;

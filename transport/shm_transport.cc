@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <map>
 #include <shared_mutex>
+#include <tuple>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -94,7 +96,9 @@ class ShmTransport::Impl {
       return absl::FailedPreconditionError("shared memory: this host's identity cannot be determined");
     }
     handler_ = std::move(handler);
-    return inner_->Start([this](Message m) { OnReceive(std::move(m)); });
+    absl::Status s = inner_->Start([this](Message m) { OnReceive(std::move(m)); });
+    if (s.ok()) started_.store(true, std::memory_order_release);
+    return s;
   }
 
   const std::string& address() const { return inner_->address(); }
@@ -188,6 +192,12 @@ class ShmTransport::Impl {
       sink_->release = nullptr;
     }
     inner_->Stop();
+    {
+      // No frame is placed any more (OnReceive has returned for good).
+      std::lock_guard posted_lock(posted_mu_);
+      posted_.clear();
+      posted_count_.store(0, std::memory_order_relaxed);
+    }
     // No Send or OnReceive runs past this point that could use a ring
     // (Send checks stopped_ before it takes a peer's lock).
     std::unique_lock lock(peers_mu_);
@@ -214,7 +224,43 @@ class ShmTransport::Impl {
     s.bytes_sent += s.shm_bytes_sent + s.shm_lent_bytes_sent;
     s.bytes_received += s.shm_bytes_received + s.shm_lent_bytes_received;
     s.malformed_received += malformed_.load(std::memory_order_relaxed);
+    s.frames_placed += frames_placed_.load(std::memory_order_relaxed);
+    s.bytes_placed += bytes_placed_.load(std::memory_order_relaxed);
     return s;
+  }
+
+  // Posted destinations (transport/transport.h). Frames are placed by the
+  // delivery thread, under posted_mu_ for the whole copy, so that a Cancel
+  // returns only once no copy into its memory is running.
+  bool PlacesInto(const std::string& from) const {
+    if (stopped_.load(std::memory_order_acquire)) return false;
+    if (options_.assume_local_peers) return true;
+    std::shared_lock lock(peers_mu_);
+    auto it = peers_.find(from);
+    return it != peers_.end() && it->second->host.load(std::memory_order_relaxed) == options_.host_identity;
+  }
+  absl::Status PostDestination(const std::string& from, uint64_t request_id, uint32_t frame_index,
+                               Buffer destination) {
+    if (!started_.load(std::memory_order_acquire) || stopped_.load(std::memory_order_acquire)) {
+      return absl::FailedPreconditionError("transport not running");
+    }
+    if (destination.empty() || destination.remote()) {
+      return absl::InvalidArgumentError("a posted destination must be local memory of at least one byte");
+    }
+    std::lock_guard lock(posted_mu_);
+    auto [it, inserted] = posted_.try_emplace(PostedKey{from, request_id, frame_index}, std::move(destination));
+    if (!inserted) {
+      return absl::AlreadyExistsError(absl::StrCat("a destination is already posted for request ", request_id,
+                                                   " frame ", frame_index, " from ", from));
+    }
+    posted_count_.fetch_add(1, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+  bool CancelDestination(const std::string& from, uint64_t request_id, uint32_t frame_index) {
+    std::lock_guard lock(posted_mu_);
+    if (posted_.erase(PostedKey{from, request_id, frame_index}) == 0) return false;
+    posted_count_.fetch_sub(1, std::memory_order_relaxed);
+    return true;
   }
 
   const Options& options() const { return options_; }
@@ -260,6 +306,28 @@ class ShmTransport::Impl {
     bool lend_logged = false;
     xmem::LendBook book;                              // our frames it holds
   };
+
+  // Frame `index` of `m` (a ring view or a lent frame, just attached): copied
+  // into the destination posted for it when there is one of its exact size;
+  // the message then holds that destination instead, and the ring space or
+  // the lend goes back as soon as nothing else of the message holds it. A
+  // read that fails (the lender is gone) leaves the frame as it came and the
+  // destination posted: its reader sees the same failure.
+  void PlaceIfPosted(Message& m, uint32_t index) {
+    if (posted_count_.load(std::memory_order_relaxed) == 0) return;
+    Buffer& frame = m.frames[index];
+    std::lock_guard lock(posted_mu_);
+    auto it = posted_.find(PostedKey{m.header.sender_address(), m.header.request_id(), index});
+    if (it == posted_.end() || it->second.size() != frame.size()) return;
+    Buffer destination = it->second;
+    const CopyRange whole{0, destination.mutable_data(), destination.size()};
+    if (!frame.CopyOut({&whole, 1}).ok()) return;
+    posted_.erase(it);
+    posted_count_.fetch_sub(1, std::memory_order_relaxed);
+    frames_placed_.fetch_add(1, std::memory_order_relaxed);
+    bytes_placed_.fetch_add(destination.size(), std::memory_order_relaxed);
+    frame = std::move(destination);
+  }
 
   bool HasLargeFrame(const Message& m) const {
     for (const Buffer& f : m.frames) {
@@ -497,6 +565,7 @@ class ShmTransport::Impl {
         }
         m.frames[d.index()] =
             Buffer::Remote(std::make_shared<LentFrame>(group, process, d.address()), d.length());
+        PlaceIfPosted(m, d.index());
         continue;
       }
       auto reader = ReaderFor(m.header.sender_address(), d.ring());
@@ -507,6 +576,7 @@ class ShmTransport::Impl {
       auto hold = std::make_shared<RegionHold>(*reader, region.begin);
       std::byte* bytes = (*reader)->segment->at(region.data);
       m.frames[d.index()] = Buffer::Adopt(std::move(hold), bytes, region.length).MarkTransient();
+      PlaceIfPosted(m, d.index());
     }
     return absl::OkStatus();
   }
@@ -527,7 +597,15 @@ class ShmTransport::Impl {
   std::unique_ptr<Transport> inner_;
   Options options_;
   Handler handler_;
+  std::atomic<bool> started_{false};
   std::atomic<bool> stopped_{false};
+
+  // Destinations posted for frames to come: (sender, request id, frame index).
+  using PostedKey = std::tuple<std::string, uint64_t, uint32_t>;
+  std::mutex posted_mu_;  // taken alone (never with a peer's mu or peers_mu_)
+  std::map<PostedKey, Buffer> posted_ ABSL_GUARDED_BY(posted_mu_);
+  std::atomic<size_t> posted_count_{0};  // posted_.size(), read without the lock
+  std::atomic<uint64_t> frames_placed_{0}, bytes_placed_{0};
 
   mutable std::shared_mutex peers_mu_;
   std::unordered_map<std::string, std::shared_ptr<Peer>> peers_;
@@ -568,6 +646,14 @@ bool ShmTransport::DeliverUntil(const std::function<bool()>& done, std::chrono::
   return impl_->DeliverUntil(done, max_wait);
 }
 void ShmTransport::WakeCallerDelivery() { impl_->WakeCallerDelivery(); }
+bool ShmTransport::PlacesInto(const std::string& from) const { return impl_->PlacesInto(from); }
+absl::Status ShmTransport::PostDestination(const std::string& from, uint64_t request_id, uint32_t frame_index,
+                                           Buffer destination) {
+  return impl_->PostDestination(from, request_id, frame_index, std::move(destination));
+}
+bool ShmTransport::CancelDestination(const std::string& from, uint64_t request_id, uint32_t frame_index) {
+  return impl_->CancelDestination(from, request_id, frame_index);
+}
 
 absl::Status ShmTransport::Validate(const Options& o) {
   if (o.ring_bytes < (1ull << 20) || (o.ring_bytes & (o.ring_bytes - 1)) != 0) {

@@ -51,6 +51,15 @@
 //   reply as lost and asks again (worker/request_tracker.cc).
 //   If this transport stops while lent frames are held, their releases are
 //   never sent: the lender keeps them until this process ends.
+// - Posted destinations (Transport::PostDestination): a frame that arrives
+//   lent or in a ring, from the peer, request id and frame index a
+//   destination was posted for, with exactly its size, is copied into it
+//   on the delivery thread before the handler runs (one cross-memory read
+//   straight into the caller's memory, or one copy out of the ring) and the
+//   handler gets the destination in its place; the lend or the ring space
+//   goes back at once. Frames that came over the wire, and frames of
+//   another size, are delivered as usual. PlacesInto(from) is true once
+//   `from` is known to share the host (always with assume_local_peers).
 // - Received descriptors are checked (ring name form, owner, bounds, order);
 //   a message with a bad one is logged (rate-limited), counted in
 //   malformed_received and dropped. The shm fields are removed from every
@@ -109,6 +118,10 @@ class ShmTransport final : public Transport {
   // Caller delivery through the inner transport (transport/transport.h).
   bool DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait) override;
   void WakeCallerDelivery() override;
+  bool PlacesInto(const std::string& from) const override;
+  absl::Status PostDestination(const std::string& from, uint64_t request_id, uint32_t frame_index,
+                               Buffer destination) override;
+  bool CancelDestination(const std::string& from, uint64_t request_id, uint32_t frame_index) override;
 
   // Checks options: InvalidArgument naming the bad one.
   static absl::Status Validate(const Options& options);

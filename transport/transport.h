@@ -80,6 +80,10 @@ struct TransportStats {
   uint64_t shm_lent_bytes_received = 0;
   uint64_t shm_lent_bytes_now = 0;        // lent by us and not yet released
   uint64_t shm_lends_reclaimed = 0;       // lends dropped because their reader's process ended
+  // Frames written straight into a destination the receiver posted
+  // (Transport::PostDestination); counted by the transport that received them.
+  uint64_t frames_placed = 0;
+  uint64_t bytes_placed = 0;
 };
 
 class Transport {
@@ -142,6 +146,57 @@ class Transport {
   // wrappers pass it to the transport they wrap.
   using LinkHandler = std::function<void(const std::string& address, bool up)>;
   virtual void SetLinkHandler(LinkHandler /*handler*/) {}
+
+  // Destinations named by the receiver (optional): a caller that expects a
+  // reply names the memory its frame should land in, so that the transport
+  // writes the bytes there as they arrive instead of into a buffer of its
+  // own that the caller would then copy from (how a pull reply lands in the
+  // caller's output: worker/worker.cc).
+  // - PlacesInto(from): whether this transport may place frames from `from`
+  //   now (RDMA: always; same host: once `from` is known to share the host).
+  //   A hint: posting for a peer it says false for is harmless, and a posted
+  //   destination may still go unused. Default: false (not offered).
+  // - PostDestination(from, request_id, frame_index, destination): the data
+  //   frame `frame_index` (0-based) of the next message from `from` whose
+  //   header carries `request_id` and whose frame holds exactly
+  //   destination.size() bytes. Where the medium lets the transport write it
+  //   there (RDMA: a frame that comes by rendezvous; same host: a frame
+  //   lent or put in a ring), the bytes are written into `destination`
+  //   before the handler runs, the handler's message holds, at frame_index,
+  //   a Buffer viewing it (frame.data() == destination.data(), the same
+  //   size: so the receiver can tell that nothing is left to copy), and the
+  //   destination is used up. Otherwise the message is delivered exactly as
+  //   without it and the destination stays posted: a frame of another size,
+  //   or one the medium carries another way (small frames sent inline, or
+  //   over the wire). Implementations may match on (request_id,
+  //   frame_index) alone (request ids are the poster's own: only replies
+  //   to it carry them); `from` says which peer is expected.
+  //   `destination` must be local (not remote), non-empty and writable; the
+  //   transport keeps the Buffer (and its owner) until the destination is
+  //   used or cancelled. The caller keeps borrowed memory valid, and neither
+  //   reads nor writes it, until the handler got a message holding it or
+  //   CancelDestination returned. Errors: Unimplemented where not offered;
+  //   AlreadyExists when one is posted for the same (from, request_id,
+  //   frame_index); InvalidArgument for an empty or remote destination;
+  //   FailedPrecondition before Start or after Stop.
+  // - CancelDestination(from, request_id, frame_index): true when the
+  //   destination was still posted (nothing was written into it); false when
+  //   none is (never posted, cancelled, or used by a message). On return,
+  //   either way, the transport writes into that memory no more: a write in
+  //   progress is finished first (same host), or stopped by tearing down the
+  //   connection it comes over (RDMA: once a clear-to-send named the memory,
+  //   only a destroyed queue pair stops the peer's write; that message is
+  //   lost, as on any connection loss). Stop() cancels every destination.
+  // - Thread-safe; Post and Cancel may be called from the handler.
+  // Wrappers pass all three to the transport they wrap.
+  virtual bool PlacesInto(const std::string& /*from*/) const { return false; }
+  virtual absl::Status PostDestination(const std::string& /*from*/, uint64_t /*request_id*/,
+                                       uint32_t /*frame_index*/, Buffer /*destination*/) {
+    return absl::UnimplementedError("this transport does not place frames into posted destinations");
+  }
+  virtual bool CancelDestination(const std::string& /*from*/, uint64_t /*request_id*/, uint32_t /*frame_index*/) {
+    return false;
+  }
 };
 
 }  // namespace tessera

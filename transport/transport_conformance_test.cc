@@ -719,6 +719,110 @@ TEST_P(TransportConformanceTest, StatsCountMessagesAndBytes) {
   EXPECT_EQ(received.malformed_received, 0u);
 }
 
+// (l) Posted destinations (Transport::PostDestination). A transport that
+// does not offer them says so (PlacesInto false, Unimplemented, nothing to
+// cancel); one that does writes the matching frame into the caller's memory
+// and hands it over as a view of that memory; a frame of another size, or
+// one whose destination was cancelled, is delivered as usual.
+TEST_P(TransportConformanceTest, PostedDestinationsTakeTheirFramesInPlace) {
+  Inbox inbox;
+  Inbox back;
+  auto receiver = NewTransport();
+  auto sender = NewTransport();
+  ASSERT_TRUE(receiver && sender);
+  ASSERT_OK(receiver->Start(inbox.handler()));
+  ASSERT_OK(sender->Start(back.handler()));
+  const std::string from = sender->address();
+  // Each side hears from the other first (a same-host transport learns its
+  // peer, and whether it may lend to it, from the headers it receives).
+  ASSERT_OK(sender->Send(receiver->address(), MakeMessage(1)));
+  ASSERT_TRUE(inbox.WaitForRequest(1));
+  ASSERT_OK(receiver->Send(from, MakeMessage(2)));
+  ASSERT_TRUE(back.WaitForRequest(2));
+
+  if (!receiver->PlacesInto(from)) {
+    EXPECT_EQ(receiver->PostDestination(from, 10, 0, Buffer::Allocate(64)).code(), absl::StatusCode::kUnimplemented);
+    EXPECT_FALSE(receiver->CancelDestination(from, 10, 0));
+    return;
+  }
+  EXPECT_EQ(receiver->PostDestination(from, 10, 0, Buffer()).code(), absl::StatusCode::kInvalidArgument);
+
+  // Frame 1 of request 10: large enough to be lent by a same-host sender.
+  constexpr size_t kLarge = 3u << 20;
+  std::vector<std::byte> large(kLarge, std::byte{0xAB});
+  ASSERT_OK(receiver->PostDestination(from, 10, 1, Buffer::Borrow(large.data(), large.size())));
+  EXPECT_EQ(receiver->PostDestination(from, 10, 1, Buffer::Borrow(large.data(), large.size())).code(),
+            absl::StatusCode::kAlreadyExists);
+  // Frame 0 of request 11: a ring-sized frame, into an owned Buffer.
+  Buffer medium = Buffer::Allocate(256 * 1024);
+  ASSERT_OK(receiver->PostDestination(from, 11, 0, medium));
+  // Request 12 comes with a frame of another size: delivered as usual.
+  std::vector<std::byte> other(100 * 1024, std::byte{0xCD});
+  ASSERT_OK(receiver->PostDestination(from, 12, 0, Buffer::Borrow(other.data(), other.size())));
+  // Request 13's destination is cancelled before its frame comes.
+  std::vector<std::byte> cancelled(128 * 1024, std::byte{0xEF});
+  ASSERT_OK(receiver->PostDestination(from, 13, 0, Buffer::Borrow(cancelled.data(), cancelled.size())));
+  EXPECT_TRUE(receiver->CancelDestination(from, 13, 0));
+  EXPECT_FALSE(receiver->CancelDestination(from, 13, 0)) << "cancelled twice";
+
+  const TransportStats before = receiver->stats();
+  const std::vector<Buffer> want10 = {U64Frame(10), PatternFrame(kLarge, 10)};
+  const std::vector<Buffer> want11 = {PatternFrame(medium.size(), 11)};
+  const std::vector<Buffer> want12 = {PatternFrame(200 * 1024, 12)};
+  const std::vector<Buffer> want13 = {PatternFrame(cancelled.size(), 13)};
+  for (auto [id, want] : {std::pair{10, &want10}, std::pair{11, &want11}, std::pair{12, &want12},
+                          std::pair{13, &want13}}) {
+    Message m = MakeMessage(id, *want);
+    m.lendable = true;  // the frames are read with CopyOut below
+    ASSERT_OK(sender->Send(receiver->address(), std::move(m)));
+  }
+  ASSERT_TRUE(inbox.WaitForRequest(13));
+  std::map<uint64_t, Message> got;
+  for (Message& m : inbox.Snapshot()) got[m.header.request_id()] = std::move(m);
+  auto local = [](const Message& m) {
+    std::vector<Buffer> frames;
+    for (const Buffer& f : m.frames) {
+      Buffer copy = Buffer::Allocate(f.size());
+      const CopyRange whole{0, copy.mutable_data(), f.size()};
+      EXPECT_OK(f.CopyOut({&whole, 1}));
+      frames.push_back(copy);
+    }
+    return frames;
+  };
+
+  ASSERT_EQ(got[10].frames.size(), 2u);
+  EXPECT_EQ(got[10].frames[1].data(), large.data()) << "frame not placed in the posted memory";
+  EXPECT_EQ(got[10].frames[1].size(), kLarge);
+  EXPECT_TRUE(SameFrames(local(got[10]), want10));
+  EXPECT_EQ(std::memcmp(large.data(), want10[1].data(), kLarge), 0);
+  EXPECT_FALSE(receiver->CancelDestination(from, 10, 1)) << "a used destination is no longer posted";
+
+  ASSERT_EQ(got[11].frames.size(), 1u);
+  EXPECT_EQ(got[11].frames[0].data(), medium.data());
+  EXPECT_TRUE(SameFrames(local(got[11]), want11));
+
+  ASSERT_EQ(got[12].frames.size(), 1u);
+  EXPECT_NE(got[12].frames[0].data(), reinterpret_cast<const std::byte*>(other.data()));
+  EXPECT_TRUE(SameFrames(local(got[12]), want12));
+  EXPECT_EQ(other[0], std::byte{0xCD}) << "a destination of another size was written";
+  EXPECT_TRUE(receiver->CancelDestination(from, 12, 0)) << "a mismatch leaves the destination posted";
+
+  ASSERT_EQ(got[13].frames.size(), 1u);
+  EXPECT_NE(got[13].frames[0].data(), reinterpret_cast<const std::byte*>(cancelled.data()));
+  EXPECT_TRUE(SameFrames(local(got[13]), want13));
+  for (std::byte b : cancelled) ASSERT_EQ(b, std::byte{0xEF}) << "a cancelled destination was written";
+
+  const TransportStats after = receiver->stats();
+  EXPECT_EQ(after.frames_placed - before.frames_placed, 2u);
+  EXPECT_EQ(after.bytes_placed - before.bytes_placed, kLarge + medium.size());
+  got.clear();
+  receiver->Stop();
+  sender->Stop();
+  EXPECT_FALSE(receiver->PlacesInto(from));
+  EXPECT_EQ(receiver->PostDestination(from, 20, 0, Buffer::Allocate(8)).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTransports, TransportConformanceTest,
                          ::testing::Values(Kind::kInProc, Kind::kZmqTcp, Kind::kZmqIpc, Kind::kShmTcp,
                                            Kind::kShmIpc, Kind::kRdma),
