@@ -359,6 +359,7 @@ def write_plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     series = plot_series(rows)
     fig, axes = plt.subplots(1, 2, figsize=(13, 7.5))
@@ -386,8 +387,10 @@ def write_plot(rows, path):
             ax.set_xticks(sizes)
             ax.set_xticklabels([size_name(x) for x in sizes])
             ax.minorticks_off()
+        ax.set_yscale("log", base=2)  # ratios far from 1 either way stay readable
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
         ax.set_xlabel("row size")
-        ax.set_ylabel("ratio (median over rounds; bars: min–max)")
+        ax.set_ylabel("ratio (median over rounds; bars: min–max; log scale)")
         ax.set_title(titles[panel])
         ax.grid(True, which="major", alpha=0.3)
         handles, _ = ax.get_legend_handles_labels()
