@@ -284,10 +284,49 @@ absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> 
       return absl::OkStatus();
     }
   }
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const uint32_t row = RowForPush(keys[i]);
-    if (row != kNoRow) ApplyRow(row, values.data() + i * w, columns);
+  if (evicts_) {
+    // Creating a row may evict another and give its number to the new one:
+    // each key is looked up when its row is applied.
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const uint32_t row = RowForPush(keys[i]);
+      if (row != kNoRow) ApplyRow(row, values.data() + i * w, columns);
+    }
+    return absl::OkStatus();
   }
+  // The pipeline of ReadRows (below): key i + kSlotAhead is hashed and its
+  // index slot asked for, key i is probed and its row asked for (to write),
+  // the row of key i - kRowAhead is updated. A key absent at its probe is
+  // looked up again when applied (an earlier copy of it in this push may
+  // have made its row since). Row numbers stay valid within the push: no
+  // row is dropped (the table does not evict) and rows never move.
+  constexpr size_t kSlotAhead = 32, kRowAhead = 16, kRing = 64;
+  static_assert(kRing > kSlotAhead && kRing > kRowAhead && (kRing & (kRing - 1)) == 0);
+  const size_t n = keys.size();
+  const size_t lines = std::min<size_t>((w * sizeof(float) + 63) / 64, 4);
+  uint64_t hashes[kRing];
+  uint32_t rows[kRing];
+  auto ask_slot = [&](size_t i) {
+    const uint64_t h = RowIndex::Hash(keys[i]);
+    hashes[i % kRing] = h;
+    index_.Prefetch(h);
+  };
+  auto apply = [&](size_t i) {
+    uint32_t row = rows[i % kRing];
+    if (row == kNoRow) row = RowForPush(keys[i]);
+    if (row != kNoRow) ApplyRow(row, values.data() + i * w, columns);
+  };
+  for (size_t i = 0; i < std::min(n, kSlotAhead); ++i) ask_slot(i);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kSlotAhead < n) ask_slot(i + kSlotAhead);
+    const uint32_t found = index_.Find(keys[i], hashes[i % kRing]);
+    rows[i % kRing] = found;
+    if (found != kNoRow) {
+      const char* row = reinterpret_cast<const char*>(RowAddress(found) + columns.first);
+      for (size_t l = 0; l < lines; ++l) __builtin_prefetch(row + 64 * l, 1);
+    }
+    if (i >= kRowAhead) apply(i - kRowAhead);
+  }
+  for (size_t i = n > kRowAhead ? n - kRowAhead : 0; i < n; ++i) apply(i);
   return absl::OkStatus();
 }
 
