@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -413,9 +414,138 @@ class WorkerImpl final : public Worker {
     pulls_++;
     bytes_pulled_ += keys.size_bytes() + keys.size() * uint64_t{width} * sizeof(float);
     return Issue(&pull_latency_, [&](const WorkerCore::Handle& h, Nanos now) {
+      // Before the core's sends: Deliver posts destinations for them.
+      if (dest.view == nullptr) pull_targets_[h.get()] = PullTarget{keys, dest.out, width, {}};
       return core_->Pull(h, table, keys, dest, width, clock, now, {}, priority);
     });
   }
+
+  // --- Pull replies in place (Transport::PostDestination) ---
+  // A Pull into `out` whose request for a server borrows a run of the
+  // caller's keys (the core's requests for keys all on one server, or
+  // parts of them: worker/worker_core.h) gets its rows back as the same
+  // run of `out`: keys[first, first + n) -> out[first * width, (first + n)
+  // * width). For such a request the range of `out` is posted as the
+  // destination of the reply's values frame, so that a transport that can
+  // writes them there; the reply is then handed to the core as a frame
+  // whose reads into that very memory copy nothing. Requests with keys of
+  // their own (scattered rows) get nothing posted. A destination is
+  // cancelled before its operation completes (answered, failed, timed
+  // out, closed) and when a resend asks for the same rows again, so that
+  // no write reaches `out` once the caller has it back.
+  struct PostedPull {
+    std::string to;
+    uint64_t request_id = 0;
+    size_t first_row = 0;
+    size_t rows = 0;
+  };
+  struct PullTarget {
+    std::span<const Key> keys;
+    std::span<float> out;
+    uint32_t width = 0;
+    std::vector<PostedPull> posted;
+  };
+  // Replies smaller than this are not posted for (the transports place only
+  // frames they do not send inline, and the copy is cheap).
+  static constexpr size_t kMinPlacedBytes = 64 * 1024;
+
+  // Posts destinations for the pull requests in `sends` whose rows are one
+  // run of a live target's `out`; what they replace goes to *cancels.
+  // Requires mu_.
+  void PostPullDestinations(const std::vector<Outgoing>& sends, std::vector<PostedPull>* cancels) {
+    if (pull_targets_.empty()) return;
+    for (const Outgoing& o : sends) {
+      const proto::Envelope& h = o.message.header;
+      if (!h.has_pull() || o.message.frames.empty() || !transport_->PlacesInto(o.to)) continue;
+      const Buffer& keys = o.message.frames[0];
+      PullTarget* target = nullptr;
+      size_t first = 0;
+      for (auto& [handle, t] : pull_targets_) {
+        const auto* base = reinterpret_cast<const std::byte*>(t.keys.data());
+        if (keys.data() < base || keys.data() >= base + t.keys.size_bytes()) continue;
+        if (target != nullptr) {  // the same keys in two pulls in flight: whose rows is ambiguous
+          target = nullptr;
+          break;
+        }
+        target = &t;
+        first = static_cast<size_t>(keys.data() - base);
+      }
+      if (target == nullptr || first % sizeof(Key) != 0 || keys.size() % sizeof(Key) != 0) continue;
+      first /= sizeof(Key);
+      const size_t rows = keys.size() / sizeof(Key);
+      if (rows != h.pull().num_keys() || first + rows > target->keys.size()) continue;
+      const size_t bytes = rows * target->width * sizeof(float);
+      if (bytes < kMinPlacedBytes) continue;
+      // Rows asked again (a resend): the earlier request's reply must not land any more.
+      auto& posted = target->posted;
+      for (auto it = posted.begin(); it != posted.end();) {
+        if (it->first_row < first + rows && first < it->first_row + it->rows) {
+          posted_pulls_.erase(it->request_id);
+          cancels->push_back(std::move(*it));
+          it = posted.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      Buffer destination = Buffer::Borrow(target->out.data() + first * target->width, bytes);
+      if (!transport_->PostDestination(o.to, h.request_id(), 0, std::move(destination)).ok()) continue;
+      posted.push_back(PostedPull{o.to, h.request_id(), first, rows});
+      posted_pulls_[h.request_id()] = target->out.data() + first * target->width;
+    }
+  }
+
+  // Forgets the targets of completed operations; their destinations still
+  // posted go to *cancels. Requires mu_.
+  void EndPullTargets(const std::vector<RequestTracker::Completion>& done, std::vector<PostedPull>* cancels) {
+    if (pull_targets_.empty()) return;
+    for (const RequestTracker::Completion& c : done) {
+      auto it = pull_targets_.find(c.handle.get());
+      if (it == pull_targets_.end()) continue;
+      for (PostedPull& p : it->second.posted) {
+        posted_pulls_.erase(p.request_id);
+        cancels->push_back(std::move(p));
+      }
+      pull_targets_.erase(it);
+    }
+  }
+
+  // Without mu_ (a cancel may wait for a copy into the destination).
+  void CancelPulls(const std::vector<PostedPull>& cancels) {
+    for (const PostedPull& p : cancels) (void)transport_->CancelDestination(p.to, p.request_id, 0);
+  }
+
+  // A pull reply whose values the transport wrote into the destination
+  // posted for it: handed on as a frame that reads into its own memory
+  // without copying. Requires mu_.
+  void TakePlacedReply(Message& m) {
+    if (posted_pulls_.empty() || m.frames.size() != 1 || m.header.pull_reply().value_parts() > 0) return;
+    auto it = posted_pulls_.find(m.header.request_id());
+    if (it == posted_pulls_.end() || m.frames[0].data() != reinterpret_cast<const std::byte*>(it->second)) return;
+    posted_pulls_.erase(it);  // used: nothing left to cancel
+    for (auto& [handle, t] : pull_targets_) {
+      std::erase_if(t.posted, [&](const PostedPull& p) { return p.request_id == m.header.request_id(); });
+    }
+    const size_t size = m.frames[0].size();
+    m.frames[0] = Buffer::Remote(std::make_shared<PlacedBytes>(std::move(m.frames[0])), size);
+    stats_.pull_replies_in_place++;
+  }
+
+  // Bytes already where they are read to: a read into their own place is
+  // done; any other read copies.
+  class PlacedBytes final : public RemoteBytes {
+   public:
+    explicit PlacedBytes(Buffer bytes) : bytes_(std::move(bytes)) {}
+    absl::Status Read(std::span<const CopyRange> ranges) const override {
+      for (const CopyRange& r : ranges) {
+        const std::byte* from = bytes_.data() + r.offset;
+        if (r.dst != from) std::memcpy(r.dst, from, r.length);
+      }
+      return absl::OkStatus();
+    }
+
+   private:
+    Buffer bytes_;
+  };
 
   absl::Status Clock() override {
     const Nanos start = MonotonicNow();
@@ -526,6 +656,9 @@ class WorkerImpl final : public Worker {
   // whichever thread made them (a queued push part released by a reply on
   // the receive thread goes out ahead of a pull the caller issues next).
   void Deliver(std::unique_lock<std::mutex>& lock, WorkerCore::Effects effects) {
+    std::vector<PostedPull> cancels;
+    EndPullTargets(effects.done, &cancels);
+    PostPullDestinations(effects.sends, &cancels);
     std::unique_lock send_lock(send_mu_);
     lock.unlock();
     for (Outgoing& o : effects.sends) {
@@ -533,6 +666,7 @@ class WorkerImpl final : public Worker {
       (void)transport_->Send(o.to, std::move(o.message));
     }
     send_lock.unlock();
+    CancelPulls(cancels);  // before the callers get their memory back
     Complete(std::move(effects.done));
   }
 
@@ -610,6 +744,7 @@ class WorkerImpl final : public Worker {
       const auto& pr = m.header.pull_reply();
       stats_.pull_held += static_cast<Nanos>(pr.held_us()) * 1000;
       stats_.staleness[std::min<uint64_t>(pr.staleness(), WorkerStats::kStalenessBuckets - 1)]++;
+      TakePlacedReply(m);
     }
     // The core decodes a compressed pull reply and notes a ClockAck's clock;
     // the answer may let queued parts go.
@@ -739,14 +874,17 @@ class WorkerImpl final : public Worker {
 
   void Close(const absl::Status& why) {
     std::vector<RequestTracker::Completion> done;
+    std::vector<PostedPull> cancels;
     {
       std::lock_guard lock(mu_);
       if (closed_) return;
       closed_ = true;
       if (const std::string timers = DescribeTimers(); !timers.empty()) TLOG_INFO("resend timers: {}", timers);
       if (core_) done = core_->FailAll(why).done;
+      EndPullTargets(done, &cancels);
     }
     tick_cv_.notify_all();
+    CancelPulls(cancels);
     Complete(std::move(done));
     if (metrics_) metrics_->Stop();  // its render reads the session
     if (ticker_.joinable()) ticker_.join();
@@ -796,6 +934,12 @@ class WorkerImpl final : public Worker {
   Nanos tick_at_ = 0;                                   // guarded by mu_: when the tick thread wakes next
   bool tick_woken_ = false;                             // guarded by mu_: woken early during this sleep already
   bool closed_ = false;                                // guarded by mu_
+  // guarded by mu_: Pulls into `out` in flight, by operation handle, and
+  // each posted destination's request id -> where it starts in `out`.
+  // Invariant: posted_pulls_ holds exactly the request ids in the targets'
+  // `posted` lists.
+  absl::flat_hash_map<const void*, PullTarget> pull_targets_;
+  absl::flat_hash_map<uint64_t, const float*> posted_pulls_;
   std::thread ticker_;
 };
 

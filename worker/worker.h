@@ -217,6 +217,10 @@ struct WorkerStats {
   uint64_t wire_bytes_pulled = 0;  // pull requests sent and pull replies received
   uint64_t wire_bytes_other = 0;   // everything else to and from servers (acks, clocks, tables)
   uint64_t resends = 0;            // parts sent again: after a failover, unanswered, or a connection made again
+  // Pull replies the transport wrote straight into the caller's `out`
+  // (Transport::PostDestination: same-host lent or ring frames, RDMA
+  // rendezvous), so that Pull copied nothing itself.
+  uint64_t pull_replies_in_place = 0;
 };
 
 // The stats as a JSON object, for a worker program's report:
