@@ -1,7 +1,8 @@
 // sparse_lookup_bench: embedding-row lookups in one process, one core, no
 // network: Table::ReadRows (the server's pull path) against a plain loop of
-// absl::flat_hash_map::find plus a row copy over the same ids, measured in
-// the same run; and the memory a row really costs (the process's resident
+// absl::flat_hash_map::find plus a row copy over the same ids, and
+// Table::ApplyPush with SGD (the push path) against find plus the SGD step,
+// measured in the same run; and the memory a row really costs (the process's resident
 // growth per row) against Table::RowBytes.
 //
 // Ids: batches of --batch ids drawn Zipf(--zipf) from --ids ranks, scrambled
@@ -59,6 +60,12 @@ struct PlainMap {
   void Add(Key k) {
     if (index.try_emplace(k, static_cast<uint32_t>(index.size())).second) rows.resize(rows.size() + width, 0.5f);
   }
+  void Sgd(std::span<const Key> keys, const float* g, float lr) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      float* w = rows.data() + size_t{index.find(keys[i])->second} * width;
+      for (uint32_t j = 0; j < width; ++j) w[j] -= lr * g[i * width + j];
+    }
+  }
   void Read(std::span<const Key> keys, float* out) const {
     for (size_t i = 0; i < keys.size(); ++i) {
       auto it = index.find(keys[i]);
@@ -96,7 +103,8 @@ int Run(const Flags& f) {
     for (Key& k : b) k = Mix64(sampler->Sample(rng) + 0x5bd1e995);
   }
   std::string table_md =
-      "| dim | Table::ReadRows (rows/s) | plain find + copy (rows/s) | ratio |\n|---|---|---|---|\n";
+      "| dim | Table::ReadRows (rows/s) | plain find + copy (rows/s) | ratio | Table::ApplyPush, SGD (rows/s) | "
+      "plain find + SGD step (rows/s) | ratio |\n|---|---|---|---|---|---|---|\n";
   std::string json = "{\"lookups\":[";
   for (size_t d = 0; d < f.dims.size(); ++d) {
     const uint32_t dim = f.dims[d];
@@ -129,9 +137,19 @@ int Run(const Flags& f) {
       (void)table.ReadRows(b, out);
     });
     const double base = BestRowsPerSecond(f, batches, [&](const std::vector<Key>& b) { plain.Read(b, out.data()); });
-    absl::StrAppendFormat(&table_md, "| %d | %.3g | %.3g | %.2f |\n", dim, ours, base, ours / base);
-    absl::StrAppendFormat(&json, "%s{\"dim\":%d,\"rows\":%d,\"table_rows_per_s\":%.6g,\"plain_rows_per_s\":%.6g}",
-                          d ? "," : "", dim, table.num_rows(), ours, base);
+    // Pushes (the server's sparse push path, SGD): rows exist already.
+    const double push = BestRowsPerSecond(f, batches, [&](const std::vector<Key>& b) {
+      (void)table.ApplyPush(b, std::span<const float>(grads).first(b.size() * dim));
+    });
+    const double push_base = BestRowsPerSecond(f, batches, [&](const std::vector<Key>& b) {
+      plain.Sgd(b, grads.data(), c.learning_rate());
+    });
+    absl::StrAppendFormat(&table_md, "| %d | %.3g | %.3g | %.2f | %.3g | %.3g | %.2f |\n", dim, ours, base,
+                          ours / base, push, push_base, push / push_base);
+    absl::StrAppendFormat(&json,
+                          "%s{\"dim\":%d,\"rows\":%d,\"table_rows_per_s\":%.6g,\"plain_rows_per_s\":%.6g,"
+                          "\"push_rows_per_s\":%.6g,\"plain_push_rows_per_s\":%.6g}",
+                          d ? "," : "", dim, table.num_rows(), ours, base, push, push_base);
   }
   json += "],\"memory\":[";
   std::string mem_md = "\n| dim | optimizer | eviction | Table::RowBytes | measured bytes/row |\n|---|---|---|---|---|\n";
