@@ -64,8 +64,12 @@ std::optional<Region> ShmRingWriter::Allocate(uint64_t length, uint64_t released
   const auto fits = [&](uint64_t data) { return data + length - free <= capacity_; };
   uint64_t data = AlignUp(head_);
   const uint64_t next_lap = head_ - head_ % capacity_ + capacity_;
-  if (head_ % capacity_ != 0 && fits(next_lap)) {
-    data = next_lap;  // the ring's start is free: reuse it (lowest offset first)
+  // Back to the ring's start when no frame is in use: nothing can be in the
+  // way of the frames that follow (see "Lowest offset first"). Not from
+  // below `length` (the region, padding and frame, must fit the ring; a
+  // frame placed there is near the start anyway).
+  if (free == head_ && head_ % capacity_ >= length) {
+    data = next_lap;  // lowest offset first
   } else {
     const uint64_t offset = data % capacity_;
     if (offset + length > capacity_) data += capacity_ - offset;  // skip to the ring's start

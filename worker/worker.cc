@@ -162,11 +162,14 @@ class WorkerImpl final : public Worker {
     session_ = std::make_unique<CoordinatorSession>(so, transport_.get());
     session_->set_on_end([this](const absl::Status& s) {
       WorkerCore::Effects effects;
+      std::vector<PostedPull> cancels;
       {
         std::lock_guard lock(mu_);
         if (!core_) return;
         effects = core_->FailAll(s.ok() ? absl::CancelledError("the job has ended") : s);
+        EndPullTargets(effects.done, &cancels);
       }
+      CancelPulls(cancels);  // before the callers get their memory back
       Complete(std::move(effects.done));
     });
     transport_->SetLinkHandler([this](const std::string& address, bool up) { OnLink(address, up); });
@@ -416,7 +419,9 @@ class WorkerImpl final : public Worker {
     return Issue(&pull_latency_, [&](const WorkerCore::Handle& h, Nanos now) {
       // Before the core's sends: Deliver posts destinations for them.
       if (dest.view == nullptr) pull_targets_[h.get()] = PullTarget{keys, dest.out, width, {}};
-      return core_->Pull(h, table, keys, dest, width, clock, now, {}, priority);
+      absl::StatusOr<WorkerCore::Effects> effects = core_->Pull(h, table, keys, dest, width, clock, now, {}, priority);
+      if (!effects.ok()) pull_targets_.erase(h.get());  // refused: nothing was sent, nothing posted
+      return effects;
     });
   }
 
