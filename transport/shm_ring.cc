@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -64,11 +65,20 @@ std::optional<Region> ShmRingWriter::Allocate(uint64_t length, uint64_t released
   const auto fits = [&](uint64_t data) { return data + length - free <= capacity_; };
   uint64_t data = AlignUp(head_);
   const uint64_t next_lap = head_ - head_ % capacity_ + capacity_;
-  // Back to the ring's start when no frame is in use: nothing can be in the
-  // way of the frames that follow (see "Lowest offset first"). Not from
+  // Back to the ring's start (see "Lowest offset first") when no frame is in
+  // use, or when the free space before the frames in use is at least the
+  // most this ring has had in use (this frame included): the frames that
+  // follow fill the start while those in use are given back. Never from
   // below `length` (the region, padding and frame, must fit the ring; a
   // frame placed there is near the start anyway).
-  if (free == head_ && head_ % capacity_ >= length) {
+  const uint64_t in_use = head_ - free, head_offset = head_ % capacity_;
+  // The peak counts frame bytes: padding between `free` and the head holds none.
+  uint64_t frame_bytes = in_use;
+  for (const auto& [begin, end] : paddings_)
+    if (static_cast<int64_t>(begin - free) >= 0) frame_bytes -= end - begin;
+  peak_in_use_ = std::max(peak_in_use_, frame_bytes + length);
+  const bool same_lap = in_use <= head_offset;  // the frames in use do not wrap
+  if (head_offset >= length && same_lap && (in_use == 0 || head_offset - in_use >= peak_in_use_)) {
     data = next_lap;  // lowest offset first
   } else {
     const uint64_t offset = data % capacity_;

@@ -24,20 +24,22 @@
 // (data % capacity + length <= capacity). Consecutive regions of one ring
 // are contiguous: each begins where the previous one ended.
 //
-// Lowest offset first. When every frame has been given back (the ring is
-// empty), the next frame starts at the ring's start (offset 0, the rest of
-// the current lap skipped as padding); otherwise right after the last frame.
-// So a job that moves one frame at a time touches one frame's pages, not
-// the whole ring. A ring's pages cost a fault the first time each process
-// touches them (on a 2-vCPU VM 9.6 us per 4 KiB page for the writer, 5 us
-// for the reader: 1.4 ms per 256 KiB frame), and a frame just touched is
-// still in the cache; walking a 256 MiB ring one frame at a time paid the
-// faults for the first 256 MiB of traffic (docs/benchmarks.md, "The
-// same-host stall"). Frames in flight walk the ring as before: going back to
-// the start while frames are still in use (even when the start is free)
-// lets the frames that follow run into them and take the wire, where the
-// head would have gone on past them. The padding costs positions, not
-// memory. The // writer knows the padding it made holds no frame, so it counts a padding
+// Lowest offset first. A frame starts at the ring's start (offset 0, the
+// rest of the current lap skipped as padding) when every frame has been
+// given back, or when the free space before the frames in use is at least the
+// most this ring has ever had in use; otherwise right after the last frame.
+// So the bytes a job touches are about twice its peak bytes in flight, not
+// the whole ring: one frame at a time reuses the same offsets. A ring's pages
+// cost a fault the first time each process touches them (on a 2-vCPU VM
+// about 5-10 us per 4 KiB page in each process, which populating the mapping
+// ahead does not avoid: 1.4 ms per 256 KiB frame), and a frame just touched
+// is still in the cache; walking a 256 MiB ring paid the faults for the first
+// 256 MiB of traffic (docs/benchmarks.md, "The same-host stall"). Going back
+// as soon as the start is free is not enough: frames in flight just past the
+// start would meet the frames that follow, which would then take the wire
+// where the head would have gone on past them; the peak in use bounds that
+// (a burst beyond the peak right after a jump can still meet them, once: the
+// peak then grows). The padding costs positions, not memory. The // writer knows the padding it made holds no frame, so it counts a padding
 // that directly follows the released position as free too: a frame lost on
 // the way after a jump to the start holds back its own bytes only, and the
 // next frame can still be placed (which tells the reader of the gap). A
@@ -119,6 +121,9 @@ class ShmRingWriter {
   // [begin, end) of each padding this writer made that `released` has not
   // passed yet, in order (at most one per region in the ring).
   std::deque<std::pair<uint64_t, uint64_t>> paddings_;
+  // The most bytes in use (head - free + the frame asked for) any Allocate
+  // has seen: how far frames in flight may reach beyond the ring's start.
+  uint64_t peak_in_use_ = 0;
   std::optional<uint64_t> stuck_released_;  // released position when failures began
   int64_t stuck_since_ = 0;
 };

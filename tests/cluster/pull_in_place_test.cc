@@ -77,16 +77,23 @@ TEST(PullInPlaceTest, LargeRepliesLandInTheCallersMemoryAndAreRight) {
   }
   const uint64_t sequential = worker->stats().pull_replies_in_place - before;
   EXPECT_GE(sequential, 6u) << "every large reply should have landed in place";
-  // Eight in flight, each over its own 128 rows and its own memory.
-  std::vector<std::vector<float>> outs(8, std::vector<float>(128 * kWidth, -1.0f));
-  std::vector<Future> pulls;
-  for (size_t i = 0; i < 8; ++i) pulls.push_back(worker->Pull(kTable, std::span<const Key>(all).subspan(i * 128, 128), outs[i]));
-  for (size_t i = 0; i < 8; ++i) {
-    ASSERT_TRUE(pulls[i].Wait().ok());
-    check(std::span<const Key>(all).subspan(i * 128, 128), outs[i], "pull " + std::to_string(i) + " of 8 in flight");
+  // Eight in flight, each over its own 128 rows and its own memory, twice.
+  // A reply may meet frames still in use in the server's ring and take the
+  // wire (correct, only not in place: transport/shm_ring.h, "Lowest offset
+  // first"), but the first of each burst finds the ring empty.
+  const uint64_t in_flight_before = worker->stats().pull_replies_in_place;
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::vector<float>> outs(8, std::vector<float>(128 * kWidth, -1.0f));
+    std::vector<Future> pulls;
+    for (size_t i = 0; i < 8; ++i)
+      pulls.push_back(worker->Pull(kTable, std::span<const Key>(all).subspan(i * 128, 128), outs[i]));
+    for (size_t i = 0; i < 8; ++i) {
+      ASSERT_TRUE(pulls[i].Wait().ok());
+      check(std::span<const Key>(all).subspan(i * 128, 128), outs[i], "pull " + std::to_string(i) + " of 8 in flight");
+    }
   }
   const TransportStats ts = worker->transport_stats();
-  EXPECT_GE(worker->stats().pull_replies_in_place - before, sequential + 8)
+  EXPECT_GE(worker->stats().pull_replies_in_place - in_flight_before, 2u)
       << "transport: " << ts.frames_placed << " placed, " << ts.shm_frames_received << " shm frames received, "
       << ts.shm_fallback_frames << " fell back";
   // Not placed: a reply under 64 KiB, and rows in an order of their own
