@@ -44,6 +44,11 @@
 # BUILD_DIR as they are.
 set -euo pipefail
 
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -*) echo "run_matrix.sh: unknown option '$1' (the only argument is a build directory; --help explains)" >&2; exit 2 ;;
+esac
+
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=$(realpath -m "${1:-${TESSERA_BUILD_DIR:-$ROOT/build}}")
 PYTHON=/usr/bin/python3
