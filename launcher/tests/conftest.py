@@ -16,9 +16,16 @@ FAKE_CLUSTER = Path(__file__).resolve().parent / "fake_cluster.py"
 
 
 def write_script(path: Path, body: str) -> Path:
-    """Writes an executable Python script (shebang: this interpreter)."""
-    path.write_text(f"#!{sys.executable}\n" + textwrap.dedent(body))
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    """Writes an executable Python script (shebang: this interpreter).
+
+    Atomically (a new file renamed over the path): a test that writes the
+    same script again for a second process must not truncate it under the
+    first one, which may still be starting and would then run an empty
+    script and exit 0."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"#!{sys.executable}\n" + textwrap.dedent(body))
+    tmp.chmod(tmp.stat().st_mode | stat.S_IXUSR)
+    os.replace(tmp, path)
     return path
 
 
