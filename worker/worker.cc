@@ -426,6 +426,12 @@ class WorkerImpl final : public Worker {
   }
 
   // --- Pull replies in place (Transport::PostDestination) ---
+  // Known debt: which range of `out` a request's reply fills is the core's
+  // knowledge (the rule below is implied by worker_core.cc, not stated), so
+  // this matching belongs in the core, which should name the range per
+  // request; the shell would only post and cancel. posted_pulls_ repeats
+  // what the targets' `posted` lists hold (kept in step by hand).
+
   // A Pull into `out` whose request for a server borrows a run of the
   // caller's keys (the core's requests for keys all on one server, or
   // parts of them: worker/worker_core.h) gets its rows back as the same
