@@ -110,6 +110,7 @@ void CoordinatorSession::Transmit(proto::Envelope header) {
   if (auto s = transport_->Send(to, std::move(m)); !s.ok()) {
     TLOG_WARN("send to coordinator {} failed: {}", to, s.ToString());
   }
+  transport_->Flush();  // control messages are not held for later ones
 }
 
 void CoordinatorSession::NoteSilenceLocked(Nanos now) {

@@ -271,6 +271,7 @@ class ShmTransport::Impl {
     return inner_->DeliverUntil(done, max_wait);
   }
   void WakeCallerDelivery() { inner_->WakeCallerDelivery(); }
+  void Flush() { inner_->Flush(); }
 
   void SetLinkHandler(Transport::LinkHandler handler) { inner_->SetLinkHandler(std::move(handler)); }
   PeerBacklog Backlog(const std::string& to) const { return inner_->Backlog(to); }
@@ -639,6 +640,7 @@ absl::Status ShmTransport::Send(const std::string& to, Message message) {
 }
 void ShmTransport::Stop() { impl_->Stop(); }
 TransportStats ShmTransport::stats() const { return impl_->stats(); }
+void ShmTransport::Flush() { impl_->Flush(); }
 bool ShmTransport::LendsTo(const std::string& to, size_t bytes) const { return impl_->LendsTo(to, bytes); }
 PeerBacklog ShmTransport::Backlog(const std::string& to) const { return impl_->Backlog(to); }
 void ShmTransport::SetLinkHandler(LinkHandler handler) { impl_->SetLinkHandler(std::move(handler)); }

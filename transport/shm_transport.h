@@ -112,6 +112,7 @@ class ShmTransport final : public Transport {
   absl::Status Send(const std::string& to, Message message) override;
   void Stop() override;
   TransportStats stats() const override;
+  void Flush() override;  // the wrapped transport's
   bool LendsTo(const std::string& to, size_t bytes) const override;
   PeerBacklog Backlog(const std::string& to) const override;  // the wrapped transport's
   void SetLinkHandler(LinkHandler handler) override;  // the wrapped transport's events

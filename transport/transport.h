@@ -84,6 +84,13 @@ struct TransportStats {
   // (Transport::PostDestination); counted by the transport that received them.
   uint64_t frames_placed = 0;
   uint64_t bytes_placed = 0;
+  // Small messages sent and delivered together (transport/
+  // coalescing_transport.h); zero elsewhere. A batch is one message in the
+  // counts above.
+  uint64_t coalesce_batches_sent = 0;
+  uint64_t coalesce_messages_batched = 0;     // messages that went inside them
+  uint64_t coalesce_batches_received = 0;
+  uint64_t coalesce_messages_unbatched = 0;   // messages delivered out of them
 };
 
 class Transport {
@@ -110,6 +117,11 @@ class Transport {
   // Transports that hand a message over during Send report zero (the
   // default); wrappers report the transport they wrap. Thread-safe, cheap.
   virtual PeerBacklog Backlog(const std::string& /*to*/) const { return {}; }
+
+  // Sends now whatever this transport holds back to send together with
+  // later messages (CoalescingTransport). A caller about to wait for answers
+  // calls it; the default does nothing. Thread-safe. Wrappers pass it on.
+  virtual void Flush() {}
 
   // Caller delivery (optional): a thread about to block until done() holds
   // may deliver incoming messages itself meanwhile, so that the reply it

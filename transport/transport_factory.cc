@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "transport/coalescing_transport.h"
 #include "transport/fault_transport.h"
 #include "transport/job_keys.h"
 #include "transport/shm_ring.h"
@@ -82,8 +83,19 @@ absl::StatusOr<TransportChoice> TransportChoiceFromEnvironment() {
                          EnvCount("TESSERA_SHM_MIN_FRAME_BYTES", &c.shm_options.min_frame_bytes),
                          EnvCount("TESSERA_SHM_RING_BYTES", &c.shm_options.ring_bytes),
                          EnvFlag("TESSERA_SHM_CROSS_MEMORY", &c.shm_options.cross_memory),
-                         EnvCount("TESSERA_SHM_MIN_LEND_BYTES", &c.shm_options.min_lend_bytes)}) {
+                         EnvCount("TESSERA_SHM_MIN_LEND_BYTES", &c.shm_options.min_lend_bytes),
+                         EnvFlag("TESSERA_COALESCE", &c.coalesce.enabled),
+                         EnvCount("TESSERA_COALESCE_MAX_MESSAGE_BYTES", &c.coalesce.max_message_bytes),
+                         EnvCount("TESSERA_COALESCE_MAX_BATCH_BYTES", &c.coalesce.max_batch_bytes)}) {
     if (!s.ok()) return s;
+  }
+  uint64_t delay_us = static_cast<uint64_t>(c.coalesce.max_delay.count());
+  if (absl::Status s = EnvCount("TESSERA_COALESCE_MAX_DELAY_US", &delay_us); !s.ok()) return s;
+  c.coalesce.max_delay = std::chrono::microseconds(delay_us);
+  if (c.coalesce.max_message_bytes > c.coalesce.max_batch_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TESSERA_COALESCE_MAX_MESSAGE_BYTES=", c.coalesce.max_message_bytes,
+        " is more than TESSERA_COALESCE_MAX_BATCH_BYTES=", c.coalesce.max_batch_bytes, " (a batch holds at least one)"));
   }
   if (const char* host_id = Env("TESSERA_HOST_ID")) c.host_id = host_id;
   if (c.shm) {
@@ -164,6 +176,9 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(ZmqTransport::Options o
     if (so.host_identity == 0) so.host_identity = shm::HostIdentity(choice.host_id);
     if (so.host_identity != 0) transport.reset(new ShmTransport(std::move(transport), so));
   }
+  // Every process unpacks batches; whether it holds messages is its choice
+  // (coalesce.enabled): the wrapper is made either way.
+  transport.reset(new CoalescingTransport(std::move(transport), choice.coalesce));
   const char* faults = std::getenv(kFaultsEnvironmentVariable);
   if (faults == nullptr) return transport;
   auto wrapped = WrapWithFaults(std::move(transport), faults);

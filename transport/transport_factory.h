@@ -43,6 +43,16 @@
 //     (shm::HostIdentity): processes the launcher placed on different hosts
 //     never take each other for one. Where the host identity cannot be
 //     read, no wrapping.
+//   TESSERA_COALESCE=1|0 (default 1): small messages to one peer made close
+//     together go as one (transport/coalescing_transport.h); the transport
+//     is wrapped in a CoalescingTransport either way, so that every process
+//     takes batches apart. TESSERA_COALESCE_MAX_MESSAGE_BYTES (16384),
+//     TESSERA_COALESCE_MAX_BATCH_BYTES (65536) and
+//     TESSERA_COALESCE_MAX_DELAY_US (1000) set its options; whether a
+//     process holds its requests (hold_requests) is its own choice (the
+//     worker does), not the environment's.
+//   The stack, outermost first: faults, coalescing, shared memory, then
+//   ZeroMQ or RDMA.
 // A value that does not parse is an InvalidArgument naming the variable.
 // Thread safety: every function here may be called from any thread (as long
 // as nobody changes the environment meanwhile).
@@ -50,6 +60,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "transport/coalescing_transport.h"
 #include "transport/shm_transport.h"
 #include "transport/transport.h"
 #include "transport/zmq_transport.h"
@@ -66,6 +77,7 @@ struct TransportChoice {
   bool shm = true;
   ShmTransport::Options shm_options;
   std::string host_id;  // TESSERA_HOST_ID, mixed into the host identity
+  CoalescingTransport::Options coalesce;
 };
 absl::StatusOr<TransportChoice> TransportChoiceFromEnvironment();
 

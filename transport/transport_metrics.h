@@ -13,6 +13,8 @@
 //   tessera_transport_shm_lent_bytes_total{direction}
 //   tessera_transport_shm_lent_bytes                    lent by this process and not yet released
 //   tessera_transport_shm_lends_reclaimed_total         lends dropped because the reader's process ended
+//   tessera_transport_batches_total{direction}          batches of small messages (coalescing_transport.h)
+//   tessera_transport_batched_messages_total{direction} messages that went inside them
 //
 // Bytes are Tessera message bytes (TransportStats in transport/transport.h):
 // not ZeroMQ framing, handshakes, CURVE encryption or TCP/IP headers. Over
@@ -56,7 +58,12 @@ inline metrics::TextWriter& WriteTransportMetrics(metrics::TextWriter& w, const 
              s.shm_lent_bytes_now)
       .Counter("tessera_transport_shm_lends_reclaimed_total",
                "Lends dropped because the reading process ended", s.shm_lends_reclaimed)
-      .Gauge("tessera_transport_shm_peers", "Destinations with a shared-memory ring now", s.shm_peers);
+      .Gauge("tessera_transport_shm_peers", "Destinations with a shared-memory ring now", s.shm_peers)
+      .Counters("tessera_transport_batches_total",
+                "Batches of small messages sent and received (each one message in the counts above)",
+                both(s.coalesce_batches_sent, s.coalesce_batches_received))
+      .Counters("tessera_transport_batched_messages_total", "Messages that went inside batches",
+                both(s.coalesce_messages_batched, s.coalesce_messages_unbatched));
 }
 
 }  // namespace tessera

@@ -68,11 +68,15 @@ constexpr int kCallerDeliveryMaxInFlight = 2;
 
 absl::Status Future::Wait() const {
   if (!state_) return absl::FailedPreconditionError("waiting on an empty Future");
-  if (!state_->done.load(std::memory_order_acquire) && state_->in_flight &&
-      state_->in_flight->load(std::memory_order_relaxed) <= kCallerDeliveryMaxInFlight) {
+  if (!state_->done.load(std::memory_order_acquire)) {
     if (std::shared_ptr<Transport> t = state_->transport.lock()) {
-      State* s = state_.get();
-      t->DeliverUntil([s] { return s->done.load(std::memory_order_acquire); }, kCallerDeliveryMaxWait);
+      // Requests held to go together with later ones (transport/
+      // coalescing_transport.h) go now: nothing more comes while we wait.
+      t->Flush();
+      if (state_->in_flight && state_->in_flight->load(std::memory_order_relaxed) <= kCallerDeliveryMaxInFlight) {
+        State* s = state_.get();
+        t->DeliverUntil([s] { return s->done.load(std::memory_order_acquire); }, kCallerDeliveryMaxWait);
+      }
     }
   }
   std::unique_lock lock(state_->mu);
@@ -689,6 +693,7 @@ class WorkerImpl final : public Worker {
 
   // Blocks until every push issued so far has completed.
   absl::Status WaitForPushes() {
+    transport_->Flush();  // pushes held to go together with later requests
     std::unique_lock lock(mu_);
     const uint64_t last = core_->last_push_seq();
     const Nanos deadline = MonotonicNow() + options_.request_timeout;
@@ -984,7 +989,13 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Connect(const WorkerOptions& opt
   ZmqTransport::Options transport_options;
   transport_options.bind = options.bind;
   transport_options.max_message_bytes = options.max_message_bytes;
-  auto transport = MakeTransport(std::move(transport_options));
+  auto choice = TransportChoiceFromEnvironment();
+  if (!choice.ok()) return choice.status();
+  // A worker's messages are requests: one to a server that still owes an
+  // answer waits for it (or for the caller to wait), to go with the next
+  // ones (transport/coalescing_transport.h).
+  choice->coalesce.hold_requests = true;
+  auto transport = MakeTransport(std::move(transport_options), *choice);
   if (!transport.ok()) return transport.status();
   return Connect(options, std::move(*transport));
 }
