@@ -2,13 +2,14 @@
 
 A job config is a YAML file with four sections: `job`, `cluster`, `timeouts`
 and `worker`, optional sections of their own for the transports (`rdma`,
-`shm`) and the rest (`metrics`, `checkpoints`, ...), one optional section per
-back-end that needs settings of its own: `mpirun`, `slurm`, `ssh`,
-`kubernetes`, and an optional list of process faults, `faults` (faults.py;
-configs/README.md documents every key). `load_config` reads one,
-applies `--set key.path=value` overrides, fills in defaults and validates
-strictly. Every problem raises ConfigError; its message names where the bad
-value came from (`FILE:LINE`, `FILE`, or `--set ...`) and the key path, e.g.
+`shm`, `coalesce`) and the rest (`metrics`, `checkpoints`, ...), one
+optional section per back-end that needs settings of its own: `mpirun`,
+`slurm`, `ssh`, `kubernetes`, and an optional list of process faults,
+`faults` (faults.py; configs/README.md documents every key). `load_config`
+reads one, applies `--set key.path=value` overrides, fills in defaults and
+validates strictly. Every problem raises ConfigError; its message names
+where the bad value came from (`FILE:LINE`, `FILE`, or `--set ...`) and the
+key path, e.g.
 
     configs/x.yaml:9: cluster.servers must be a positive integer, got "two"
 
@@ -44,6 +45,9 @@ ZMQ_TRANSPORTS = ("tcp", "ipc", "zmq")
 MIN_RING_BYTES = 1 << 20
 #: Largest byte count a key may hold (a signed 64-bit integer in the programs).
 MAX_BYTES = (1 << 63) - 1
+#: Largest coalesce.max_delay_us (a minute; far past any useful wait, and far
+#: below where the programs' nanosecond arithmetic would overflow).
+MAX_DELAY_US = 60_000_000
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ARG_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
@@ -119,6 +123,14 @@ class ShmSection:
     ring_bytes: int = 64 << 20
     cross_memory: bool = True
     min_lend_bytes: int = 2 << 20
+
+
+@dataclass(frozen=True)
+class CoalesceSection:
+    enabled: bool = True
+    max_message_bytes: int = 16 << 10
+    max_batch_bytes: int = 64 << 10
+    max_delay_us: int = 1000
 
 
 @dataclass(frozen=True)
@@ -292,6 +304,7 @@ class JobConfig:
     limits: LimitsSection = dataclasses.field(default_factory=LimitsSection)
     rdma: RdmaSection = dataclasses.field(default_factory=RdmaSection)
     shm: ShmSection = dataclasses.field(default_factory=ShmSection)
+    coalesce: CoalesceSection = dataclasses.field(default_factory=CoalesceSection)
     transfer: TransferSection = dataclasses.field(default_factory=TransferSection)
     audit: AuditSection = dataclasses.field(default_factory=AuditSection)
     message_faults: MessageFaultsSection = dataclasses.field(default_factory=MessageFaultsSection)
@@ -367,6 +380,12 @@ def _ring_bytes(value: Any) -> Optional[str]:
     if (isinstance(value, bool) or not isinstance(value, int) or not MIN_RING_BYTES <= value <= MAX_BYTES
             or value & (value - 1)):
         return f"must be a power of two of at least {MIN_RING_BYTES} (1 MiB), in bytes"
+    return None
+
+
+def _delay_us(value: Any) -> Optional[str]:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_DELAY_US:
+        return f"must be a positive integer (microseconds), at most {MAX_DELAY_US} (a minute)"
     return None
 
 
@@ -669,6 +688,18 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                 "pull values of at least this many bytes are lent (shm.cross_memory); smaller "
                                 "ones take the ring"),
     },
+    "coalesce": {
+        "enabled": Field(_boolean, True,
+                         "small messages to one peer made close together go as one batch message (every process "
+                         "takes batches apart either way)"),
+        "max_message_bytes": Field(_byte_count, 16 << 10,
+                                   "the largest message (header and frames) that is held to go with others"),
+        "max_batch_bytes": Field(_byte_count, 64 << 10,
+                                 "the most one batch holds; at least coalesce.max_message_bytes"),
+        "max_delay_us": Field(_delay_us, 1000,
+                              "the longest a worker's held request waits when nothing else sends it, in "
+                              "microseconds"),
+    },
     "transfer": {
         "part_bytes": Field(_byte_count_or_zero, 0,
                             "workers split each server's share of a push or pull into parts of at most this many "
@@ -715,6 +746,7 @@ _SECTION_TYPES = {
     "limits": LimitsSection,
     "rdma": RdmaSection,
     "shm": ShmSection,
+    "coalesce": CoalesceSection,
     "transfer": TransferSection,
     "audit": AuditSection,
     "message_faults": MessageFaultsSection,
@@ -950,6 +982,13 @@ class _Validator:
                     return f"--set {override.text}"  # the override created it
         return f"{self.source}:{line}" if line else self.source
 
+    def given(self, path: tuple) -> bool:
+        """Whether the key at `path` (section, key) is in the file or set
+        by an override (not a default)."""
+        section = self.data.get(path[0])
+        return ((isinstance(section, dict) and path[1] in section)
+                or any(o.path[: len(path)] == path for o in self.overrides))
+
     def error(self, path: tuple, message: str) -> None:
         self.errors.append(f"{self.where(path)}: {message}")
 
@@ -1024,7 +1063,7 @@ class _Validator:
             options.append(f"{name}={str(v).lower() if isinstance(v, bool) else v}")
         return codec + (":" + ",".join(options) if options else "")
 
-    def transport_checks(self, cluster: dict, rdma: dict, shm: dict) -> None:
+    def transport_checks(self, cluster: dict, rdma: dict, shm: dict, coalesce: dict) -> None:
         """rdma.required against cluster.transport; the byte counts against
         each other."""
         transport = cluster.get("transport")
@@ -1040,6 +1079,13 @@ class _Validator:
             self.error(("shm", "ring_bytes"),
                        f"shm.ring_bytes ({shm['ring_bytes']}) must be at least 2 * shm.min_frame_bytes "
                        f"({2 * shm['min_frame_bytes']})")
+        if ("max_message_bytes" in coalesce and "max_batch_bytes" in coalesce
+                and coalesce["max_batch_bytes"] < coalesce["max_message_bytes"]):
+            # Blamed on max_batch_bytes, unless only max_message_bytes was given.
+            blamed = "max_batch_bytes" if self.given(("coalesce", "max_batch_bytes")) else "max_message_bytes"
+            self.error(("coalesce", blamed),
+                       f"coalesce.max_batch_bytes ({coalesce['max_batch_bytes']}) must be at least "
+                       f"coalesce.max_message_bytes ({coalesce['max_message_bytes']})")
 
     def server_weights(self, cluster: dict) -> None:
         """cluster.server_weights: each entry a positive number the
@@ -1122,7 +1168,7 @@ def validate(data: Any, source: str, overrides: list = ()) -> JobConfig:
         sections["worker"]["args"] = checker.worker_args(sections["worker"]["args"])
     checker.cross_checks(sections["cluster"], sections["timeouts"])
     checker.server_weights(sections["cluster"])
-    checker.transport_checks(sections["cluster"], sections["rdma"], sections["shm"])
+    checker.transport_checks(sections["cluster"], sections["rdma"], sections["shm"], sections["coalesce"])
     if sections["coordinator"].get("standbys") and not sections["coordinator"].get("etcd"):
         checker.error(("coordinator", "standbys"),
                       "coordinator.standbys needs coordinator.etcd (standbys are elected through etcd)")

@@ -19,12 +19,13 @@ Objects (NAME is job.name made a DNS label):
 
 Every container runs the same command line as under the other back-ends
 (local.process_argv) and gets the same transport variables
-(local.transport_env: TESSERA_TRANSPORT, TESSERA_RDMA_*, TESSERA_SHM*), with
-these differences: processes bind their pod's IP ($(POD_IP)) on a fixed
-port (P, P+1, P+2 for coordinator, servers, workers), the rank comes from
-$(TESSERA_RANK), and the run directory is an emptyDir at /var/run/tessera.
-The image must hold the build tree at kubernetes.build_dir. Logs: `kubectl
-logs`; the coordinator's summary is in its pod's /var/run/tessera.
+(local.transport_env: TESSERA_TRANSPORT, TESSERA_RDMA_*, TESSERA_SHM*,
+TESSERA_COALESCE*), with these differences: processes bind their pod's IP
+($(POD_IP)) on a fixed port (P, P+1, P+2 for coordinator, servers,
+workers), the rank comes from $(TESSERA_RANK), and the run directory is an
+emptyDir at /var/run/tessera. The image must hold the build tree at
+kubernetes.build_dir. Logs: `kubectl logs`; the coordinator's summary is in
+its pod's /var/run/tessera.
 """
 
 from __future__ import annotations

@@ -348,9 +348,9 @@ def transport_env(config: JobConfig) -> dict:
     """The transport choice as every job process gets it (read by the
     transport factory; docs/launcher.md, "The process contract"):
     TESSERA_TRANSPORT zmq | rdma | auto (zmq for tcp, ipc and zmq: the bind
-    address says which), the rdma and shm sections as 1/0 and decimal byte
-    counts."""
-    rdma, shm = config.rdma, config.shm
+    address says which), the rdma, shm and coalesce sections as 1/0 and
+    decimal counts."""
+    rdma, shm, coalesce = config.rdma, config.shm, config.coalesce
     return {
         "TESSERA_TRANSPORT": config.cluster.wire,
         "TESSERA_RDMA_REQUIRED": "1" if rdma.required else "0",
@@ -361,6 +361,10 @@ def transport_env(config: JobConfig) -> dict:
         "TESSERA_SHM_RING_BYTES": str(shm.ring_bytes),
         "TESSERA_SHM_CROSS_MEMORY": "1" if shm.cross_memory else "0",
         "TESSERA_SHM_MIN_LEND_BYTES": str(shm.min_lend_bytes),
+        "TESSERA_COALESCE": "1" if coalesce.enabled else "0",
+        "TESSERA_COALESCE_MAX_MESSAGE_BYTES": str(coalesce.max_message_bytes),
+        "TESSERA_COALESCE_MAX_BATCH_BYTES": str(coalesce.max_batch_bytes),
+        "TESSERA_COALESCE_MAX_DELAY_US": str(coalesce.max_delay_us),
     }
 
 

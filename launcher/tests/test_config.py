@@ -341,7 +341,7 @@ def test_overrides_do_not_change_the_file_or_its_line_numbers(tmp_path):
     assert yaml.safe_load(path.read_text())["cluster"]["servers"] == 2
 
 
-# -- transports: cluster.transport, rdma, shm ------------------------------------
+# -- transports: cluster.transport, rdma, shm, coalesce ---------------------------
 
 
 def test_transport_sections_default_and_land_in_the_resolved_config(tmp_path):
@@ -352,6 +352,10 @@ def test_transport_sections_default_and_land_in_the_resolved_config(tmp_path):
     assert resolved["rdma"] == {"required": False, "pool_bytes": 67108864, "max_pinned_bytes": 1073741824}
     assert resolved["shm"] == {"enabled": True, "min_frame_bytes": 65536, "ring_bytes": 67108864,
                                "cross_memory": True, "min_lend_bytes": 2097152}
+    assert (config.coalesce.enabled, config.coalesce.max_message_bytes, config.coalesce.max_batch_bytes,
+            config.coalesce.max_delay_us) == (True, 16384, 65536, 1000)
+    assert resolved["coalesce"] == {"enabled": True, "max_message_bytes": 16384, "max_batch_bytes": 65536,
+                                    "max_delay_us": 1000}
     assert resolved["cluster"]["transport"] == "tcp"
 
 
@@ -421,6 +425,69 @@ def test_transport_section_values_are_checked(tmp_path):
         in message
     assert f"{path}:11: unknown key shm.ringbytes; did you mean shm.ring_bytes?" in message
     assert len(message.splitlines()) == 7
+
+
+def test_coalesce_section_from_a_file_and_overrides(tmp_path):
+    path = write(tmp_path, MINIMAL + textwrap.dedent("""\
+        coalesce:
+          enabled: false
+          max_message_bytes: 4096
+          max_batch_bytes: 32768
+          max_delay_us: 250
+        """))
+    config = load_config(path)
+    assert (config.coalesce.enabled, config.coalesce.max_message_bytes, config.coalesce.max_batch_bytes,
+            config.coalesce.max_delay_us) == (False, 4096, 32768, 250)
+    config = load_config(path, ["coalesce.enabled=true", "coalesce.max_delay_us=60000000"])
+    assert (config.coalesce.enabled, config.coalesce.max_delay_us) == (True, 60000000)
+    again = load_config(write(tmp_path, config.to_yaml(), "resolved.yaml"))
+    assert again.to_dict() == config.to_dict()
+    # Equal sizes are fine: a batch holds at least one message.
+    assert load_config(path, ["coalesce.max_batch_bytes=4096"]).coalesce.max_batch_bytes == 4096
+
+
+def test_coalesce_section_values_are_checked(tmp_path):
+    path = write(tmp_path, MINIMAL + textwrap.dedent("""\
+        coalesce:
+          enabled: "yes"
+          max_message_bytes: 0
+          max_batch_bytes: 1.5
+          max_delay_us: -1
+          max_delay: 2
+        """))
+    message = error_of(path)
+    assert f'{path}:4: coalesce.enabled must be true or false, got "yes"' in message
+    assert f"{path}:5: coalesce.max_message_bytes must be a positive integer (bytes), got 0" in message
+    assert f"{path}:6: coalesce.max_batch_bytes must be a positive integer (bytes), got 1.5" in message
+    assert f"{path}:7: coalesce.max_delay_us must be a positive integer (microseconds), at most 60000000 " \
+        "(a minute), got -1" in message
+    assert f"{path}:8: unknown key coalesce.max_delay; did you mean coalesce.max_delay_us?" in message
+    assert len(message.splitlines()) == 5
+    plain = write(tmp_path, MINIMAL, "plain.yaml")
+    for key, bad in (("max_message_bytes", "-4096"), ("max_batch_bytes", "0"), ("max_delay_us", "0"),
+                     ("max_message_bytes", "true"), ("max_batch_bytes", "64KiB"), ("max_delay_us", "1.5"),
+                     ("max_delay_us", "60000001"), ("enabled", "1")):
+        assert error_of(plain, [f"coalesce.{key}={bad}"]).startswith(f"--set coalesce.{key}={bad}: coalesce.{key} must"), \
+            (key, bad)
+    assert "coalesce must be a mapping" in error_of(plain, ["coalesce=4"])
+
+
+def test_coalesce_message_and_batch_sizes_against_each_other(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    assert error_of(path, ["coalesce.max_message_bytes=65537"]) == (
+        "--set coalesce.max_message_bytes=65537: coalesce.max_batch_bytes (65536) must be at least "
+        "coalesce.max_message_bytes (65537)")
+    file = write(tmp_path, MINIMAL + "coalesce:\n  max_message_bytes: 8192\n  max_batch_bytes: 4096\n", "both.yaml")
+    assert error_of(file) == (f"{file}:5: coalesce.max_batch_bytes (4096) must be at least "
+                              "coalesce.max_message_bytes (8192)")
+    # Checked with coalescing off too: every process still reads (and checks) the sizes.
+    assert "must be at least coalesce.max_message_bytes" in error_of(file, ["coalesce.enabled=false"])
+    # Only max_message_bytes given: it is blamed (in the file too).
+    only = write(tmp_path, MINIMAL + "coalesce:\n  enabled: true\n  max_message_bytes: 100000\n", "only.yaml")
+    assert error_of(only) == (f"{only}:5: coalesce.max_batch_bytes (65536) must be at least "
+                              "coalesce.max_message_bytes (100000)")
+    config = load_config(path, ["coalesce.max_message_bytes=131072", "coalesce.max_batch_bytes=262144"])
+    assert (config.coalesce.max_message_bytes, config.coalesce.max_batch_bytes) == (131072, 262144)
 
 
 def test_transfer_section_defaults_values_and_errors(tmp_path):

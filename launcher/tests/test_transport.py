@@ -1,4 +1,4 @@
-"""The transport choice (cluster.transport, the rdma and shm sections) as
+"""The transport choice (cluster.transport, the rdma, shm and coalesce sections) as
 environment variables of every job process, under every back-end, and what
 the launcher shows when the transport falls back or fails (against
 fake_cluster.py, which honours the variables as the real transport factory
@@ -49,8 +49,18 @@ EXPECTED = {
     "TESSERA_TRANSPORT": "auto", "TESSERA_RDMA_REQUIRED": "0", "TESSERA_RDMA_POOL_BYTES": "1048576",
     "TESSERA_RDMA_MAX_PINNED_BYTES": "4194304", "TESSERA_SHM": "1", "TESSERA_SHM_MIN_FRAME_BYTES": "4096",
     "TESSERA_SHM_RING_BYTES": "2097152", "TESSERA_SHM_CROSS_MEMORY": "1",
-    "TESSERA_SHM_MIN_LEND_BYTES": "2097152",
+    "TESSERA_SHM_MIN_LEND_BYTES": "2097152", "TESSERA_COALESCE": "1",
+    "TESSERA_COALESCE_MAX_MESSAGE_BYTES": "16384", "TESSERA_COALESCE_MAX_BATCH_BYTES": "65536",
+    "TESSERA_COALESCE_MAX_DELAY_US": "1000",
 }
+
+COALESCE = """\
+coalesce:
+  enabled: false
+  max_message_bytes: 4096
+  max_batch_bytes: 32768
+  max_delay_us: 250
+"""
 
 
 def job_file(tmp_path, text=JOB):
@@ -70,6 +80,22 @@ def test_transport_env_values(tmp_path):
     defaults = transport_env(load_config(path, ["cluster.transport=tcp", "rdma.pool_bytes=67108864",
                                                 "rdma.max_pinned_bytes=1073741824"]))
     assert defaults["TESSERA_RDMA_MAX_PINNED_BYTES"] == "1073741824" and defaults["TESSERA_TRANSPORT"] == "zmq"
+
+
+def test_coalesce_section_as_variables(tmp_path):
+    # Defaults (JOB has no coalesce section): what the transport factory assumes unset.
+    env = transport_env(load_config(job_file(tmp_path)))
+    assert {k: v for k, v in env.items() if k.startswith("TESSERA_COALESCE")} == {
+        "TESSERA_COALESCE": "1", "TESSERA_COALESCE_MAX_MESSAGE_BYTES": "16384",
+        "TESSERA_COALESCE_MAX_BATCH_BYTES": "65536", "TESSERA_COALESCE_MAX_DELAY_US": "1000"}
+    # All four set in the file; the rest of the environment is unchanged.
+    env = transport_env(load_config(job_file(tmp_path, JOB + COALESCE)))
+    assert env == {**EXPECTED, "TESSERA_COALESCE": "0", "TESSERA_COALESCE_MAX_MESSAGE_BYTES": "4096",
+                   "TESSERA_COALESCE_MAX_BATCH_BYTES": "32768", "TESSERA_COALESCE_MAX_DELAY_US": "250"}
+    # And by --set.
+    env = transport_env(load_config(job_file(tmp_path, JOB + COALESCE),
+                                    ["coalesce.enabled=true", "coalesce.max_delay_us=5000"]))
+    assert (env["TESSERA_COALESCE"], env["TESSERA_COALESCE_MAX_DELAY_US"]) == ("1", "5000")
 
 
 def test_process_env_carries_the_transport_with_the_rest(tmp_path):
@@ -132,6 +158,16 @@ def test_ssh_processes_get_the_variables(tmp_path, fake_build):
             assert f"--env {key}={value}" in remote, (name, remote)
 
 
+def test_ssh_processes_get_the_coalesce_settings(tmp_path, fake_build):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=3 addr=10.0.0.1\nnode2 slots=3 addr=10.0.0.2\n")
+    job = load_job(LocalOptions(config=str(job_file(tmp_path, JOB + COALESCE)), build_dir=str(fake_build)))
+    for name, argv in SshBackend(str(hostfile)).plan(job):
+        assert ("--env TESSERA_COALESCE=0 --env TESSERA_COALESCE_MAX_MESSAGE_BYTES=4096 "
+                "--env TESSERA_COALESCE_MAX_BATCH_BYTES=32768 --env TESSERA_COALESCE_MAX_DELAY_US=250") in argv[-1], \
+            (name, argv[-1])
+
+
 def test_ranks_started_by_mpirun_or_srun_get_the_variables(tmp_path, fake_build):
     """`tessera-launch role --rank-from ...` (what mpirun and srun start)
     builds the environment from the run directory's config.yaml."""
@@ -166,4 +202,5 @@ def test_dry_run_shows_the_variables(tmp_path, fake_build):
     assert ("environment of every process: TESSERA_TRANSPORT=auto TESSERA_RDMA_REQUIRED=0 "
             "TESSERA_RDMA_POOL_BYTES=1048576 TESSERA_RDMA_MAX_PINNED_BYTES=4194304 TESSERA_SHM=0 "
             "TESSERA_SHM_MIN_FRAME_BYTES=4096 TESSERA_SHM_RING_BYTES=2097152 TESSERA_SHM_CROSS_MEMORY=1 "
-            "TESSERA_SHM_MIN_LEND_BYTES=2097152") in terminal.getvalue()
+            "TESSERA_SHM_MIN_LEND_BYTES=2097152 TESSERA_COALESCE=1 TESSERA_COALESCE_MAX_MESSAGE_BYTES=16384 "
+            "TESSERA_COALESCE_MAX_BATCH_BYTES=65536 TESSERA_COALESCE_MAX_DELAY_US=1000") in terminal.getvalue()
