@@ -145,6 +145,7 @@ class CoalescingTransport final : public Transport {
 
   CoalesceStats coalesce_stats() const;
   const Options& options() const { return options_; }
+  Transport& inner() { return *inner_; }
 
   // The wire format, exposed for tests and fuzzing. PackBatch lays out
   // `messages` (at least one, frames local; their headers' sender_address

@@ -174,7 +174,11 @@ std::string VacantTcpAddress() {
 // kShm*: ZeroMQ wrapped in a ShmTransport that sends every frame of at least
 // one byte through shared-memory rings (peers assumed on this host). kRdma:
 // the verbs transport, skipped with the reason where no device is usable.
-enum class Kind { kInProc, kZmqTcp, kZmqIpc, kShmTcp, kShmIpc, kRdma };
+// Every kind but kInProc comes from MakeTransport, so it is wrapped in a
+// CoalescingTransport that holds what a handler sends; kHoldTcp and
+// kHoldShm also hold sends to a peer that owes an answer, as a worker's
+// transport does (transport/coalescing_transport.h).
+enum class Kind { kInProc, kZmqTcp, kZmqIpc, kShmTcp, kShmIpc, kRdma, kHoldTcp, kHoldShm };
 
 std::string KindName(const ::testing::TestParamInfo<Kind>& info) {
   switch (info.param) {
@@ -190,6 +194,10 @@ std::string KindName(const ::testing::TestParamInfo<Kind>& info) {
       return "ShmIpc";
     case Kind::kRdma:
       return "Rdma";
+    case Kind::kHoldTcp:
+      return "HoldTcp";
+    case Kind::kHoldShm:
+      return "HoldShm";
   }
   return "Unknown";
 }
@@ -205,7 +213,10 @@ class TransportConformanceTest : public ::testing::TestWithParam<Kind> {
   }
 
   bool IsZmq() const { return GetParam() != Kind::kInProc; }
-  bool IsShm() const { return GetParam() == Kind::kShmTcp || GetParam() == Kind::kShmIpc; }
+  bool IsShm() const {
+    return GetParam() == Kind::kShmTcp || GetParam() == Kind::kShmIpc || GetParam() == Kind::kHoldShm;
+  }
+  bool Holds() const { return GetParam() == Kind::kHoldTcp || GetParam() == Kind::kHoldShm; }
   bool IsIpc() const { return GetParam() == Kind::kZmqIpc || GetParam() == Kind::kShmIpc; }
 
   // A transport on a fresh endpoint (not started).
@@ -255,6 +266,7 @@ class TransportConformanceTest : public ::testing::TestWithParam<Kind> {
     choice.shm_options.min_frame_bytes = 1;
     choice.shm_options.ring_bytes = 32u << 20;
     choice.shm_options.assume_local_peers = true;
+    choice.coalesce.hold_requests = Holds();
     if (GetParam() == Kind::kRdma) {
       choice.kind = TransportChoice::Kind::kRdma;
       choice.rdma_required = true;
@@ -825,7 +837,7 @@ TEST_P(TransportConformanceTest, PostedDestinationsTakeTheirFramesInPlace) {
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, TransportConformanceTest,
                          ::testing::Values(Kind::kInProc, Kind::kZmqTcp, Kind::kZmqIpc, Kind::kShmTcp,
-                                           Kind::kShmIpc, Kind::kRdma),
+                                           Kind::kShmIpc, Kind::kRdma, Kind::kHoldTcp, Kind::kHoldShm),
                          KindName);
 
 // ---- ZmqTransport specifics (transport/zmq_transport.h) ----
@@ -1130,19 +1142,26 @@ TEST(ZmqTransportConformanceTest, HandlerExceptionsAreContained) {
 
 // ---- MakeTransport / DefaultBind ----
 
+// What the factory's coalescing wrapper (on every transport it makes) wraps.
+Transport* UnderCoalescing(const std::unique_ptr<Transport>& t) {
+  auto* c = dynamic_cast<CoalescingTransport*>(t.get());
+  EXPECT_NE(c, nullptr) << "MakeTransport wraps every transport in a CoalescingTransport";
+  return c != nullptr ? &c->inner() : t.get();
+}
+
 TEST(TransportFactoryConformanceTest, MakesZmqTransportsForTcpAndIpc) {
   for (const std::string& bind : {DefaultBind("tcp", ""), DefaultBind("ipc", "")}) {
     // By default the same-host path wraps ZeroMQ.
     absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport(bind);
     ASSERT_TRUE(t.ok()) << bind << ": " << t.status();
-    EXPECT_NE(dynamic_cast<ShmTransport*>(t->get()), nullptr);
+    EXPECT_NE(dynamic_cast<ShmTransport*>(UnderCoalescing(*t)), nullptr);
     ASSERT_OK((*t)->Start(IgnoreMessage));
     // Without it, plain ZeroMQ.
     TransportChoice plain;
     plain.shm = false;
     t = MakeTransport(ZmqTransport::Options{.bind = bind}, plain);
     ASSERT_TRUE(t.ok()) << bind << ": " << t.status();
-    EXPECT_NE(dynamic_cast<ZmqTransport*>(t->get()), nullptr);
+    EXPECT_NE(dynamic_cast<ZmqTransport*>(UnderCoalescing(*t)), nullptr);
     ASSERT_OK((*t)->Start(IgnoreMessage));
   }
 }
@@ -1178,7 +1197,11 @@ TEST(TransportFactoryConformanceTest, ReadsTheSelectionFromTheEnvironment) {
                    {"TESSERA_RDMA_POOL_BYTES", "1048576"},
                    {"TESSERA_SHM", "0"},
                    {"TESSERA_SHM_MIN_FRAME_BYTES", "4096"},
-                   {"TESSERA_SHM_RING_BYTES", "2097152"}});
+                   {"TESSERA_SHM_RING_BYTES", "2097152"},
+                   {"TESSERA_COALESCE", "0"},
+                   {"TESSERA_COALESCE_MAX_MESSAGE_BYTES", "1000"},
+                   {"TESSERA_COALESCE_MAX_BATCH_BYTES", "9000"},
+                   {"TESSERA_COALESCE_MAX_DELAY_US", "250"}});
     absl::StatusOr<TransportChoice> c = TransportChoiceFromEnvironment();
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_EQ(c->kind, TransportChoice::Kind::kAuto);
@@ -1187,13 +1210,26 @@ TEST(TransportFactoryConformanceTest, ReadsTheSelectionFromTheEnvironment) {
     EXPECT_FALSE(c->shm);
     EXPECT_EQ(c->shm_options.min_frame_bytes, 4096u);
     EXPECT_EQ(c->shm_options.ring_bytes, 2u << 20);
+    EXPECT_FALSE(c->coalesce.enabled);
+    EXPECT_EQ(c->coalesce.max_message_bytes, 1000u);
+    EXPECT_EQ(c->coalesce.max_batch_bytes, 9000u);
+    EXPECT_EQ(c->coalesce.max_delay, std::chrono::microseconds(250));
+    EXPECT_FALSE(c->coalesce.hold_requests) << "the process's own choice, not the environment's";
+  }
+  {
+    ScopedEnv env({{"TESSERA_COALESCE_MAX_MESSAGE_BYTES", "100000"}});
+    absl::StatusOr<TransportChoice> c = TransportChoiceFromEnvironment();
+    ASSERT_FALSE(c.ok());
+    EXPECT_THAT(std::string(c.status().message()), ::testing::HasSubstr("TESSERA_COALESCE_MAX_BATCH_BYTES"));
   }
   for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
            {"TESSERA_TRANSPORT", "verbs"},
            {"TESSERA_RDMA_REQUIRED", "yes"},
            {"TESSERA_SHM_RING_BYTES", "12x"},
            {"TESSERA_SHM_RING_BYTES", "3000000"},  // not a power of two
-           {"TESSERA_RDMA_POOL_BYTES", "0"}}) {
+           {"TESSERA_RDMA_POOL_BYTES", "0"},
+           {"TESSERA_COALESCE", "maybe"},
+           {"TESSERA_COALESCE_MAX_DELAY_US", "0"}}) {
     ScopedEnv env({{name, value}});
     absl::StatusOr<TransportChoice> c = TransportChoiceFromEnvironment();
     ASSERT_FALSE(c.ok()) << name << "=" << value;
@@ -1215,7 +1251,7 @@ TEST(TransportFactoryConformanceTest, RdmaFallsBackToZeroMqUnlessRequired) {
     choice.rdma_required = false;
     auto t = MakeTransport(ZmqTransport::Options{.bind = DefaultBind("tcp", "")}, choice);
     ASSERT_TRUE(t.ok()) << t.status();
-    EXPECT_NE(dynamic_cast<ZmqTransport*>(t->get()), nullptr) << "the fallback is ZeroMQ";
+    EXPECT_NE(dynamic_cast<ZmqTransport*>(UnderCoalescing(*t)), nullptr) << "the fallback is ZeroMQ";
     choice.rdma_required = true;
     t = MakeTransport(ZmqTransport::Options{.bind = DefaultBind("tcp", "")}, choice);
     ASSERT_FALSE(t.ok());

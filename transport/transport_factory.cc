@@ -91,6 +91,10 @@ absl::StatusOr<TransportChoice> TransportChoiceFromEnvironment() {
   }
   uint64_t delay_us = static_cast<uint64_t>(c.coalesce.max_delay.count());
   if (absl::Status s = EnvCount("TESSERA_COALESCE_MAX_DELAY_US", &delay_us); !s.ok()) return s;
+  if (delay_us > 60'000'000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TESSERA_COALESCE_MAX_DELAY_US=", delay_us, ": at most 60000000 (a minute)"));
+  }
   c.coalesce.max_delay = std::chrono::microseconds(delay_us);
   if (c.coalesce.max_message_bytes > c.coalesce.max_batch_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
