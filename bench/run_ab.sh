@@ -18,7 +18,9 @@
 # Environment: ROUNDS (8), SIZES (4096,1048576,16777216), OPS (push,pull),
 # MODES (sequential,inflight8), REPEATS (3), MIN_SECONDS (0.5), NEAR_NS
 # (150), KEEP=1 to keep the results (printed at the end), SET (launcher
-# overrides for both trees).
+# overrides for both trees), SET_BEFORE and SET_AFTER (for one tree each).
+# A setting against its default in one build: the same directory twice,
+#   SET_BEFORE="coalesce.enabled=false" bench/run_ab.sh build build
 set -euo pipefail
 
 if [ $# -ne 2 ]; then
@@ -59,11 +61,17 @@ if [ "${KEEP:-0}" != 1 ]; then trap 'rm -rf "$WORK"' EXIT; fi
 # what it understands, e.g. SET="limits.max_table_mb=0" before `auto`).
 EXTRA=()
 for o in ${SET:-}; do EXTRA+=(--set "$o"); done
+EXTRA_BEFORE=()
+for o in ${SET_BEFORE:-}; do EXTRA_BEFORE+=(--set "$o"); done
+EXTRA_AFTER=()
+for o in ${SET_AFTER:-}; do EXTRA_AFTER+=(--set "$o"); done
 
-run_tessera() {  # BUILD_DIR RUN_DIR
-  bench_push_pull_run run_ab.sh "$1" "$2" --set shm.enabled=false \
+run_tessera() {  # BUILD_DIR RUN_DIR [--set KEY=VALUE ...]
+  local build=$1 run=$2
+  shift 2
+  bench_push_pull_run run_ab.sh "$build" "$run" --set shm.enabled=false \
     --set "worker.args.sizes=\"$SIZES\"" --set "worker.args.ops=\"$OPS\"" --set "worker.args.modes=\"$MODES\"" \
-    --set "worker.args.repeats=$REPEATS" --set "worker.args.min_seconds=$MIN_SECONDS" "${EXTRA[@]}"
+    --set "worker.args.repeats=$REPEATS" --set "worker.args.min_seconds=$MIN_SECONDS" "${EXTRA[@]}" "$@"
 }
 
 for round in $(seq 1 "$ROUNDS"); do
@@ -71,11 +79,11 @@ for round in $(seq 1 "$ROUNDS"); do
   bench_raw_run run_ab.sh "$AFTER" "$WORK/raw-$round.json" --sizes "$SIZES" --modes "$MODES" \
     --repeats "$REPEATS" --min_seconds "$MIN_SECONDS" --keep_allocations_mapped
   if [ $((round % 2)) = 1 ]; then
-    run_tessera "$AFTER" "$WORK/after-$round"
-    run_tessera "$BEFORE" "$WORK/before-$round"
+    run_tessera "$AFTER" "$WORK/after-$round" "${EXTRA_AFTER[@]}"
+    run_tessera "$BEFORE" "$WORK/before-$round" "${EXTRA_BEFORE[@]}"
   else
-    run_tessera "$BEFORE" "$WORK/before-$round"
-    run_tessera "$AFTER" "$WORK/after-$round"
+    run_tessera "$BEFORE" "$WORK/before-$round" "${EXTRA_BEFORE[@]}"
+    run_tessera "$AFTER" "$WORK/after-$round" "${EXTRA_AFTER[@]}"
   fi
 done
 
