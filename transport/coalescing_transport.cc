@@ -269,39 +269,41 @@ absl::StatusOr<std::vector<Message>> CoalescingTransport::UnpackBatch(const Mess
 
 void CoalescingTransport::OnMessage(Message message) {
   if (stopped_.load(std::memory_order_acquire)) return;
-  std::string from = message.header.sender_address();
-  const CoalescingTransport* outer = tl_dispatching;
-  tl_dispatching = this;
+  Peer* sender = FindPeer(message.header.sender_address());
   if (message.header.has_batch()) {
     absl::StatusOr<std::vector<Message>> messages = UnpackBatch(message);
     if (!messages.ok()) {
       const uint64_t bad = malformed_batches_.fetch_add(1, std::memory_order_relaxed) + 1;
       if (LogThisOne(bad)) {
-        TLOG_WARN("coalescing transport: dropped a malformed batch from {}: {} ({} so far)", from,
-                  messages.status().message(), bad);
+        TLOG_WARN("coalescing transport: dropped a malformed batch from {}: {} ({} so far)",
+                  message.header.sender_address(), messages.status().message(), bad);
       }
     } else {
       batches_received_.fetch_add(1, std::memory_order_relaxed);
       messages_unbatched_.fetch_add(messages->size(), std::memory_order_relaxed);
+      // What the handler sends for the messages of a batch goes together
+      // once it handled them all.
+      const CoalescingTransport* outer = tl_dispatching;
+      tl_dispatching = this;
       for (Message& m : *messages) {
         if (stopped_.load(std::memory_order_acquire)) break;
         handler_(std::move(m));
       }
+      tl_dispatching = outer;
     }
   } else {
     handler_(std::move(message));
   }
-  tl_dispatching = outer;
-  AfterDelivery(from);
+  AfterDelivery(sender);
 }
 
-void CoalescingTransport::AfterDelivery(const std::string& from) {
-  Peer* sender = nullptr;
-  {
-    std::lock_guard lock(peers_mu_);
-    auto it = peers_.find(from);
-    if (it != peers_.end()) sender = it->second.get();
-  }
+CoalescingTransport::Peer* CoalescingTransport::FindPeer(absl::string_view address) const {
+  std::lock_guard lock(peers_mu_);
+  auto it = peers_.find(address);
+  return it == peers_.end() ? nullptr : it->second.get();
+}
+
+void CoalescingTransport::AfterDelivery(Peer* sender) {
   std::vector<Peer*> peers = std::move(held_in_handler_);
   held_in_handler_.clear();
   if (sender != nullptr) {
@@ -397,12 +399,7 @@ bool CoalescingTransport::LendsTo(const std::string& to, size_t bytes) const { r
 
 PeerBacklog CoalescingTransport::Backlog(const std::string& to) const {
   PeerBacklog b = inner_->Backlog(to);
-  Peer* peer = nullptr;
-  {
-    std::lock_guard lock(peers_mu_);
-    auto it = peers_.find(to);
-    if (it != peers_.end()) peer = it->second.get();
-  }
+  Peer* peer = FindPeer(to);
   if (peer != nullptr) {
     std::lock_guard lock(peer->mu);
     b.messages += peer->held.size();

@@ -12,11 +12,13 @@
 // to at most Options::max_message_bytes and the inner transport would not
 // lend it (Message::lendable and LendsTo). Only small messages are held; a
 // held message is kept per destination, behind the ones held before it.
-// - A small message sent from inside this transport's handler (a reply, a
-//   forward to a backup) is held until the handler returns: everything the
-//   handler sent while handling one delivered message (for a batch: all of
-//   its messages) goes out then, one message per destination.
-// - A small message sent from any other thread is held when something is
+// - A small message the handler sends while it handles the messages of a
+//   batch (replies, forwards to backups) is held until it handled them all:
+//   then what it sent goes, one message per destination. (For a message
+//   that came alone, the handler's sends follow the rule below: held
+//   replies would only cost time.)
+// - Any other small message (from another thread, or from the handler
+//   handling a message that came alone) is held when something is
 //   already held for that destination (so it keeps its place), or when
 //   Options::hold_requests is set and the destination owes an answer: a
 //   message went to it and nothing has arrived from it since (Nagle's rule:
@@ -27,8 +29,9 @@
 // - it reaches max_batch_bytes or max_batch_messages;
 // - a message that is not small is sent to that destination (the held ones
 //   go first: order is kept);
-// - a message from that destination was delivered (after the handler
-//   returned): its answer arrived;
+// - a message (or batch) from that destination was delivered (after the
+//   handler returned): its answer arrived; a handler that handled a batch
+//   releases everything it held then too;
 // - Flush() or DeliverUntil() is called (a caller about to wait for answers:
 //   Worker's waits);
 // - Options::max_delay passed since the first of them was held (a timer
@@ -83,6 +86,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "transport/transport.h"
 
 namespace tessera {
@@ -160,8 +164,9 @@ class CoalescingTransport final : public Transport {
   // Hands what `peer` holds to the inner transport; peer.mu held.
   void SendHeldLocked(Peer& peer);
   void FlushPeer(Peer& peer);
+  Peer* FindPeer(absl::string_view address) const;  // null: never sent to
   void OnMessage(Message message);
-  void AfterDelivery(const std::string& from);
+  void AfterDelivery(Peer* sender);
   void TimerLoop();
 
   std::unique_ptr<Transport> inner_;
@@ -172,8 +177,8 @@ class CoalescingTransport final : public Transport {
   absl::flat_hash_map<std::string, std::unique_ptr<Peer>> peers_;  // entries never removed
   std::atomic<size_t> held_peers_{0};  // peers holding something now
 
-  // Peers a handler call held messages for (the delivery thread's; one
-  // handler call at a time).
+  // Peers the handler held messages for while it handled a batch (the
+  // delivering thread's; one handler call at a time).
   std::vector<Peer*> held_in_handler_;
 
   std::mutex timer_mu_;
