@@ -39,6 +39,9 @@ struct CoalescingTransport::Peer {
   uint64_t held_raw_bytes = 0; // headers + frames (Backlog); guarded by mu
   std::atomic<Nanos> first_held{0};  // when the oldest held one was held; 0: none
   std::atomic<bool> owes{false};     // a message went to it and nothing came back since
+  // What its messages to us (answers) weigh lately: a moving average of
+  // their data bytes (a batch counts as its messages' mean).
+  std::atomic<uint64_t> answer_bytes{0};
   bool listed_in_handler = false;    // in held_in_handler_ (the delivery thread's)
 };
 
@@ -86,8 +89,13 @@ absl::Status CoalescingTransport::Send(const std::string& to, Message message) {
   const bool in_handler = tl_dispatching == this;
   Peer& peer = PeerFor(to);
   std::unique_lock lock(peer.mu);
+  // Requests wait for an answer only where answers are small: a request for
+  // a large answer (a wide pull) gains nothing by going with others, and
+  // holding it would leave the server idle while the caller reads the
+  // answers it already has.
   const bool hold = small && (in_handler || !peer.held.empty() ||
-                              (options_.hold_requests && peer.owes.load(std::memory_order_relaxed)));
+                              (options_.hold_requests && peer.owes.load(std::memory_order_relaxed) &&
+                               peer.answer_bytes.load(std::memory_order_relaxed) <= options_.max_message_bytes));
   if (!hold) {
     if (!peer.held.empty()) SendHeldLocked(peer);
     peer.owes.store(true, std::memory_order_relaxed);
@@ -270,6 +278,12 @@ absl::StatusOr<std::vector<Message>> CoalescingTransport::UnpackBatch(const Mess
 void CoalescingTransport::OnMessage(Message message) {
   if (stopped_.load(std::memory_order_acquire)) return;
   Peer* sender = FindPeer(message.header.sender_address());
+  if (sender != nullptr) {
+    uint64_t bytes = message.FrameBytes();
+    if (message.header.has_batch()) bytes /= std::max(1, message.header.batch().header_bytes_size());
+    const uint64_t before = sender->answer_bytes.load(std::memory_order_relaxed);
+    sender->answer_bytes.store((3 * before + bytes) / 4, std::memory_order_relaxed);
+  }
   if (message.header.has_batch()) {
     absl::StatusOr<std::vector<Message>> messages = UnpackBatch(message);
     if (!messages.ok()) {

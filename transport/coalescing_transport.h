@@ -23,7 +23,11 @@
 //   Options::hold_requests is set and the destination owes an answer: a
 //   message went to it and nothing has arrived from it since (Nagle's rule:
 //   a client's next request waits for the answer to its last one, or for
-//   the caller to wait). Otherwise it goes at once.
+//   the caller to wait), unless its answers are large lately (a moving
+//   average of the data bytes of what it sent us over max_message_bytes:
+//   a request for a wide pull gains nothing by waiting, and the server
+//   would idle while the caller reads the answers it has). Otherwise it
+//   goes at once.
 // What is held for a destination goes (one message alone as itself, two or
 // more as a batch) when:
 // - it reaches max_batch_bytes or max_batch_messages;

@@ -274,6 +274,37 @@ TEST_F(CoalescingTransportTest, AMessageFromThePeerReleasesWhatWasHeldForIt) {
   EXPECT_EQ(server->coalesce_stats().batches_sent, 0u);
 }
 
+// Requests to a server whose answers are large (wide pulls) are not held:
+// they would gain nothing and leave the server idle.
+TEST_F(CoalescingTransportTest, RequestsToAPeerWhoseAnswersAreLargeGoAtOnce) {
+  for (const size_t answer : {size_t{1000}, size_t{100000}}) {
+    InProcNetwork network;
+    Inbox at_server, at_client;
+    auto server = std::make_unique<CoalescingTransport>(network.Create("server"), CoalescingTransport::Options{});
+    auto client = std::make_unique<CoalescingTransport>(network.Create("client"), Client());
+    ASSERT_OK(server->Start(at_server.handler()));
+    ASSERT_OK(client->Start(at_client.handler()));
+    ASSERT_OK(client->Send(server->address(), Request(1)));
+    ASSERT_TRUE(at_server.WaitForCount(1));
+    ASSERT_OK(server->Send(client->address(), Request(100, {Bytes(answer, 1)})));
+    ASSERT_TRUE(at_client.WaitForCount(1));
+    for (uint64_t id = 2; id <= 4; ++id) ASSERT_OK(client->Send(server->address(), Request(id)));
+    if (answer > client->options().max_message_bytes) {
+      ASSERT_TRUE(at_server.WaitForCount(4)) << "answers of " << answer << " bytes";
+      EXPECT_EQ(client->coalesce_stats().batches_sent, 0u);
+    } else {
+      ASSERT_TRUE(at_server.WaitForCount(2));
+      std::this_thread::sleep_for(milliseconds(20));
+      EXPECT_EQ(at_server.size(), 2u) << "answers of " << answer << " bytes: 3 and 4 wait for 2's answer";
+      client->Flush();
+      ASSERT_TRUE(at_server.WaitForCount(4));
+      EXPECT_EQ(client->coalesce_stats().batches_sent, 1u);
+    }
+    client->Stop();
+    server->Stop();
+  }
+}
+
 // Replies the handler makes for the messages of one batch go as one batch.
 TEST_F(CoalescingTransportTest, RepliesMadeInTheHandlerGoTogether) {
   Transport* server_ptr = nullptr;
