@@ -108,6 +108,7 @@ absl::Status CoalescingTransport::Send(const std::string& to, Message message) {
     SendHeldLocked(peer);
   }
   const bool first = peer.held.empty();
+  messages_held_.fetch_add(1, std::memory_order_relaxed);
   peer.held.push_back(std::move(message));
   peer.held_bytes += padded;
   peer.held_raw_bytes += header_bytes + frame_bytes;
@@ -283,6 +284,9 @@ void CoalescingTransport::OnMessage(Message message) {
     if (message.header.has_batch()) bytes /= std::max(1, message.header.batch().header_bytes_size());
     const uint64_t before = sender->answer_bytes.load(std::memory_order_relaxed);
     sender->answer_bytes.store((3 * before + bytes) / 4, std::memory_order_relaxed);
+    // Before the handler runs: it may complete what a caller waits for,
+    // whose next request must not find the answer still owed.
+    sender->owes.store(false, std::memory_order_relaxed);
   }
   if (message.header.has_batch()) {
     absl::StatusOr<std::vector<Message>> messages = UnpackBatch(message);
@@ -321,7 +325,6 @@ void CoalescingTransport::AfterDelivery(Peer* sender) {
   std::vector<Peer*> peers = std::move(held_in_handler_);
   held_in_handler_.clear();
   if (sender != nullptr) {
-    sender->owes.store(false, std::memory_order_relaxed);
     if (sender->first_held.load(std::memory_order_relaxed) != 0 && !sender->listed_in_handler) peers.push_back(sender);
   }
   for (Peer* p : peers) {
@@ -395,6 +398,7 @@ TransportStats CoalescingTransport::stats() const {
   s.coalesce_messages_batched = messages_batched_.load(std::memory_order_relaxed);
   s.coalesce_batches_received = batches_received_.load(std::memory_order_relaxed);
   s.coalesce_messages_unbatched = messages_unbatched_.load(std::memory_order_relaxed);
+  s.coalesce_messages_held = messages_held_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -404,6 +408,7 @@ CoalesceStats CoalescingTransport::coalesce_stats() const {
   s.messages_batched = messages_batched_.load();
   s.batches_received = batches_received_.load();
   s.messages_unbatched = messages_unbatched_.load();
+  s.messages_held = messages_held_.load();
   s.timer_flushes = timer_flushes_.load();
   s.send_errors = send_errors_.load();
   return s;

@@ -101,6 +101,7 @@ struct CoalesceStats {
   uint64_t messages_batched = 0;    // messages that went inside those batches
   uint64_t batches_received = 0;    // well-formed batches delivered
   uint64_t messages_unbatched = 0;  // messages delivered out of those batches
+  uint64_t messages_held = 0;       // messages held to go with later ones (then batched or not)
   uint64_t timer_flushes = 0;       // destinations whose held messages went by max_delay
   uint64_t send_errors = 0;         // held messages the inner transport refused later
 };
@@ -194,7 +195,7 @@ class CoalescingTransport final : public Transport {
   std::atomic<bool> started_{false};
   std::atomic<bool> stopped_{false};
   std::atomic<uint64_t> batches_sent_{0}, messages_batched_{0}, batches_received_{0}, messages_unbatched_{0},
-      timer_flushes_{0}, send_errors_{0}, malformed_batches_{0};
+      timer_flushes_{0}, send_errors_{0}, malformed_batches_{0}, messages_held_{0};
 };
 
 }  // namespace tessera

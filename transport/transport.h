@@ -91,6 +91,7 @@ struct TransportStats {
   uint64_t coalesce_messages_batched = 0;     // messages that went inside them
   uint64_t coalesce_batches_received = 0;
   uint64_t coalesce_messages_unbatched = 0;   // messages delivered out of them
+  uint64_t coalesce_messages_held = 0;        // messages held to go with later ones (batched or not)
 };
 
 class Transport {

@@ -34,6 +34,19 @@ TEST(CoalescingClusterTest, SmallRequestsInFlightGoAsBatchesAndEveryValueIsRight
   TableOptions t{.id = kTable, .name = "small", .width = kWidth, .kind = proto::SPARSE,
                  .optimizer = proto::ACCUMULATE, .init = proto::ZEROS};
   ASSERT_TRUE(worker->CreateTable(t).ok());
+  // One request at a time: nothing is held (each answer came before the
+  // next request, so no server owed one).
+  {
+    const TransportStats s0 = worker->transport_stats();
+    const Key k = 1;
+    std::vector<float> row(kWidth, 1.0f);
+    for (int i = 0; i < 50; ++i) {
+      ASSERT_TRUE(worker->Push(kTable, std::span<const Key>(&k, 1), row).Wait().ok());
+      ASSERT_TRUE(worker->Pull(kTable, std::span<const Key>(&k, 1), row).Wait().ok());
+    }
+    EXPECT_EQ(worker->transport_stats().coalesce_messages_held, s0.coalesce_messages_held)
+        << "a sequential caller's requests were held: the server's answers did not count as its answers";
+  }
   const TransportStats before = worker->transport_stats();
 
   constexpr int kKeys = 64, kRounds = 20, kInFlight = 16;
