@@ -5,7 +5,7 @@
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
 #
 # SECONDS_PER_TARGET defaults to 60; TARGET to all of server_request, codec,
-# checkpoint and shm_ring. Builds with clang into build-fuzz/ (TESSERA_FUZZ=ON). Each
+# checkpoint, shm_ring and batch. Builds with clang into build-fuzz/ (TESSERA_FUZZ=ON). Each
 # target starts from its corpus in tests/fuzz/corpus/<target> (read-only here)
 # and keeps what it finds in build-fuzz/corpus/<target>. A crash stops the
 # script with status 1 and leaves the input as build-fuzz/crashes/<target>-*:
@@ -16,7 +16,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SECONDS_PER_TARGET=${1:-60}
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(server_request codec checkpoint shm_ring)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(server_request codec checkpoint shm_ring batch)
 BUILD=${TESSERA_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}
 
 if ! command -v clang++ >/dev/null; then

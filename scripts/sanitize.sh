@@ -140,7 +140,8 @@ if [ "$WHICH" = ci ]; then
   # Every test binary that starts threads (server_core_test's one thread
   # only drops a Buffer, which common_test's buffer tests do under TSan too).
   TSAN_TESTS=(transport/transport_conformance_test transport/fault_transport_test transport/caller_delivery_test
-    transport/curve_test tests/cluster/inproc_cluster_test tests/cluster/bad_requests_test tests/cluster/auth_test
+    transport/curve_test transport/coalescing_transport_test tests/cluster/inproc_cluster_test
+    tests/cluster/bad_requests_test tests/cluster/auth_test tests/cluster/coalescing_test
     tests/cluster/transfer_priority_test tests/consistency/consistency_test worker/device_staging_test
     common/common_test coordinator/etcd_leadership_test)
   cmake --build "$TDIR" -j "$JOBS" --target $(targets "${TSAN_TESTS[@]}") shm_transport_test
