@@ -154,10 +154,13 @@ void CoalescingTransport::SendHeldLocked(Peer& peer) {
     }
   }
   if (!status.ok()) {
+    // Logged by failed send, not by message: a count that grows by a
+    // batch's size at a time would step over the powers of two.
+    const uint64_t failures = failed_sends_.fetch_add(1, std::memory_order_relaxed) + 1;
     const uint64_t errors = send_errors_.fetch_add(n, std::memory_order_relaxed) + n;
-    if (LogThisOne(errors)) {
-      TLOG_WARN("coalescing transport: {} held message(s) for {} not sent: {} ({} so far)", n, peer.address,
-                status.message(), errors);
+    if (LogThisOne(failures)) {
+      TLOG_WARN("coalescing transport: {} held message(s) for {} not sent: {} ({} messages so far)", n,
+                peer.address, status.message(), errors);
     }
   }
 }

@@ -195,7 +195,7 @@ class CoalescingTransport final : public Transport {
   std::atomic<bool> started_{false};
   std::atomic<bool> stopped_{false};
   std::atomic<uint64_t> batches_sent_{0}, messages_batched_{0}, batches_received_{0}, messages_unbatched_{0},
-      timer_flushes_{0}, send_errors_{0}, malformed_batches_{0}, messages_held_{0};
+      timer_flushes_{0}, send_errors_{0}, failed_sends_{0}, malformed_batches_{0}, messages_held_{0};
 };
 
 }  // namespace tessera
