@@ -41,6 +41,12 @@ struct Message {
   // A pull reply its receiver keeps as it arrives (Worker::PullView, the
   // request's Pull.whole): sent as one message, never in pieces. Not sent.
   bool unsplit = false;
+  // Goes at once: a transport that holds small messages to send them
+  // together (transport/coalescing_transport.h) does not hold this one; what
+  // it held for the same peer goes first (order kept). For control messages
+  // (a node's session with the coordinator), which nothing follows soon.
+  // Not sent.
+  bool at_once = false;
   // Byte accounting (transport/transport.h TransportStats), for callers that
   // count their own traffic by kind (the worker's wire bytes). Not sent.
   // - sent_bytes: where set, the transport adds what it counts in

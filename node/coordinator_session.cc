@@ -105,12 +105,12 @@ void CoordinatorSession::Send(proto::Envelope header) {
 void CoordinatorSession::Transmit(proto::Envelope header) {
   Message m;
   m.header = std::move(header);
+  m.at_once = true;  // control messages are not held for later ones
   const std::string to = coordinator();
   if (IsEtcdAddress(to)) return;  // no leader known yet: Join() resolves first
   if (auto s = transport_->Send(to, std::move(m)); !s.ok()) {
     TLOG_WARN("send to coordinator {} failed: {}", to, s.ToString());
   }
-  transport_->Flush();  // control messages are not held for later ones
 }
 
 void CoordinatorSession::NoteSilenceLocked(Nanos now) {

@@ -93,7 +93,8 @@ absl::Status CoalescingTransport::Send(const std::string& to, Message message) {
   // a large answer (a wide pull) gains nothing by going with others, and
   // holding it would leave the server idle while the caller reads the
   // answers it already has.
-  const bool hold = small && (in_handler || !peer.held.empty() ||
+  const bool hold = small && !message.at_once &&
+                    (in_handler || !peer.held.empty() ||
                               (options_.hold_requests && peer.owes.load(std::memory_order_relaxed) &&
                                peer.answer_bytes.load(std::memory_order_relaxed) <= options_.max_message_bytes));
   if (!hold) {

@@ -10,7 +10,8 @@
 //
 // What is held. A message is *small* when its header and data frames add up
 // to at most Options::max_message_bytes and the inner transport would not
-// lend it (Message::lendable and LendsTo). Only small messages are held; a
+// lend it (Message::lendable and LendsTo). Only small messages not marked
+// Message::at_once (control messages to the coordinator) are held; a
 // held message is kept per destination, behind the ones held before it.
 // - A small message the handler sends while it handles the messages of a
 //   batch (replies, forwards to backups) is held until it handled them all:
@@ -31,8 +32,8 @@
 // What is held for a destination goes (one message alone as itself, two or
 // more as a batch) when:
 // - it reaches max_batch_bytes or max_batch_messages;
-// - a message that is not small is sent to that destination (the held ones
-//   go first: order is kept);
+// - a message that is not held (not small, or at_once) is sent to that
+//   destination (the held ones go first: order is kept);
 // - a message (or batch) from that destination was delivered (after the
 //   handler returned): its answer arrived; a handler that handled a batch
 //   releases everything it held then too;

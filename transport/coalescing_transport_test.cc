@@ -254,6 +254,31 @@ TEST_F(CoalescingTransportTest, RequestsToAPeerThatOwesAnAnswerWaitForFlush) {
   EXPECT_EQ(client->Backlog(server->address()).messages, 0u);
 }
 
+// A message marked at_once (control messages) is not held even where the
+// peer owes an answer, and what was held for that peer goes before it.
+TEST_F(CoalescingTransportTest, AnAtOnceMessageIsNotHeldAndGoesAfterWhatWasHeld) {
+  Inbox inbox;
+  auto server = Wrap("server");
+  auto client = Wrap("client", Client());
+  ASSERT_OK(server->Start(inbox.handler()));
+  ASSERT_OK(client->Start([](Message) {}));
+  for (uint64_t id = 1; id <= 3; ++id) ASSERT_OK(client->Send(server->address(), Request(id, {Bytes(64, id)})));
+  ASSERT_TRUE(inbox.WaitForCount(1));
+  EXPECT_EQ(client->Backlog(server->address()).messages, 2u) << "requests 2 and 3 should be held";
+  Message control = Request(4, {Bytes(16, 4)});
+  control.at_once = true;
+  ASSERT_OK(client->Send(server->address(), std::move(control)));
+  EXPECT_EQ(client->Backlog(server->address()).messages, 0u) << "the at_once message was held, or kept others held";
+  ASSERT_TRUE(inbox.WaitForCount(4));
+  std::vector<Message> got = inbox.Snapshot();
+  for (uint64_t id = 1; id <= 4; ++id) EXPECT_EQ(got[id - 1].header.request_id(), id);
+  EXPECT_EQ(client->coalesce_stats().messages_held, 2u) << "only requests 2 and 3 were held";
+  // And it did not wait for Flush: nothing more to send.
+  client->Flush();
+  std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_EQ(inbox.size(), 4u);
+}
+
 // Anything arriving from the peer is its answer: what was held for it goes.
 TEST_F(CoalescingTransportTest, AMessageFromThePeerReleasesWhatWasHeldForIt) {
   Inbox at_server, at_client;
