@@ -463,7 +463,9 @@ void WorkerCore::SendAgain(Nanos now, bool silence, Effects& effects) {
 }
 
 // The requests that replace part `r` under the current map (sent or
-// queued, see Dispatch). A push goes whole, marked as a resend, to every
+// queued, see Dispatch), marked Message::at_once: a resend goes to a server
+// that has not answered, so a transport that holds requests until the
+// answer comes (transport/coalescing_transport.h) must not hold it. A push goes whole, marked as a resend, to every
 // server that is now the primary of some of its keys (each takes its own;
 // the same bytes, so a compressed push is not encoded twice). A pull is
 // split by primary. Parts keep their transfer priority and place.
@@ -478,6 +480,7 @@ std::vector<RequestTracker::PartSpec> WorkerCore::Redirect(const RequestTracker:
     m.header.set_request_id(++next_request_);
     m.header.set_first_request_id(first_id);
     m.header.set_epoch(map.epoch());
+    m.at_once = true;
     parts.push_back({m.header.request_id(), r.server_rank, {}, m});
     effects.sends.push_back({map.server(r.server_rank).address(), std::move(m)});
     return parts;
@@ -492,6 +495,7 @@ std::vector<RequestTracker::PartSpec> WorkerCore::Redirect(const RequestTracker:
     Message m = r.request;
     m.header.set_request_id(++next_request_);
     m.header.set_first_request_id(first_id);
+    m.at_once = true;
     if (h.has_push()) m.header.mutable_push()->set_resend(true);
     parts.push_back({m.header.request_id(), r.server_rank, r.scatter, std::move(m), r.transfer});
     Dispatch(parts.back(), effects);
@@ -508,6 +512,7 @@ std::vector<RequestTracker::PartSpec> WorkerCore::Redirect(const RequestTracker:
     m.header.set_request_id(++next_request_);
     m.header.set_first_request_id(first_id);
     m.header.set_epoch(map.epoch());
+    m.at_once = true;
     RequestTracker::Scatter scatter;
     RequestTracker::Transfer transfer = r.transfer;
     if (h.has_push()) {

@@ -594,6 +594,7 @@ TEST(WorkerCoreTest, ANewerMapSendsThePartsOfTheLostServerToTheNewPrimaries) {
   std::set<std::string> push_to;
   for (const Outgoing* o : push_resends) {
     const proto::Envelope& h = o->message.header;
+    EXPECT_TRUE(o->message.at_once);
     push_to.insert(o->to);
     EXPECT_NE(o->to, ServerAddress(1));
     EXPECT_TRUE(h.push().resend());
@@ -661,6 +662,8 @@ TEST(WorkerCoreTest, ASilentPartGoesAgainUnderANewIdWithBackoff) {
   EXPECT_EQ(t.sends[0].to, silent.to);
   EXPECT_GT(again.header.request_id(), *Ids(push->sends).rbegin());
   EXPECT_EQ(again.header.first_request_id(), silent.message.header.request_id()) << "names the first send";
+  EXPECT_FALSE(silent.message.at_once) << "a first send may be held with others";
+  EXPECT_TRUE(again.at_once) << "a resend goes to a server that did not answer: it must not wait for that answer";
   EXPECT_EQ(again.header.push().seq(), silent.message.header.push().seq());
   EXPECT_EQ(again.frames[0].data(), silent.message.frames[0].data());
   // The next one waits twice as long.
