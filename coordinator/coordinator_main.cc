@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "CLI/CLI.hpp"
+#include "common/env.h"
 #include "common/keys.h"
 #include "common/logging.h"
 #include "coordinator/coordinator_node.h"
@@ -18,23 +19,6 @@
 #include "coordinator/etcd_leadership.h"
 #include "node/timing_defaults.h"
 #include "transport/transport_factory.h"
-
-namespace {
-
-bool WriteFileAtomically(const std::string& path, const std::string& content) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    if (!f) return false;
-    f << content;
-    if (!f.flush()) return false;
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  return !ec;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   tessera::CoordinatorOptions options;
@@ -257,8 +241,9 @@ int main(int argc, char** argv) {
     node.set_leadership([lead] { return lead->Holds(); });
   } else {
     node.set_state(std::move(restored), [&state_file](const std::string& bytes) {
-      if (!state_file.empty() && !WriteFileAtomically(state_file, bytes)) {
-        TLOG_ERROR("cannot write the state file {}", state_file);
+      if (state_file.empty()) return true;
+      if (absl::Status s = tessera::WriteFileAtomically(state_file, bytes); !s.ok()) {
+        TLOG_ERROR("cannot save the state to its file: {}", s.message());
       }
       return true;
     });
@@ -267,9 +252,11 @@ int main(int argc, char** argv) {
   if (!tessera::metrics::ServeIfAsked(metrics_host, metrics_port, [&node] { return node.MetricsText(); }, &metrics)) {
     return 1;
   }
-  if (!address_file.empty() && !WriteFileAtomically(address_file, node.address() + "\n")) {
-    TLOG_ERROR("cannot write the address file {}", address_file);
-    return 1;
+  if (!address_file.empty()) {
+    if (absl::Status s = tessera::WriteFileAtomically(address_file, node.address() + "\n"); !s.ok()) {
+      TLOG_ERROR("cannot write the address file: {}", s.message());
+      return 1;
+    }
   }
   absl::Status result = node.Run();
   if (metrics) metrics->Stop();
@@ -277,8 +264,10 @@ int main(int argc, char** argv) {
     TLOG_ERROR("stopping: lost the leadership of job {}: {}", job, leadership ? leadership->lost_reason() : "");
     return 3;
   }
-  if (!summary_file.empty() && !WriteFileAtomically(summary_file, node.SummaryJson())) {
-    TLOG_ERROR("cannot write the summary file {}", summary_file);
+  if (!summary_file.empty()) {
+    if (absl::Status s = tessera::WriteFileAtomically(summary_file, node.SummaryJson()); !s.ok()) {
+      TLOG_ERROR("cannot write the summary file: {}", s.message());
+    }
   }
   // A successful job stays a moment for nodes that missed the Shutdown; a
   // failed one goes now (its nodes end on the failure or the lost coordinator).

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/env.h"
 
 namespace tessera {
 
@@ -790,16 +791,6 @@ absl::StatusOr<DirectoryEntries> ScanDirectory(const std::string& dir) {
   };
   std::sort(out.complete.begin(), out.complete.end(), newest_first);
   return out;
-}
-
-absl::Status SyncDirectory(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot open directory ", dir, " to fsync it: ", ErrnoText(errno)));
-  const int rc = ::fsync(fd);
-  const int e = errno;
-  ::close(fd);
-  if (rc != 0) return absl::InternalError(absl::StrCat("cannot fsync directory ", dir, ": ", ErrnoText(e)));
-  return absl::OkStatus();
 }
 
 }  // namespace

@@ -7,12 +7,12 @@
 #include <csignal>
 #include <thread>
 #include <cstdlib>
-#include <fstream>
 #include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "common/env.h"
 #include "common/logging.h"
 #include "common/memory.h"
 #include "common/metrics.h"
@@ -189,11 +189,8 @@ int main(int argc, char** argv) {
   if (metrics) metrics->Stop();
   if (!audit_dir.empty() && node.node_id() != 0) {
     const std::string path = absl::StrCat(audit_dir, "/server-", node.rank(), "-node-", node.node_id(), ".audit");
-    std::ofstream file(path);
-    file << node.AuditDump();
-    file.close();
-    if (!file) {
-      TLOG_ERROR("cannot write the audit to {}", path);
+    if (absl::Status w = tessera::WriteFileAtomically(path, node.AuditDump()); !w.ok()) {
+      TLOG_ERROR("cannot write the audit: {}", w.message());
       return 1;
     }
     TLOG_INFO("audit written to {}", path);
