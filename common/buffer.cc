@@ -1,9 +1,10 @@
 #include "common/buffer.h"
 
 #include <bit>
-#include <cassert>
 #include <cstdlib>
 #include <new>
+
+#include "common/check.h"
 
 namespace tessera {
 namespace {
@@ -48,7 +49,7 @@ Buffer Buffer::Remote(std::shared_ptr<const RemoteBytes> bytes, size_t size) {
 }
 
 Buffer Buffer::Slice(size_t offset, size_t length) const {
-  assert(offset + length <= size_);
+  TESSERA_CHECK(offset + length <= size_);
   if (remote_) {
     Buffer b = *this;
     b.remote_offset_ += offset;
@@ -62,7 +63,8 @@ Buffer Buffer::Slice(size_t offset, size_t length) const {
 
 absl::Status Buffer::CopyOut(std::span<const CopyRange> ranges) const {
 #ifndef NDEBUG
-  for (const CopyRange& r : ranges) assert(r.offset + r.length <= size_);
+  // One range per row on some paths: checked in debug builds only.
+  for (const CopyRange& r : ranges) TESSERA_DCHECK(r.offset + r.length <= size_);
 #endif
   if (!remote_) {
     for (const CopyRange& r : ranges) {

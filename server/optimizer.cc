@@ -1,9 +1,9 @@
 #include "server/optimizer.h"
 
-#include <cassert>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 
 namespace tessera {
 namespace {
@@ -70,7 +70,9 @@ void InitOptimizerState(const proto::TableConfig& c, std::span<float> state) {
 bool UpdatesPiecesOfRows(proto::OptimizerKind kind) { return kind != proto::ADAM; }
 
 void ApplyOptimizer(const proto::TableConfig& c, float* __restrict row, const float* __restrict g, Columns cols) {
-  assert(cols.whole() || (UpdatesPiecesOfRows(c.optimizer()) && uint64_t{cols.first} + cols.count <= c.width()));
+  // Once per row of a push: a debug check (Table::CheckPush validated the columns).
+  TESSERA_DCHECK(cols.whole() ||
+                 (UpdatesPiecesOfRows(c.optimizer()) && uint64_t{cols.first} + cols.count <= c.width()));
   const size_t width = c.width();  // the stride of the state arrays
   const size_t n = cols.Width(c.width());
   const float lr = c.learning_rate();

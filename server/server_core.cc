@@ -3,13 +3,13 @@
 #include <google/protobuf/util/message_differencer.h>
 
 #include <algorithm>
-#include <cassert>
 #include <cstring>
 #include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/check.h"
 #include "compress/row_compressor.h"
 
 namespace tessera {
@@ -283,8 +283,7 @@ void ServerCore::ApplyPending() {
   for (PendingPush& p : pending_) {
     // Validated in AcceptPush, and nothing since can make it fail.
     absl::Status s = p.table->ApplyPush(p.keys.As<Key>(), p.values.As<float>(), p.clock, p.columns);
-    assert(s.ok());
-    (void)s;
+    TESSERA_CHECK_MSG(s.ok(), s.message());
   }
   pending_.clear();
 }
@@ -1469,8 +1468,7 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
       pending_.push_back(PendingPush{table, apply_keys, apply_values, table_clock, *piece});
     } else {
       absl::Status s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>(), table_clock, *piece);
-      assert(s.ok());  // checked above
-      (void)s;
+      TESSERA_CHECK_MSG(s.ok(), s.message());  // checked above
     }
   }
   for (uint32_t v : shards) {

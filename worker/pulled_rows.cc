@@ -1,12 +1,11 @@
 #include "worker/pulled_rows.h"
 
-#include <cassert>
 #include <cstring>
 
 namespace tessera {
 
 void PulledRows::CopyTo(std::span<float> out) const {
-  assert(out.size() == rows_.size() * width_);
+  TESSERA_CHECK(out.size() == rows_.size() * width_);
   for (size_t i = 0; i < rows_.size(); ++i) std::memcpy(out.data() + i * width_, rows_[i], width_ * sizeof(float));
 }
 

@@ -28,12 +28,12 @@
 //   Clear()ed or used for another pull. Reusing it for a new PullView is
 //   allowed once the previous pull completed.
 // - Not thread-safe: one pull at a time, read after completion.
-#include <cassert>
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "common/buffer.h"
+#include "common/check.h"
 
 namespace tessera {
 
@@ -49,9 +49,9 @@ class PulledRows {
 
   size_t size() const { return rows_.size(); }
   uint32_t width() const { return width_; }
-  // Requires i < size().
+  // Requires i < size() (checked in debug builds only: called once per row).
   std::span<const float> row(size_t i) const {
-    assert(i < rows_.size());
+    TESSERA_DCHECK(i < rows_.size());
     return {rows_[i], width_};
   }
   // Copies every row into `out` (size() * width() floats), row i at i * width().
