@@ -419,6 +419,7 @@ CoalesceStats CoalescingTransport::coalesce_stats() const {
 }
 
 bool CoalescingTransport::LendsTo(const std::string& to, size_t bytes) const { return inner_->LendsTo(to, bytes); }
+bool CoalescingTransport::SameHostPath(const std::string& peer) const { return inner_->SameHostPath(peer); }
 
 PeerBacklog CoalescingTransport::Backlog(const std::string& to) const {
   PeerBacklog b = inner_->Backlog(to);

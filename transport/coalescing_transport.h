@@ -144,6 +144,7 @@ class CoalescingTransport final : public Transport {
   TransportStats stats() const override;
   void Flush() override;
   bool LendsTo(const std::string& to, size_t bytes) const override;
+  bool SameHostPath(const std::string& peer) const override;
   PeerBacklog Backlog(const std::string& to) const override;
   void SetLinkHandler(LinkHandler handler) override;
   bool DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait) override;

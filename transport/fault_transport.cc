@@ -243,6 +243,7 @@ class FaultTransport::Impl : public std::enable_shared_from_this<Impl> {
   TransportStats stats() const { return inner_->stats(); }
   void SetLinkHandler(Transport::LinkHandler handler) { inner_->SetLinkHandler(std::move(handler)); }
   bool LendsTo(const std::string& to, size_t bytes) const { return inner_->LendsTo(to, bytes); }
+  bool SameHostPath(const std::string& peer) const { return inner_->SameHostPath(peer); }
   void Flush() { inner_->Flush(); }
   PeerBacklog Backlog(const std::string& to) const { return inner_->Backlog(to); }
   Transport& inner() const { return *inner_; }
@@ -508,6 +509,7 @@ void FaultTransport::Stop() { impl_->Stop(); }
 TransportStats FaultTransport::stats() const { return impl_->stats(); }
 void FaultTransport::Flush() { impl_->Flush(); }
 bool FaultTransport::LendsTo(const std::string& to, size_t bytes) const { return impl_->LendsTo(to, bytes); }
+bool FaultTransport::SameHostPath(const std::string& peer) const { return impl_->SameHostPath(peer); }
 PeerBacklog FaultTransport::Backlog(const std::string& to) const { return impl_->Backlog(to); }
 void FaultTransport::SetLinkHandler(LinkHandler handler) { impl_->SetLinkHandler(std::move(handler)); }
 bool FaultTransport::PlacesInto(const std::string& from) const { return impl_->inner().PlacesInto(from); }

@@ -193,6 +193,7 @@ class FaultTransport final : public Transport {
   TransportStats stats() const override;
   void Flush() override;  // the wrapped transport's
   bool LendsTo(const std::string& to, size_t bytes) const override;
+  bool SameHostPath(const std::string& peer) const override;
   PeerBacklog Backlog(const std::string& to) const override;  // the wrapped transport's
   void SetLinkHandler(LinkHandler handler) override;  // the wrapped transport's events
   // Posted destinations are the wrapped transport's: a frame it placed

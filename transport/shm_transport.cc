@@ -642,6 +642,7 @@ void ShmTransport::Stop() { impl_->Stop(); }
 TransportStats ShmTransport::stats() const { return impl_->stats(); }
 void ShmTransport::Flush() { impl_->Flush(); }
 bool ShmTransport::LendsTo(const std::string& to, size_t bytes) const { return impl_->LendsTo(to, bytes); }
+bool ShmTransport::SameHostPath(const std::string& peer) const { return impl_->PlacesInto(peer); }
 PeerBacklog ShmTransport::Backlog(const std::string& to) const { return impl_->Backlog(to); }
 void ShmTransport::SetLinkHandler(LinkHandler handler) { impl_->SetLinkHandler(std::move(handler)); }
 bool ShmTransport::DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait) {

@@ -114,6 +114,7 @@ class ShmTransport final : public Transport {
   TransportStats stats() const override;
   void Flush() override;  // the wrapped transport's
   bool LendsTo(const std::string& to, size_t bytes) const override;
+  bool SameHostPath(const std::string& peer) const override;  // PlacesInto's test: the peer's host is ours
   PeerBacklog Backlog(const std::string& to) const override;  // the wrapped transport's
   void SetLinkHandler(LinkHandler handler) override;  // the wrapped transport's events
   // Caller delivery through the inner transport (transport/transport.h).

@@ -118,9 +118,11 @@ TEST(ShmTransportTest, LargeFramesTakeTheRingOnceThePeerIsKnownToShareTheHost) {
   const Buffer big = Pattern(100'000, 1), small = Pattern(100, 2);
 
   // A has never heard from B: everything goes over the wire.
+  EXPECT_FALSE(a->SameHostPath(b->address()));
   ASSERT_TRUE(a->Send(b->address(), Msg(1, {big, small})).ok());
   ASSERT_TRUE(b_in.WaitForCount(1));
   EXPECT_EQ(a->stats().shm_frames_sent, 0u);
+  EXPECT_TRUE(b->SameHostPath(a->address())) << "B has heard from A, on this host";
   // B has heard from A, so B's large frames to A take the ring at once.
   ASSERT_TRUE(b->Send(a->address(), Msg(2, {big})).ok());
   ASSERT_TRUE(a_in.WaitForCount(1));
@@ -193,6 +195,8 @@ TEST(ShmTransportTest, PeersOnAnotherHostNeverUseTheRing) {
   ASSERT_TRUE(a_in.WaitForCount(3));
   ASSERT_TRUE(b_in.WaitForCount(3));
   EXPECT_EQ(a->stats().shm_frames_sent + b->stats().shm_frames_sent, 0u);
+  EXPECT_FALSE(a->SameHostPath(b->address()));
+  EXPECT_FALSE(b->SameHostPath(a->address()));
   for (const Message& m : b_in.Take()) EXPECT_TRUE(Same(m.frames[0], big));
 }
 

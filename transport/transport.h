@@ -109,6 +109,12 @@ class Transport {
   // splitting it to pipeline copies gains nothing. A hint: the send may
   // still copy (a bound reached meanwhile). Thread-safe.
   virtual bool LendsTo(const std::string& /*to*/, size_t /*bytes*/) const { return false; }
+  // Whether large frames to `peer` go through memory on this host (the
+  // same-host path, ShmTransport, once it knows the peer is on this host)
+  // rather than the network: a hint for how to cut data (wide rows go whole
+  // there; in pieces over a network, Worker::Push). False when unknown.
+  // Thread-safe. Wrappers pass it on.
+  virtual bool SameHostPath(const std::string& /*peer*/) const { return false; }
   // The messages given to Send for `to` that this transport still holds:
   // not yet written to the network (nor dropped). It is memory this process
   // spends on that peer, and it grows when the peer reads slower than it is

@@ -751,6 +751,13 @@ TEST_P(TransportConformanceTest, PostedDestinationsTakeTheirFramesInPlace) {
   ASSERT_TRUE(inbox.WaitForRequest(1));
   ASSERT_OK(receiver->Send(from, MakeMessage(2)));
   ASSERT_TRUE(back.WaitForRequest(2));
+  // Both sides now know whether the other is on this host's memory path
+  // (wide rows go whole there: WorkerCoreOptions::whole_rows_to).
+  EXPECT_EQ(receiver->SameHostPath(from), IsShm());
+  EXPECT_EQ(sender->SameHostPath(receiver->address()), IsShm());
+  // (The shared-memory kinds here assume every peer local; ShmTransportTest
+  // covers peers not yet heard from and peers on another host.)
+  if (!IsShm()) EXPECT_FALSE(sender->SameHostPath("tcp://127.0.0.1:1"));
 
   if (!receiver->PlacesInto(from)) {
     EXPECT_EQ(receiver->PostDestination(from, 10, 0, Buffer::Allocate(64)).code(), absl::StatusCode::kUnimplemented);
