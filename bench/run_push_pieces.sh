@@ -3,9 +3,9 @@
 #
 #   bench/run_push_pieces.sh [BUILD_DIR]
 #
-# Rounds of: Tessera pushes with transfer.part_bytes=PIECE_BYTES (rows wider
+# Rounds of: Tessera pushes with transfer.row_piece_bytes=PIECE_BYTES (rows wider
 # than that go in pieces the server updates as they arrive), Tessera pushes
-# with transfer.part_bytes=0 (whole rows), then raw ZeroMQ
+# with transfer.row_piece_bytes=0 (whole rows), then raw ZeroMQ
 # (bench/raw_zmq_bench --keep_allocations_mapped) — each a full run of
 # configs/bench_push_pull.yaml over TCP loopback (shm.enabled=false), 1
 # server, 1 worker, sequential and 8 in flight. Interleaving the three
@@ -38,9 +38,9 @@ fi
 for round in $(seq 1 "$ROUNDS"); do
   for variant in "pieces:$PIECE_BYTES" "whole:0"; do
     IFS=: read -r name parts <<<"$variant"
-    echo "round $round/$ROUNDS: Tessera pushes, transfer.part_bytes=$parts ..." >&2
+    echo "round $round/$ROUNDS: Tessera pushes, transfer.row_piece_bytes=$parts ..." >&2
     bench_push_pull_run run_push_pieces.sh "$BUILD" "$WORK/$name-$round" --set shm.enabled=false \
-      --set "transfer.part_bytes=$parts" --set "worker.args.sizes=\"$SIZE\"" --set 'worker.args.ops="push"' \
+      --set "transfer.row_piece_bytes=$parts" --set "worker.args.sizes=\"$SIZE\"" --set 'worker.args.ops="push"' \
       --set 'worker.args.modes="sequential,inflight8"' --set "worker.args.repeats=$REPEATS"
   done
   echo "round $round/$ROUNDS: raw ZeroMQ ..." >&2

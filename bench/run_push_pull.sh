@@ -13,7 +13,7 @@
 # 1 server, 1 worker, through launcher/tessera-launch with
 # configs/bench_push_pull.yaml) four times: with the same-host shared-memory
 # path off (every frame over TCP loopback); the same for pushes only, with
-# transfer.part_bytes 0 (rows pushed whole, not in the config's 2 MiB
+# transfer.row_piece_bytes 0 (rows pushed whole, not in the default 2 MiB
 # pieces); on but with pull values copied
 # through the ring (shm.cross_memory=false: frames of 64 KiB and more go
 # through rings); and on as by default (pull values lent by the server and
@@ -65,14 +65,14 @@ echo "memcpy baseline ..." >&2
 
 # run: run directory name, shared memory on or off, pull values lent or not,
 # the ops measured (the same-host table compares pushes and pulls only), and
-# transfer.part_bytes if not the config's (run-whole: pushes of whole rows,
-# no pieces, for the "whole rows" column)
+# transfer.row_piece_bytes if not the default (run-whole: pushes of whole
+# rows, no pieces, for the "whole rows" column)
 for variant in "run:false:false:push,pull,pushpull,pullview:" "run-whole:false:false:push:0" \
                "run-ring:true:false:push,pull:" "run-shm:true:true:push,pull:"; do
   IFS=: read -r run shm lend ops parts <<<"$variant"
   parts_flag=()
-  if [ -n "$parts" ]; then parts_flag=(--set "transfer.part_bytes=$parts"); fi
-  echo "Tessera push/pull (1 server, 1 worker, shm.enabled=$shm, shm.cross_memory=$lend${parts:+, transfer.part_bytes=$parts}) ..." >&2
+  if [ -n "$parts" ]; then parts_flag=(--set "transfer.row_piece_bytes=$parts"); fi
+  echo "Tessera push/pull (1 server, 1 worker, shm.enabled=$shm, shm.cross_memory=$lend${parts:+, transfer.row_piece_bytes=$parts}) ..." >&2
   if ! "$PYTHON" "$ROOT/launcher/tessera-launch" local --config "$ROOT/configs/bench_push_pull.yaml" \
       --build-dir "$BUILD" --run-dir "$WORK/$run" --quiet --timeout 1200 "${parts_flag[@]}" \
       --set "worker.program=$BUILD/bench/tessera-push-pull-bench" --set "shm.enabled=$shm" --set "shm.cross_memory=$lend" \
@@ -138,7 +138,7 @@ print("payload into a row, as a server applies a push) and 'raw ZMQ + copy' (it 
 print("of 8 buffers, as a worker's Pull fills the caller's buffer) run with the allocator settings of Tessera's")
 print("binaries (--keep_allocations_mapped); the ratios compare with those. 'pull' is")
 print("Worker::Pull (rows copied into the caller's buffer); 'pull, view' is Worker::PullView (rows left in the")
-print("message they arrived in, as the raw receiver gets them). 'push' runs with the config's transfer.part_bytes")
+print("message they arrived in, as the raw receiver gets them). 'push' runs with the default transfer.row_piece_bytes")
 print("(2 MiB: rows wider than that go in pieces the server updates one by one); 'push, whole rows' with 0.")
 print()
 print("| size | mode | memcpy (1 thread) | push, TCP | push, shm | pull, TCP | pull, shm ring | pull, shm lent "

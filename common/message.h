@@ -22,6 +22,14 @@ namespace tessera {
 // It bounds what one message of a peer makes a process allocate.
 inline constexpr size_t kDefaultMaxMessageBytes = size_t{256} << 20;
 
+// Pushed rows wider than this go in pieces of this many bytes by default
+// (WorkerOptions::row_piece_bytes, worker/worker_core.h), so that the server updates a wide
+// row piece by piece as it arrives: a 16 MiB row pushes at 1.05-1.13x raw
+// ZeroMQ in 2 MiB pieces against 0.60-0.70x whole, and rows of 2 MiB and
+// less gain nothing from pieces (docs/benchmarks.md, "Pieces of wide rows
+// by default").
+inline constexpr size_t kDefaultRowPieceBytes = size_t{2} << 20;
+
 // What a transport was given to send to one address and has not yet written
 // out or dropped (Transport::Backlog): whole messages, and their bytes as
 // the transport counts them (header + data frames).

@@ -191,6 +191,13 @@ class WorkerImpl final : public Worker {
     co.resend_ceiling = options_.resend_ceiling;
     co.resend_bytes_per_second = options_.resend_bytes_per_second;
     co.part_bytes = options_.part_bytes;
+    co.row_piece_bytes = options_.row_piece_bytes;
+    // Wide rows go whole over the same-host path (pieces measured slower
+    // there), in pieces over the network.
+    co.whole_rows_to = [t = std::weak_ptr<Transport>(transport_)](const std::string& address) {
+      std::shared_ptr<Transport> transport = t.lock();
+      return transport != nullptr && transport->SameHostPath(address);
+    };
     co.max_bytes_in_flight_per_server = options_.max_bytes_in_flight_per_server;
     co.max_message_bytes = options_.max_message_bytes;
     auto core = WorkerCore::Create(std::move(co), ready->shard_map());

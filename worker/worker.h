@@ -132,6 +132,8 @@ struct WorkerOptions {
   uint64_t part_bytes = 0;                   // split each server's share of a push or pull into parts of at most
                                              // this many value bytes (0: one part per server); wider push rows go
                                              // in pieces of columns (see Transfer scheduling above)
+  uint64_t row_piece_bytes = kDefaultRowPieceBytes;  // with part_bytes 0: a pushed row wider than this goes in
+                                                     // pieces of this many bytes (0: whole rows)
   uint64_t max_bytes_in_flight_per_server = 0;  // value bytes sent to one server and unanswered; parts wait by
                                                 // priority beyond it (0: unbounded, everything sent at once)
   size_t max_message_bytes = kDefaultMaxMessageBytes;  // the servers' largest message (--max-message-mb): each

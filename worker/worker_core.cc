@@ -238,8 +238,16 @@ absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t tab
                static_cast<uint32_t>(n));
     }
   };
+  // Pieces where the row must be cut to fit a message, where part_bytes
+  // asks for them, or (row_piece_bytes) where the server is not one that
+  // rows go to whole.
+  const bool must_cut = sizeof(Key) + row_bytes > MessageBudget() || options_.part_bytes > 0;
+  auto pieces_to = [&](uint32_t server) {
+    return piece_columns > 0 &&
+           (must_cut || !options_.whole_rows_to || !options_.whole_rows_to(map.server(server).address()));
+  };
   Slice(map, table, keys, [&](uint32_t server) {  // all keys on one server: no copy (slices of the caller's memory)
-    if (piece_columns > 0) {
+    if (pieces_to(server)) {
       for (size_t i = 0; i < keys.size() && encode_error.ok(); ++i) add_pieces(server, i);
       return;
     }
@@ -249,7 +257,7 @@ absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t tab
                Buffer::Borrow(values.data() + b * width, n * row_bytes), n);
     }
   }, [&](uint32_t server, const std::vector<uint32_t>& rows) {
-    if (piece_columns > 0) {
+    if (pieces_to(server)) {
       for (size_t r = 0; r < rows.size() && encode_error.ok(); ++r) add_pieces(server, rows[r]);
       return;
     }
@@ -335,7 +343,9 @@ size_t WorkerCore::MessageBudget() const {
 }
 
 size_t WorkerCore::PieceColumns(size_t row_bytes, bool allowed) const {
-  size_t piece_bytes = options_.part_bytes > 0 ? options_.part_bytes : std::numeric_limits<size_t>::max();
+  size_t piece_bytes = options_.part_bytes > 0       ? options_.part_bytes
+                       : options_.row_piece_bytes > 0 ? options_.row_piece_bytes
+                                                      : std::numeric_limits<size_t>::max();
   const size_t budget = MessageBudget();
   if (sizeof(Key) + row_bytes > budget) piece_bytes = std::min(piece_bytes, budget - std::min(budget, sizeof(Key)));
   if (!allowed || row_bytes <= piece_bytes) return 0;

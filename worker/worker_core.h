@@ -55,8 +55,9 @@
 // - Push numbers are forgotten when their operation completes, by any path:
 //   PushesCompleteThrough(n) is then true once every push numbered <= n is.
 //
-// Transfer scheduling (both off by default: one request per server, sent at
-// once, exactly as without them):
+// Transfer scheduling (part_bytes and max_bytes_in_flight_per_server are off
+// by default: one request per server, sent at once; only pushed rows wider
+// than row_piece_bytes, 2 MiB by default, go in pieces, as below):
 // - part_bytes > 0: each server's share of a push or a pull is split into
 //   parts of at most part_bytes value bytes (rows * width * 4, uncompressed;
 //   at least one row per part), in the caller's key order. Parts of keys all
@@ -68,6 +69,12 @@
 //   piece as the pieces arrive instead of after the whole row did. Pieces
 //   of one push go to one server, in column order, each with its own
 //   sequence number; a pull still gets whole rows.
+// - row_piece_bytes > 0 (2 MiB by default), with part_bytes 0: rows wider
+//   than row_piece_bytes go in pieces of that many bytes as above; a push
+//   of narrower rows goes whole, one request per server. Rows to a server
+//   whole_rows_to names go whole (where they fit one message):
+//   over the same-host path pieces measured slower (docs/benchmarks.md,
+//   "Pieces of wide rows by default").
 // - max_bytes_in_flight_per_server > 0: push and pull parts wait in a queue
 //   per server, ordered by (priority, issue order): lower priority numbers
 //   go first (a layer's index, say), equal ones in issue order. A part
@@ -102,6 +109,7 @@
 //   least one row; the server sends its reply in pieces.
 // Thread safety: none; the shell serializes calls.
 #include <compare>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -137,6 +145,13 @@ struct WorkerCoreOptions {
   Nanos resend_ceiling = 1 * kSeconds;    // ... and greatest value, backoff included
   double resend_bytes_per_second = 100e6;  // a part's bytes (and those ahead of it) add their time at this rate
   uint64_t part_bytes = 0;                // parts of at most this many value bytes per server (0: no split)
+  uint64_t row_piece_bytes = kDefaultRowPieceBytes;  // with part_bytes 0: pushed rows wider than this go in
+                                                      // pieces of this many bytes (0: whole rows)
+  // Servers (by address) that rows go to whole despite row_piece_bytes
+  // (not despite part_bytes), where they fit one message: those reached
+  // over the same-host path, where pieces only add messages (the shell
+  // asks Transport::SameHostPath). Empty: none.
+  std::function<bool(const std::string& address)> whole_rows_to;
   uint64_t max_bytes_in_flight_per_server = 0;  // value bytes sent to one server and unanswered (0: unbounded)
   size_t max_message_bytes = kDefaultMaxMessageBytes;  // the servers' largest message (0: no limit)
 };
@@ -181,8 +196,8 @@ class WorkerCore {
   // keeps keys and values unchanged until the operation completes.
   // `compressor` may be null. On error nothing is registered.
   // `row_pieces`: the table updates pieces of rows (its optimizer is not
-  // ADAM), so that rows wider than part_bytes may go in pieces (see
-  // Transfer scheduling).
+  // ADAM), so that rows wider than part_bytes (or, with part_bytes 0, than
+  // row_piece_bytes) may go in pieces (see Transfer scheduling).
   absl::StatusOr<Effects> Push(Handle handle, uint32_t table, std::span<const Key> keys,
                                std::span<const float> values, uint32_t width, uint64_t clock,
                                compress::RowCompressor* compressor, Nanos now, std::string what = {},

@@ -960,6 +960,62 @@ TEST(WorkerCoreTransferTest, RowsWiderThanAPartGoInPiecesOfColumns) {
   }
 }
 
+// By default (part_bytes 0) only rows wider than row_piece_bytes go in
+// pieces of that many bytes; narrower rows, and every row with
+// row_piece_bytes 0, go whole; part_bytes, where set, decides instead.
+TEST(WorkerCoreTransferTest, ByDefaultOnlyRowsWiderThanRowPieceBytesGoInPieces) {
+  const proto::ShardMap map = MakeMap(1);
+  const std::vector<Key> key = KeysOn(map, 0, 1);
+  auto pieces_of = [&](WorkerCoreOptions o, uint32_t width) {
+    auto core = MakeCore(map, std::move(o));
+    std::vector<float> values(width, 1.0f);
+    auto e = core->Push(NewHandle(), kTable, key, values, width, 0, nullptr, 0, {}, 0, /*row_pieces=*/true);
+    EXPECT_TRUE(e.ok()) << e.status();
+    std::vector<uint32_t> columns;
+    if (e.ok()) {
+      for (const Outgoing& o : e->sends) columns.push_back(o.message.header.push().columns());
+    }
+    return columns;
+  };
+  EXPECT_EQ(WorkerCoreOptions{}.row_piece_bytes, kDefaultRowPieceBytes);
+  EXPECT_EQ(kDefaultRowPieceBytes, size_t{2} << 20);
+  constexpr uint32_t kMiB = (1u << 20) / sizeof(float);  // columns in 1 MiB
+  // 2 MiB: whole. 3 MiB: a 2 MiB piece and a 1 MiB one. 16 MiB: 8 pieces.
+  EXPECT_EQ(pieces_of(Options(), 2 * kMiB), std::vector<uint32_t>{0});
+  EXPECT_EQ(pieces_of(Options(), 3 * kMiB), (std::vector<uint32_t>{2 * kMiB, kMiB}));
+  EXPECT_EQ(pieces_of(Options(), 16 * kMiB), std::vector<uint32_t>(8, 2 * kMiB));
+  WorkerCoreOptions whole = Options();
+  whole.row_piece_bytes = 0;
+  EXPECT_EQ(pieces_of(whole, 16 * kMiB), std::vector<uint32_t>{0});
+  WorkerCoreOptions small = Options();
+  small.row_piece_bytes = 1 << 20;
+  EXPECT_EQ(pieces_of(small, 3 * kMiB), std::vector<uint32_t>(3, kMiB));
+  // part_bytes decides where it is set: 4 MiB parts leave a 3 MiB row whole.
+  WorkerCoreOptions parts = Options();
+  parts.part_bytes = 4 << 20;
+  EXPECT_EQ(pieces_of(parts, 3 * kMiB), std::vector<uint32_t>{0});
+  // A server reached over the same-host path (whole_rows_to) gets whole
+  // rows; not where part_bytes asks for pieces, nor where a row does not
+  // fit one message.
+  WorkerCoreOptions local = Options();
+  std::vector<std::string> asked;
+  local.whole_rows_to = [&](const std::string& address) {
+    asked.push_back(address);
+    return address == ServerAddress(0);
+  };
+  EXPECT_EQ(pieces_of(local, 16 * kMiB), std::vector<uint32_t>{0});
+  EXPECT_EQ(asked, std::vector<std::string>{ServerAddress(0)});
+  WorkerCoreOptions local_parts = local;
+  local_parts.part_bytes = 2 << 20;
+  EXPECT_EQ(pieces_of(local_parts, 16 * kMiB), std::vector<uint32_t>(8, 2 * kMiB));
+  WorkerCoreOptions local_small = local;
+  local_small.max_message_bytes = 8 << 20;  // a 16 MiB row must be cut
+  EXPECT_EQ(pieces_of(local_small, 16 * kMiB), std::vector<uint32_t>(8, 2 * kMiB));
+  WorkerCoreOptions remote = Options();
+  remote.whole_rows_to = [](const std::string&) { return false; };
+  EXPECT_EQ(pieces_of(remote, 16 * kMiB), std::vector<uint32_t>(8, 2 * kMiB));
+}
+
 TEST(WorkerCoreTransferTest, PulledPartsLandInTheCallersRows) {
   const proto::ShardMap map = MakeMap(3);
   const uint32_t width = 3;

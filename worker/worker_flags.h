@@ -57,6 +57,7 @@ struct WorkerProcessFlags {
   int metrics_port = -1;                   // Prometheus metrics (0: any free port; -1: off)
   std::string metrics_host = "127.0.0.1";
   int64_t transfer_part_bytes = 0;                      // parts of at most this many value bytes (0: no split)
+  int64_t transfer_row_piece_bytes = static_cast<int64_t>(kDefaultRowPieceBytes);  // pushed rows wider go in pieces
   int64_t transfer_max_bytes_in_flight_per_server = 0;  // value bytes in flight to one server (0: unbounded)
   int64_t transfer_max_message_mb = static_cast<int64_t>(kDefaultMaxMessageBytes >> 20);  // the servers' largest message
   ResendFlags resend;
@@ -90,6 +91,12 @@ struct WorkerProcessFlags {
                    "split each server's share of a push or pull into parts of at most this many value bytes "
                    "(0: one part per server); a pushed row wider than this goes in pieces of columns that the "
                    "server updates as they arrive (not for compressed pushes or ADAM tables)")
+        ->check(ByteCountOrZero());
+    app.add_option("--transfer_row_piece_bytes,--transfer-row-piece-bytes", transfer_row_piece_bytes,
+                   "with --transfer_part_bytes 0: a pushed row wider than this many bytes goes in pieces of this "
+                   "many bytes that the server updates as they arrive (not for compressed pushes or ADAM "
+                   "tables); 0: whole rows")
+        ->capture_default_str()
         ->check(ByteCountOrZero());
     app.add_option("--transfer_max_bytes_in_flight_per_server,--transfer-max-bytes-in-flight-per-server",
                    transfer_max_bytes_in_flight_per_server,
@@ -135,6 +142,7 @@ struct WorkerProcessFlags {
     o.metrics_port = metrics_port;
     o.metrics_host = metrics_host;
     o.part_bytes = static_cast<uint64_t>(transfer_part_bytes);
+    o.row_piece_bytes = static_cast<uint64_t>(transfer_row_piece_bytes);
     o.max_bytes_in_flight_per_server = static_cast<uint64_t>(transfer_max_bytes_in_flight_per_server);
     o.max_message_bytes = static_cast<size_t>(transfer_max_message_mb) << 20;
     resend.ApplyTo(o);

@@ -59,7 +59,12 @@ CODEC_OPTION_ALIASES = {"error_feedback": "ef", "part_elements": "part"}
 #: Flags the launcher passes to every worker program itself; worker.args may
 #: not use them.
 RESERVED_WORKER_FLAGS = ("coordinator", "rank", "name", "bind", "transfer_part_bytes",
-                         "transfer_max_bytes_in_flight_per_server")
+                         "transfer_row_piece_bytes", "transfer_max_bytes_in_flight_per_server")
+
+#: The workers' default of transfer.row_piece_bytes (common/message.h
+#: kDefaultRowPieceBytes; tests/launcher_e2e/test_defaults.py checks that
+#: the two agree): the flag is passed only when the config sets another value.
+DEFAULT_ROW_PIECE_BYTES = 2 << 20
 
 
 class ConfigError(Exception):
@@ -147,6 +152,7 @@ class TimeoutsSection:
 @dataclass(frozen=True)
 class TransferSection:
     part_bytes: int = 0  # 0: one part per server
+    row_piece_bytes: int = DEFAULT_ROW_PIECE_BYTES  # with part_bytes 0: wider pushed rows go in pieces; 0: whole
     max_bytes_in_flight_per_server: int = 0  # 0: unbounded
 
     def worker_flags(self) -> list:
@@ -156,6 +162,8 @@ class TransferSection:
         flags = []
         if self.part_bytes:
             flags += ["--transfer_part_bytes", str(self.part_bytes)]
+        if self.row_piece_bytes != DEFAULT_ROW_PIECE_BYTES:
+            flags += ["--transfer_row_piece_bytes", str(self.row_piece_bytes)]
         if self.max_bytes_in_flight_per_server:
             flags += ["--transfer_max_bytes_in_flight_per_server", str(self.max_bytes_in_flight_per_server)]
         return flags
@@ -705,6 +713,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                             "workers split each server's share of a push or pull into parts of at most this many "
                             "value bytes (at least one row, but a pushed row wider than this goes in pieces of "
                             "columns, except compressed pushes and ADAM tables); 0: one part per server"),
+        "row_piece_bytes": Field(_byte_count_or_zero, DEFAULT_ROW_PIECE_BYTES,
+                                 "with transfer.part_bytes 0: a pushed row wider than this many bytes goes in pieces "
+                                 "of this many bytes, which the server updates as they arrive (not compressed "
+                                 "pushes, not ADAM tables); 0: whole rows"),
         "max_bytes_in_flight_per_server": Field(_byte_count_or_zero, 0,
                                                 "value bytes a worker has sent to one server and not seen answered; "
                                                 "more parts wait, lower priority numbers first (one part always "

@@ -493,7 +493,10 @@ def test_coalesce_message_and_batch_sizes_against_each_other(tmp_path):
 def test_transfer_section_defaults_values_and_errors(tmp_path):
     config = load_config(write(tmp_path, MINIMAL))
     assert (config.transfer.part_bytes, config.transfer.max_bytes_in_flight_per_server) == (0, 0)
-    assert config.transfer.worker_flags() == []
+    assert config.transfer.row_piece_bytes == 2 << 20
+    assert config.transfer.worker_flags() == [], "the workers' own defaults: nothing passed"
+    whole = load_config(write(tmp_path, MINIMAL + "transfer:\n  row_piece_bytes: 0\n", "whole.yaml"))
+    assert whole.transfer.worker_flags() == ["--transfer_row_piece_bytes", "0"]
     path = write(tmp_path, MINIMAL + "transfer:\n  part_bytes: 65536\n  max_bytes_in_flight_per_server: 262144\n")
     config = load_config(path)
     assert config.transfer.worker_flags() == ["--transfer_part_bytes", "65536",
@@ -510,6 +513,10 @@ def test_transfer_section_defaults_values_and_errors(tmp_path):
     assert "got true" in error_of(write(tmp_path, MINIMAL, "plain.yaml"), ["transfer.part_bytes=true"])
     reserved = write(tmp_path, MINIMAL + "  args:\n    transfer_part_bytes: 4096\n", "reserved.yaml")
     assert "worker.args.transfer_part_bytes is reserved" in error_of(reserved)
+    reserved = write(tmp_path, MINIMAL + "  args:\n    transfer_row_piece_bytes: 4096\n", "reserved2.yaml")
+    assert "worker.args.transfer_row_piece_bytes is reserved" in error_of(reserved)
+    assert "transfer.row_piece_bytes must be an integer" in error_of(write(tmp_path, MINIMAL, "plain2.yaml"),
+                                                                       ["transfer.row_piece_bytes=-5"])
 
 
 def test_transport_byte_counts_against_each_other(tmp_path):

@@ -55,6 +55,16 @@ def test_the_launchers_message_limit_is_the_servers_and_the_workers_default(bina
     assert int(worker["--transfer_max_message_mb"]) == LimitsSection.max_message_mb, worker
 
 
+def test_the_launchers_row_piece_bytes_is_the_workers_default(binaries):
+    """transfer.row_piece_bytes is passed to workers only when it is not
+    their default (worker/worker_flags.h --transfer_row_piece_bytes, from
+    common/message.h kDefaultRowPieceBytes): the two must agree, or a
+    config that says the default would run something else."""
+    from tessera_launch.config import DEFAULT_ROW_PIECE_BYTES, TransferSection
+    worker = help_defaults(binaries / "examples" / "tessera-logreg")
+    assert int(worker["--transfer_row_piece_bytes"]) == DEFAULT_ROW_PIECE_BYTES == TransferSection().row_piece_bytes, worker
+
+
 def test_every_limit_the_launcher_passes_is_the_servers_default(binaries):
     """Each limits.* setting reaches tessera-server as --max-* (local.py
     server_argv); their defaults must agree, so a server started by hand
