@@ -5,7 +5,7 @@
 // --batches batches of --batch ids Zipf(--zipf) over --ids ranks (scrambled
 // into 64-bit keys, a different stream per worker), deduplicates each batch
 // on the worker (common/sparse_batch.h) as a trainer does, and then, for
-// each op (push, pull), keeps --inflight requests of one batch's unique
+// each op in --ops (push, pull), keeps --inflight requests of one batch's unique
 // rows in flight for --seconds. All workers start each measurement at a
 // barrier, so with several workers the server is measured under their
 // combined load. A warm-up pass over every batch first creates the rows.
@@ -44,6 +44,7 @@ struct Flags {
   size_t batches = 32;
   int inflight = 4;
   double seconds = 3.0;
+  std::vector<std::string> ops = {"push", "pull"};
 };
 
 double Now() {
@@ -89,9 +90,9 @@ absl::Status Run(const Flags& f, Worker& worker) {
           !s.ok())
         return s;
     }
-    for (const char* op : {"push", "pull"}) {
+    for (const std::string& op : f.ops) {
       if (auto s = worker.Barrier(absl::StrCat("sparse-", dim, "-", op)); !s.ok()) return s;
-      const bool push = op[1] == 'u' && op[2] == 's';
+      const bool push = op == "push";
       std::deque<Future> window;
       size_t rows = 0, ids = 0, next = 0, slot = 0;
       const double start = Now();
@@ -117,7 +118,7 @@ absl::Status Run(const Flags& f, Worker& worker) {
       const std::string r =
           absl::StrFormat("{\"dim\":%d,\"op\":\"%s\",\"seconds\":%.3f,\"rows_per_s\":%.6g,\"ids_per_s\":%.6g,"
                           "\"payload_bytes_per_s\":%.6g,\"unique_per_batch\":%.1f}",
-                          dim, op, secs, rows / secs, ids / secs, bytes / secs,
+                          dim, op.c_str(), secs, rows / secs, ids / secs, bytes / secs,
                           static_cast<double>(unique_total) / static_cast<double>(batches.size()));
       Emit("TESSERA_PROGRESS", r);
       absl::StrAppend(&results, results.empty() ? "" : ",", r);
@@ -141,6 +142,9 @@ int Main(int argc, char** argv) {
   app.add_option("--batches", f.batches, "distinct batches, cycled")->check(CLI::PositiveNumber);
   app.add_option("--inflight", f.inflight, "requests in flight")->check(CLI::PositiveNumber);
   app.add_option("--seconds", f.seconds, "duration of each measurement")->check(CLI::PositiveNumber);
+  app.add_option("--ops", f.ops, "what to measure, in this order, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"push", "pull"}));
   CLI11_PARSE(app, argc, argv);
   return f.process.Run("benchmark", [&f](Worker& worker) { return Run(f, worker); });
 }
