@@ -56,6 +56,7 @@
 
 #include "CLI/CLI.hpp"
 #include "bench/cpu_pair_probe.h"
+#include "common/memory.h"
 
 namespace {
 
@@ -454,12 +455,11 @@ int main(int argc, char** argv) {
                  "worker's Pull into the caller's buffer)")
       ->check(CLI::IsMember({"none", "accumulate", "copy"}));
   app.add_flag("--keep_allocations_mapped,--keep-allocations-mapped", flags.keep_allocations_mapped,
-               "in both processes, keep large malloc blocks in an untrimmed heap (M_MMAP_THRESHOLD 64 MiB, "
-               "M_TRIM_THRESHOLD 1 GiB), as Tessera's binaries do (common/memory.h)");
+               "in both processes, keep large malloc blocks in one untrimmed heap (M_MMAP_THRESHOLD 64 MiB, "
+               "M_TRIM_THRESHOLD 1 GiB, M_ARENA_MAX 1), as Tessera's binaries do (common/memory.h)");
   app.add_option("--json", flags.json_path, "write the JSON result here instead of stdout");
   CLI11_PARSE(app, argc, argv);
-  if (flags.keep_allocations_mapped &&
-      (mallopt(M_MMAP_THRESHOLD, 64 << 20) != 1 || mallopt(M_TRIM_THRESHOLD, 1 << 30) != 1)) {
+  if (flags.keep_allocations_mapped && !tessera::KeepLargeAllocationsMapped()) {
     std::fprintf(stderr, "raw_zmq_bench: mallopt refused the allocator settings\n");
     return 1;
   }

@@ -15,6 +15,12 @@ bool KeepLargeAllocationsMapped() {
   static const bool accepted = [] {
     bool ok = mallopt(M_MMAP_THRESHOLD, 64 << 20) == 1;
     ok &= mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+    // One arena: a thread's own arena lives in heaps of at most 64 MiB that
+    // glibc unmaps as they empty, so large blocks allocated off the main
+    // thread (a lent reply copied for a PullView on the delivery thread,
+    // libzmq's receive buffers on its I/O thread) faulted in again each time
+    // whatever the thresholds above say.
+    ok &= mallopt(M_ARENA_MAX, 1) == 1;
     return ok;
   }();
   return accepted;

@@ -9,10 +9,18 @@
 // back warm. This is the receive-side buffer pooling the design asks for,
 // done where libzmq allocates (it has no hook to receive into our pool).
 //
-// KeepLargeAllocationsMapped() sets M_MMAP_THRESHOLD to 64 MiB and
-// M_TRIM_THRESHOLD to 1 GiB for the whole process, once; later calls do
-// nothing. It trades up to about 1 GiB of idle heap kept by the process for
-// the page faults. Returns whether glibc accepted the settings.
+// KeepLargeAllocationsMapped() sets M_MMAP_THRESHOLD to 64 MiB,
+// M_TRIM_THRESHOLD to 1 GiB and M_ARENA_MAX to 1 for the whole process,
+// once; later calls do nothing. One arena because the heaps of a thread's
+// own arena are at most 64 MiB and are unmapped as they empty: 16 MiB
+// blocks allocated on the delivery thread (PullView's copy of a lent
+// reply) faulted in again every time, and 16 MiB pull views 8 in flight
+// over the same-host path ran at 3.3-4.8 GB/s against 8.3-10.4 with one
+// arena (docs/benchmarks.md, "One malloc arena"). Small allocations are
+// served from glibc's per-thread caches without the arena's lock. It
+// trades up to about 1 GiB of idle heap kept by the process for the page
+// faults. Must run before the process starts its threads (an arena a
+// thread already has stays). Returns whether glibc accepted the settings.
 #include <cstdint>
 #include <optional>
 #include <string_view>

@@ -993,6 +993,8 @@ proto::WorkerDone MakeWorkerDone(const WorkerStats& stats, uint64_t steps, doubl
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Connect(const WorkerOptions& options) {
   if (options.coordinator.empty()) return absl::InvalidArgumentError("WorkerOptions.coordinator is empty");
+  // Before the transport makes any thread (common/memory.h).
+  if (options.keep_allocations_mapped) KeepLargeAllocationsMapped();
   ZmqTransport::Options transport_options;
   transport_options.bind = options.bind;
   transport_options.max_message_bytes = options.max_message_bytes;
