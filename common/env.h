@@ -25,7 +25,8 @@
 // SyncDirectory(dir) fsyncs the directory `dir`, so that names created,
 // renamed or removed in it survive a crash. OK, or an error naming `dir`
 // and the errno text (a missing directory, one that cannot be opened, a
-// failed fsync).
+// failed fsync). A file system that cannot fsync a directory at all
+// (EINVAL) counts as OK: the rename is as durable as it can be there.
 #include <string>
 #include <string_view>
 
