@@ -48,6 +48,13 @@ long ThreadMinorFaults() {
 // as they empty, so 8 blocks of 16 MiB in use at once (8 pull views in
 // flight) faulted every page in again each time (32,768 pages).
 TEST(KeepLargeAllocationsMappedTest, LargeBlocksOfOtherThreadsComeBackWithoutFaults) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(__SANITIZE_MEMORY__)
+  GTEST_SKIP() << "built with a sanitizer, whose allocator replaces glibc's malloc and ignores mallopt";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+  GTEST_SKIP() << "built with a sanitizer, whose allocator replaces glibc's malloc and ignores mallopt";
+#endif
+#endif
   ASSERT_TRUE(KeepLargeAllocationsMapped());
   constexpr size_t kBytes = size_t{16} << 20;
   constexpr int kBlocks = 8;
