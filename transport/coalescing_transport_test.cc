@@ -104,6 +104,21 @@ class CoalescingTransportTest : public ::testing::Test {
     inners_.push_back(inner.get());
     return std::make_unique<CoalescingTransport>(std::move(inner), o);
   }
+  // A started "server" (plain options) and "client" (`client`), wrapped in
+  // that order (InnerSent(0) and (1)); null pointers, with the failure
+  // recorded, if either did not start.
+  std::pair<std::unique_ptr<CoalescingTransport>, std::unique_ptr<CoalescingTransport>> StartPair(
+      CoalescingTransport::Options client, Transport::Handler at_server, Transport::Handler at_client) {
+    auto server = Wrap("server");
+    auto c = Wrap("client", client);
+    absl::Status s = server->Start(std::move(at_server));
+    if (s.ok()) s = c->Start(std::move(at_client));
+    if (!s.ok()) {
+      ADD_FAILURE() << "starting the pair: " << s;
+      return {};
+    }
+    return {std::move(server), std::move(c)};
+  }
   // Messages the i-th wrapped transport's inner transport sent.
   uint64_t InnerSent(size_t i) const { return inners_[i]->stats().messages_sent; }
 
@@ -228,10 +243,8 @@ TEST(BatchFormatTest, LayoutsThatDoNotAddUpAreRefused) {
 // first goes at once.
 TEST_F(CoalescingTransportTest, RequestsToAPeerThatOwesAnAnswerWaitForFlush) {
   Inbox inbox;
-  auto server = Wrap("server");
-  auto client = Wrap("client", Client());
-  ASSERT_OK(server->Start(inbox.handler()));
-  ASSERT_OK(client->Start([](Message) {}));
+  auto [server, client] = StartPair(Client(), inbox.handler(), [](Message) {});
+  ASSERT_TRUE(server && client);
   for (uint64_t id = 1; id <= 8; ++id) ASSERT_OK(client->Send(server->address(), Request(id, {Bytes(64, id)})));
   ASSERT_TRUE(inbox.WaitForCount(1));
   std::this_thread::sleep_for(milliseconds(50));
@@ -258,10 +271,8 @@ TEST_F(CoalescingTransportTest, RequestsToAPeerThatOwesAnAnswerWaitForFlush) {
 // peer owes an answer, and what was held for that peer goes before it.
 TEST_F(CoalescingTransportTest, AnAtOnceMessageIsNotHeldAndGoesAfterWhatWasHeld) {
   Inbox inbox;
-  auto server = Wrap("server");
-  auto client = Wrap("client", Client());
-  ASSERT_OK(server->Start(inbox.handler()));
-  ASSERT_OK(client->Start([](Message) {}));
+  auto [server, client] = StartPair(Client(), inbox.handler(), [](Message) {});
+  ASSERT_TRUE(server && client);
   for (uint64_t id = 1; id <= 3; ++id) ASSERT_OK(client->Send(server->address(), Request(id, {Bytes(64, id)})));
   ASSERT_TRUE(inbox.WaitForCount(1));
   EXPECT_EQ(client->Backlog(server->address()).messages, 2u) << "requests 2 and 3 should be held";
@@ -282,10 +293,8 @@ TEST_F(CoalescingTransportTest, AnAtOnceMessageIsNotHeldAndGoesAfterWhatWasHeld)
 // Anything arriving from the peer is its answer: what was held for it goes.
 TEST_F(CoalescingTransportTest, AMessageFromThePeerReleasesWhatWasHeldForIt) {
   Inbox at_server, at_client;
-  auto server = Wrap("server");
-  auto client = Wrap("client", Client());
-  ASSERT_OK(server->Start(at_server.handler()));
-  ASSERT_OK(client->Start(at_client.handler()));
+  auto [server, client] = StartPair(Client(), at_server.handler(), at_client.handler());
+  ASSERT_TRUE(server && client);
   for (uint64_t id = 1; id <= 4; ++id) ASSERT_OK(client->Send(server->address(), Request(id)));
   ASSERT_TRUE(at_server.WaitForCount(1));
   std::this_thread::sleep_for(milliseconds(20));
@@ -374,10 +383,8 @@ TEST_F(CoalescingTransportTest, OrderIsKeptAcrossSizesAndBatchBounds) {
   o.max_message_bytes = 1000;
   o.max_batch_bytes = 4096;
   o.max_batch_messages = 5;
-  auto server = Wrap("server");
-  auto client = Wrap("client", o);
-  ASSERT_OK(server->Start(inbox.handler()));
-  ASSERT_OK(client->Start([](Message) {}));
+  auto [server, client] = StartPair(o, inbox.handler(), [](Message) {});
+  ASSERT_TRUE(server && client);
   std::vector<size_t> sizes;
   for (int i = 0; i < 60; ++i) sizes.push_back(i % 11 == 10 ? 5000 : static_cast<size_t>((i * 97) % 900));
   for (size_t i = 0; i < sizes.size(); ++i) {
@@ -401,10 +408,8 @@ TEST_F(CoalescingTransportTest, OrderIsKeptAcrossSizesAndBatchBounds) {
 
 TEST_F(CoalescingTransportTest, MaxDelaySendsWhatNobodyFlushes) {
   Inbox inbox;
-  auto server = Wrap("server");
-  auto client = Wrap("client", Client(std::chrono::microseconds(2000)));
-  ASSERT_OK(server->Start(inbox.handler()));
-  ASSERT_OK(client->Start([](Message) {}));
+  auto [server, client] = StartPair(Client(std::chrono::microseconds(2000)), inbox.handler(), [](Message) {});
+  ASSERT_TRUE(server && client);
   for (int round = 0; round < 3; ++round) {
     for (uint64_t id = 1; id <= 3; ++id) ASSERT_OK(client->Send(server->address(), Request(round * 10 + id)));
     ASSERT_TRUE(inbox.WaitForCount(3 * (round + 1))) << "round " << round;
@@ -416,10 +421,8 @@ TEST_F(CoalescingTransportTest, MaxDelaySendsWhatNobodyFlushes) {
 
 TEST_F(CoalescingTransportTest, StopSendsWhatIsHeld) {
   Inbox inbox;
-  auto server = Wrap("server");
-  auto client = Wrap("client", Client());
-  ASSERT_OK(server->Start(inbox.handler()));
-  ASSERT_OK(client->Start([](Message) {}));
+  auto [server, client] = StartPair(Client(), inbox.handler(), [](Message) {});
+  ASSERT_TRUE(server && client);
   for (uint64_t id = 1; id <= 6; ++id) ASSERT_OK(client->Send(server->address(), Request(id)));
   client->Stop();
   ASSERT_TRUE(inbox.WaitForCount(6));
@@ -428,10 +431,8 @@ TEST_F(CoalescingTransportTest, StopSendsWhatIsHeld) {
 
 TEST_F(CoalescingTransportTest, HeldMessagesAreCountedInTheirSentBytes) {
   Inbox inbox;
-  auto server = Wrap("server");
-  auto client = Wrap("client", Client());
-  ASSERT_OK(server->Start(inbox.handler()));
-  ASSERT_OK(client->Start([](Message) {}));
+  auto [server, client] = StartPair(Client(), inbox.handler(), [](Message) {});
+  ASSERT_TRUE(server && client);
   auto counter = std::make_shared<std::atomic<uint64_t>>(0);
   uint64_t expected = 0;
   for (uint64_t id = 1; id <= 4; ++id) {
@@ -480,10 +481,8 @@ TEST_F(CoalescingTransportTest, DisabledHoldsNothingButStillTakesBatchesApart) {
   Inbox inbox, at_client;
   CoalescingTransport::Options off = Client();
   off.enabled = false;
-  auto server = Wrap("server");
-  auto client = Wrap("client", off);
-  ASSERT_OK(server->Start(inbox.handler()));
-  ASSERT_OK(client->Start(at_client.handler()));
+  auto [server, client] = StartPair(off, inbox.handler(), at_client.handler());
+  ASSERT_TRUE(server && client);
   for (uint64_t id = 1; id <= 5; ++id) ASSERT_OK(client->Send(server->address(), Request(id)));
   ASSERT_TRUE(inbox.WaitForCount(5));
   EXPECT_EQ(InnerSent(1), 5u);
@@ -509,10 +508,8 @@ TEST_F(CoalescingTransportTest, SendBeforeStartAndBadOptionsAreRefused) {
 // thread's in its order.
 TEST_F(CoalescingTransportTest, ConcurrentSendersKeepEachThreadsOrder) {
   Inbox inbox;
-  auto server = Wrap("server");
-  auto client = Wrap("client", Client(std::chrono::microseconds(500)));
-  ASSERT_OK(server->Start(inbox.handler()));
-  ASSERT_OK(client->Start([](Message) {}));
+  auto [server, client] = StartPair(Client(std::chrono::microseconds(500)), inbox.handler(), [](Message) {});
+  ASSERT_TRUE(server && client);
   constexpr int kThreads = 4, kEach = 2000;
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
