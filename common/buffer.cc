@@ -62,10 +62,8 @@ Buffer Buffer::Slice(size_t offset, size_t length) const {
 }
 
 absl::Status Buffer::CopyOut(std::span<const CopyRange> ranges) const {
-#ifndef NDEBUG
   // One range per row on some paths: checked in debug builds only.
   for (const CopyRange& r : ranges) TESSERA_DCHECK(r.offset + r.length <= size_);
-#endif
   if (!remote_) {
     for (const CopyRange& r : ranges) {
       if (r.length > 0) std::memcpy(r.dst, data_ + r.offset, r.length);

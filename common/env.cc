@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 
 namespace tessera {
-namespace {
-
 std::string ErrnoText(int e) { return std::generic_category().message(e); }
+
+namespace {
 
 // The directory that holds `path` ("." for a bare file name).
 std::string DirectoryOf(const std::string& path) {
@@ -48,28 +48,24 @@ absl::Status WriteAll(int fd, std::string_view bytes) {
 
 absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes) {
   const std::string temporary = TemporaryPathFor(path);
-  auto fail = [&](const char* step, int e) {
+  // Removes the temporary (where there is one) and names the step that failed.
+  auto fail = [&](const char* step, absl::string_view why) {
     ::unlink(temporary.c_str());
-    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", step, " ", temporary, ": ", ErrnoText(e)));
+    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", step, " ", temporary, ": ", why));
   };
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd < 0) {
-    const int e = errno;
-    // Nothing was created: nothing to remove.
-    return absl::InternalError(absl::StrCat("cannot write ", path, ": cannot create ", temporary, ": ", ErrnoText(e)));
-  }
+  if (fd < 0) return fail("cannot create", ErrnoText(errno));
   if (absl::Status s = WriteAll(fd, bytes); !s.ok()) {
     ::close(fd);
-    ::unlink(temporary.c_str());
-    return absl::InternalError(absl::StrCat("cannot write ", path, ": writing ", temporary, ": ", s.message()));
+    return fail("writing", s.message());
   }
   if (::fsync(fd) != 0) {
-    const int e = errno;
+    const std::string why = ErrnoText(errno);
     ::close(fd);
-    return fail("cannot fsync", e);
+    return fail("cannot fsync", why);
   }
-  if (::close(fd) != 0) return fail("cannot close", errno);
-  if (::rename(temporary.c_str(), path.c_str()) != 0) return fail("cannot rename", errno);
+  if (::close(fd) != 0) return fail("cannot close", ErrnoText(errno));
+  if (::rename(temporary.c_str(), path.c_str()) != 0) return fail("cannot rename", ErrnoText(errno));
   if (absl::Status s = SyncDirectory(DirectoryOf(path)); !s.ok())
     return absl::InternalError(absl::StrCat("wrote ", path, " but ", s.message()));
   return absl::OkStatus();

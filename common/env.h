@@ -38,4 +38,7 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes
 
 absl::Status SyncDirectory(const std::string& dir);
 
+// The text of errno value `e` ("No such file or directory").
+std::string ErrnoText(int e);
+
 }  // namespace tessera

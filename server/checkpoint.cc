@@ -172,7 +172,6 @@ uint64_t GetU64(const std::byte* p) {
 
 bool IsKnownSectionType(uint32_t t) { return t >= 1 && t <= 5; }
 
-std::string ErrnoText(int e) { return std::generic_category().message(e); }
 
 // A file written through a buffer; small pieces are gathered, large ones go
 // straight through. Closes (and, unless released, removes) the file.
