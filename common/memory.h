@@ -19,8 +19,11 @@
 // arena (docs/benchmarks.md, "One malloc arena"). Small allocations are
 // served from glibc's per-thread caches without the arena's lock. It
 // trades up to about 1 GiB of idle heap kept by the process for the page
-// faults. Must run before the process starts its threads (an arena a
-// thread already has stays). Returns whether glibc accepted the settings.
+// faults. Must run before any other thread of the process allocates:
+// glibc fixes its limit on arenas when a second one is made, so in a
+// process whose threads already allocated (a Python interpreter with
+// torch's threads, say) the arena setting is accepted and has no effect;
+// the thresholds still apply. Returns whether glibc accepted the settings.
 #include <cstdint>
 #include <optional>
 #include <string_view>
