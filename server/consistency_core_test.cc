@@ -14,7 +14,7 @@ class ConsistencyCoreTest : public ::testing::Test {
  protected:
   void Init(proto::ConsistencyKind kind, uint32_t staleness, bool early = false,
             ServerCoreOptions options = {.node_id = 1}) {
-    options.answer_early = early;
+    options.testing.answer_early = early;
     core_ = std::make_unique<ServerCore>(options);
     proto::NodeInfo s;
     s.set_address("inproc://s0");

@@ -157,7 +157,7 @@ void ServerCore::NoteMoves() {
 }
 
 void ServerCore::SendAnswer(std::vector<Outgoing>& out, std::string to, Message reply, bool pull) {
-  if (!pull || moving_out_.empty() || reply.header.has_error() || options_.test_read_during_move) {
+  if (!pull || moving_out_.empty() || reply.header.has_error() || options_.testing.read_during_move) {
     Emit(out, std::move(to), std::move(reply));
     return;
   }
@@ -269,7 +269,7 @@ uint64_t ServerCore::StrictestStaleness() const {
 
 absl::StatusOr<uint64_t> ServerCore::RequiredMinClock(const Message& m) {
   const proto::Envelope& h = m.header;
-  if (options_.answer_early) return 0;
+  if (options_.testing.answer_early) return 0;
   if (h.has_pull()) {
     auto table = FindTable(h.pull().table_id());
     if (!table.ok()) return table.status();
@@ -558,7 +558,7 @@ Message ServerCore::Answer(Message request, Nanos held_for) {
     case proto::Envelope::kClockAdvance:
     case proto::Envelope::kClockQuery: {
       if (h.has_clock_query() && h.clock_query().join() && !clocks_.IsKnown(h.sender_id()) && h.sender_id() != 0) {
-        clocks_.Join(h.sender_id(), h.clock_query().rank(), options_.test_join_at_zero);  // joined the running job
+        clocks_.Join(h.sender_id(), h.clock_query().rank(), options_.testing.join_at_zero);  // joined the running job
       }
       if (!clocks_.IsKnown(h.sender_id())) {
         status = absl::NotFoundError(absl::StrCat("node ", h.sender_id(), " is not a worker of this job"));
@@ -1212,7 +1212,7 @@ absl::Status ServerCore::CheckIncarnation(const Origin& origin, std::span<const 
 }
 
 bool ServerCore::IsDuplicate(uint32_t vshard, const Origin& origin) const {
-  if (origin.seq == 0 || options_.test_apply_duplicates) return false;
+  if (origin.seq == 0 || options_.testing.apply_duplicates) return false;
   auto it = dedup_.find(DedupKey(vshard, origin.worker));
   if (it == dedup_.end() || it->second.incarnation != origin.incarnation) return false;
   return origin.seq < it->second.floor || it->second.seqs.contains(origin.seq);
@@ -1372,7 +1372,7 @@ void ServerCore::HandlePush(Message request, Nanos now, std::vector<Outgoing>& o
     return;
   }
   reply.header.mutable_ack();
-  if (*forwards == 0 || options_.test_ack_before_replication) {
+  if (*forwards == 0 || options_.testing.ack_before_replication) {
     if (wants_reply) out.push_back(Outgoing{reply_to, std::move(reply)});
     return;
   }
@@ -1628,7 +1628,7 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
     }
     out.push_back(Outgoing{h.sender_address(), std::move(reply)});
   };
-  const bool old_epoch_accepted = options_.test_accept_old_epoch && h.epoch() < map_->epoch();
+  const bool old_epoch_accepted = options_.testing.accept_old_epoch && h.epoch() < map_->epoch();
   if (h.epoch() < map_->epoch() && !old_epoch_accepted) {
     ack(r.position(),
         absl::FailedPreconditionError(absl::StrCat("forward of map epoch ", h.epoch(),
@@ -1741,7 +1741,7 @@ absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::Sh
     if (auto s = InstallShardMap(map, my_rank_); !s.ok()) return s;
     return out;
   }
-  if (view->epoch() == map_->epoch() || (view->epoch() < map_->epoch() && !options_.test_accept_old_epoch)) return out;
+  if (view->epoch() == map_->epoch() || (view->epoch() < map_->epoch() && !options_.testing.accept_old_epoch)) return out;
   if (view->num_servers() < map_->num_servers()) {  // (servers join a job; ranks never go)
     return absl::InvalidArgumentError(absl::StrCat("shard map of epoch ", view->epoch(), " has ",
                                                    view->num_servers(), " servers, fewer than ", map_->num_servers()));

@@ -185,14 +185,18 @@ struct ServerCoreOptions {
   uint32_t node_id = 0;                     // stamped on replies
   BufferPool* pool = nullptr;               // reply buffers (not owned; may be null)
   Nanos default_hold_timeout = 60 * kSeconds;  // for held requests that name none
-  bool answer_early = false;                // TEST ONLY: never hold pulls or clock acks (negative control)
-  // TEST ONLY, negative controls for the cluster simulator (tests/sim): each
-  // breaks one rule of the contract, which its checkers must then catch.
-  bool test_apply_duplicates = false;        // apply a sequenced push again when it comes again
-  bool test_ack_before_replication = false;  // acknowledge a push before the backups have it
-  bool test_accept_old_epoch = false;        // installs older shard maps; a backup applies older forwards unchecked
-  bool test_read_during_move = false;        // answers pulls of a moving shard without waiting for its destination
-  bool test_join_at_zero = false;            // starts a worker that joins the running job at clock 0
+  // TEST ONLY: negative controls for tests and the cluster simulator
+  // (tests/sim). Each breaks one rule of the contract, which the checkers
+  // must then catch; none is set outside tests.
+  struct Testing {
+    bool answer_early = false;            // never hold pulls or clock acks
+    bool apply_duplicates = false;        // apply a sequenced push again when it comes again
+    bool ack_before_replication = false;  // acknowledge a push before the backups have it
+    bool accept_old_epoch = false;        // installs older shard maps; a backup applies older forwards unchecked
+    bool read_during_move = false;        // answers pulls of a moving shard without waiting for its destination
+    bool join_at_zero = false;            // starts a worker that joins the running job at clock 0
+  };
+  Testing testing;
   bool apply_after_ack = false;             // leave accepted pushes to ApplyPending() (see the contract)
   // Pull replies with more value bytes than this go out in pieces of at most
   // this many bytes (0 = never split); see "Pull replies in pieces" below.

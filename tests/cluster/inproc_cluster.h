@@ -29,7 +29,7 @@ struct ClusterOptions {
   WorkerLossPolicy on_worker_loss = WorkerLossPolicy::kStopJob;
   Nanos hold_timeout = 120 * kSeconds;  // workers' wait for slower workers
   Nanos rejoin_timeout = 60 * kSeconds;  // with WorkerLossPolicy::kWait
-  ServerCoreOptions server;  // e.g. the test-only answer_early switch
+  ServerCoreOptions server;  // e.g. the test-only testing.answer_early switch
   uint32_t replication = 1;  // copies of each shard
   uint64_t part_bytes = 0;   // the workers' WorkerOptions::part_bytes
 };

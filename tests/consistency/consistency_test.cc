@@ -20,7 +20,7 @@ class ConsistencyTest : public ::testing::TestWithParam<Case> {};
 CheckResult RunAndCheck(const Case& c, bool answer_early, uint64_t seed) {
   constexpr uint32_t kWorkers = 4;
   ClusterOptions co{.servers = 2, .workers = kWorkers, .started_servers = 2, .vshards = 16};
-  co.server.answer_early = answer_early;
+  co.server.testing.answer_early = answer_early;
   InProcCluster cluster(co);
   auto workers = Unwrap(cluster.ConnectWorkers());
   EXPECT_EQ(workers.size(), kWorkers);

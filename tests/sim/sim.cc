@@ -451,12 +451,12 @@ class ServerProc final : public Proc {
     o.node_id = session_.self().node_id();
     o.apply_after_ack = sc.apply_after_ack;
     o.audit = true;
-    o.answer_early = sc.breakage == Breakage::kAnswerEarly;
-    o.test_apply_duplicates = sc.breakage == Breakage::kApplyDuplicates;
-    o.test_ack_before_replication = sc.breakage == Breakage::kAckBeforeReplication;
-    o.test_accept_old_epoch = sc.breakage == Breakage::kAcceptOldEpoch;
-    o.test_read_during_move = sc.breakage == Breakage::kReadDuringMove;
-    o.test_join_at_zero = sc.breakage == Breakage::kJoinAtZero;
+    o.testing.answer_early = sc.breakage == Breakage::kAnswerEarly;
+    o.testing.apply_duplicates = sc.breakage == Breakage::kApplyDuplicates;
+    o.testing.ack_before_replication = sc.breakage == Breakage::kAckBeforeReplication;
+    o.testing.accept_old_epoch = sc.breakage == Breakage::kAcceptOldEpoch;
+    o.testing.read_during_move = sc.breakage == Breakage::kReadDuringMove;
+    o.testing.join_at_zero = sc.breakage == Breakage::kJoinAtZero;
     core_ = std::make_unique<ServerCore>(o);
     if (auto s = core_->InstallShardMap(session_.ready()->shard_map(), session_.self().rank()); !s.ok()) {
       world_->Violation(absl::StrCat(address, " refused its first map: ", s.message()));
