@@ -204,7 +204,7 @@ void ServerCore::ForgetShards(const absl::flat_hash_set<uint32_t>& shards) {
     const uint32_t table_id = id;
     table->EraseRows([&](Key k) { return shards.contains(map_->VShardOfKey(table_id, k)); });
   }
-  absl::erase_if(dedup_, [&](const auto& e) { return shards.contains(static_cast<uint32_t>(e.first >> 32)); });
+  dedup_.Forget(shards);
   absl::erase_if(audit_, [&](const auto& e) { return shards.contains(map_->VShardOfKey(e.first.first, e.first.second)); });
 }
 
@@ -737,8 +737,6 @@ void GatherRows(const Buffer& keys, const Buffer& values, std::span<const uint32
   }
 }
 
-uint64_t DedupKey(uint32_t vshard, uint32_t worker) { return (uint64_t{vshard} << 32) | worker; }
-
 }  // namespace
 
 void ServerCore::ForwardsDone(const Forward& f, const absl::Status& status, std::vector<Outgoing>& out) {
@@ -747,21 +745,7 @@ void ServerCore::ForwardsDone(const Forward& f, const absl::Status& status, std:
 }
 
 void ServerCore::ExportShardState(const absl::flat_hash_set<uint32_t>& shards, proto::ShardTransfer* t) const {
-  std::vector<uint64_t> keys;
-  for (const auto& [key, w] : dedup_)
-    if (shards.contains(static_cast<uint32_t>(key >> 32))) keys.push_back(key);
-  std::sort(keys.begin(), keys.end());
-  for (uint64_t key : keys) {
-    const DedupWindow& w = dedup_.at(key);
-    proto::DedupWindow* d = t->add_dedup();
-    d->set_vshard(static_cast<uint32_t>(key >> 32));
-    d->set_worker_id(static_cast<uint32_t>(key));
-    d->set_incarnation(w.incarnation);
-    d->set_floor(w.floor);
-    std::vector<uint64_t> seqs(w.seqs.begin(), w.seqs.end());
-    std::sort(seqs.begin(), seqs.end());
-    for (uint64_t s : seqs) d->add_seqs(s);
-  }
+  dedup_.Export(shards, t);
   if (!options_.audit) return;
   std::vector<std::pair<uint32_t, Key>> rows;
   for (const auto& [row, entries] : audit_)
@@ -782,12 +766,7 @@ void ServerCore::ExportShardState(const absl::flat_hash_set<uint32_t>& shards, p
 }
 
 void ServerCore::ImportShardState(const proto::ShardTransfer& t, const std::function<bool(uint32_t)>& keep) {
-  for (const proto::DedupWindow& d : t.dedup()) {
-    if (!keep(d.vshard())) continue;
-    DedupWindow& w = dedup_[DedupKey(d.vshard(), d.worker_id())];
-    w = DedupWindow{.incarnation = d.incarnation(), .floor = d.floor()};
-    w.seqs.insert(d.seqs().begin(), d.seqs().end());
-  }
+  dedup_.Import(t, keep);
   if (!options_.audit) return;
   for (const proto::AuditRow& a : t.audit()) {
     if (!keep(map_->VShardOfKey(a.table_id(), a.key()))) continue;
@@ -1198,35 +1177,8 @@ size_t ServerCore::unacked_forwards() const {
   return n;
 }
 
-absl::Status ServerCore::CheckIncarnation(const Origin& origin, std::span<const uint32_t> vshards) const {
-  if (origin.seq == 0) return absl::OkStatus();
-  for (uint32_t v : vshards) {
-    auto it = dedup_.find(DedupKey(v, origin.worker));
-    if (it != dedup_.end() && origin.incarnation < it->second.incarnation) {
-      return absl::FailedPreconditionError(absl::StrCat("push from incarnation ", origin.incarnation,
-                                                        " of worker node ", origin.worker, ", which incarnation ",
-                                                        it->second.incarnation, " has replaced"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 bool ServerCore::IsDuplicate(uint32_t vshard, const Origin& origin) const {
-  if (origin.seq == 0 || options_.testing.apply_duplicates) return false;
-  auto it = dedup_.find(DedupKey(vshard, origin.worker));
-  if (it == dedup_.end() || it->second.incarnation != origin.incarnation) return false;
-  return origin.seq < it->second.floor || it->second.seqs.contains(origin.seq);
-}
-
-void ServerCore::RecordApplied(uint32_t vshard, const Origin& origin) {
-  if (origin.seq == 0) return;
-  DedupWindow& w = dedup_[DedupKey(vshard, origin.worker)];
-  if (origin.incarnation > w.incarnation) w = DedupWindow{.incarnation = origin.incarnation};
-  if (origin.acked_below > w.floor) {
-    w.floor = origin.acked_below;
-    absl::erase_if(w.seqs, [&](uint64_t s) { return s < w.floor; });
-  }
-  if (origin.seq >= w.floor) w.seqs.insert(origin.seq);
+  return !options_.testing.apply_duplicates && dedup_.IsDuplicate(vshard, origin);
 }
 
 void ServerCore::RescopeForwards(uint32_t rank, BackupStream& stream) {
@@ -1442,7 +1394,7 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
                                            " is primary of at map epoch ", map_->epoch()));
   }
   const Origin origin{sender, req.incarnation(), req.seq(), req.acked_below()};
-  if (auto s = CheckIncarnation(origin, shards); !s.ok()) return s;
+  if (auto s = dedup_.CheckIncarnation(origin, shards); !s.ok()) return s;
   absl::flat_hash_set<uint32_t> duplicate;
   for (uint32_t v : shards)
     if (IsDuplicate(v, origin)) duplicate.insert(v);
@@ -1473,7 +1425,7 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
   }
   for (uint32_t v : shards) {
     if (duplicate.contains(v)) continue;
-    RecordApplied(v, origin);
+    dedup_.RecordApplied(v, origin);
     applied_[v]++;
   }
   if (!duplicate.empty()) stats_.duplicate_pushes++;
@@ -1706,7 +1658,7 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
     }
     const std::vector<uint32_t> shards = DistinctShards(vshard, map_->num_vshards(), [](uint32_t) { return true; });
     const Origin origin{r.worker_id(), r.incarnation(), r.seq(), r.acked_below()};
-    if (auto s = CheckIncarnation(origin, shards); !s.ok()) return s;
+    if (auto s = dedup_.CheckIncarnation(origin, shards); !s.ok()) return s;
     absl::flat_hash_set<uint32_t> duplicate;
     for (uint32_t v : shards)
       if (IsDuplicate(v, origin)) duplicate.insert(v);
@@ -1723,7 +1675,7 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
     }
     for (uint32_t v : shards) {
       if (duplicate.contains(v)) continue;
-      RecordApplied(v, origin);
+      dedup_.RecordApplied(v, origin);
       applied_[v]++;
     }
     AuditApplied(r.table_id(), apply_keys.As<Key>(), origin, *piece);

@@ -172,6 +172,7 @@
 #include "compress/codec.h"
 #include "server/checkpoint.h"
 #include "server/clock_table.h"
+#include "server/push_dedup.h"
 #include "server/table.h"
 
 namespace tessera {
@@ -438,15 +439,9 @@ class ServerCore {
   // Applies rows (already validated) and records them as applied for
   // (worker, incarnation, seq) per shard; skips the shards that had them.
   // `take(i)` says whether key i is to be applied here at all.
-  struct Origin {
-    uint32_t worker = 0;
-    uint32_t incarnation = 0;
-    uint64_t seq = 0;  // 0: not sequenced
-    uint64_t acked_below = 0;
-  };
-  absl::Status CheckIncarnation(const Origin& origin, std::span<const uint32_t> vshards) const;
+  using Origin = PushOrigin;
+  // dedup_.IsDuplicate, unless options.testing.apply_duplicates.
   bool IsDuplicate(uint32_t vshard, const Origin& origin) const;
-  void RecordApplied(uint32_t vshard, const Origin& origin);
   uint32_t RankOfNode(uint32_t node_id) const;  // the map's rank of a server node, or UINT32_MAX
   // Audit mode: records that the push `origin` was applied to these keys.
   void AuditApplied(uint32_t table_id, std::span<const Key> keys, const Origin& origin, Columns piece);
@@ -483,11 +478,6 @@ class ServerCore {
   };
 
   // Replication state (see the contract).
-  struct DedupWindow {
-    uint32_t incarnation = 0;
-    uint64_t floor = 0;                    // every seq below was acknowledged: forgotten
-    absl::flat_hash_set<uint64_t> seqs;   // applied seqs >= floor
-  };
   struct Forward {
     uint64_t position;
     uint64_t push_id;
@@ -569,7 +559,7 @@ class ServerCore {
   uint32_t my_rank_ = 0;
   // Invariant: every table here has a config that passed ValidateTableConfig.
   absl::flat_hash_map<uint32_t, std::unique_ptr<Table>> tables_;
-  absl::flat_hash_map<uint64_t, DedupWindow> dedup_;        // (vshard << 32 | worker node id) -> applied
+  PushDedup dedup_;                                         // sequenced pushes applied, per (shard, worker)
   absl::flat_hash_map<uint32_t, BackupStream> streams_;     // backup rank -> forwards
   absl::flat_hash_map<uint32_t, uint64_t> expected_from_;   // primary node id -> next position (as a backup)
   absl::flat_hash_map<uint32_t, uint64_t> stream_from_;     // primary node id -> its stream being applied
