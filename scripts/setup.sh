@@ -10,6 +10,7 @@ PACKAGES=(
   libprotobuf-dev protobuf-compiler
   libibverbs-dev librdmacm-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  librocksdb-dev
   libabsl-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
   python3-yaml python3-numpy python3-pytest python3-matplotlib
   python3-pybind11 pybind11-dev python3-torch

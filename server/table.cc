@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/sparse_batch.h"
 #include "compress/row_compressor.h"
 
@@ -98,8 +99,71 @@ float InitialValue(const proto::TableConfig& c, Key key, uint32_t index) {
 size_t Table::CountAbsent(std::span<const Key> keys) const {
   absl::flat_hash_set<Key> absent;
   for (Key k : keys)
-    if (!index_.Contains(k)) absent.insert(k);
+    if (!absent.contains(k) && !Holds(k)) absent.insert(k);
   return absent.size();
+}
+
+bool Table::Holds(Key key) const {
+  return index_.Contains(key) || (rows_on_disk_ > 0 && cold_->Contains(key));
+}
+
+absl::Status Table::CheckDiskTier(const proto::TableConfig& c, uint64_t store_memory_bytes) {
+  if (c.kind() != proto::SPARSE || c.memory_budget_bytes() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", c.table_id(), ": a disk tier is for sparse tables with a memory_budget_bytes (rows over the "
+        "budget go to disk)"));
+  }
+  if (c.evict_after_clocks() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(),
+                                                   ": a disk tier does not go with evict_after_clocks (rows on disk "
+                                                   "carry no clock stamp); choose one"));
+  }
+  if (c.memory_budget_bytes() < store_memory_bytes + RowBytes(c)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", c.table_id(), ": memory_budget_bytes ", c.memory_budget_bytes(),
+        " leaves no room for rows beside the disk tier's own ", store_memory_bytes,
+        " bytes of buffers and caches (at least ", store_memory_bytes + RowBytes(c), " needed)"));
+  }
+  return absl::OkStatus();
+}
+
+void Table::AttachDiskTier() {
+  TESSERA_CHECK_MSG(CheckDiskTier(config_, cold_->memory_bytes()).ok(),
+                    "Table: a disk tier for a table that cannot have one (CheckDiskTier)");
+  TESSERA_CHECK(cold_->row_floats() == stride_);
+  max_rows_ = (config_.memory_budget_bytes() - cold_->memory_bytes()) / RowBytes(config_);
+  disk_row_.resize(stride_);
+}
+
+uint32_t Table::LoadFromDisk(Key key) {
+  if (rows_on_disk_ == 0) return kNoRow;
+  uint8_t found = 0;
+  if (cold_->Get(std::span<const Key>(&key, 1), disk_row_, std::span<uint8_t>(&found, 1)) == 0) return kNoRow;
+  cold_->Erase(key);
+  --rows_on_disk_;
+  ++counters_.loaded_from_disk;
+  const uint32_t row = static_cast<uint32_t>(AddRow(key));  // may move another row out (never this key's)
+  std::memcpy(WritableRow(row), disk_row_.data(), size_t{stride_} * sizeof(float));
+  return row;
+}
+
+void Table::LoadManyFromDisk(std::span<const Key> keys, std::vector<uint8_t>& found,
+                             absl::FunctionRef<void(size_t, const float*)> row_read) {
+  found.assign(keys.size(), 0);
+  if (rows_on_disk_ == 0 || keys.empty()) return;
+  std::vector<float> rows(keys.size() * stride_);
+  if (cold_->Get(keys, rows, found) == 0) return;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!found[i]) continue;
+    const float* row = rows.data() + i * stride_;
+    row_read(i, row);
+    if (index_.Contains(keys[i])) continue;  // listed before: already back
+    cold_->Erase(keys[i]);
+    --rows_on_disk_;
+    ++counters_.loaded_from_disk;
+    const size_t r = AddRow(keys[i]);
+    std::memcpy(WritableRow(r), row, size_t{stride_} * sizeof(float));
+  }
 }
 
 absl::Status Table::CheckKeys(std::span<const Key> keys) const {
@@ -122,8 +186,14 @@ uint64_t Table::RowBytes(const proto::TableConfig& c) {
 
 size_t Table::AddRow(Key key) {
   if (evicts_ && index_.size() >= max_rows_ && tail_ != kNoRow) {
+    if (cold_ != nullptr) {
+      cold_->Put(recency_[tail_].key, std::span<const float>(ReadRow(tail_), stride_));
+      ++rows_on_disk_;
+      ++counters_.moved_to_disk;
+    } else {
+      ++counters_.evicted_by_budget;
+    }
     DropRow(tail_);
-    ++counters_.evicted_by_budget;
   }
   uint32_t row;
   if (!free_rows_.empty()) {
@@ -192,12 +262,16 @@ size_t Table::CreateRow(Key key) {
 }
 
 size_t Table::RowNumber(Key key) {
-  const uint32_t row = index_.Find(key);
+  uint32_t row = index_.Find(key);
+  if (row == kNoRow) row = LoadFromDisk(key);
   return row == kNoRow ? CreateRow(key) : row;
 }
 
-uint32_t Table::RowForPush(Key key) {
+uint32_t Table::RowForPush(Key key, bool on_disk) {
   if (const uint32_t row = index_.Find(key); row != kNoRow) return row;
+  if (on_disk) {
+    if (const uint32_t row = LoadFromDisk(key); row != kNoRow) return row;
+  }
   if (admission_) {
     if (admission_->Add(key) < config_.admit_after()) {
       ++counters_.admission_dropped;
@@ -270,6 +344,22 @@ absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> 
   const size_t w = columns.Width(config_.width());
   if (auto s = CheckPush(keys, values, columns); !s.ok()) return s;
   AdvanceClock(clock);
+  // Disk tier: the keys not in memory are looked up on disk together first
+  // (one batch lookup, not one per key), and the rows held there come back.
+  // A key found absent is then created without asking the disk again,
+  // unless its row was made and moved out within this push (a key listed
+  // twice: only its first listing skips the disk).
+  absl::flat_hash_set<Key> not_on_disk;
+  if (rows_on_disk_ > 0) {
+    std::vector<Key> absent;
+    for (Key k : keys)
+      if (!index_.Contains(k)) absent.push_back(k);
+    std::vector<uint8_t> found;
+    LoadManyFromDisk(absent, found, [](size_t, const float*) {});
+    for (size_t i = 0; i < absent.size(); ++i)
+      if (!found[i]) not_on_disk.insert(absent[i]);
+  }
+  auto row_for = [&](Key key) { return RowForPush(key, /*on_disk=*/not_on_disk.erase(key) == 0); };
   if (IsStateful(config_.optimizer()) && keys.size() > 1) {
     // One optimizer step per key and push: sum the rows of a key listed twice.
     absl::StatusOr<SparseBatch> batch = SparseBatch::Build(keys);
@@ -278,7 +368,7 @@ absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> 
       std::vector<float> sums(batch->unique().size() * w);
       if (auto s = batch->ScatterAdd(values, static_cast<uint32_t>(w), sums); !s.ok()) return s;
       for (size_t u = 0; u < batch->unique().size(); ++u) {
-        const uint32_t row = RowForPush(batch->unique()[u]);
+        const uint32_t row = row_for(batch->unique()[u]);
         if (row != kNoRow) ApplyRow(row, sums.data() + u * w, columns);
       }
       return absl::OkStatus();
@@ -288,7 +378,7 @@ absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> 
     // Creating a row may evict another and give its number to the new one:
     // each key is looked up when its row is applied.
     for (size_t i = 0; i < keys.size(); ++i) {
-      const uint32_t row = RowForPush(keys[i]);
+      const uint32_t row = row_for(keys[i]);
       if (row != kNoRow) ApplyRow(row, values.data() + i * w, columns);
     }
     return absl::OkStatus();
@@ -361,10 +451,13 @@ absl::Status Table::ReadRows(std::span<const Key> keys, std::span<float> out) {
     hashes[i % kRing] = h;
     index_.Prefetch(h);
   };
+  std::vector<size_t> on_disk;  // keys[i] not in memory: perhaps on disk (read after the pipeline)
   auto copy = [&](size_t i) {
     float* dst = out.data() + i * w;
     if (const float* src = rows[i % kRing]; src != nullptr) {
       std::memcpy(dst, src, row_bytes);
+    } else if (rows_on_disk_ > 0) {
+      on_disk.push_back(i);
     } else if (create) {
       std::memcpy(dst, ReadRow(RowNumber(keys[i])), row_bytes);  // (an earlier copy of the key may have made it)
     } else {
@@ -382,10 +475,30 @@ absl::Status Table::ReadRows(std::span<const Key> keys, std::span<float> out) {
     if (i >= kRowAhead) copy(i - kRowAhead);
   }
   for (size_t i = n > kRowAhead ? n - kRowAhead : 0; i < n; ++i) copy(i);
+  if (!on_disk.empty()) {
+    // Disk tier (no pull creates rows there): one batch lookup; the rows
+    // found come back into memory (which may move others out: hence after
+    // the pipeline, whose row pointers that would invalidate).
+    std::vector<Key> disk_keys(on_disk.size());
+    for (size_t j = 0; j < on_disk.size(); ++j) disk_keys[j] = keys[on_disk[j]];
+    std::vector<uint8_t> found;
+    LoadManyFromDisk(disk_keys, found,
+                     [&](size_t j, const float* row) { std::memcpy(out.data() + on_disk[j] * w, row, row_bytes); });
+    for (size_t j = 0; j < on_disk.size(); ++j) {
+      if (found[j]) continue;
+      float* dst = out.data() + on_disk[j] * w;
+      if (const uint32_t row = index_.Find(disk_keys[j]); row != kNoRow) {  // a listing before brought it back
+        std::memcpy(dst, ReadRow(row), row_bytes);
+      } else {
+        for (uint32_t e = 0; e < w; ++e) dst[e] = InitialValue(config_, disk_keys[j], e);
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
 void Table::ForEachRow(absl::FunctionRef<void(Key, std::span<const float>)> fn) const {
+  if (rows_on_disk_ > 0) cold_->ForEach(fn);  // colder than every row in memory
   if (evicts_) {
     for (uint32_t row = tail_; row != kNoRow; row = recency_[row].prev)
       fn(recency_[row].key, std::span<const float>(ReadRow(row), stride_));
@@ -402,6 +515,11 @@ size_t Table::EraseRows(absl::FunctionRef<bool(Key)> which) {
   });
   for (Key k : keys) {
     const uint32_t row = index_.Find(k);
+    if (row == kNoRow) {  // on disk
+      cold_->Erase(k);
+      --rows_on_disk_;
+      continue;
+    }
     if (evicts_) {
       DropRow(row);
     } else {
@@ -430,6 +548,10 @@ absl::Status Table::RestoreRows(std::span<const Key> keys, std::span<const float
   }
   for (size_t i = 0; i < keys.size(); ++i) {
     uint32_t row = index_.Find(keys[i]);
+    if (row == kNoRow && rows_on_disk_ > 0 && cold_->Contains(keys[i])) {  // replaced: its old row goes
+      cold_->Erase(keys[i]);
+      --rows_on_disk_;
+    }
     if (row == kNoRow) row = static_cast<uint32_t>(AddRow(keys[i]));
     Touch(row);
     std::memcpy(WritableRow(row), values.data() + i * w, w * sizeof(float));

@@ -41,6 +41,20 @@
 //   checkpoint starts its sketch from zero and its recency order from the
 //   order it was given the rows in: it may admit or evict differently from
 //   the copy it was made from.)
+// - Disk tier (a table made with a ColdRows store, server/cold_rows.h:
+//   SPARSE, with memory_budget_bytes, without evict_after_clocks): the row
+//   the budget would drop moves to the store instead (its whole stored row,
+//   optimizer state included), and a push, pull or restore that touches a
+//   key held there moves its row back into memory first, as the most
+//   recently used, bit for bit as it left. So nothing is dropped and every
+//   value is exactly what an unbounded table would hold; which rows sit in
+//   memory is a cache decision that pulls also change (they bring rows
+//   back), so replicas may differ in it, never in values. A key is in at
+//   most one of memory and the store; num_rows() counts both. The budget
+//   covers the rows in memory and the store's own memory (its buffers and
+//   caches, ColdRows::memory_bytes()): rows in memory are at most
+//   (memory_budget_bytes - store memory) / RowBytes(config), and
+//   CheckDiskTier says when that is not even one row.
 // - A request that fails validation changes nothing.
 // - Storage: rows live in chunks; a row of at least kLendMinBytes has a chunk
 //   of its own. A chunk may be lent to readers (ReadRowsShared) while it is
@@ -61,6 +75,7 @@
 #include "common/keys.h"
 #include "proto/tessera.pb.h"
 #include "server/admission_sketch.h"
+#include "server/cold_rows.h"
 #include "server/huge_pages.h"
 #include "server/optimizer.h"
 #include "server/row_index.h"
@@ -79,6 +94,8 @@ struct TableCounters {
   uint64_t admission_dropped = 0;  // pushed rows dropped: their key not admitted yet
   uint64_t evicted_by_age = 0;     // rows dropped by evict_after_clocks
   uint64_t evicted_by_budget = 0;  // rows dropped by memory_budget_bytes
+  uint64_t moved_to_disk = 0;      // rows the budget moved to the disk tier
+  uint64_t loaded_from_disk = 0;   // rows a push, pull or restore brought back
 };
 
 class Table {
@@ -89,9 +106,14 @@ class Table {
   static constexpr size_t kLendMinBytes = 64 * 1024;
 
   // `owns_key` says which keys this server holds (DENSE rows are created for
-  // those keys only). Requires ValidateTableConfig(config).ok().
+  // those keys only). Requires ValidateTableConfig(config).ok(), and with a
+  // store for a disk tier (`cold`, not null) CheckDiskTier(config,
+  // cold->memory_bytes()).ok() and cold->row_floats() ==
+  // StoredRowFloats(config); the store must be empty.
   template <typename OwnsKey>
-  Table(const proto::TableConfig& config, OwnsKey&& owns_key) : config_(config) {
+  Table(const proto::TableConfig& config, OwnsKey&& owns_key, std::unique_ptr<ColdRows> cold = nullptr)
+      : config_(config), cold_(std::move(cold)) {
+    if (cold_ != nullptr) AttachDiskTier();
     if (config.kind() == proto::SPARSE && config.admit_after() > 1) {
       admission_ = std::make_unique<AdmissionSketch>(
           config.admission_sketch_width() > 0 ? config.admission_sketch_width() : uint64_t{1} << 20,
@@ -112,12 +134,24 @@ class Table {
   static constexpr uint64_t kIndexBytesPerRow = 32;
   static constexpr uint64_t kRecencyBytesPerRow = 24;
   static uint64_t RowBytes(const proto::TableConfig& config);
+  // Whether `config` may have a disk tier whose store holds
+  // `store_memory_bytes` of memory: a SPARSE table with a memory budget that
+  // leaves room for at least one row beside the store, and no
+  // evict_after_clocks (rows on disk carry no clock stamp). InvalidArgument
+  // naming the table and what is missing otherwise.
+  static absl::Status CheckDiskTier(const proto::TableConfig& config, uint64_t store_memory_bytes);
 
   const proto::TableConfig& config() const { return config_; }
   uint32_t width() const { return config_.width(); }
   // Floats stored per row: the weights, then the optimizer's state.
   uint32_t stored_row_floats() const { return stride_; }
-  size_t num_rows() const { return index_.size(); }
+  // Rows held: in memory and, with a disk tier, on disk.
+  size_t num_rows() const { return index_.size() + rows_on_disk_; }
+  size_t rows_in_memory() const { return index_.size(); }
+  size_t rows_on_disk() const { return rows_on_disk_; }
+  bool has_disk_tier() const { return cold_ != nullptr; }
+  // The disk tier's counters (zeros without one).
+  ColdRowStats disk_stats() const { return cold_ ? cold_->stats() : ColdRowStats{}; }
   // The largest clock stamp of the pushes applied so far.
   uint64_t clock() const { return clock_; }
   const TableCounters& counters() const { return counters_; }
@@ -167,7 +201,8 @@ class Table {
   absl::StatusOr<Buffer> ReadRowsShared(std::span<const Key> keys, BufferPool* pool);
 
   // Calls fn(key, row) once for every row the table holds, in no particular
-  // order (least recently used first in a table with eviction). The row span
+  // order (least recently used first in a table with eviction; rows on disk
+  // before those in memory). The row span
   // (stored_row_floats(): weights and optimizer state) is valid only during
   // the call; fn must not change the table. Creates nothing.
   void ForEachRow(absl::FunctionRef<void(Key, std::span<const float>)> fn) const;
@@ -219,11 +254,26 @@ class Table {
 
   absl::Status CheckKeys(std::span<const Key> keys) const;
   size_t RowNumber(Key key);                   // existing row, or a new one (SPARSE)
-  uint32_t RowForPush(Key key);                // existing, new, or kNoRow (not admitted)
+  // Existing (from memory or disk), new, or kNoRow (not admitted). With
+  // on_disk false the caller knows the disk tier does not hold the key.
+  uint32_t RowForPush(Key key, bool on_disk = true);
   const float* ReadRow(size_t row) const;      // for reading only
   float* WritableRow(size_t row);              // copies a lent chunk first
   size_t CreateRow(Key key);                   // a new row with its initial values
   size_t AddRow(Key key);                      // a new row, values unset (drops the LRU row at the budget)
+  // Disk tier: the store's key of what the constructor checked.
+  void AttachDiskTier();
+  // Brings the row of `key` back from the disk tier: its row number, or
+  // kNoRow when the store does not hold it (or there is none).
+  uint32_t LoadFromDisk(Key key);
+  // The same for many keys with one lookup of the store: calls
+  // row_read(i, stored row) for each keys[i] it held (before the row moves
+  // into memory; a key listed twice is read once) and returns whether each
+  // was held (found[i]).
+  void LoadManyFromDisk(std::span<const Key> keys, std::vector<uint8_t>& found,
+                        absl::FunctionRef<void(size_t, const float*)> row_read);
+  // Whether `key` has a row in memory or on disk.
+  bool Holds(Key key) const;
   void ApplyRow(uint32_t row, const float* gradient, Columns columns);
   void AdvanceClock(uint64_t clock);           // and drops rows too old
   void Touch(uint32_t row);                    // most recently used, at clock_
@@ -257,8 +307,12 @@ class Table {
   std::unique_ptr<AdmissionSketch> admission_;
   const bool evicts_ = config_.kind() == proto::SPARSE &&
                        (config_.evict_after_clocks() > 0 || config_.memory_budget_bytes() > 0);
-  const uint64_t max_rows_ = config_.memory_budget_bytes() > 0 ? config_.memory_budget_bytes() / RowBytes(config_)
-                                                                : ~uint64_t{0};
+  uint64_t max_rows_ = config_.memory_budget_bytes() > 0 ? config_.memory_budget_bytes() / RowBytes(config_)
+                                                          : ~uint64_t{0};
+  // The disk tier (null: none), the rows it holds, one row read back.
+  std::unique_ptr<ColdRows> cold_;
+  size_t rows_on_disk_ = 0;
+  std::vector<float> disk_row_;
   std::vector<Recency> recency_;  // by row number (evicts_ only)
   uint32_t head_ = kNoRow;        // most recently used
   uint32_t tail_ = kNoRow;        // least recently used

@@ -1,0 +1,186 @@
+// The ColdRows contract (server/cold_rows.h), checked against both stores:
+// the in-memory stand-in and RocksDB on disk.
+#include "server/cold_rows.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include "server/rocks_cold_rows.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh scratch directory, removed at the end.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string t = (fs::temp_directory_path() / "tessera-cold-rows-XXXXXX").string();
+    path_ = mkdtemp(t.data());
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+enum class Kind { kMemory, kRocks };
+
+class ColdRowsTest : public ::testing::TestWithParam<Kind> {
+ protected:
+  std::unique_ptr<ColdRows> Make(uint32_t row_floats) {
+    if (GetParam() == Kind::kMemory) return std::make_unique<MemoryColdRows>(row_floats);
+    RocksColdRowsOptions o;
+    o.directory = (dir_.path() / "store").string();
+    o.write_buffer_bytes = 1 << 20;  // small: the tests' rows reach the files
+    o.block_cache_bytes = 1 << 20;
+    auto made = RocksColdRows::Open(o, row_floats);
+    EXPECT_TRUE(made.ok()) << made.status();
+    return made.ok() ? std::move(*made) : nullptr;
+  }
+  ScratchDir dir_;
+};
+
+// Floats whose bits matter: NaN payloads, signed zeros, denormals.
+std::vector<float> OddRow(uint32_t n, uint64_t seed) {
+  std::vector<float> row(n);
+  std::mt19937_64 rng(seed);
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(rng());
+    std::memcpy(&row[i], &bits, sizeof(bits));
+  }
+  return row;
+}
+
+bool SameBits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+}
+
+TEST_P(ColdRowsTest, WhatGetReturnsIsBitForBitTheLastPut) {
+  auto store = Make(5);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->row_floats(), 5u);
+  const Key zero = 0, top = ~Key{0}, mid = 12345;
+  store->Put(zero, OddRow(5, 1));
+  store->Put(top, OddRow(5, 2));
+  store->Put(mid, OddRow(5, 3));
+  store->Put(mid, OddRow(5, 4));  // replaces
+  const std::vector<Key> keys = {mid, 777, top, zero, mid};
+  std::vector<float> out(keys.size() * 5, 42.0f);
+  std::vector<uint8_t> found(keys.size(), 9);
+  EXPECT_EQ(store->Get(keys, out, found), 4u);
+  EXPECT_EQ(found, (std::vector<uint8_t>{1, 0, 1, 1, 1}));
+  auto part = [&](size_t i) { return std::span<const float>(out).subspan(i * 5, 5); };
+  EXPECT_TRUE(SameBits(part(0), OddRow(5, 4)));
+  EXPECT_TRUE(SameBits(part(2), OddRow(5, 2)));
+  EXPECT_TRUE(SameBits(part(3), OddRow(5, 1)));
+  EXPECT_TRUE(SameBits(part(4), OddRow(5, 4)));
+  for (float f : part(1)) EXPECT_EQ(f, 42.0f);  // an absent key's part is left alone
+  EXPECT_TRUE(store->Contains(top));
+  EXPECT_FALSE(store->Contains(777));
+  const ColdRowStats s = store->stats();
+  EXPECT_EQ(s.rows_written, 4u);
+  EXPECT_EQ(s.rows_read, 4u);
+  EXPECT_EQ(s.lookups_absent, 1u);
+}
+
+TEST_P(ColdRowsTest, EraseForgetsAndForEachVisitsEveryRowOnce) {
+  auto store = Make(3);
+  ASSERT_NE(store, nullptr);
+  std::map<Key, std::vector<float>> expected;
+  for (Key k = 0; k < 5000; ++k) {
+    const Key key = k * 0x9e3779b97f4a7c15ULL;
+    expected[key] = OddRow(3, k);
+    store->Put(key, expected[key]);
+  }
+  for (Key k = 0; k < 5000; k += 3) {
+    const Key key = k * 0x9e3779b97f4a7c15ULL;
+    store->Erase(key);
+    expected.erase(key);
+  }
+  store->Erase(4242);  // not held: nothing happens
+  std::map<Key, std::vector<float>> seen;
+  store->ForEach([&](Key k, std::span<const float> row) {
+    EXPECT_FALSE(seen.contains(k)) << k;
+    seen[k].assign(row.begin(), row.end());
+  });
+  ASSERT_EQ(seen.size(), expected.size());
+  for (const auto& [k, row] : expected) {
+    ASSERT_TRUE(seen.contains(k));
+    EXPECT_TRUE(SameBits(seen[k], row)) << k;
+  }
+  EXPECT_FALSE(store->Contains(0));
+  EXPECT_TRUE(store->Contains(1 * 0x9e3779b97f4a7c15ULL));
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, ColdRowsTest, ::testing::Values(Kind::kMemory, Kind::kRocks),
+                         [](const auto& info) { return info.param == Kind::kMemory ? "Memory" : "Rocks"; });
+
+TEST(RocksColdRowsTest, RowsReachTheFilesAndTheDirectoryGoesWithTheStore) {
+  ScratchDir dir;
+  RocksColdRowsOptions o;
+  o.directory = (dir.path() / "t1").string();
+  o.write_buffer_bytes = 256 << 10;
+  o.block_cache_bytes = 1 << 20;
+  {
+    auto store = RocksColdRows::Open(o, 64);
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (Key k = 0; k < 20000; ++k) (*store)->Put(k, OddRow(64, k));  // 5 MiB: several memtable flushes
+    EXPECT_GT((*store)->stats().bytes_on_disk, 1u << 20);
+    std::vector<float> out(64);
+    uint8_t found = 0;
+    const Key k = 17;
+    ASSERT_EQ((*store)->Get(std::span<const Key>(&k, 1), out, std::span<uint8_t>(&found, 1)), 1u);
+    EXPECT_TRUE(SameBits(out, OddRow(64, 17)));
+    EXPECT_EQ((*store)->memory_bytes(), 2 * o.write_buffer_bytes + o.block_cache_bytes +
+                                            RocksColdRows::kFixedOverheadBytes);
+  }
+  EXPECT_FALSE(fs::exists(o.directory));  // scratch: gone with the store
+}
+
+TEST(RocksColdRowsTest, OpenStartsEmptyOverAnEarlierStoreButNeverRemovesOtherFiles) {
+  ScratchDir dir;
+  RocksColdRowsOptions o;
+  o.directory = (dir.path() / "t2").string();
+  // An earlier process's store (left behind by a crash: here, kept by
+  // copying its files before the store removes them).
+  {
+    auto store = RocksColdRows::Open(o, 2);
+    ASSERT_TRUE(store.ok()) << store.status();
+    (*store)->Put(1, std::vector<float>{1, 2});
+    fs::copy(o.directory, dir.path() / "copy", fs::copy_options::recursive);
+  }
+  fs::rename(dir.path() / "copy", o.directory);
+  ASSERT_TRUE(fs::exists(fs::path(o.directory) / "CURRENT"));
+  {
+    auto store = RocksColdRows::Open(o, 2);
+    ASSERT_TRUE(store.ok()) << store.status();
+    EXPECT_FALSE((*store)->Contains(1));
+  }
+  // A directory with something else in it is refused, and left as it was.
+  fs::create_directories(o.directory);
+  std::ofstream(fs::path(o.directory) / "notes.txt") << "mine";
+  auto refused = RocksColdRows::Open(o, 2);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("not a disk tier"), std::string::npos) << refused.status();
+  EXPECT_TRUE(fs::exists(fs::path(o.directory) / "notes.txt"));
+  // And bad arguments.
+  EXPECT_FALSE(RocksColdRows::Open(RocksColdRowsOptions{}, 2).ok());
+  RocksColdRowsOptions fresh;
+  fresh.directory = (dir.path() / "t3").string();
+  EXPECT_FALSE(RocksColdRows::Open(fresh, 0).ok());
+}
+
+}  // namespace
+}  // namespace tessera

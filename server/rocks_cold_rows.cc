@@ -1,0 +1,191 @@
+#include "server/rocks_cold_rows.h"
+
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "rocksdb/cache.h"
+#include "rocksdb/db.h"
+#include "rocksdb/filter_policy.h"
+#include "rocksdb/options.h"
+#include "rocksdb/table.h"
+
+namespace tessera {
+namespace {
+
+// Keys are stored as 8 bytes, big-endian (any fixed encoding would do; this
+// one keeps the files ordered by key, which ForEach does not promise).
+struct KeyBytes {
+  explicit KeyBytes(Key key) {
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(key >> (56 - 8 * i));
+  }
+  rocksdb::Slice slice() const { return rocksdb::Slice(bytes, sizeof(bytes)); }
+  char bytes[8];
+};
+
+Key KeyOf(const rocksdb::Slice& s) {
+  Key key = 0;
+  for (int i = 0; i < 8; ++i) key = (key << 8) | static_cast<unsigned char>(s.data()[i]);
+  return key;
+}
+
+rocksdb::WriteOptions Unlogged() {
+  rocksdb::WriteOptions w;
+  w.disableWAL = true;  // scratch: the replicas hold what a crash would lose
+  return w;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RocksColdRows>> RocksColdRows::Open(const RocksColdRowsOptions& options,
+                                                                   uint32_t row_floats) {
+  if (options.directory.empty()) return absl::InvalidArgumentError("disk tier: no directory given");
+  if (row_floats == 0) return absl::InvalidArgumentError("disk tier: rows of 0 floats");
+  std::error_code ec;
+  // What an earlier process left is scratch; but never remove a directory
+  // that holds something else (a mistyped path must not cost a user files).
+  if (std::filesystem::exists(options.directory, ec) && !std::filesystem::is_empty(options.directory, ec) &&
+      !std::filesystem::exists(std::filesystem::path(options.directory) / "CURRENT", ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "disk tier: ", options.directory, " holds files that are not a disk tier's; not removing them"));
+  }
+  std::filesystem::remove_all(options.directory, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("disk tier: cannot clear ", options.directory, ": ", ec.message()));
+  }
+  std::filesystem::create_directories(options.directory, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("disk tier: cannot make ", options.directory, ": ", ec.message()));
+  }
+  rocksdb::Options o;
+  o.create_if_missing = true;
+  o.error_if_exists = true;
+  o.compression = rocksdb::kNoCompression;  // float rows barely compress; CPU is better spent elsewhere
+  o.write_buffer_size = options.write_buffer_bytes;
+  o.max_write_buffer_number = 2;
+  o.max_background_jobs = 2;
+  o.max_open_files = -1;
+  o.info_log_level = rocksdb::WARN_LEVEL;
+  o.keep_log_file_num = 2;
+  o.avoid_unnecessary_blocking_io = true;
+  std::shared_ptr<rocksdb::Cache> cache = rocksdb::NewLRUCache(options.block_cache_bytes);
+  rocksdb::BlockBasedTableOptions t;
+  t.block_cache = cache;
+  t.block_size = 16 * 1024;
+  t.cache_index_and_filter_blocks = true;  // charged to the cache, so memory stays bounded
+  t.pin_l0_filter_and_index_blocks_in_cache = true;
+  t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));  // most lookups of new keys skip the disk
+  o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(o, options.directory, &db);
+  if (!s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("disk tier: cannot open a store in ", options.directory, ": ", s.ToString()));
+  }
+  return std::unique_ptr<RocksColdRows>(new RocksColdRows(options, row_floats, std::move(cache), db));
+}
+
+RocksColdRows::RocksColdRows(const RocksColdRowsOptions& options, uint32_t row_floats,
+                             std::shared_ptr<rocksdb::Cache> cache, rocksdb::DB* db)
+    : options_(options), row_floats_(row_floats), cache_(std::move(cache)), db_(db) {}
+
+RocksColdRows::~RocksColdRows() {
+  if (db_ != nullptr) {
+    db_->Close().PermitUncheckedError();
+    db_.reset();
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(options_.directory, ec);  // scratch; a failure here harms nobody
+}
+
+void RocksColdRows::Put(Key key, std::span<const float> row) {
+  TESSERA_CHECK(row.size() == row_floats_);
+  const KeyBytes k(key);
+  const rocksdb::Status s = db_->Put(Unlogged(), k.slice(),
+                                     rocksdb::Slice(reinterpret_cast<const char*>(row.data()), row.size_bytes()));
+  TESSERA_CHECK_MSG(s.ok(), absl::StrCat("disk tier ", options_.directory, ": write failed: ", s.ToString()));
+  ++stats_.rows_written;
+}
+
+size_t RocksColdRows::Get(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) {
+  TESSERA_CHECK(out.size() == keys.size() * row_floats_ && found.size() == keys.size());
+  if (keys.empty()) return 0;
+  std::vector<KeyBytes> kb;
+  kb.reserve(keys.size());
+  std::vector<rocksdb::Slice> slices;
+  slices.reserve(keys.size());
+  for (Key key : keys) {
+    kb.emplace_back(key);
+    slices.push_back(kb.back().slice());
+  }
+  std::vector<rocksdb::PinnableSlice> values(keys.size());
+  std::vector<rocksdb::Status> statuses(keys.size());
+  db_->MultiGet(rocksdb::ReadOptions(), db_->DefaultColumnFamily(), keys.size(), slices.data(), values.data(),
+                statuses.data());
+  const size_t row_bytes = size_t{row_floats_} * sizeof(float);
+  size_t n = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (statuses[i].IsNotFound()) {
+      found[i] = 0;
+      ++stats_.lookups_absent;
+      continue;
+    }
+    TESSERA_CHECK_MSG(statuses[i].ok(),
+                      absl::StrCat("disk tier ", options_.directory, ": read failed: ", statuses[i].ToString()));
+    TESSERA_CHECK_MSG(values[i].size() == row_bytes,
+                      absl::StrCat("disk tier ", options_.directory, ": a row of ", values[i].size(),
+                                   " bytes where ", row_bytes, " were written"));
+    std::memcpy(out.data() + i * row_floats_, values[i].data(), row_bytes);
+    found[i] = 1;
+    ++stats_.rows_read;
+    ++n;
+  }
+  return n;
+}
+
+bool RocksColdRows::Contains(Key key) {
+  const KeyBytes k(key);
+  const rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), k.slice(), &scratch_);
+  if (s.IsNotFound()) return false;
+  TESSERA_CHECK_MSG(s.ok(), absl::StrCat("disk tier ", options_.directory, ": read failed: ", s.ToString()));
+  return true;
+}
+
+void RocksColdRows::Erase(Key key) {
+  const KeyBytes k(key);
+  const rocksdb::Status s = db_->Delete(Unlogged(), k.slice());
+  TESSERA_CHECK_MSG(s.ok(), absl::StrCat("disk tier ", options_.directory, ": delete failed: ", s.ToString()));
+  ++stats_.rows_erased;
+}
+
+void RocksColdRows::ForEach(absl::FunctionRef<void(Key, std::span<const float>)> fn) {
+  rocksdb::ReadOptions r;
+  r.fill_cache = false;  // one pass over everything would only push the hot blocks out
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(r));
+  std::vector<float> row(row_floats_);
+  const size_t row_bytes = row.size() * sizeof(float);
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    TESSERA_CHECK_MSG(it->key().size() == 8 && it->value().size() == row_bytes,
+                      absl::StrCat("disk tier ", options_.directory, ": a record of the wrong size"));
+    std::memcpy(row.data(), it->value().data(), row_bytes);  // aligned for the caller
+    fn(KeyOf(it->key()), row);
+  }
+  TESSERA_CHECK_MSG(it->status().ok(),
+                    absl::StrCat("disk tier ", options_.directory, ": scan failed: ", it->status().ToString()));
+}
+
+uint64_t RocksColdRows::memory_bytes() const {
+  return 2 * options_.write_buffer_bytes + options_.block_cache_bytes + kFixedOverheadBytes;
+}
+
+ColdRowStats RocksColdRows::stats() const {
+  ColdRowStats s = stats_;
+  uint64_t sst = 0;
+  if (db_->GetIntProperty("rocksdb.total-sst-files-size", &sst)) s.bytes_on_disk = sst;
+  return s;
+}
+
+}  // namespace tessera

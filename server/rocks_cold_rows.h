@@ -1,0 +1,80 @@
+#pragma once
+// RocksColdRows: a table's disk tier (server/cold_rows.h) in an embedded
+// RocksDB store on the server's local disk. Made by the server's shell, one
+// per table that asks for a disk tier, in its own directory.
+//
+// Why RocksDB and not a log of our own: a store of our own with fixed-size
+// records needs a key -> record index in memory, about 32 bytes a row (the
+// table's own RowIndex); a table 8x its budget at dim 16 (128-byte rows with
+// Adagrad) would spend more than its whole budget on that index alone.
+// RocksDB keeps its index and Bloom filters on disk, in blocks cached within
+// a bound we set (about 2.5 bytes a row with 10-bit filters and 16 KiB
+// blocks), and writes in large sequential runs (memtable flushes) rather than
+// a write per evicted row.
+//
+// The store is scratch: it holds rows only while this process runs. Opening
+// removes what an earlier process left in the directory (a server that
+// restarts gets its rows from its replicas or a checkpoint, like the rows
+// it held in memory). No write-ahead log and no fsync: a crash loses the
+// directory's rows by design, never an acknowledged push, since the
+// replicas hold them (docs/embeddings.md, "Disk tier").
+//
+// Memory: memory_bytes() = 2 * write_buffer_bytes (the memtable and one
+// being flushed) + block_cache_bytes (data, index and filter blocks) +
+// kFixedOverheadBytes (table readers, iterators, arenas: measured in
+// rocks_cold_rows_test's resident-size check). Reads use pread, not mmap,
+// so the page cache is the kernel's and not this process's resident memory.
+//
+// Failure: an error of RocksDB after opening (I/O, corruption) stops the
+// process naming the directory (the ColdRows contract); Open returns an
+// error instead (a directory it cannot make or lock).
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/cold_rows.h"
+
+namespace rocksdb {
+class Cache;
+class DB;
+}  // namespace rocksdb
+
+namespace tessera {
+
+struct RocksColdRowsOptions {
+  std::string directory;                    // made if missing; what is in it is removed
+  uint64_t write_buffer_bytes = 8ull << 20;  // one memtable
+  uint64_t block_cache_bytes = 16ull << 20;  // data, index and filter blocks
+};
+
+class RocksColdRows final : public ColdRows {
+ public:
+  static constexpr uint64_t kFixedOverheadBytes = 8ull << 20;
+
+  static absl::StatusOr<std::unique_ptr<RocksColdRows>> Open(const RocksColdRowsOptions& options,
+                                                             uint32_t row_floats);
+  ~RocksColdRows() override;
+
+  uint32_t row_floats() const override { return row_floats_; }
+  void Put(Key key, std::span<const float> row) override;
+  size_t Get(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) override;
+  bool Contains(Key key) override;
+  void Erase(Key key) override;
+  void ForEach(absl::FunctionRef<void(Key, std::span<const float>)> fn) override;
+  uint64_t memory_bytes() const override;
+  ColdRowStats stats() const override;
+  const std::string& directory() const { return options_.directory; }
+
+ private:
+  RocksColdRows(const RocksColdRowsOptions& options, uint32_t row_floats, std::shared_ptr<rocksdb::Cache> cache,
+                rocksdb::DB* db);
+
+  const RocksColdRowsOptions options_;
+  const uint32_t row_floats_;
+  std::shared_ptr<rocksdb::Cache> cache_;
+  std::unique_ptr<rocksdb::DB> db_;
+  ColdRowStats stats_;
+  std::string scratch_;  // one value, reused by Contains
+};
+
+}  // namespace tessera

@@ -1,0 +1,240 @@
+// A table with a disk tier (server/table.h, "Disk tier") holds exactly what
+// a table without a budget holds, whatever rows it moved to disk and back.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <random>
+
+#include "server/cold_rows.h"
+#include "server/rocks_cold_rows.h"
+#include "server/table.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+proto::TableConfig SparseConfig(proto::OptimizerKind opt, uint32_t width) {
+  proto::TableConfig c;
+  c.set_table_id(5);
+  c.set_width(width);
+  c.set_kind(proto::SPARSE);
+  c.set_optimizer(opt);
+  c.set_learning_rate(0.1f);
+  c.set_init(proto::UNIFORM);
+  c.set_init_scale(0.5f);
+  c.set_init_seed(99);
+  c.mutable_optimizer_params()->set_epsilon(1e-6f);
+  c.mutable_optimizer_params()->set_initial_accumulator(0.1f);
+  c.mutable_optimizer_params()->set_momentum(0.9f);
+  return c;
+}
+
+enum class Store { kMemory, kRocks };
+
+class TableDiskTierTest : public ::testing::TestWithParam<Store> {
+ protected:
+  void SetUp() override {
+    std::string t = (fs::temp_directory_path() / "tessera-table-disk-XXXXXX").string();
+    dir_ = mkdtemp(t.data());
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::unique_ptr<ColdRows> MakeStore(uint32_t row_floats) {
+    if (GetParam() == Store::kMemory) return std::make_unique<MemoryColdRows>(row_floats);
+    RocksColdRowsOptions o;
+    o.directory = (dir_ / ("store-" + std::to_string(stores_++))).string();
+    o.write_buffer_bytes = 256 << 10;
+    o.block_cache_bytes = 256 << 10;
+    auto made = RocksColdRows::Open(o, row_floats);
+    EXPECT_TRUE(made.ok()) << made.status();
+    return made.ok() ? std::move(*made) : nullptr;
+  }
+  // A table of `config` with a disk tier whose memory holds `rows_in_memory` rows.
+  std::unique_ptr<Table> TieredTable(proto::TableConfig config, uint64_t rows_in_memory) {
+    auto store = MakeStore(StoredRowFloats(config));
+    config.set_memory_budget_bytes(store->memory_bytes() + rows_in_memory * Table::RowBytes(config) +
+                                   Table::RowBytes(config) / 2);
+    EXPECT_TRUE(Table::CheckDiskTier(config, store->memory_bytes()).ok());
+    return std::make_unique<Table>(config, [](Key) { return true; }, std::move(store));
+  }
+  fs::path dir_;
+  int stores_ = 0;
+};
+
+// The same table with a budget it never reaches: it drops nothing, and,
+// like every table with a budget, a pull does not create rows.
+std::unique_ptr<Table> UnboundedTable(proto::TableConfig config) {
+  config.set_memory_budget_bytes(uint64_t{1} << 50);
+  return std::make_unique<Table>(config, [](Key) { return true; });
+}
+
+using Rows = std::map<Key, std::vector<float>>;
+
+Rows AllRows(const Table& t) {
+  Rows rows;
+  t.ForEachRow([&](Key k, std::span<const float> row) {
+    EXPECT_FALSE(rows.contains(k)) << "key " << k << " visited twice";
+    rows[k].assign(row.begin(), row.end());
+  });
+  return rows;
+}
+
+void ExpectSameRows(const Rows& a, const Rows& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [k, row] : a) {
+    auto it = b.find(k);
+    ASSERT_NE(it, b.end()) << "key " << k;
+    ASSERT_EQ(std::memcmp(row.data(), it->second.data(), row.size() * sizeof(float)), 0) << "key " << k;
+  }
+}
+
+// Skewed keys over a range much larger than what memory holds, listed twice
+// now and then (close together and far apart), in pushes of 1 to 300 keys.
+std::vector<Key> SomeKeys(std::mt19937_64& rng, size_t n, uint64_t range) {
+  std::vector<Key> keys(n);
+  for (Key& k : keys) {
+    const double u = std::uniform_real_distribution<double>(0, 1)(rng);
+    k = static_cast<Key>(std::pow(u, 3.0) * static_cast<double>(range)) * 0x9e3779b97f4a7c15ULL;
+  }
+  if (n > 2) keys[n - 1] = keys[0];
+  return keys;
+}
+
+TEST_P(TableDiskTierTest, PushesAndPullsEndAsInATableWithoutABudget) {
+  for (const auto opt : {proto::SGD, proto::ADAGRAD, proto::MOMENTUM, proto::ADAM}) {
+    SCOPED_TRACE(proto::OptimizerKind_Name(opt));
+    const proto::TableConfig config = SparseConfig(opt, 8);
+    auto unbounded = UnboundedTable(config);
+    Table& plain = *unbounded;
+    auto tiered = TieredTable(config, 50);
+    std::mt19937_64 rng(7);
+    uint64_t clock = 0;
+    for (int round = 0; round < 200; ++round) {
+      const size_t n = 1 + rng() % 300;
+      const std::vector<Key> keys = SomeKeys(rng, n, 2000);
+      std::vector<float> grads(n * 8);
+      for (float& g : grads) g = std::uniform_real_distribution<float>(-1, 1)(rng);
+      ++clock;
+      ASSERT_TRUE(plain.ApplyPush(keys, grads, clock).ok());
+      ASSERT_TRUE(tiered->ApplyPush(keys, grads, clock).ok());
+      if (round % 5 == 0) {  // pulls, which also bring rows back from disk
+        const std::vector<Key> pulled = SomeKeys(rng, 1 + rng() % 100, 2500);
+        std::vector<float> a(pulled.size() * 8), b(pulled.size() * 8);
+        ASSERT_TRUE(plain.ReadRows(pulled, a).ok());
+        ASSERT_TRUE(tiered->ReadRows(pulled, b).ok());
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "round " << round;
+      }
+      ASSERT_LE(tiered->rows_in_memory(), 50u);
+    }
+    EXPECT_EQ(tiered->num_rows(), plain.num_rows());
+    EXPECT_GT(tiered->rows_on_disk(), 0u);
+    EXPECT_EQ(tiered->rows_in_memory() + tiered->rows_on_disk(), tiered->num_rows());
+    EXPECT_GT(tiered->counters().moved_to_disk, 0u);
+    EXPECT_GT(tiered->counters().loaded_from_disk, 0u);
+    EXPECT_EQ(tiered->counters().evicted_by_budget, 0u);  // nothing dropped
+    ExpectSameRows(AllRows(plain), AllRows(*tiered));     // optimizer state included
+  }
+}
+
+TEST_P(TableDiskTierTest, PiecesOfRowsAndAdmissionAgreeToo) {
+  proto::TableConfig config = SparseConfig(proto::SGD, 8);
+  config.set_admit_after(2);
+  auto unbounded = UnboundedTable(config);
+  Table& plain = *unbounded;
+  auto tiered = TieredTable(config, 20);
+  std::mt19937_64 rng(11);
+  for (int round = 0; round < 150; ++round) {
+    const std::vector<Key> keys = SomeKeys(rng, 1 + rng() % 60, 500);
+    const bool piece = round % 2 == 1;
+    const Columns columns = piece ? Columns{.first = 3, .count = 4} : Columns{};
+    std::vector<float> grads(keys.size() * (piece ? 4 : 8));
+    for (float& g : grads) g = std::uniform_real_distribution<float>(-1, 1)(rng);
+    ASSERT_TRUE(plain.ApplyPush(keys, grads, round, columns).ok());
+    ASSERT_TRUE(tiered->ApplyPush(keys, grads, round, columns).ok());
+  }
+  EXPECT_GT(tiered->rows_on_disk(), 0u);
+  EXPECT_EQ(tiered->counters().admission_dropped, plain.counters().admission_dropped);
+  EXPECT_EQ(tiered->counters().admitted, plain.counters().admitted);
+  ExpectSameRows(AllRows(plain), AllRows(*tiered));
+}
+
+TEST_P(TableDiskTierTest, RestoreEraseAndCountSeeTheRowsOnDisk) {
+  const proto::TableConfig config = SparseConfig(proto::ADAGRAD, 4);
+  auto unbounded = UnboundedTable(config);
+  Table& plain = *unbounded;
+  auto tiered = TieredTable(config, 10);
+  std::mt19937_64 rng(3);
+  for (int round = 0; round < 40; ++round) {
+    const std::vector<Key> keys = SomeKeys(rng, 1 + rng() % 30, 300);
+    std::vector<float> grads(keys.size() * 4, 0.25f);
+    ASSERT_TRUE(plain.ApplyPush(keys, grads, round).ok());
+    ASSERT_TRUE(tiered->ApplyPush(keys, grads, round).ok());
+  }
+  ASSERT_GT(tiered->rows_on_disk(), 0u);
+  // A checkpoint or a state transfer reads every row (ForEachRow); a copy
+  // restored from it, with a disk tier of its own, holds the same rows.
+  const Rows rows = AllRows(*tiered);
+  std::vector<Key> keys;
+  std::vector<float> values;
+  for (const auto& [k, row] : rows) {
+    keys.push_back(k);
+    values.insert(values.end(), row.begin(), row.end());
+  }
+  auto copy = TieredTable(config, 7);
+  ASSERT_TRUE(copy->RestoreRows(keys, values).ok());
+  EXPECT_GT(copy->rows_on_disk(), 0u);
+  ExpectSameRows(rows, AllRows(*copy));
+  // Restoring again over rows on disk replaces them, never doubles them.
+  ASSERT_TRUE(copy->RestoreRows(keys, values).ok());
+  EXPECT_EQ(copy->num_rows(), rows.size());
+  ExpectSameRows(rows, AllRows(*copy));
+  // Rows on disk are held: a push of them creates nothing.
+  std::vector<Key> on_disk;
+  copy->ForEachRow([&](Key k, std::span<const float>) {
+    if (on_disk.size() < 5) on_disk.push_back(k);  // the first rows visited are the ones on disk
+  });
+  on_disk.push_back(~Key{0});  // and one that is nowhere
+  EXPECT_EQ(copy->CountAbsent(on_disk), 1u);
+  // EraseRows drops rows wherever they are.
+  const Key gone = on_disk[0];
+  const size_t erased = copy->EraseRows([&](Key k) { return k == gone || k % 2 == 0; });
+  size_t even = 0;
+  for (Key k : keys) even += (k == gone || k % 2 == 0);
+  EXPECT_EQ(erased, even);
+  EXPECT_EQ(copy->num_rows(), rows.size() - even);
+  const Rows left = AllRows(*copy);
+  EXPECT_FALSE(left.contains(gone));
+  for (const auto& [k, row] : left) EXPECT_NE(k % 2, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, TableDiskTierTest, ::testing::Values(Store::kMemory, Store::kRocks),
+                         [](const auto& info) { return info.param == Store::kMemory ? "Memory" : "Rocks"; });
+
+TEST(TableDiskTierConfigTest, OnlySparseTablesWithABudgetThatLeavesRoom) {
+  proto::TableConfig c = SparseConfig(proto::SGD, 16);
+  const uint64_t store = 1000;
+  EXPECT_FALSE(Table::CheckDiskTier(c, store).ok());  // no budget
+  c.set_memory_budget_bytes(store + Table::RowBytes(c) - 1);
+  auto s = Table::CheckDiskTier(c, store);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("no room"), std::string::npos) << s;
+  c.set_memory_budget_bytes(store + Table::RowBytes(c));
+  EXPECT_TRUE(Table::CheckDiskTier(c, store).ok());
+  c.set_evict_after_clocks(3);
+  s = Table::CheckDiskTier(c, store);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("evict_after_clocks"), std::string::npos) << s;
+  proto::TableConfig d = SparseConfig(proto::SGD, 16);
+  d.set_kind(proto::DENSE);
+  d.set_dense_rows(10);
+  EXPECT_FALSE(Table::CheckDiskTier(d, 0).ok());
+}
+
+}  // namespace
+}  // namespace tessera
