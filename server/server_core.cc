@@ -205,7 +205,7 @@ void ServerCore::ForgetShards(const absl::flat_hash_set<uint32_t>& shards) {
     table->EraseRows([&](Key k) { return shards.contains(map_->VShardOfKey(table_id, k)); });
   }
   dedup_.Forget(shards);
-  absl::erase_if(audit_, [&](const auto& e) { return shards.contains(map_->VShardOfKey(e.first.first, e.first.second)); });
+  audit_.Forget([&](uint32_t table_id, Key k) { return shards.contains(map_->VShardOfKey(table_id, k)); });
 }
 
 void ServerCore::AbortHeldReplies(const std::function<bool(uint32_t)>& moved, std::vector<Outgoing>& out) {
@@ -747,37 +747,12 @@ void ServerCore::ForwardsDone(const Forward& f, const absl::Status& status, std:
 void ServerCore::ExportShardState(const absl::flat_hash_set<uint32_t>& shards, proto::ShardTransfer* t) const {
   dedup_.Export(shards, t);
   if (!options_.audit) return;
-  std::vector<std::pair<uint32_t, Key>> rows;
-  for (const auto& [row, entries] : audit_)
-    if (shards.contains(map_->VShardOfKey(row.first, row.second))) rows.push_back(row);
-  std::sort(rows.begin(), rows.end());
-  for (const auto& row : rows) {
-    proto::AuditRow* a = t->add_audit();
-    a->set_table_id(row.first);
-    a->set_key(row.second);
-    for (const AuditEntry& e : audit_.at(row)) {
-      a->add_workers(e.worker);
-      a->add_incarnations(e.incarnation);
-      a->add_seqs(e.seq);
-      a->add_first_columns(e.piece.first);
-      a->add_columns(e.piece.count);
-    }
-  }
+  audit_.Export([&](uint32_t table_id, Key k) { return shards.contains(map_->VShardOfKey(table_id, k)); }, t);
 }
 
 void ServerCore::ImportShardState(const proto::ShardTransfer& t, const std::function<bool(uint32_t)>& keep) {
   dedup_.Import(t, keep);
-  if (!options_.audit) return;
-  for (const proto::AuditRow& a : t.audit()) {
-    if (!keep(map_->VShardOfKey(a.table_id(), a.key()))) continue;
-    std::vector<AuditEntry>& entries = audit_[{a.table_id(), a.key()}];
-    entries.clear();
-    const bool pieces = a.first_columns_size() == a.seqs_size() && a.columns_size() == a.seqs_size();
-    for (int i = 0; i < a.workers_size() && i < a.incarnations_size() && i < a.seqs_size(); ++i) {
-      entries.push_back(AuditEntry{a.workers(i), a.incarnations(i), a.seqs(i),
-                                   pieces ? Columns{a.first_columns(i), a.columns(i)} : Columns{}});
-    }
-  }
+  if (options_.audit) audit_.Import(t, [&](uint32_t table_id, Key k) { return keep(map_->VShardOfKey(table_id, k)); });
 }
 
 void ServerCore::SendTablesToBackups(Nanos now, std::vector<Outgoing>& out) {
@@ -988,15 +963,7 @@ void ServerCore::FillHeartbeat(proto::Heartbeat* hb) const {
   clocks_.ForEach([&](uint32_t, uint64_t, bool live) { left += !live; });
   hb->set_workers_left(left);
   if (map_ && !deposed()) {
-    for (uint32_t v = 0; v < traffic_.size(); ++v) {
-      const ShardTraffic& t = traffic_[v];
-      if (t.requests == 0 || v >= map_->num_vshards() || map_->ServerRankOf(v) != my_rank_) continue;
-      proto::ShardLoad* l = hb->add_shard_loads();
-      l->set_vshard(v);
-      l->set_requests(t.requests);
-      l->set_bytes_in(t.bytes_in);
-      l->set_bytes_out(t.bytes_out);
-    }
+    traffic_.AddLoads(*map_, my_rank_, hb);
     for (const auto& [v, m] : moving_out_)
       if (map_->ServerRankOf(v) == my_rank_ && AckedThrough(m.to, m.stream) >= m.position) hb->add_moves_in_sync(v);
     std::sort(hb->mutable_moves_in_sync()->begin(), hb->mutable_moves_in_sync()->end());
@@ -1011,19 +978,7 @@ void ServerCore::FillHeartbeat(proto::Heartbeat* hb) const {
 }
 
 void ServerCore::NoteTraffic(std::span<const uint32_t> shards, size_t value_bytes, bool push) {
-  if (!map_) return;
-  if (traffic_.size() != map_->num_vshards()) traffic_.resize(map_->num_vshards());
-  const uint64_t request = ++traffic_requests_;
-  for (uint32_t v : shards) {
-    if (v >= traffic_.size() || map_->ServerRankOf(v) != my_rank_) continue;
-    ShardTraffic& t = traffic_[v];
-    if (t.last_request != request) {
-      t.last_request = request;
-      t.requests++;
-    }
-    t.bytes_in += sizeof(Key) + (push ? value_bytes : 0);
-    if (!push) t.bytes_out += value_bytes;
-  }
+  if (map_) traffic_.Note(*map_, my_rank_, shards, value_bytes, push);
 }
 
 ShardSnapshot ServerCore::SnapshotPrimaryShards() const {
@@ -1101,7 +1056,7 @@ absl::StatusOr<uint64_t> ServerCore::RestoreShards(const ShardSnapshot& snapshot
   }
   if (with_windows) {
     ImportShardState(state, [&](uint32_t v) { return std::binary_search(wanted.begin(), wanted.end(), v); });
-    if (options_.audit) AuditRestored(state, wanted);
+    if (options_.audit) audit_.Restored(state, wanted, map_->num_vshards());
     for (uint32_t v : wanted) {
       auto it = snapshot.applied_pushes_by_vshard.find(v);
       applied_[v] = it == snapshot.applied_pushes_by_vshard.end() ? 0 : it->second;
@@ -1110,36 +1065,12 @@ absl::StatusOr<uint64_t> ServerCore::RestoreShards(const ShardSnapshot& snapshot
   return rows;
 }
 
-void ServerCore::AuditApplied(uint32_t table_id, std::span<const Key> keys, const Origin& origin, Columns piece) {
-  if (!options_.audit) return;
-  for (Key k : keys) audit_[{table_id, k}].push_back(AuditEntry{origin.worker, origin.incarnation, origin.seq, piece});
-}
-
-void ServerCore::AuditRestored(const proto::ShardTransfer& state, std::span<const uint32_t> vshards) {
-  std::map<uint32_t, std::vector<std::string>> windows;
-  for (uint32_t v : vshards) windows[v];
-  for (const proto::DedupWindow& d : state.dedup()) {
-    auto it = windows.find(d.vshard());
-    if (it == windows.end()) continue;
-    std::vector<uint64_t> seqs(d.seqs().begin(), d.seqs().end());
-    std::sort(seqs.begin(), seqs.end());
-    std::string w = absl::StrCat(d.worker_id(), ":", d.incarnation(), ":", d.floor());
-    if (!seqs.empty()) absl::StrAppend(&w, ":", absl::StrJoin(seqs, "/"));
-    it->second.push_back(std::move(w));
-  }
-  for (auto& [v, list] : windows) {
-    std::sort(list.begin(), list.end());
-    audit_restores_.push_back(absl::StrCat("restored ", v, " of ", map_->num_vshards(), list.empty() ? "" : " ",
-                                           absl::StrJoin(list, " ")));
-  }
-}
-
 std::string ServerCore::AuditDump() const {
   if (!options_.audit || !map_) return {};
   std::string out = absl::StrCat("# tessera audit server ", my_rank_, " epoch ", map_->epoch(),
                                  deposed() ? " deposed" : "", "\n");
   if (deposed()) return out;
-  for (const std::string& line : audit_restores_) absl::StrAppend(&out, line, "\n");
+  for (const std::string& line : audit_.RestoreLines()) absl::StrAppend(&out, line, "\n");
   std::vector<uint32_t> ids;
   for (const auto& [id, table] : tables_) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
@@ -1153,12 +1084,7 @@ std::string ServerCore::AuditDump() const {
       const bool primary = map_->ServerRankOfKey(id, k) == my_rank_;
       absl::StrAppend(&out, "row ", id, " ", k, primary ? " primary " : " backup ");
       for (size_t i = 0; i < values.size(); ++i) absl::StrAppend(&out, i ? "," : "", values[i]);
-      if (auto it = audit_.find({id, k}); it != audit_.end()) {
-        for (const AuditEntry& e : it->second) {
-          absl::StrAppend(&out, " ", e.worker, ":", e.incarnation, ":", e.seq);
-          if (!e.piece.whole()) absl::StrAppend(&out, ":", e.piece.first, ":", e.piece.count);  // a piece of the row
-        }
-      }
+      audit_.AppendEntries(id, k, &out);
       out += "\n";
     }
   }

@@ -171,8 +171,10 @@
 #include "common/retransmit_timer.h"
 #include "compress/codec.h"
 #include "server/checkpoint.h"
+#include "server/audit_log.h"
 #include "server/clock_table.h"
 #include "server/push_dedup.h"
+#include "server/shard_traffic.h"
 #include "server/table.h"
 
 namespace tessera {
@@ -351,11 +353,8 @@ class ServerCore {
   // core started: the pushes and pulls that touched it, bytes in (keys and
   // pushed values, as received) and out (pulled values, before any pull
   // compression). Indexed by vshard (empty before the first request).
-  struct ShardTraffic {
-    uint64_t requests = 0, bytes_in = 0, bytes_out = 0;
-    uint64_t last_request = 0;  // (counts each request once per shard)
-  };
-  const std::vector<ShardTraffic>& traffic() const { return traffic_; }
+  using ShardTraffic = tessera::ShardTraffic;
+  const std::vector<ShardTraffic>& traffic() const { return traffic_.per_shard(); }
   uint64_t applied(uint32_t vshard) const {
     auto it = applied_.find(vshard);
     return it == applied_.end() ? 0 : it->second;
@@ -444,7 +443,9 @@ class ServerCore {
   bool IsDuplicate(uint32_t vshard, const Origin& origin) const;
   uint32_t RankOfNode(uint32_t node_id) const;  // the map's rank of a server node, or UINT32_MAX
   // Audit mode: records that the push `origin` was applied to these keys.
-  void AuditApplied(uint32_t table_id, std::span<const Key> keys, const Origin& origin, Columns piece);
+  void AuditApplied(uint32_t table_id, std::span<const Key> keys, const Origin& origin, Columns piece) {
+    if (options_.audit) audit_.Applied(table_id, keys, origin, piece);
+  }
   // A compressed push (value_parts > 0): replaces the parts by the decoded
   // fp32 values frame, so the rest handles it like any push.
   absl::Status DecodePushValues(const proto::Push& req, Message& m);
@@ -512,9 +513,6 @@ class ServerCore {
   // added to `t`; and the reverse, for the shards `keep` accepts.
   void ExportShardState(const absl::flat_hash_set<uint32_t>& shards, proto::ShardTransfer* t) const;
   void ImportShardState(const proto::ShardTransfer& t, const std::function<bool(uint32_t)>& keep);
-  // Audit mode: notes the windows a checkpoint restored for `vshards` (the
-  // "restored" lines of AuditDump).
-  void AuditRestored(const proto::ShardTransfer& state, std::span<const uint32_t> vshards);
   // A backup's side: applies a transfer (validated first).
   absl::Status ApplyTransfer(const Message& m, uint32_t from);
   struct WaitingAck {
@@ -567,13 +565,7 @@ class ServerCore {
   absl::flat_hash_map<uint32_t, std::map<uint64_t, Message>> early_forwards_;  // primary -> position -> forward
   absl::flat_hash_map<uint32_t, uint64_t> gap_reported_;  // primary node id -> missing position last reported
   absl::flat_hash_map<uint64_t, WaitingAck> waiting_;       // push id -> its Ack, held for backups
-  struct AuditEntry {
-    uint32_t worker, incarnation;
-    uint64_t seq;
-    Columns piece;  // the columns the push carried (whole rows: count 0)
-  };
-  absl::flat_hash_map<std::pair<uint32_t, Key>, std::vector<AuditEntry>> audit_;  // (table, key) -> pushes applied
-  std::vector<std::string> audit_restores_;  // "restored ..." lines of AuditDump, in restore order
+  AuditLog audit_;  // audit mode: pushes applied per row, checkpoint restores
   uint64_t next_push_id_ = 1;
   std::vector<proto::ShardsInSync> in_sync_;  // acknowledged transfers, for TakeShardsInSync
   // Moves (common/keys.h, "Moving a shard"). A shard this server is
@@ -624,8 +616,7 @@ class ServerCore {
   // `value_bytes` per key in, or out for a pull.
   void NoteTraffic(std::span<const uint32_t> shards, size_t value_bytes, bool push);
   std::vector<uint32_t> shard_scratch_;  // a pull's shards, per key
-  std::vector<ShardTraffic> traffic_;
-  uint64_t traffic_requests_ = 0;
+  ShardTrafficCounts traffic_;
   absl::flat_hash_map<uint32_t, compress::Codec> pull_codecs_;  // tables with pull_compression
   uint64_t pull_encodes_ = 0;                                   // tensor ids of encoded pull replies
   ServerStats stats_;
