@@ -37,6 +37,8 @@ from pathlib import Path
 
 SERVERS = 3
 HUB = "tsr-hub"
+#: Every byte over the shaped links (transport/transport_flags.h).
+NO_SHM = ["--shm", "0"]
 SUBNET = "10.77.0"
 
 
@@ -105,9 +107,8 @@ def run_once(args, threshold: float, out: Path, label: str):
                  "--address-file", str(addr_file), "--servers", str(SERVERS), "--workers", str(args.workers),
                  "--vshards", str(args.vshards), "--replication", "1", "--heartbeat-interval", "0.5",
                  "--rebalance-threshold", str(threshold), "--rebalance-interval", str(args.interval),
-                 "--metrics-port", str(args.metrics_port), "--assemble-timeout", "60"]
+                 "--metrics-port", str(args.metrics_port), "--assemble-timeout", "60", *NO_SHM]
         env = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_")}
-        env["TESSERA_SHM"] = "0"  # every byte over the shaped links
         procs.append(subprocess.Popen(ns(hub) + coord, stdout=open(logs / "coordinator.log", "w"),
                                       stderr=subprocess.STDOUT, env=env))
         deadline = time.monotonic() + 20
@@ -118,7 +119,7 @@ def run_once(args, threshold: float, out: Path, label: str):
         address = addr_file.read_text().strip()
         for i in range(SERVERS):
             server = [str(args.build / "server" / "tessera-server"), "--coordinator", address, "--rank", str(i),
-                      "--bind", f"tcp://{SUBNET}.{10 + i}:0", "--heartbeat-interval", "0.5"]
+                      "--bind", f"tcp://{SUBNET}.{10 + i}:0", "--heartbeat-interval", "0.5", *NO_SHM]
             procs.append(subprocess.Popen(ns(names[1 + i]) + server, stdout=open(logs / f"server-{i}.log", "w"),
                                           stderr=subprocess.STDOUT, env=env))
         workers = []
@@ -126,7 +127,7 @@ def run_once(args, threshold: float, out: Path, label: str):
             w = [str(args.build / "bench" / "tessera-skew-bench"), "--coordinator", address, "--rank", str(r),
                  "--name", f"worker-{r}", "--bind", f"tcp://{SUBNET}.1:0", "--seconds", str(args.seconds),
                  "--zipf", str(args.zipf), "--ids", str(args.ids), "--dim", str(args.dim), "--batch",
-                 str(args.batch), "--inflight", str(args.inflight)]
+                 str(args.batch), "--inflight", str(args.inflight), *NO_SHM]
             p = subprocess.Popen(ns(hub) + w, stdout=subprocess.PIPE, stderr=open(logs / f"worker-{r}.log", "w"),
                                  text=True, env=env)
             os.set_blocking(p.stdout.fileno(), False)

@@ -13,8 +13,8 @@
 // coordinator refused it (its reason is printed); 2 bad flags; 3 no answer
 // from the coordinator; 4 --wait ran out of time (the last state is printed).
 // The reply comes back to this process's own endpoint (--bind), which the
-// coordinator must be able to reach. With CURVE authentication on, set
-// TESSERA_JOB_KEYS as for the job's processes.
+// coordinator must be able to reach. With CURVE authentication on, give the
+// job's key file with --job_keys, as the job's processes are given it.
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -88,13 +88,15 @@ int main(int argc, char** argv) {
   drain->add_option("--bind", bind,
                     "This process's endpoint, where the coordinator sends its answer (tcp://HOST:PORT, port 0 = any)")
       ->capture_default_str();
+  tessera::TransportChoice choice;  // plain ZeroMQ: a few small messages
+  choice.shm = false;
+  drain->add_option("--job_keys,--job-keys", choice.job_keys,
+                    "The job's key file (RUN/job.keys) where the job authenticates (docs/security.md)");
   CLI11_PARSE(app, argc, argv);
   tessera::InitLogging("admin", false);
 
   tessera::ZmqTransport::Options options;
   options.bind = bind;
-  tessera::TransportChoice choice;  // plain ZeroMQ: a few small messages
-  choice.shm = false;
   auto transport = tessera::MakeTransport(std::move(options), choice);
   if (!transport.ok()) {
     std::fprintf(stderr, "tessera-admin: cannot create a transport at %s: %s\n", bind.c_str(),

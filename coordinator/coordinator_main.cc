@@ -19,6 +19,7 @@
 #include "coordinator/etcd_leadership.h"
 #include "node/timing_defaults.h"
 #include "transport/transport_factory.h"
+#include "transport/transport_flags.h"
 
 int main(int argc, char** argv) {
   tessera::CoordinatorOptions options;
@@ -133,8 +134,11 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-host", metrics_host, "Address the metrics endpoint listens on");
   app.add_option("--name", name, "Name in log lines");
   app.add_flag("--debug", debug, "Log debug lines");
+  tessera::TransportFlags transport_flags;  // --transport, --shm*, --coalesce*, --job_keys, --faults, ...
+  transport_flags.AddTo(app);
   CLI11_PARSE(app, argc, argv);
   tessera::InitLogging(name, debug);
+  tessera::WarnAboutOldTransportVariables();
   std::signal(SIGPIPE, SIG_IGN);
   if (options.vshards < options.servers) {
     TLOG_ERROR("--vshards ({}) must be at least --servers ({})", options.vshards, options.servers);
@@ -191,7 +195,7 @@ int main(int argc, char** argv) {
     bind = state.address();
     restored = std::move(state);
   }
-  auto transport = tessera::MakeTransport(bind);
+  auto transport = tessera::MakeTransport(tessera::ZmqTransport::Options{.bind = bind}, transport_flags.choice());
   if (!transport.ok()) {
     TLOG_ERROR("cannot create transport: {}", transport.status().message());
     return 1;

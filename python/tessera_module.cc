@@ -599,7 +599,8 @@ class PyWorker {
 
 WorkerOptions OptionsFrom(const std::string& coordinator, int rank, const std::string& name, const std::string& bind,
                           double connect_timeout, double request_timeout, int metrics_port,
-                          const std::string& metrics_host, int64_t part_bytes, int64_t max_bytes_in_flight_per_server) {
+                          const std::string& metrics_host, int64_t part_bytes, int64_t max_bytes_in_flight_per_server,
+                          const std::string& job_keys) {
   if (coordinator.empty()) ThrowInvalid("coordinator is empty (e.g. tcp://127.0.0.1:5000)");
   if (connect_timeout <= 0 || request_timeout <= 0) ThrowInvalid("timeouts must be positive");
   if (part_bytes < 0 || max_bytes_in_flight_per_server < 0) {
@@ -616,7 +617,9 @@ WorkerOptions OptionsFrom(const std::string& coordinator, int rank, const std::s
   flags.metrics_host = metrics_host;
   flags.transfer_part_bytes = part_bytes;
   flags.transfer_max_bytes_in_flight_per_server = max_bytes_in_flight_per_server;
-  return flags.ToOptions();
+  WorkerOptions options = flags.ToOptions();
+  options.transport.job_keys = job_keys;  // the other transport settings: their defaults
+  return options;
 }
 
 // Worker.from_args: the launcher's process-contract flags (worker_flags.h,
@@ -643,6 +646,8 @@ py::tuple FromArgs(py::object argv) {
   }
   std::vector<std::string> remaining = app.remaining();
   if (flags.name.empty()) flags.name = flags.rank >= 0 ? absl::StrCat("worker-", flags.rank) : "worker";
+  EnsureLogging(flags.name, flags.debug);
+  WarnAboutOldTransportVariables();  // this is the program's start (transport/transport_flags.h)
   std::unique_ptr<PyWorker> worker = PyWorker::Connect(flags.ToOptions(), flags.debug);
   return py::make_tuple(py::cast(std::move(worker)), py::cast(remaining));
 }
@@ -726,27 +731,30 @@ PYBIND11_MODULE(_tessera, m) {
           "connect",
           [](const std::string& coordinator, int rank, const std::string& name, const std::string& bind,
              double connect_timeout, double request_timeout, int metrics_port, const std::string& metrics_host,
-             bool debug, int64_t part_bytes, int64_t max_bytes_in_flight_per_server) {
+             bool debug, int64_t part_bytes, int64_t max_bytes_in_flight_per_server, const std::string& job_keys) {
             return PyWorker::Connect(OptionsFrom(coordinator, rank, name, bind, connect_timeout, request_timeout,
-                                                 metrics_port, metrics_host, part_bytes, max_bytes_in_flight_per_server),
+                                                 metrics_port, metrics_host, part_bytes, max_bytes_in_flight_per_server,
+                                                 job_keys),
                                      debug);
           },
           py::arg("coordinator"), py::arg("rank") = -1, py::arg("name") = "", py::arg("bind") = "tcp://127.0.0.1:0",
           py::arg("connect_timeout") = 30.0, py::arg("request_timeout") = 60.0, py::arg("metrics_port") = -1,
           py::arg("metrics_host") = "127.0.0.1", py::arg("debug") = false, py::arg("part_bytes") = 0,
-          py::arg("max_bytes_in_flight_per_server") = 0,
+          py::arg("max_bytes_in_flight_per_server") = 0, py::arg("job_keys") = "",
           "Joins the job whose coordinator is at `coordinator` (e.g. 'tcp://127.0.0.1:5000') and returns once the "
           "whole job has assembled. rank: the worker rank to take (-1: the coordinator assigns one). name: for log "
           "lines (default worker-RANK). bind: where replies arrive. Timeouts in seconds: connect_timeout for "
           "registration and assembly, request_timeout for every push, pull and table creation. metrics_port: serve "
           "Prometheus metrics (0: any free port, -1: off). Transfer scheduling (docs/design.md): part_bytes splits "
           "each server's share of a push or pull into parts of at most that many value bytes, and "
-          "max_bytes_in_flight_per_server holds parts back, highest priority first (0: off). Logs go to stderr. "
+          "max_bytes_in_flight_per_server holds parts back, highest priority first (0: off). job_keys: the job's key "
+          "file where the job authenticates (tessera-launch's RUN/job.keys; --job_keys). Logs go to stderr. "
           "Raises tessera.Error naming the coordinator if it does not answer.")
       .def_static("from_args", &FromArgs, py::arg("argv") = py::none(),
                   "Connects with the flags tessera-launch passes to every worker program (--coordinator, --rank, "
                   "--name, --bind, --metrics_port, --metrics_host, --connect_timeout_seconds, "
-                  "--request_timeout_seconds, --debug; worker/worker_flags.h) taken from `argv` (default "
+                  "--request_timeout_seconds, --debug, the transfer and resend flags, and the transport's --transport, --shm*, "
+                  "--coalesce*, --job_keys, --faults, --host_id; worker/worker_flags.h) taken from `argv` (default "
                   "sys.argv[1:]). Returns (worker, remaining_args): the other arguments, in order, for the "
                   "program's own argparse. Raises tessera.InvalidArgumentError for a missing --coordinator or a "
                   "bad value.")

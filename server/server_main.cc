@@ -19,6 +19,7 @@
 #include "node/timing_defaults.h"
 #include "server/server_node.h"
 #include "transport/transport_factory.h"
+#include "transport/transport_flags.h"
 
 namespace {
 
@@ -79,10 +80,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(-1, 65535));
   app.add_option("--metrics-host", metrics_host, "IPv4 address the metrics endpoint listens on");
   std::string audit_dir;
-  if (const char* env = std::getenv("TESSERA_AUDIT_DIR"); env != nullptr) audit_dir = env;
-  app.add_option("--audit-dir", audit_dir,
+  app.add_option("--audit-dir,--audit_dir", audit_dir,
                  "Audit mode (fault experiments): keep the pushes applied to every row and write them, with the rows, "
-                 "to DIR/server-RANK-node-ID.audit at the end of the job (default: $TESSERA_AUDIT_DIR)");
+                 "to DIR/server-RANK-node-ID.audit at the end of the job");
   tessera::CheckpointOptions checkpoints;
   double checkpoint_every = 0;
   app.add_option("--checkpoint-dir", checkpoints.dir,
@@ -133,6 +133,8 @@ int main(int argc, char** argv) {
                  "their requests to fit it: give them the same value (--transfer_max_message_mb)")
       ->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
   app.add_flag("--debug", debug, "Log debug lines");
+  tessera::TransportFlags transport_flags;  // --transport, --shm*, --coalesce*, --job_keys, --faults, ...
+  transport_flags.AddTo(app);
   CLI11_PARSE(app, argc, argv);
   core.max_table_bytes = *TableLimitBytes(max_table_mb);  // checked by the parser
   core.max_hold = static_cast<tessera::Nanos>(max_hold_ms) * tessera::kMillis;
@@ -141,6 +143,7 @@ int main(int argc, char** argv) {
   core.audit = !audit_dir.empty();
   if (name.empty()) name = so.rank >= 0 ? "server-" + std::to_string(so.rank) : "server";
   tessera::InitLogging(name, debug);
+  tessera::WarnAboutOldTransportVariables({{"TESSERA_AUDIT_DIR", "--audit-dir"}});
   std::signal(SIGPIPE, SIG_IGN);
   tessera::KeepLargeAllocationsMapped();  // large receives come back warm (common/memory.h)
   if (core.max_table_bytes > 0) {
@@ -161,7 +164,7 @@ int main(int argc, char** argv) {
   // So must the pieces of the others (a 1 MiB limit would drop 1 MiB pieces and their headers).
   core.pull_reply_piece_bytes = std::min<size_t>(core.pull_reply_piece_bytes, (max_message_mb << 20) / 2);
   core.max_message_bytes = max_message_mb << 20;  // state transfers to backups go in messages that fit
-  auto transport = tessera::MakeTransport(std::move(transport_options));
+  auto transport = tessera::MakeTransport(std::move(transport_options), transport_flags.choice());
   if (!transport.ok()) {
     TLOG_ERROR("cannot create transport: {}", transport.status().message());
     return 1;

@@ -178,19 +178,20 @@ TEST_F(JobKeyFile, OpenOrBrokenFilesAreRefusedWithTheReason) {
   EXPECT_EQ(ReadJobKeys(dir_ + "/none").status().code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(JobKeyFile, MakeTransportTakesTheKeysFromTheEnvironment) {
+TEST_F(JobKeyFile, MakeTransportTakesTheKeysFromTheJobKeysSetting) {
   const std::string path = dir_ + "/job.keys";
   ASSERT_TRUE(WriteNewJobKeys(path).ok());
-  ::setenv(kJobKeysEnvironmentVariable, path.c_str(), 1);
+  TransportChoice keyed;
+  keyed.job_keys = path;  // --job_keys
   Received at_a;
-  auto a = MakeTransport("tcp://127.0.0.1:0");
-  auto b = MakeTransport("tcp://127.0.0.1:0");
-  ::setenv(kJobKeysEnvironmentVariable, (dir_ + "/none").c_str(), 1);
-  auto missing = MakeTransport("tcp://127.0.0.1:0");
-  ::unsetenv(kJobKeysEnvironmentVariable);
+  auto a = MakeTransport(ZmqTransport::Options{.bind = "tcp://127.0.0.1:0"}, keyed);
+  auto b = MakeTransport(ZmqTransport::Options{.bind = "tcp://127.0.0.1:0"}, keyed);
+  TransportChoice none;
+  none.job_keys = dir_ + "/none";
+  auto missing = MakeTransport(ZmqTransport::Options{.bind = "tcp://127.0.0.1:0"}, none);
   auto open = MakeTransport("tcp://127.0.0.1:0");
   ASSERT_TRUE(a.ok() && b.ok() && open.ok());
-  EXPECT_THAT(missing.status().message(), HasSubstr("TESSERA_JOB_KEYS"));
+  EXPECT_THAT(missing.status().message(), HasSubstr("--job_keys"));
   ASSERT_TRUE((*a)->Start(at_a.handler()).ok());
   ASSERT_TRUE((*b)->Start([](Message) {}).ok());
   ASSERT_TRUE((*open)->Start([](Message) {}).ok());

@@ -1,5 +1,5 @@
 // FaultSpec, FaultDecider and FaultTransport (transport/fault_transport.h), and
-// the factory hook (WrapWithFaults, TESSERA_FAULTS in transport_factory.h).
+// the factory hook (WrapWithFaults, TransportChoice::faults in transport_factory.h).
 //
 // The transport tests run over the in-process transport and over ZeroMQ on
 // tcp loopback. Every wait polls with a deadline; the only fixed sleeps wait
@@ -523,7 +523,7 @@ TEST_P(FaultTransportTest, ReorderKeepsTheMessagesButNotTheirOrder) {
   EXPECT_TRUE(some_order_differs) << "reorder=0.2 never changed the order";
 }
 
-// Every node runs with the same spec, like a job given TESSERA_FAULTS; then
+// Every node runs with the same spec, like a job given --faults; then
 // only one end has faults, and the cut still holds both ways.
 TEST_P(FaultTransportTest, CutSeversExactlyTheNamedLink) {
   constexpr size_t kPerLink = 50;
@@ -742,7 +742,7 @@ TEST(FaultTransportZmqTest, FailedStartCanBeRetried) {
   ASSERT_OK(StartWithRetry(t, IgnoreMessage));
 }
 
-// ---- WrapWithFaults and TESSERA_FAULTS ----
+// ---- WrapWithFaults and TransportChoice::faults (--faults) ----
 
 TEST(FaultFactoryTest, WrapWithFaults) {
   InProcNetwork network;
@@ -765,46 +765,27 @@ TEST(FaultFactoryTest, WrapWithFaults) {
   EXPECT_EQ(WrapWithFaults(nullptr, "drop=0").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Sets an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = getenv(name)) old_ = old;
-    if (value) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
+// MakeTransport with the fault spec `faults` (TransportChoice::faults, the
+// --faults flag).
+absl::StatusOr<std::unique_ptr<Transport>> MakeWithFaults(const std::string& bind, const std::string& faults) {
+  TransportChoice choice;
+  choice.faults = faults;
+  return MakeTransport(ZmqTransport::Options{.bind = bind}, choice);
+}
 
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
-TEST(FaultFactoryTest, MakeTransportAppliesTesseraFaults) {
+TEST(FaultFactoryTest, MakeTransportAppliesTheFaultsOfItsChoice) {
   {
-    ScopedEnv env(kFaultsEnvironmentVariable, nullptr);
     absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport("tcp://127.0.0.1:0");
     ASSERT_TRUE(t.ok()) << t.status();
     EXPECT_EQ(dynamic_cast<FaultTransport*>(t->get()), nullptr) << "wrapped without a fault spec";
   }
   {
-    ScopedEnv env(kFaultsEnvironmentVariable, "");
-    absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport("tcp://127.0.0.1:0");
+    absl::StatusOr<std::unique_ptr<Transport>> t = MakeWithFaults("tcp://127.0.0.1:0", "");
     ASSERT_TRUE(t.ok()) << t.status();
     EXPECT_EQ(dynamic_cast<FaultTransport*>(t->get()), nullptr) << "wrapped without a fault spec";
   }
   {
-    ScopedEnv env(kFaultsEnvironmentVariable, "seed=9,drop=1");
-    absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport("tcp://127.0.0.1:0");
+    absl::StatusOr<std::unique_ptr<Transport>> t = MakeWithFaults("tcp://127.0.0.1:0", "seed=9,drop=1");
     ASSERT_TRUE(t.ok()) << t.status();
     auto* faulty = dynamic_cast<FaultTransport*>(t->get());
     ASSERT_NE(faulty, nullptr);
@@ -818,17 +799,17 @@ TEST(FaultFactoryTest, MakeTransportAppliesTesseraFaults) {
     EXPECT_EQ(faulty->fault_stats().dropped, 1u);
   }
   {
-    ScopedEnv env(kFaultsEnvironmentVariable, "seed=9,drop=often");
-    absl::StatusOr<std::unique_ptr<Transport>> t = MakeTransport("tcp://127.0.0.1:0");
+    absl::StatusOr<std::unique_ptr<Transport>> t = MakeWithFaults("tcp://127.0.0.1:0", "seed=9,drop=often");
     ASSERT_FALSE(t.ok());
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(t.status().message()), HasSubstr("TESSERA_FAULTS"));
+    EXPECT_THAT(std::string(t.status().message()), HasSubstr("--faults"));
     EXPECT_THAT(std::string(t.status().message()), HasSubstr("drop=often"));
   }
   {
     // A bad endpoint is still the endpoint's error.
-    ScopedEnv env(kFaultsEnvironmentVariable, "drop=0.1");
-    EXPECT_EQ(MakeTransport("udp://x").status().code(), absl::StatusCode::kInvalidArgument);
+    absl::StatusOr<std::unique_ptr<Transport>> t = MakeWithFaults("udp://x", "drop=0.1");
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(t.status().message()), HasSubstr("udp://x"));
   }
 }
 

@@ -8,9 +8,9 @@
 // The file must not be readable by group or others (mode 0600 or 0400):
 // ReadJobKeys refuses one that is, as ssh does with private keys.
 //
-// Processes find the file through the environment variable
-// TESSERA_JOB_KEYS (MakeTransport, transport/transport_factory.h), which the
-// launcher sets for every process it starts (docs/security.md).
+// Processes are given the file with the flag --job_keys FILE
+// (TransportChoice::job_keys, transport/transport_flags.h), which the
+// launcher passes to every process it starts (docs/security.md).
 #include <string>
 
 #include "absl/status/status.h"
@@ -32,7 +32,5 @@ absl::StatusOr<JobKeys> ReadJobKeys(const std::string& path);
 // Makes a new key pair and writes it to `path` (created with mode 0600;
 // an existing file is refused with AlreadyExists).
 absl::StatusOr<JobKeys> WriteNewJobKeys(const std::string& path);
-
-inline constexpr char kJobKeysEnvironmentVariable[] = "TESSERA_JOB_KEYS";
 
 }  // namespace tessera

@@ -9,7 +9,7 @@ int main(int argc, char** argv) {
   if (argc != 2 || argv[1][0] == '-') {
     std::cerr << "usage: tessera-keys FILE\n"
                  "Writes a new CURVE key pair for one job to FILE (mode 0600; an existing FILE is refused).\n"
-                 "Every process of the job is given it through TESSERA_JOB_KEYS=FILE (docs/security.md).\n";
+                 "Every process of the job is given it with the flag --job_keys FILE (docs/security.md).\n";
     return 2;
   }
   auto keys = tessera::WriteNewJobKeys(argv[1]);

@@ -998,13 +998,12 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Connect(const WorkerOptions& opt
   ZmqTransport::Options transport_options;
   transport_options.bind = options.bind;
   transport_options.max_message_bytes = options.max_message_bytes;
-  auto choice = TransportChoiceFromEnvironment();
-  if (!choice.ok()) return choice.status();
+  TransportChoice choice = options.transport;
   // A worker's messages are requests: one to a server that still owes an
   // answer waits for it (or for the caller to wait), to go with the next
   // ones (transport/coalescing_transport.h).
-  choice->coalesce.hold_requests = true;
-  auto transport = MakeTransport(std::move(transport_options), *choice);
+  choice.coalesce.hold_requests = true;
+  auto transport = MakeTransport(std::move(transport_options), choice);
   if (!transport.ok()) return transport.status();
   return Connect(options, std::move(*transport));
 }

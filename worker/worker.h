@@ -97,6 +97,7 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "transport/transport.h"
+#include "transport/transport_factory.h"
 #include "common/keys.h"
 #include "proto/tessera.pb.h"
 #include "worker/pulled_rows.h"
@@ -139,6 +140,10 @@ struct WorkerOptions {
   size_t max_message_bytes = kDefaultMaxMessageBytes;  // the servers' largest message (--max-message-mb): each
                                                        // server's share of a push or pull goes in parts that fit
                                                        // it; also this worker's transport's limit (Connect)
+  // The transport Connect makes (transport/transport_factory.h; a program's
+  // --transport, --shm*, --coalesce*, --job_keys, --faults, ... flags:
+  // worker/worker_flags.h). Connect sets coalesce.hold_requests itself.
+  TransportChoice transport;
 };
 
 // Options of one table. Workers that create the same table must pass equal

@@ -9,6 +9,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "transport/transport_flags.h"
 #include "worker/worker.h"
 
 namespace tessera {
@@ -61,7 +62,9 @@ struct WorkerProcessFlags {
   int64_t transfer_max_bytes_in_flight_per_server = 0;  // value bytes in flight to one server (0: unbounded)
   int64_t transfer_max_message_mb = static_cast<int64_t>(kDefaultMaxMessageBytes >> 20);  // the servers' largest message
   ResendFlags resend;
+  TransportFlags transport;                // --transport, --shm*, --coalesce*, --job_keys, --faults, ...
 
+  // Adds every flag; uses the app's final callback (TransportFlags::AddTo).
   void AddTo(CLI::App& app) {
     app.add_option("--coordinator", coordinator, "coordinator address, e.g. tcp://127.0.0.1:5000")->required();
     app.add_option("--rank", rank, "requested worker rank (-1: assigned by the coordinator)");
@@ -109,6 +112,7 @@ struct WorkerProcessFlags {
         ->capture_default_str()
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
     resend.AddTo(app);
+    transport.AddTo(app);
   }
 
   // A count of bytes: digits only, 0 or more, at most 2^63 - 1.
@@ -123,10 +127,12 @@ struct WorkerProcessFlags {
         "BYTES");
   }
 
-  // Names the process (worker-RANK unless --name) and starts logging.
+  // Names the process (worker-RANK unless --name) and starts logging;
+  // warns about old transport environment variables (transport_flags.h).
   void InitLogs() {
     if (name.empty()) name = rank >= 0 ? absl::StrCat("worker-", rank) : "worker";
     InitLogging(name, debug);
+    WarnAboutOldTransportVariables();
   }
 
   WorkerOptions ToOptions() const {
@@ -146,6 +152,7 @@ struct WorkerProcessFlags {
     o.max_bytes_in_flight_per_server = static_cast<uint64_t>(transfer_max_bytes_in_flight_per_server);
     o.max_message_bytes = static_cast<size_t>(transfer_max_message_mb) << 20;
     resend.ApplyTo(o);
+    o.transport = transport.choice();
     return o;
   }
 

@@ -63,7 +63,7 @@ def command(args, environ=os.environ) -> tuple[list, dict]:
     if args.keys and not keys.is_file():
         raise AdminError(f"--keys {keys}: no such file")
     if keys.is_file():
-        env["TESSERA_JOB_KEYS"] = str(keys.resolve())
+        argv += ["--job_keys", str(keys.resolve())]
     return argv, env
 
 

@@ -104,7 +104,7 @@ class ClusterSection:
 
     @property
     def wire(self) -> str:
-        """TESSERA_TRANSPORT: zmq (tcp, ipc, zmq), rdma or auto."""
+        """--transport: zmq (tcp, ipc, zmq), rdma or auto."""
         return "zmq" if self.transport in ZMQ_TRANSPORTS else self.transport
 
 

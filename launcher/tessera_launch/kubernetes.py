@@ -3,7 +3,7 @@
 Objects (NAME is job.name made a DNS label):
   Secret      NAME-job-keys (security.curve): the job key file, made with
               tessera-keys (or security.keys_file), mounted read-only with
-              mode 0400 at /etc/tessera-keys in every pod ($TESSERA_JOB_KEYS);
+              mode 0400 at /etc/tessera-keys in every pod (--job_keys);
               the written manifest file is therefore mode 0600, and
               --dry-run shows a placeholder instead of the key
   ConfigMap   NAME-config: job.yaml, the resolved job config, mounted in
@@ -18,11 +18,11 @@ Objects (NAME is job.name made a DNS label):
               worker fails the Job)
 
 Every container runs the same command line as under the other back-ends
-(local.process_argv) and gets the same transport variables
-(local.transport_env: TESSERA_TRANSPORT, TESSERA_RDMA_*, TESSERA_SHM*,
-TESSERA_COALESCE*), with these differences: processes bind their pod's IP
+(local.process_argv, its transport flags included: --transport, --shm*,
+--coalesce*, --faults, ...), with these differences: processes bind their pod's IP
 ($(POD_IP)) on a fixed port (P, P+1, P+2 for coordinator, servers,
-workers), the rank comes from $(TESSERA_RANK), and the run directory is an
+workers), the rank comes from $(TESSERA_RANK), --job_keys names the
+mounted Secret, and the run directory is an
 emptyDir at /var/run/tessera. The image must hold the build tree at
 kubernetes.build_dir. Logs: `kubectl logs`; the coordinator's summary is in
 its pod's /var/run/tessera.
@@ -41,7 +41,7 @@ from pathlib import Path
 import yaml
 
 from .local import (EXIT_FAILED, EXIT_OK, Binaries, LocalOptions, RunLayout, SetupError, load_job, process_argv,
-                    refuse_faults, start_run, transport_env)
+                    refuse_faults, start_run)
 
 CONFIG_MOUNT = "/etc/tessera"
 RUN_DIR = "/var/run/tessera"
@@ -74,7 +74,7 @@ def _set_flag(argv: list, flag: str, value: str) -> list:
 def manifests(config, debug: bool = False, job_keys: str = REDACTED_KEYS) -> list:
     """The job's Kubernetes objects, as dicts, in apply order. With
     security.curve, `job_keys` (the key file's text) goes into a Secret that
-    every pod mounts read-only, mode 0400, and names in TESSERA_JOB_KEYS."""
+    every pod mounts read-only, mode 0400, and names with --job_keys."""
     k8s = config.kubernetes
     if config.cluster.bind_scheme != "tcp":
         raise SetupError("the kubernetes back-end needs cluster.transport tcp (or zmq, rdma, auto): ipc works on "
@@ -87,6 +87,8 @@ def manifests(config, debug: bool = False, job_keys: str = REDACTED_KEYS) -> lis
     def argv(name, bind_port):
         command = process_argv(config, binaries, layout, name, coordinator_address, debug, bind_workers=True)
         command = _set_flag(command, "--bind", f"tcp://$(POD_IP):{bind_port}")
+        if config.security.curve:
+            command = _set_flag(command, "--job_keys", f"{KEYS_MOUNT}/job.keys")
         if name != "coordinator":
             command = _set_flag(command, "--rank", "$(TESSERA_RANK)")
             command = _set_flag(command, "--name", name.partition("-")[0] + "-$(TESSERA_RANK)")
@@ -100,9 +102,6 @@ def manifests(config, debug: bool = False, job_keys: str = REDACTED_KEYS) -> lis
         env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                {"name": "TESSERA_JOB_CONFIG", "value": f"{CONFIG_MOUNT}/job.yaml"},
                {"name": "PYTHONUNBUFFERED", "value": "1"}]
-        env += [{"name": name, "value": value} for name, value in transport_env(config).items()]
-        if config.message_faults.spec:
-            env.append({"name": "TESSERA_FAULTS", "value": config.message_faults.spec})
         if rank_field:
             env.insert(1, {"name": "TESSERA_RANK", "valueFrom": {"fieldRef": {"fieldPath": rank_field}}})
         mounts = [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
@@ -110,7 +109,6 @@ def manifests(config, debug: bool = False, job_keys: str = REDACTED_KEYS) -> lis
         volumes = [{"name": "config", "configMap": {"name": f"{base}-config"}},
                    {"name": "run", "emptyDir": {}}]
         if config.security.curve:
-            env.append({"name": "TESSERA_JOB_KEYS", "value": f"{KEYS_MOUNT}/job.keys"})
             mounts.append({"name": "job-keys", "mountPath": KEYS_MOUNT, "readOnly": True})
             volumes.append({"name": "job-keys", "secret": {"secretName": f"{base}-job-keys", "defaultMode": 0o400}})
         return {

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Optional, TextIO
 
 from . import REPO_ROOT
-from .config import JobConfig, LimitsSection, TimeoutsSection, load_config
+from .config import CoalesceSection, JobConfig, LimitsSection, RdmaSection, ShmSection, TimeoutsSection, load_config
 from .fault_logs import analyze_all, read_logs
 from .faults import FaultScheduler
 from .summary import build_summary, format_report, read_coordinator_summary, write_summary, write_text_atomically
@@ -344,28 +344,45 @@ def job_keys_path(config: JobConfig, layout: RunLayout) -> Optional[Path]:
     return Path(config.security.keys_file).resolve() if config.security.keys_file else layout.root / "job.keys"
 
 
-def transport_env(config: JobConfig) -> dict:
-    """The transport choice as every job process gets it (read by the
-    transport factory; docs/launcher.md, "The process contract"):
-    TESSERA_TRANSPORT zmq | rdma | auto (zmq for tcp, ipc and zmq: the bind
-    address says which), the rdma, shm and coalesce sections as 1/0 and
-    decimal counts."""
+def _switch(on: bool) -> str:
+    return "1" if on else "0"
+
+
+def transport_flags(config: JobConfig, layout: RunLayout, host_id: Optional[str] = None) -> list:
+    """The transport settings as flags of every job process, whichever
+    back-end starts it and on whichever host (transport/transport_flags.h;
+    docs/launcher.md, "The process contract"): --transport and the rdma,
+    shm and coalesce sections, each only where the job's value is not the
+    binaries' default (tests/launcher_e2e/test_defaults.py proves the
+    launcher's defaults are the binaries'); --job_keys (the job key file,
+    docs/security.md) with security.curve; --faults with
+    message_faults.spec; --host_id where given (the host's name in the
+    placement, joined to the shared-memory host identity)."""
     rdma, shm, coalesce = config.rdma, config.shm, config.coalesce
-    return {
-        "TESSERA_TRANSPORT": config.cluster.wire,
-        "TESSERA_RDMA_REQUIRED": "1" if rdma.required else "0",
-        "TESSERA_RDMA_POOL_BYTES": str(rdma.pool_bytes),
-        "TESSERA_RDMA_MAX_PINNED_BYTES": str(rdma.max_pinned_bytes),
-        "TESSERA_SHM": "1" if shm.enabled else "0",
-        "TESSERA_SHM_MIN_FRAME_BYTES": str(shm.min_frame_bytes),
-        "TESSERA_SHM_RING_BYTES": str(shm.ring_bytes),
-        "TESSERA_SHM_CROSS_MEMORY": "1" if shm.cross_memory else "0",
-        "TESSERA_SHM_MIN_LEND_BYTES": str(shm.min_lend_bytes),
-        "TESSERA_COALESCE": "1" if coalesce.enabled else "0",
-        "TESSERA_COALESCE_MAX_MESSAGE_BYTES": str(coalesce.max_message_bytes),
-        "TESSERA_COALESCE_MAX_BATCH_BYTES": str(coalesce.max_batch_bytes),
-        "TESSERA_COALESCE_MAX_DELAY_US": str(coalesce.max_delay_us),
-    }
+    settings = [
+        ("--transport", config.cluster.wire, "zmq"),
+        ("--rdma_required", _switch(rdma.required), _switch(RdmaSection.required)),
+        ("--rdma_pool_bytes", str(rdma.pool_bytes), str(RdmaSection.pool_bytes)),
+        ("--rdma_max_pinned_bytes", str(rdma.max_pinned_bytes), str(RdmaSection.max_pinned_bytes)),
+        ("--shm", _switch(shm.enabled), _switch(ShmSection.enabled)),
+        ("--shm_min_frame_bytes", str(shm.min_frame_bytes), str(ShmSection.min_frame_bytes)),
+        ("--shm_ring_bytes", str(shm.ring_bytes), str(ShmSection.ring_bytes)),
+        ("--shm_cross_memory", _switch(shm.cross_memory), _switch(ShmSection.cross_memory)),
+        ("--shm_min_lend_bytes", str(shm.min_lend_bytes), str(ShmSection.min_lend_bytes)),
+        ("--coalesce", _switch(coalesce.enabled), _switch(CoalesceSection.enabled)),
+        ("--coalesce_max_message_bytes", str(coalesce.max_message_bytes), str(CoalesceSection.max_message_bytes)),
+        ("--coalesce_max_batch_bytes", str(coalesce.max_batch_bytes), str(CoalesceSection.max_batch_bytes)),
+        ("--coalesce_max_delay_us", str(coalesce.max_delay_us), str(CoalesceSection.max_delay_us)),
+    ]
+    argv = [piece for flag, value, default in settings if value != default for piece in (flag, value)]
+    path = job_keys_path(config, layout)
+    if path is not None:
+        argv += ["--job_keys", str(path)]
+    if config.message_faults.spec:
+        argv += ["--faults", config.message_faults.spec]
+    if host_id:
+        argv += ["--host_id", host_id]
+    return argv
 
 
 def describe_transport(config: JobConfig) -> str:
@@ -397,25 +414,15 @@ def with_launcher_environment(config: JobConfig, environ=os.environ) -> JobConfi
 
 
 def process_env(config: JobConfig, layout: RunLayout, binaries: "Binaries") -> dict:
-    """Environment every job process gets, whichever back-end starts it:
-    the transport choice (transport_env), where its job key file is
-    (TESSERA_JOB_KEYS, read by the transport; docs/security.md), the
-    message faults (TESSERA_FAULTS, message_faults), and PYTHONPATH starting
-    with the build tree's python/ directory, so that Python worker programs
-    (examples/dlrm.py) import the tessera module that was built with the
-    binaries. Back-ends that start processes elsewhere hand these over as
-    flags of `tessera-launch role` (ssh) or in the run directory's
-    config.yaml (mpirun, srun), never through a remote shell's
-    environment."""
-    env = transport_env(config)
-    path = job_keys_path(config, layout)
-    if path is not None:
-        env["TESSERA_JOB_KEYS"] = str(path)
-    if config.message_faults.spec:
-        env["TESSERA_FAULTS"] = config.message_faults.spec
+    """Environment every job process gets from the local back-end and
+    `tessera-launch role`: PYTHONPATH starting with the build tree's python/
+    directory, so that Python worker programs (examples/dlrm.py) import the
+    tessera module that was built with the binaries. Nothing else: every
+    setting of a process is on its command line (process_argv), so that a
+    remote shell that drops the environment changes nothing."""
+    del config, layout  # the settings travel as flags (transport_flags)
     inherited = os.environ.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(binaries.python) + (os.pathsep + inherited if inherited else "")
-    return env
+    return {"PYTHONPATH": str(binaries.python) + (os.pathsep + inherited if inherited else "")}
 
 
 def make_job_keys(job: "Job") -> None:
@@ -507,15 +514,21 @@ def worker_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
 
 
 def process_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, name: str, address: str,
-                 debug: bool, host: Optional[str] = None, bind_workers: bool = False) -> list:
+                 debug: bool, host: Optional[str] = None, bind_workers: bool = False,
+                 host_id: Optional[str] = None) -> list:
     """The command line of the job process called `name` (coordinator,
-    coordinator-S (a standby), server-R or worker-R)."""
+    coordinator-S (a standby), server-R or worker-R), its transport flags
+    (transport_flags, with `host_id`) included: every back-end starts its
+    processes with this."""
     if name.startswith("coordinator"):
-        return coordinator_argv(config, binaries, layout, debug, host, name)
-    role, _, rank = name.partition("-")
-    if role == "server":
-        return server_argv(config, binaries, layout, int(rank), address, debug, host)
-    return worker_argv(config, binaries, layout, int(rank), address, host, bind_workers)
+        argv = coordinator_argv(config, binaries, layout, debug, host, name)
+    else:
+        role, _, rank = name.partition("-")
+        if role == "server":
+            argv = server_argv(config, binaries, layout, int(rank), address, debug, host)
+        else:
+            argv = worker_argv(config, binaries, layout, int(rank), address, host, bind_workers)
+    return argv + transport_flags(config, layout, host_id)
 
 
 def process_names(config: JobConfig) -> list:
@@ -617,7 +630,7 @@ class LocalBackend(Backend):
     name = "local"
 
     def plan(self, job: Job) -> list:
-        standbys = [(name, coordinator_argv(job.config, job.binaries, job.layout, job.debug, name=name))
+        standbys = [(name, process_argv(job.config, job.binaries, job.layout, name, "", job.debug))
                     for name in coordinator_names(job.config)[1:]]
         plan = super().plan(job)
         return plan[:1] + standbys + plan[1:]
@@ -627,7 +640,7 @@ class LocalBackend(Backend):
         if address is None:
             return
         for name in coordinator_names(job.config)[1:]:
-            argv = coordinator_argv(job.config, job.binaries, job.layout, job.debug, name=name)
+            argv = process_argv(job.config, job.binaries, job.layout, name, "", job.debug)
             if not sup.start(ProcessSpec(name, argv, env=process_env(job.config, job.layout, job.binaries), may_fail=True)):
                 return
         _start_cluster(sup, job, address)
@@ -637,7 +650,7 @@ def _start_coordinator(sup: Supervisor, job: Job) -> Optional[str]:
     """Starts the coordinator and waits for its address; None if the job
     ended instead (the supervisor's outcome says why)."""
     config, layout = job.config, job.layout
-    if not sup.start(ProcessSpec("coordinator", coordinator_argv(config, job.binaries, layout, job.debug),
+    if not sup.start(ProcessSpec("coordinator", process_argv(config, job.binaries, layout, "coordinator", "", job.debug),
                                  env=process_env(config, layout, job.binaries), may_fail=may_fail(config, "coordinator"))):
         return None
     assemble = config.timeouts.assemble_seconds
@@ -739,8 +752,9 @@ def _print_plan(backend: Backend, job: Job, console: Console) -> None:
     console.say(f"dry run of job {job.config.job.name} ({backend.name}): nothing is started")
     for problem in job.binaries.problems():
         console.say(f"warning: {problem}")
-    console.block(["environment of every process: " + " ".join(
-        f"{key}={value}" for key, value in transport_env(job.config).items())])
+    flags = transport_flags(job.config, job.layout)
+    console.block(["transport flags of every process (also in the command lines below): "
+                   + (shlex.join(flags) if flags else "none (the binaries' defaults)")])
     for name, argv in backend.plan(job):
         note = "  # skipped" if name in job.skips else ""
         console.block([f"{name}: {shlex.join(argv)}{note}"])

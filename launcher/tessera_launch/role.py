@@ -320,11 +320,12 @@ def _run_by_rank(args: argparse.Namespace, env: dict, watcher: _Control) -> int:
     watcher.control_file = layout.control_file(name)
     binaries = Binaries.locate(resolve_build_dir(args.build_dir), config.worker.program)
     host = resolve_host(config.cluster.host)
-    # The host's name joins the shared-memory host identity (transport_factory.h).
+    # The host's name joins the shared-memory host identity (--host_id,
+    # transport/transport_flags.h).
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    env = {**env, **process_env(config, layout, binaries), "TESSERA_HOST_ID": node}
+    env = {**env, **process_env(config, layout, binaries)}
     if name.startswith("coordinator"):  # the coordinator, or a standby (coordinator-S)
-        argv = process_argv(config, binaries, layout, name, "", args.debug, host)
+        argv = process_argv(config, binaries, layout, name, "", args.debug, host, host_id=node)
         announce = layout.address_file if name == "coordinator" else None
         return run_child(name, argv, env, watcher, announce, None, args.grace)
     address = _wait_for_address(layout.address_file, config.timeouts.assemble_seconds, watcher)
@@ -335,7 +336,7 @@ def _run_by_rank(args: argparse.Namespace, env: dict, watcher: _Control) -> int:
     problem = probe(address, min(PROBE_SECONDS, config.timeouts.assemble_seconds))
     if problem:
         return _fail(name, f"cannot reach the coordinator at {address} from {socket.gethostname()}: {problem}")
-    argv = process_argv(config, binaries, layout, name, address, args.debug, host, bind_workers=True)
+    argv = process_argv(config, binaries, layout, name, address, args.debug, host, bind_workers=True, host_id=node)
     return run_child(name, argv, env, watcher, None, None, args.grace)
 
 

@@ -179,11 +179,10 @@ class SshBackend(Backend):
         host = self.placement[name]
         launcher, binaries, layout = self._remote_paths(job)
         argv = process_argv(job.config, binaries, layout, name, address, job.debug, self.bind_host(host),
-                            bind_workers=True)
+                            bind_workers=True, host_id=host.name)
         role = [job.config.ssh.python, launcher, "role", "--name", name, "--watch-stdin", "--mkdir",
                 str(layout.root)]
-        env = {**process_env(job.config, layout, binaries), "TESSERA_HOST_ID": host.name}
-        for key, value in env.items():
+        for key, value in process_env(job.config, layout, binaries).items():
             role += ["--env", f"{key}={value}"]
         if name == "coordinator":
             role += ["--announce-address", str(layout.address_file),

@@ -15,13 +15,15 @@ Behaviour switches (environment):
   FAKE_WORKER_FAIL=R         worker R exits 5 after its first progress line
   FAKE_WORKER_STEPS=N        steps per worker (default 6)
   FAKE_STEP_SECONDS=S        seconds per step (default 0.02)
-  FAKE_SHOW_TRANSPORT_ENV=1  every process logs the transport variables it got
+  FAKE_SHOW_TRANSPORT_ENV=1  every process logs the transport flags it got
 
-The transport variables (TESSERA_TRANSPORT, TESSERA_RDMA_REQUIRED, ...) are
-honoured as the real transport factory does on a machine without an RDMA
-device: with rdma or auto each process logs one line that RDMA is
-unavailable and it falls back to ZeroMQ; with TESSERA_RDMA_REQUIRED=1 too it
-logs why and exits 1 instead.
+The transport flags (--transport, --rdma_required, ...; transport/transport_flags.h)
+are taken as the real binaries take them, and honoured as the real transport
+factory does on a machine without an RDMA device: with rdma or auto each
+process logs one line that RDMA is unavailable and it falls back to ZeroMQ;
+with --rdma_required 1 too it logs why and exits 1 instead. Any environment
+variable named like an old transport setting (TESSERA_SHM, ...) makes a
+process log a warning, as the real binaries do.
 
 With --on-worker-loss wait, a worker whose connection closes before it is
 done is declared lost (`lost worker R (...)`, in the C++ programs' log
@@ -82,23 +84,41 @@ def connect(address, timeout):
             time.sleep(0.05)
 
 
-TRANSPORT_VARIABLES = ("TESSERA_TRANSPORT", "TESSERA_RDMA_REQUIRED", "TESSERA_RDMA_POOL_BYTES",
-                       "TESSERA_RDMA_MAX_PINNED_BYTES", "TESSERA_SHM", "TESSERA_SHM_MIN_FRAME_BYTES",
-                       "TESSERA_SHM_RING_BYTES", "TESSERA_SHM_CROSS_MEMORY", "TESSERA_SHM_MIN_LEND_BYTES",
-                       "TESSERA_COALESCE", "TESSERA_COALESCE_MAX_MESSAGE_BYTES", "TESSERA_COALESCE_MAX_BATCH_BYTES",
-                       "TESSERA_COALESCE_MAX_DELAY_US")
+#: The transport flags and their defaults (the binaries': TransportChoice in
+#: transport/transport_factory.h), with the variables they replaced.
+TRANSPORT_FLAGS = (("--transport", "zmq", "TESSERA_TRANSPORT"), ("--rdma_required", "0", "TESSERA_RDMA_REQUIRED"),
+                   ("--rdma_pool_bytes", "67108864", "TESSERA_RDMA_POOL_BYTES"),
+                   ("--rdma_max_pinned_bytes", "1073741824", "TESSERA_RDMA_MAX_PINNED_BYTES"),
+                   ("--shm", "1", "TESSERA_SHM"), ("--shm_min_frame_bytes", "65536", "TESSERA_SHM_MIN_FRAME_BYTES"),
+                   ("--shm_ring_bytes", "67108864", "TESSERA_SHM_RING_BYTES"),
+                   ("--shm_cross_memory", "1", "TESSERA_SHM_CROSS_MEMORY"),
+                   ("--shm_min_lend_bytes", "2097152", "TESSERA_SHM_MIN_LEND_BYTES"),
+                   ("--coalesce", "1", "TESSERA_COALESCE"),
+                   ("--coalesce_max_message_bytes", "16384", "TESSERA_COALESCE_MAX_MESSAGE_BYTES"),
+                   ("--coalesce_max_batch_bytes", "65536", "TESSERA_COALESCE_MAX_BATCH_BYTES"),
+                   ("--coalesce_max_delay_us", "1000", "TESSERA_COALESCE_MAX_DELAY_US"),
+                   ("--host_id", "", "TESSERA_HOST_ID"), ("--job_keys", "", "TESSERA_JOB_KEYS"),
+                   ("--faults", "", "TESSERA_FAULTS"))
 
 
-def make_transport(name):
-    """What the transport factory does with the environment, without an
-    RDMA device."""
+def add_transport_flags(parser):
+    for flag, default, _ in TRANSPORT_FLAGS:
+        parser.add_argument(flag, default=default)
+
+
+def make_transport(name, a):
+    """What the transport factory does with the flags (parsed into `a`),
+    without an RDMA device."""
+    for flag, _, variable in TRANSPORT_FLAGS:
+        if variable in os.environ:
+            stamped(name, "warning", f"{variable} is set but no longer read: the flag {flag} replaces it")
     if os.environ.get("FAKE_SHOW_TRANSPORT_ENV"):
-        log(f"INFO {name} transport env " + " ".join(f"{k}={os.environ.get(k, '<unset>')}"
-                                                    for k in TRANSPORT_VARIABLES))
-    if os.environ.get("TESSERA_TRANSPORT") in ("rdma", "auto"):
+        log(f"INFO {name} transport flags " + " ".join(
+            f"{flag}={getattr(a, flag[2:])}" for flag, _, _ in TRANSPORT_FLAGS))
+    if a.transport in ("rdma", "auto"):
         reason = "no RDMA device (fake: ibv_get_device_list: Function not implemented)"
-        if os.environ.get("TESSERA_RDMA_REQUIRED") == "1":
-            stamped(name, "error", f"RDMA is required (TESSERA_RDMA_REQUIRED=1) but unusable: {reason}")
+        if a.rdma_required == "1":
+            stamped(name, "error", f"RDMA is required (--rdma_required 1) but unusable: {reason}")
             sys.exit(1)
         stamped(name, "warning", f"RDMA unavailable ({reason}); falling back to ZeroMQ over tcp")
 
@@ -132,8 +152,9 @@ def coordinator(argv):
     p.add_argument("--max-servers", type=int, default=0)
     p.add_argument("--state-file", default="")
     p.add_argument("--debug", action="store_true")
+    add_transport_flags(p)
     a = p.parse_args(argv)
-    make_transport(a.name)
+    make_transport(a.name, a)
     if os.environ.get("FAKE_COORDINATOR_CRASH"):
         log("ERROR cannot bind: address already in use (fake crash)")
         sys.exit(3)
@@ -215,8 +236,9 @@ def server_main(argv):
         p.add_argument(flag, type=int)  # passed when set
     p.add_argument("--max-table-mb", required=True)  # "auto" or MiB
     p.add_argument("--debug", action="store_true")
+    add_transport_flags(p)
     a = p.parse_args(argv)
-    make_transport(a.name)
+    make_transport(a.name, a)
     sock = connect(a.coordinator, a.connect_timeout)
     sock.sendall(f"register {a.name}\n".encode())
     log(f"INFO {a.name} registered with {a.coordinator}")
@@ -233,9 +255,10 @@ def worker_main(argv):
         p.add_argument(flag, required=True)
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--bind")
+    add_transport_flags(p)
     a, extra = p.parse_known_args(argv)
     log(f"INFO {a.name} args {' '.join(extra)}")
-    make_transport(a.name)
+    make_transport(a.name, a)
     sock = connect(a.coordinator, 10)
     sock.sendall(f"register {a.name}\n".encode())
     sock.makefile("r").readline()  # start

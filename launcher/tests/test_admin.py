@@ -31,14 +31,14 @@ def test_the_address_and_the_key_come_from_the_run_directory(tmp_path, build):
     argv, env = command(args(run, build, wait=True, timeout=30.0), environ={})
     assert argv == [str(build / "coordinator" / "tessera-admin"), "drain", "--coordinator", "tcp://127.0.0.1:5123",
                     "--server", "2", "--wait", "--timeout", "30.0"]
-    assert "TESSERA_JOB_KEYS" not in env
+    assert "--job_keys" not in argv and "TESSERA_JOB_KEYS" not in env
     (run / "job.keys").write_text("keys")
-    _, env = command(args(run, build), environ={})
-    assert env["TESSERA_JOB_KEYS"] == str((run / "job.keys").resolve())
+    argv, env = command(args(run, build), environ={})
+    assert argv[-2:] == ["--job_keys", str((run / "job.keys").resolve())] and "TESSERA_JOB_KEYS" not in env
     other = tmp_path / "elsewhere.keys"
     other.write_text("keys")
-    _, env = command(args(run, build, keys=str(other)), environ={})
-    assert env["TESSERA_JOB_KEYS"] == str(other.resolve())
+    argv, _ = command(args(run, build, keys=str(other)), environ={})
+    assert argv[-2:] == ["--job_keys", str(other.resolve())]
 
 
 def test_errors_say_what_is_missing(tmp_path, build):

@@ -115,8 +115,8 @@ def test_kubernetes_gives_a_worker_the_fate_its_loss_policy_says(tmp_path):
     assert servers["restartPolicy"] == "Always"
     for d in docs:
         if d["kind"] in ("Deployment", "StatefulSet", "Job"):
-            env = {e["name"]: e.get("value") for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
-            assert env["TESSERA_FAULTS"] == "seed=1,drop=0.01", d["kind"]
+            args = d["spec"]["template"]["spec"]["containers"][0]["args"]
+            assert args[args.index("--faults") + 1] == "seed=1,drop=0.01", d["kind"]
 
 
 def test_kubernetes_apply_hands_the_file_to_kubectl(tmp_path, monkeypatch, fake_build):
@@ -153,8 +153,9 @@ def test_kubernetes_pods_get_the_job_key_from_a_secret(tmp_path, fake_build):
         if d["kind"] in ("Deployment", "StatefulSet", "Job"):
             spec = d["spec"]["template"]["spec"]
             container = spec["containers"][0]
-            env = {e["name"]: e.get("value") for e in container["env"]}
-            assert env["TESSERA_JOB_KEYS"] == "/etc/tessera-keys/job.keys"
+            args = container["args"]
+            assert args[args.index("--job_keys") + 1] == "/etc/tessera-keys/job.keys"
+            assert "TESSERA_JOB_KEYS" not in {e["name"] for e in container["env"]}
             assert {"name": "job-keys", "mountPath": "/etc/tessera-keys", "readOnly": True} in container["volumeMounts"]
             assert {"name": "job-keys", "secret": {"secretName": "logreg-k8s-job-keys", "defaultMode": 0o400}} in spec[
                 "volumes"]
@@ -164,7 +165,7 @@ def test_kubernetes_pods_get_the_job_key_from_a_secret(tmp_path, fake_build):
                  "--set", "security.curve=false"]) == 0
     docs = list(yaml.safe_load_all(open_output.read_text()))
     assert not [d for d in docs if d["kind"] == "Secret"]
-    assert "TESSERA_JOB_KEYS" not in open_output.read_text()
+    assert "TESSERA_JOB_KEYS" not in open_output.read_text() and "--job_keys" not in open_output.read_text()
 
 
 # -- ssh hostfiles ---------------------------------------------------------------
@@ -396,8 +397,10 @@ def test_ssh_carries_every_setting_on_the_command_line(tmp_path, fake_build):
         ("worker-0", "node2"), ("worker-1", "node2")]
     argv = backend.process_command(job, "server-0", "tcp://10.0.0.1:5000")
     remote = argv[-1]
-    assert "--env TESSERA_FAULTS=seed=3,drop=0.01" in remote, remote
-    assert "--env TESSERA_HOST_ID=node1" in remote, remote
+    assert "--faults seed=3,drop=0.01" in remote, remote
+    assert "--host_id node1" in remote, remote
+    assert "--job_keys " in remote, remote
+    assert "--env TESSERA_" not in remote, remote
     assert "--watch-stdin" in remote and "--probe tcp://10.0.0.1:5000" in remote, remote
     standby = backend.process_command(job, "coordinator-1", "tcp://10.0.0.1:5000")[-1]
     assert "--probe" not in standby and "--name coordinator-1" in standby, standby

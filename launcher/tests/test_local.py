@@ -240,8 +240,9 @@ def test_command_lines_follow_the_contract(tmp_path, job_file):
 
 
 def test_audit_and_message_faults_are_job_settings(tmp_path, job_file, monkeypatch):
-    """audit.dir and message_faults.spec reach the processes as flags and
-    the job's environment, which every back-end hands over; the launcher's
+    """audit.dir and message_faults.spec reach the processes as flags
+    (--audit-dir for servers, --faults for every process), which every
+    back-end hands over; the launcher's
     own TESSERA_AUDIT_DIR and TESSERA_FAULTS fill them in where they are
     empty (so they reach remote processes too), and the config wins."""
     monkeypatch.delenv("TESSERA_AUDIT_DIR", raising=False)
@@ -250,11 +251,14 @@ def test_audit_and_message_faults_are_job_settings(tmp_path, job_file, monkeypat
     layout = RunLayout(tmp_path / "run")
     plain = load_config(job_file)
     assert "--audit-dir" not in server_argv(plain, binaries, layout, 0, "tcp://h:1", debug=False)
-    assert "TESSERA_FAULTS" not in process_env(plain, layout, binaries)
+    assert "--faults" not in process_argv(plain, binaries, layout, "server-0", "tcp://h:1", debug=False)
     config = load_config(job_file, [f"audit.dir={tmp_path / 'audit'}", "message_faults.spec=seed=3,drop=0.01"])
     argv = server_argv(config, binaries, layout, 0, "tcp://h:1", debug=False)
     assert argv[argv.index("--audit-dir") + 1] == str(tmp_path / "audit")
-    assert process_env(config, layout, binaries)["TESSERA_FAULTS"] == "seed=3,drop=0.01"
+    for name in ("coordinator", "server-0", "worker-1"):
+        argv = process_argv(config, binaries, layout, name, "tcp://h:1", debug=False)
+        assert argv[argv.index("--faults") + 1] == "seed=3,drop=0.01", argv
+    assert "TESSERA_FAULTS" not in process_env(config, layout, binaries)
     environ = {"TESSERA_AUDIT_DIR": str(tmp_path / "from-env"), "TESSERA_FAULTS": "seed=9,dup=0.5"}
     filled = with_launcher_environment(plain, environ)
     assert (filled.audit.dir, filled.message_faults.spec) == (str(tmp_path / "from-env"), "seed=9,dup=0.5")

@@ -54,8 +54,9 @@ class Job:
         return self.process.poll() is None
 
     def start(self, argv, log: Path, job_env: dict):
-        """Starts `argv` with `job_env` (job_environment of the process it replaces: the job key)."""
-        env = {**os.environ, **job_env, "TESSERA_AUDIT_DIR": str(self.audit)}
+        """Starts `argv` with `job_env` (job_environment of the process it replaces); its
+        settings (the job key, --audit-dir) are on the copied command line."""
+        env = {**os.environ, **job_env}
         out = open(log, "w")
         p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         self.extra.append((p, out))

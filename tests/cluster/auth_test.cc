@@ -1,6 +1,7 @@
 // Authentication end to end (issue: security): a job of one coordinator and
 // one server over ZeroMQ tcp on loopback, every node given the job's key
-// through TESSERA_JOB_KEYS as the launcher does. The job's own client
+// through its key file (TransportChoice::job_keys, the --job_keys flag the
+// launcher passes). The job's own client
 // writes known values; then strangers try to register, push and pull, as
 // the client (its node id) and on their own: a process with no CURVE, one of
 // another job, and a raw socket that knows the job's public key but holds a
@@ -54,9 +55,10 @@ TEST(AuthTest, OnlyHoldersOfTheJobKeyGetAnAnswer) {
   const std::string key_file = std::string(dir) + "/job.keys";
   auto job = WriteNewJobKeys(key_file);
   ASSERT_TRUE(job.ok()) << job.status();
-  ::setenv(kJobKeysEnvironmentVariable, key_file.c_str(), 1);
+  TransportChoice keyed;
+  keyed.job_keys = key_file;
 
-  OneServerJob job_processes;
+  OneServerJob job_processes({}, keyed);
   const std::string coordinator_address = job_processes.coordinator_address();
 
   // The strangers knock first: nobody registers in the job's only worker place.
@@ -70,7 +72,9 @@ TEST(AuthTest, OnlyHoldersOfTheJobKeyGetAnAnswer) {
   strangers.push_back(std::make_unique<Stranger>(other_job));  // another job's key
   for (auto& s : strangers) s->Send(coordinator_address, Register());
 
-  RawClient client(coordinator_address);
+  auto client_transport = MakeTransport(ZmqTransport::Options{.bind = "tcp://127.0.0.1:0"}, keyed);
+  ASSERT_TRUE(client_transport.ok()) << client_transport.status();
+  RawClient client(coordinator_address, std::move(*client_transport));
   ASSERT_TRUE(client.Join().ok()) << "the job's own worker gets in";
   ASSERT_TRUE(client.Call(Create(kWidth, "", "", kTable)).header.has_ack());
   const std::vector<Key> keys = {11, 12, 13};
@@ -125,7 +129,6 @@ TEST(AuthTest, OnlyHoldersOfTheJobKeyGetAnAnswer) {
   EXPECT_TRUE(client.session().WaitForEnd().ok());
   job_processes.ExpectOrderlyEnd();
   impostor.close();
-  ::unsetenv(kJobKeysEnvironmentVariable);
   std::filesystem::remove_all(dir);
 }
 

@@ -23,8 +23,8 @@ inline constexpr uint32_t kWidth = 4;
 
 class RawClient {
  public:
-  // `transport`: not started; null = MakeTransport (with the job key of
-  // TESSERA_JOB_KEYS, if set).
+  // `transport`: not started; null = MakeTransport with the default
+  // TransportChoice (no job key).
   explicit RawClient(const std::string& coordinator, std::unique_ptr<Transport> transport = nullptr) {
     if (transport == nullptr) {
       auto t = MakeTransport("tcp://127.0.0.1:0");
@@ -130,18 +130,19 @@ Buffer Of(const std::vector<T>& v) {
 }
 
 // A job of one coordinator, one server and one worker place, over ZeroMQ
-// tcp on loopback (MakeTransport: with the job key of TESSERA_JOB_KEYS, if
-// set), the coordinator and the server running on threads of their own.
+// tcp on loopback (MakeTransport with `choice`: e.g. its job_keys), the
+// coordinator and the server running on threads of their own.
 class OneServerJob {
  public:
-  explicit OneServerJob(ServerCoreOptions server_options = {}) : coordinator_(Options(), NewTransport()) {
+  explicit OneServerJob(ServerCoreOptions server_options = {}, const TransportChoice& choice = {})
+      : coordinator_(Options(), NewTransport(choice)) {
     EXPECT_TRUE(coordinator_.Start().ok());
     coordinator_done_ = std::async(std::launch::async, [this] { return coordinator_.Run(); });
     CoordinatorSession::Options so;
     so.coordinator = coordinator_.address();
     so.role = proto::SERVER;
     so.rank = 0;
-    server_ = std::make_unique<ServerNode>(so, NewTransport(), std::move(server_options));
+    server_ = std::make_unique<ServerNode>(so, NewTransport(choice), std::move(server_options));
     server_done_ = std::async(std::launch::async, [this] { return server_->Run(); });
   }
   const std::string& coordinator_address() const { return coordinator_.address(); }
@@ -161,11 +162,11 @@ class OneServerJob {
     co.assemble_timeout = 20 * kSeconds;
     return co;
   }
-  static std::unique_ptr<Transport> NewTransport() {
+  static std::unique_ptr<Transport> NewTransport(const TransportChoice& choice) {
     // No link timeout: a test's peer may read nothing for seconds on purpose
     // (Linux counts TCP_USER_TIMEOUT against a zero window too).
     auto t = MakeTransport(
-        ZmqTransport::Options{.bind = "tcp://127.0.0.1:0", .count_backlog = true, .link_timeout_ms = 0});
+        ZmqTransport::Options{.bind = "tcp://127.0.0.1:0", .count_backlog = true, .link_timeout_ms = 0}, choice);
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? std::move(*t) : nullptr;
   }

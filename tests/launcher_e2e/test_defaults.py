@@ -19,9 +19,9 @@ from tessera_launch.config import LimitsSection, TimeoutsSection  # noqa: E402
 
 def help_defaults(binary: Path) -> dict:
     """{flag: default} from a CLI11 --help ("--lease FLOAT:POSITIVE=5",
-    "--a_b,--a-b INT:INT in [1 - 9]=2": under its first name)."""
+    "--a_b,--a-b INT:INT in [1 - 9]=2", "--shm 1|0=1": under its first name)."""
     text = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30, check=True).stdout
-    pattern = r"^\s+(--[\w-]+)(?:,--[\w-]+)* [A-Z][^=\n]*?=(\S+)"
+    pattern = r"^\s+(--[\w-]+)(?:,--[\w-]+)* [A-Z0-9][^=\n]*?=(\S+)"
     return {m.group(1): m.group(2) for m in re.finditer(pattern, text, re.M)}
 
 
@@ -78,3 +78,45 @@ def test_every_limit_the_launcher_passes_is_the_servers_default(binaries):
         if str(server.get(flag)) != str(getattr(limits, name)):
             wrong.append(f"{flag}: server {server.get(flag)}, launcher limits.{name} {getattr(limits, name)}")
     assert not wrong, wrong
+
+
+def test_every_transport_default_of_the_launcher_is_every_binarys(binaries, tmp_path):
+    """The launcher passes a transport flag (local.transport_flags) only
+    where the job's value is not its own default (config.py's rdma, shm and
+    coalesce sections, cluster.transport's zmq); the binaries' defaults are
+    TransportChoice's (transport/transport_factory.h), shown by the --help
+    of every binary that makes a transport (transport/transport_flags.h).
+    They must agree, or a config that says the default would run something
+    else. Checked both ways: every default, and that a job at the defaults
+    passes no transport flag at all."""
+    from tessera_launch.config import CoalesceSection, RdmaSection, ShmSection, load_config
+    from tessera_launch.local import RunLayout, transport_flags
+
+    def switch(on):
+        return "1" if on else "0"
+
+    expected = {
+        "--transport": "zmq",
+        "--rdma_required": switch(RdmaSection.required),
+        "--rdma_pool_bytes": str(RdmaSection.pool_bytes),
+        "--rdma_max_pinned_bytes": str(RdmaSection.max_pinned_bytes),
+        "--shm": switch(ShmSection.enabled),
+        "--shm_min_frame_bytes": str(ShmSection.min_frame_bytes),
+        "--shm_ring_bytes": str(ShmSection.ring_bytes),
+        "--shm_cross_memory": switch(ShmSection.cross_memory),
+        "--shm_min_lend_bytes": str(ShmSection.min_lend_bytes),
+        "--coalesce": switch(CoalesceSection.enabled),
+        "--coalesce_max_message_bytes": str(CoalesceSection.max_message_bytes),
+        "--coalesce_max_batch_bytes": str(CoalesceSection.max_batch_bytes),
+        "--coalesce_max_delay_us": str(CoalesceSection.max_delay_us),
+    }
+    wrong = []
+    for binary in (binaries / "coordinator" / "tessera-coordinator", binaries / "server" / "tessera-server",
+                   binaries / "examples" / "tessera-logreg"):
+        shown = help_defaults(binary)
+        wrong += [f"{binary.name} {flag}: binary {shown.get(flag)}, launcher {want}"
+                  for flag, want in expected.items() if shown.get(flag) != want]
+    assert not wrong, wrong
+    job = tmp_path / "job.yaml"
+    job.write_text("job:\n  name: defaults\nsecurity:\n  curve: false\nworker:\n  program: w\n")
+    assert transport_flags(load_config(job), RunLayout(tmp_path / "run")) == []
