@@ -406,50 +406,9 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
     for (uint32_t node : h.workers_left().worker_node_ids()) clocks_.Remove(node);
     clocks_moved = true;
   }
-  // A malformed pull is answered (with its error) at once, never held.
-  const bool well_formed_pull = h.has_pull() && request.frames.size() == 1 &&
-                                FindTable(h.pull().table_id()).ok() &&
-                                KeysFrame(request, h.pull().num_keys(), h.pull().table_id(), true).ok();
-  // A clock notice (no reply wanted) only records the clock; nothing to hold.
-  if (well_formed_pull || (h.has_clock_advance() && wants_reply)) {
-    auto required = RequiredMinClock(request);
-    if (required.ok() && clocks_.min_clock() < *required) {
-      const std::string& from = request.header.sender_address();
-      if (const uint64_t first = h.first_request_id(); first != 0) {
-        // Sent again while an earlier send is held here: keep holding that
-        // one, to be answered under the newest id (the sender has given up
-        // on the older ones), its held time counted from now (the sender
-        // times its round trips from this send).
-        for (Held& x : held_) {
-          const proto::Envelope& xh = x.request.header;
-          if (xh.sender_address() != from || (xh.request_id() != first && xh.first_request_id() != first)) continue;
-          x.request.header.set_request_id(h.request_id());
-          x.request.header.set_first_request_id(first);
-          x.arrived = now;
-          stats_.held_resends++;
-          if (clocks_moved) ReleaseHeld(now, out);
-          return out;
-        }
-      }
-      const size_t held_here = static_cast<size_t>(std::count_if(
-          held_.begin(), held_.end(), [&](const Held& x) { return x.request.header.sender_address() == from; }));
-      if (held_here >= options_.max_held_per_peer) {
-        Message reply = Reply(request);
-        SetError(reply, absl::ResourceExhaustedError(absl::StrCat(
-                            held_here, " requests of ", from, " are held already, waiting for slower workers; ",
-                            "this server holds at most ", options_.max_held_per_peer,
-                            " per sender (tessera-server --max-held-per-peer)")));
-        stats_.bad_requests++;
-        send(std::move(reply));
-        return out;
-      }
-      uint64_t timeout_ms = h.has_pull() ? h.pull().hold_timeout_ms() : h.clock_advance().hold_timeout_ms();
-      Nanos timeout = timeout_ms ? static_cast<Nanos>(timeout_ms) * kMillis : options_.default_hold_timeout;
-      stats_.held_requests++;
-      held_.push_back(Held{std::move(request), *required, now, now + timeout});
-      if (clocks_moved) ReleaseHeld(now, out);
-      return out;
-    }
+  if (const HoldOutcome held = HoldIfBehind(request, now, out); held != HoldOutcome::kNotHeld) {
+    if (held == HoldOutcome::kHeld && clocks_moved) ReleaseHeld(now, out);
+    return out;
   }
   const bool is_workers_left = h.has_workers_left();
   const size_t tables_before = tables_.size();
@@ -462,18 +421,49 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
   return out;
 }
 
+ServerCore::HoldOutcome ServerCore::HoldIfBehind(Message& request, Nanos now, std::vector<Outgoing>& out) {
+  const proto::Envelope& h = request.header;
+  const bool wants_reply = h.request_id() != 0 && !h.sender_address().empty();
+  // A malformed pull is answered (with its error) at once, never held.
+  const bool well_formed_pull = h.has_pull() && request.frames.size() == 1 &&
+                                FindTable(h.pull().table_id()).ok() &&
+                                KeysFrame(request, h.pull().num_keys(), h.pull().table_id(), true).ok();
+  // A clock notice (no reply wanted) only records the clock; nothing to hold.
+  if (!well_formed_pull && !(h.has_clock_advance() && wants_reply)) return HoldOutcome::kNotHeld;
+  auto required = RequiredMinClock(request);
+  if (!required.ok() || clocks_.min_clock() >= *required) return HoldOutcome::kNotHeld;
+  const std::string& from = h.sender_address();
+  // Sent again while an earlier send is held here: keep holding that one, to
+  // be answered under the newest id (the sender has given up on the older
+  // ones), its held time counted from now (the sender times its round trips
+  // from this send).
+  if (held_.Renew(from, h.first_request_id(), h.request_id(), now)) {
+    stats_.held_resends++;
+    return HoldOutcome::kHeld;
+  }
+  const size_t held_here = held_.HeldFrom(from);
+  if (held_here >= options_.max_held_per_peer) {
+    Message reply = Reply(request);
+    SetError(reply, absl::ResourceExhaustedError(absl::StrCat(
+                        held_here, " requests of ", from, " are held already, waiting for slower workers; ",
+                        "this server holds at most ", options_.max_held_per_peer,
+                        " per sender (tessera-server --max-held-per-peer)")));
+    stats_.bad_requests++;
+    if (wants_reply) out.push_back(Outgoing{from, std::move(reply)});
+    return HoldOutcome::kRefused;
+  }
+  const uint64_t timeout_ms = h.has_pull() ? h.pull().hold_timeout_ms() : h.clock_advance().hold_timeout_ms();
+  const Nanos timeout = timeout_ms ? static_cast<Nanos>(timeout_ms) * kMillis : options_.default_hold_timeout;
+  stats_.held_requests++;
+  held_.Hold(std::move(request), *required, now, now + timeout);
+  return HoldOutcome::kHeld;
+}
+
 void ServerCore::ReleaseHeld(Nanos now, std::vector<Outgoing>& out) {
-  const uint64_t min = clocks_.min_clock();
-  for (auto it = held_.begin(); it != held_.end();) {
-    if (it->required_min_clock <= min) {
-      std::string to = it->request.header.sender_address();
-      Nanos held_for = now - it->arrived;
-      const bool pull = it->request.header.has_pull();
-      SendAnswer(out, std::move(to), Answer(std::move(it->request), held_for), pull);
-      it = held_.erase(it);
-    } else {
-      ++it;
-    }
+  for (HeldRequest& x : held_.TakeReady(clocks_.min_clock())) {
+    std::string to = x.request.header.sender_address();
+    const bool pull = x.request.header.has_pull();
+    SendAnswer(out, std::move(to), Answer(std::move(x.request), now - x.arrived), pull);
   }
 }
 
@@ -496,21 +486,16 @@ std::vector<Outgoing> ServerCore::Tick(Nanos now) {
     if (!stream.unacked.empty()) ranks.push_back(rank);
   std::sort(ranks.begin(), ranks.end());
   for (uint32_t rank : ranks) SendForwards(rank, streams_.at(rank), now, out, /*due_only=*/true);
-  for (auto it = held_.begin(); it != held_.end();) {
-    if (now < it->deadline) {
-      ++it;
-      continue;
-    }
-    const proto::Envelope& h = it->request.header;
-    Message reply = Reply(it->request);
+  for (HeldRequest& x : held_.TakeExpired(now)) {
+    const proto::Envelope& h = x.request.header;
+    Message reply = Reply(x.request);
     std::string what = h.has_pull() ? absl::StrCat("pull of table ", h.pull().table_id(), " at clock ", h.pull().clock())
                                     : absl::StrCat("clock ", h.clock_advance().clock());
     SetError(reply, absl::DeadlineExceededError(absl::StrCat(
-                        what, " waited ", (now - it->arrived) / kMillis, " ms for slower workers: ",
-                        clocks_.DescribeBehind(it->required_min_clock), " (needs every live worker at clock >= ",
-                        it->required_min_clock, ")")));
+                        what, " waited ", (now - x.arrived) / kMillis, " ms for slower workers: ",
+                        clocks_.DescribeBehind(x.required_min_clock), " (needs every live worker at clock >= ",
+                        x.required_min_clock, ")")));
     out.push_back(Outgoing{h.sender_address(), std::move(reply)});
-    it = held_.erase(it);
   }
   return out;
 }

@@ -173,6 +173,7 @@
 #include "server/checkpoint.h"
 #include "server/audit_log.h"
 #include "server/clock_table.h"
+#include "server/hold_queue.h"
 #include "server/push_dedup.h"
 #include "server/shard_traffic.h"
 #include "server/table.h"
@@ -455,6 +456,12 @@ class ServerCore {
   // Builds the reply to an admitted request (never holds).
   Message Answer(Message request, Nanos held_for);
   void ReleaseHeld(Nanos now, std::vector<Outgoing>& out);
+  // Holds `request` (a well-formed pull, or a clock advance that wants a
+  // reply) when the clock table does not allow it yet, or renews its earlier
+  // held send (kHeld; `request` may then be moved from), or refuses it past
+  // max_held_per_peer (kRefused, its reply in `out`).
+  enum class HoldOutcome { kNotHeld, kHeld, kRefused };
+  HoldOutcome HoldIfBehind(Message& request, Nanos now, std::vector<Outgoing>& out);
   uint64_t StrictestStaleness() const;
   absl::StatusOr<Table*> FindTable(uint32_t id);
   // The keys frame, checked against num_keys; with primary_only, every key
@@ -541,16 +548,10 @@ class ServerCore {
   absl::flat_hash_map<uint32_t, RetransmitTimer> forward_timers_;  // backup rank -> its forwards' resend timer
   RetransmitTimer& ForwardTimer(uint32_t rank);
 
-  struct Held {
-    Message request;
-    uint64_t required_min_clock;
-    Nanos arrived;
-    Nanos deadline;
-  };
 
   const ServerCoreOptions options_;
   ClockTable clocks_;
-  std::deque<Held> held_;  // arrival order
+  HoldQueue held_;  // requests waiting for slower workers, arrival order
   // Invariant: empty whenever Step or Tick handles a request (they apply it first).
   std::vector<PendingPush> pending_;  // arrival order
   std::optional<ShardMapView> map_;
