@@ -1460,15 +1460,7 @@ void ServerCore::HandleReplicate(const Message& m, std::vector<Outgoing>& out) {
   const uint32_t from = m.header.sender_id();
   ReplicateOne(m, out);
   // Forwards that arrived ahead of their turn (reordered) and are next now.
-  for (auto it = early_forwards_.find(from); it != early_forwards_.end(); it = early_forwards_.find(from)) {
-    const uint64_t expected = expected_from_[from];
-    it->second.erase(it->second.begin(), it->second.lower_bound(expected));
-    auto next = it->second.find(expected);
-    if (next == it->second.end()) break;
-    const Message f = std::move(next->second);
-    it->second.erase(next);
-    ReplicateOne(f, out);
-  }
+  while (std::optional<Message> next = inbox_.TakeNext(from)) ReplicateOne(*next, out);
 }
 
 void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
@@ -1506,35 +1498,27 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
                                                                  " is not a server of map epoch ", map_->epoch())));
     return;
   }
-  // A newer stream from this primary starts again at position 1; forwards
-  // of an older one are not waited for any more.
-  uint64_t& stream = stream_from_[h.sender_id()];
-  if (r.stream() < stream) return;
-  if (r.stream() > stream) {
-    stream = r.stream();
-    expected_from_[h.sender_id()] = 1;
-    early_forwards_.erase(h.sender_id());
-    gap_reported_.erase(h.sender_id());
+  // In stream order (server/forward_inbox.h): a newer stream from this
+  // primary starts again at position 1; a resend of what is applied is
+  // acknowledged again; a forward past a gap is kept until its turn, and
+  // the gap is reported once (the primary sends it again now rather than
+  // after its timer).
+  const ForwardInbox::Decision next = inbox_.Receive(h.sender_id(), r.stream(), r.position(), m);
+  switch (next.verdict) {
+    case ForwardInbox::Verdict::kIgnore:
+      return;
+    case ForwardInbox::Verdict::kAckAgain:
+      ack(next.ack_position, absl::OkStatus());
+      return;
+    case ForwardInbox::Verdict::kKept:
+      if (next.gap_notice) {
+        stats_.forward_gaps_reported++;
+        ack(next.ack_position, absl::OkStatus(), /*stale=*/false, /*gap=*/true);
+      }
+      return;
+    case ForwardInbox::Verdict::kApply:
+      break;
   }
-  uint64_t& expected = expected_from_.try_emplace(h.sender_id(), 1).first->second;
-  if (r.position() < expected) {  // a resend of what is applied: acknowledge again
-    ack(expected - 1, absl::OkStatus());
-    return;
-  }
-  if (r.position() > expected) {  // a gap: kept (bounded) until its turn; the primary resends in order anyway
-    auto& early = early_forwards_[h.sender_id()];
-    if (early.size() < kMaxEarlyForwards) early.emplace(r.position(), m);
-    // Say once per missing position that it is missing (a gap notice): the
-    // primary sends it again now rather than after its timer.
-    uint64_t& reported = gap_reported_[h.sender_id()];
-    if (reported != expected) {
-      reported = expected;
-      stats_.forward_gaps_reported++;
-      ack(expected - 1, absl::OkStatus(), /*stale=*/false, /*gap=*/true);
-    }
-    return;
-  }
-  expected++;
   if (r.has_transfer()) {
     absl::Status status = ApplyTransfer(m, from);
     if (status.ok() && r.transfer().vshards_size() > 0 && !r.transfer().continued()) stats_.transfers_applied++;

@@ -173,6 +173,7 @@
 #include "server/checkpoint.h"
 #include "server/audit_log.h"
 #include "server/clock_table.h"
+#include "server/forward_inbox.h"
 #include "server/hold_queue.h"
 #include "server/push_dedup.h"
 #include "server/shard_traffic.h"
@@ -560,11 +561,7 @@ class ServerCore {
   absl::flat_hash_map<uint32_t, std::unique_ptr<Table>> tables_;
   PushDedup dedup_;                                         // sequenced pushes applied, per (shard, worker)
   absl::flat_hash_map<uint32_t, BackupStream> streams_;     // backup rank -> forwards
-  absl::flat_hash_map<uint32_t, uint64_t> expected_from_;   // primary node id -> next position (as a backup)
-  absl::flat_hash_map<uint32_t, uint64_t> stream_from_;     // primary node id -> its stream being applied
-  static constexpr size_t kMaxEarlyForwards = 4096;
-  absl::flat_hash_map<uint32_t, std::map<uint64_t, Message>> early_forwards_;  // primary -> position -> forward
-  absl::flat_hash_map<uint32_t, uint64_t> gap_reported_;  // primary node id -> missing position last reported
+  ForwardInbox inbox_;  // as a backup: each primary's stream, in order
   absl::flat_hash_map<uint64_t, WaitingAck> waiting_;       // push id -> its Ack, held for backups
   AuditLog audit_;  // audit mode: pushes applied per row, checkpoint restores
   uint64_t next_push_id_ = 1;
