@@ -705,25 +705,6 @@ absl::Status ServerCore::NotPrimary(uint32_t table_id, Key key, uint32_t owner) 
                                          map_->epoch(), ")"));
 }
 
-namespace {
-
-// Copies rows `idx` of (keys, values) into fresh frames.
-void GatherRows(const Buffer& keys, const Buffer& values, std::span<const uint32_t> idx, size_t row_bytes,
-                Buffer* out_keys, Buffer* out_values) {
-  *out_keys = Buffer::Allocate(idx.size() * sizeof(Key));
-  *out_values = Buffer::Allocate(idx.size() * row_bytes);
-  auto k = keys.As<Key>();
-  auto kd = out_keys->AsMutable<Key>();
-  const std::byte* src = values.data();
-  std::byte* dst = out_values->mutable_data();
-  for (size_t i = 0; i < idx.size(); ++i) {
-    kd[i] = k[idx[i]];
-    std::memcpy(dst + i * row_bytes, src + size_t{idx[i]} * row_bytes, row_bytes);
-  }
-}
-
-}  // namespace
-
 void ServerCore::ForwardsDone(const Forward& f, const absl::Status& status, std::vector<Outgoing>& out) {
   if (f.push_id != 0) ForwardDone(f.push_id, status, out);
   for (uint64_t id : f.carried) ForwardDone(id, status, out);
@@ -752,67 +733,12 @@ void ServerCore::SendTablesToBackups(Nanos now, std::vector<Outgoing>& out) {
 
 void ServerCore::SendTransfer(uint32_t rank, const std::vector<uint32_t>& vshards, std::vector<uint64_t> carried,
                               Nanos now, std::vector<Outgoing>& out) {
-  const absl::flat_hash_set<uint32_t> shards(vshards.begin(), vshards.end());
-  // Each message carries at most this many bytes of keys and rows (half the
-  // limit: the first one's header holds windows and clocks too).
-  const size_t chunk = std::max<size_t>(options_.max_message_bytes / 2, 1);
-  auto new_message = [&](bool continued) {
-    Message f;
-    f.header.set_sender_id(options_.node_id);
-    proto::ShardTransfer* t = f.header.mutable_replicate()->mutable_transfer();
-    for (uint32_t v : vshards) t->add_vshards(v);
-    t->set_continued(continued);
-    return f;
-  };
-  std::vector<Message> messages;
-  messages.push_back(new_message(false));
-  for (uint32_t v : vshards) messages[0].header.mutable_replicate()->mutable_transfer()->add_applied(applied(v));
-  size_t filled = 0;  // key and row bytes in messages.back()
-  std::vector<uint32_t> ids;
-  for (const auto& [id, table] : tables_) ids.push_back(id);
-  std::sort(ids.begin(), ids.end());
-  uint64_t rows = 0;
-  for (uint32_t id : ids) {
-    const Table& table = *tables_.at(id);
-    const size_t row_bytes = sizeof(Key) + size_t{StoredRowFloats(table.config())} * sizeof(float);
-    std::vector<Key> keys;
-    std::vector<float> values;
-    // Closes this table's rows in the current message.
-    auto flush = [&] {
-      *messages.back().header.mutable_replicate()->mutable_transfer()->add_tables() = table.config();
-      messages.back().frames.push_back(Buffer::CopyOf(keys.data(), keys.size() * sizeof(Key)));
-      messages.back().frames.push_back(Buffer::CopyOf(values.data(), values.size() * sizeof(float)));
-      rows += keys.size();
-      keys.clear();
-      values.clear();
-    };
-    table.ForEachRow([&](Key k, std::span<const float> row) {
-      if (!shards.contains(map_->VShardOfKey(id, k))) return;
-      if (filled > 0 && filled + row_bytes > chunk) {  // the message is full: the rows go on in the next
-        if (!keys.empty()) flush();
-        messages.push_back(new_message(true));
-        filled = 0;
-      }
-      keys.push_back(k);
-      values.insert(values.end(), row.begin(), row.end());
-      filled += row_bytes;
-    });
-    if (!keys.empty() || messages.size() == 1) flush();
-  }
-  // Every table's config goes in the first message (a backup learns of
-  // tables without rows of these shards too, and creates each before its
-  // rows come); the later ones list the tables they hold rows of.
+  std::vector<uint64_t> counts;
+  for (uint32_t v : vshards) counts.push_back(applied(v));
+  BuiltTransfer built = BuildTransfer(tables_, *map_, vshards, counts, options_.max_message_bytes, options_.node_id);
+  std::vector<Message>& messages = built.messages;
   proto::ShardTransfer* first = messages[0].header.mutable_replicate()->mutable_transfer();
-  for (uint32_t id : ids) {
-    if (std::any_of(first->tables().begin(), first->tables().end(),
-                    [&](const proto::TableConfig& c) { return c.table_id() == id; })) {
-      continue;
-    }
-    *first->add_tables() = tables_.at(id)->config();
-    messages[0].frames.push_back(Buffer::CopyOf(nullptr, 0));
-    messages[0].frames.push_back(Buffer::CopyOf(nullptr, 0));
-  }
-  ExportShardState(shards, first);
+  ExportShardState(absl::flat_hash_set<uint32_t>(vshards.begin(), vshards.end()), first);
   clocks_.ForEach([&](uint32_t node, uint64_t clock, bool live) {
     proto::WorkerClock* c = first->add_clocks();
     c->set_worker_id(node);
@@ -840,54 +766,15 @@ void ServerCore::SendTransfer(uint32_t rank, const std::vector<uint32_t>& vshard
     stats_.forwards_sent += messages.size();
     stats_.transfers_sent++;
   }
-  stats_.rows_transferred += rows;
+  stats_.rows_transferred += built.rows;
 }
 
 absl::Status ServerCore::ApplyTransfer(const Message& m, uint32_t from) {
   const proto::ShardTransfer& t = m.header.replicate().transfer();
-  if (m.frames.size() != 2 * size_t(t.tables_size())) {
-    return absl::InvalidArgumentError(absl::StrCat("transfer of ", t.tables_size(), " tables needs ",
-                                                   2 * t.tables_size(), " frames, got ", m.frames.size()));
-  }
-  absl::flat_hash_set<uint32_t> shards;
-  for (uint32_t v : t.vshards()) {
-    auto bs = v < map_->num_vshards() ? map_->BackupsOf(v) : std::span<const uint32_t>();
-    if (v >= map_->num_vshards() || map_->ServerRankOf(v) != from ||
-        std::find(bs.begin(), bs.end(), my_rank_) == bs.end()) {
-      return absl::FailedPreconditionError(absl::StrCat("transfer of shard ", v, " from server ", from,
-                                                        ", which this server does not back up for it at map epoch ",
-                                                        map_->epoch()));
-    }
-    shards.insert(v);
-  }
   // Everything is checked before anything changes.
-  for (int i = 0; i < t.tables_size(); ++i) {
-    const proto::TableConfig& c = t.tables(i);
-    if (auto s = ValidateTableConfig(c); !s.ok()) return s;
-    if (auto it = tables_.find(c.table_id());
-        it != tables_.end() && !google::protobuf::util::MessageDifferencer::Equals(it->second->config(), c)) {
-      return absl::AlreadyExistsError(absl::StrCat("transfer: table ", c.table_id(), " exists here with another config"));
-    }
-    const Buffer& keys = m.frames[2 * i];
-    const Buffer& values = m.frames[2 * i + 1];
-    if (keys.size() % sizeof(Key) != 0 ||
-        values.size() != keys.size() / sizeof(Key) * size_t{StoredRowFloats(c)} * sizeof(float)) {
-      return absl::InvalidArgumentError(absl::StrCat("transfer: table ", c.table_id(), " has ", keys.size(),
-                                                     " key bytes and ", values.size(), " value bytes"));
-    }
-    for (Key k : keys.As<Key>()) {
-      if (!shards.contains(map_->VShardOfKey(c.table_id(), k)) ||
-          (c.kind() == proto::DENSE && k >= c.dense_rows())) {
-        return absl::InvalidArgumentError(absl::StrCat("transfer: key ", k, " of table ", c.table_id(),
-                                                       " is not in the shards transferred"));
-      }
-    }
-  }
-  for (const proto::DedupWindow& d : t.dedup()) {
-    if (!shards.contains(d.vshard())) {
-      return absl::InvalidArgumentError(absl::StrCat("transfer: a window of shard ", d.vshard(), " not transferred"));
-    }
-  }
+  auto checked = CheckTransfer(m, *map_, my_rank_, from, tables_);
+  if (!checked.ok()) return checked.status();
+  const absl::flat_hash_set<uint32_t>& shards = *checked;
   // The transfer replaces this server's copy of those shards: rows, windows
   // and audit records it has and the primary lacks (forwards of a deposed
   // primary that reached only this copy, never acknowledged) go. A
@@ -1100,7 +987,7 @@ void ServerCore::RescopeForwards(uint32_t rank, BackupStream& stream) {
   for (Forward& f : stream.unacked) {
     proto::Replicate& r = *f.message.header.mutable_replicate();
     if (r.has_transfer()) {
-      RescopeTransfer(f.message, kept);
+      RescopeTransfer(f.message, kept, *map_);
       continue;
     }
     if (r.num_keys() == 0 || f.message.frames.size() != 2) continue;
@@ -1117,40 +1004,6 @@ void ServerCore::RescopeForwards(uint32_t rank, BackupStream& stream) {
     f.message.frames = {std::move(k), std::move(values)};
     r.set_num_keys(idx.size());
   }
-}
-
-void ServerCore::RescopeTransfer(Message& m, const std::function<bool(uint32_t)>& kept) const {
-  proto::Replicate& r = *m.header.mutable_replicate();
-  proto::ShardTransfer& t = *r.mutable_transfer();
-  if (std::all_of(t.vshards().begin(), t.vshards().end(), kept)) return;
-  if (m.frames.size() != 2 * size_t(t.tables_size())) return;  // (built by SendTransfer: not reached)
-  proto::ShardTransfer next;
-  next.set_continued(t.continued());
-  for (int i = 0; i < t.vshards_size(); ++i) {
-    if (!kept(t.vshards(i))) continue;
-    next.add_vshards(t.vshards(i));
-    if (i < t.applied_size()) next.add_applied(t.applied(i));
-  }
-  std::vector<Buffer> frames;
-  for (int i = 0; i < t.tables_size(); ++i) {
-    const proto::TableConfig& c = t.tables(i);
-    *next.add_tables() = c;
-    const auto keys = m.frames[2 * i].As<Key>();
-    std::vector<uint32_t> idx;
-    for (size_t k = 0; k < keys.size(); ++k)
-      if (kept(map_->VShardOfKey(c.table_id(), keys[k]))) idx.push_back(static_cast<uint32_t>(k));
-    Buffer k, v;
-    GatherRows(m.frames[2 * i], m.frames[2 * i + 1], idx, size_t{StoredRowFloats(c)} * sizeof(float), &k, &v);
-    frames.push_back(std::move(k));
-    frames.push_back(std::move(v));
-  }
-  for (const proto::DedupWindow& d : t.dedup())
-    if (kept(d.vshard())) *next.add_dedup() = d;
-  *next.mutable_clocks() = t.clocks();
-  for (const proto::AuditRow& a : t.audit())
-    if (kept(map_->VShardOfKey(a.table_id(), a.key()))) *next.add_audit() = a;
-  t = std::move(next);
-  m.frames = std::move(frames);
 }
 
 ServerCore::BackupStream& ServerCore::StreamTo(uint32_t rank) {

@@ -177,6 +177,7 @@
 #include "server/hold_queue.h"
 #include "server/push_dedup.h"
 #include "server/shard_traffic.h"
+#include "server/state_transfer.h"
 #include "server/table.h"
 
 namespace tessera {
@@ -536,9 +537,6 @@ class ServerCore {
   // whole, and the keys of the shards that stayed must reach it). A forward
   // left with no keys keeps its position; the backup applies nothing.
   void RescopeForwards(uint32_t rank, BackupStream& stream);
-  // The same for a transfer: only the shards `kept` accepts (their rows,
-  // windows, counts and audit rows) stay in it; the clocks stay.
-  void RescopeTransfer(Message& m, const std::function<bool(uint32_t)>& kept) const;
   // The stream to backup `rank`, begun (a new id) if there is none.
   BackupStream& StreamTo(uint32_t rank);
   uint64_t next_stream_id_ = 1;
@@ -558,7 +556,7 @@ class ServerCore {
   std::optional<ShardMapView> map_;
   uint32_t my_rank_ = 0;
   // Invariant: every table here has a config that passed ValidateTableConfig.
-  absl::flat_hash_map<uint32_t, std::unique_ptr<Table>> tables_;
+  TableMap tables_;
   PushDedup dedup_;                                         // sequenced pushes applied, per (shard, worker)
   absl::flat_hash_map<uint32_t, BackupStream> streams_;     // backup rank -> forwards
   ForwardInbox inbox_;  // as a backup: each primary's stream, in order
