@@ -136,23 +136,15 @@ Message ServerCore::Reply(const Message& request) const {
   return reply;
 }
 
-uint64_t ServerCore::AckedThrough(uint32_t rank, uint64_t stream_id) const {
-  auto it = streams_.find(rank);
-  if (it == streams_.end() || it->second.id != stream_id) return UINT64_MAX;  // that stream ended: nothing to wait for
-  const BackupStream& s = it->second;
-  return s.unacked.empty() ? s.next_position - 1 : s.unacked.front().position - 1;
-}
-
 void ServerCore::NoteMoves() {
   absl::erase_if(moving_out_, [&](const auto& e) {
     return map_->ServerRankOf(e.first) != my_rank_ || map_->MovingTo(e.first) != e.second.to;
   });
   for (const auto& [v, to] : map_->moving()) {
     if (map_->ServerRankOf(v) != my_rank_ || moving_out_.contains(v)) continue;
-    auto it = streams_.find(to);
+    const auto sent = streams_.SentThrough(to);
     const bool hold_reads = map_->MovingFrom(v) == my_rank_;
-    moving_out_[v] = it == streams_.end() ? MoveOut{to, 0, 0, hold_reads}
-                                          : MoveOut{to, it->second.id, it->second.next_position - 1, hold_reads};
+    moving_out_[v] = sent ? MoveOut{to, sent->first, sent->second, hold_reads} : MoveOut{to, 0, 0, hold_reads};
   }
 }
 
@@ -168,12 +160,10 @@ void ServerCore::SendAnswer(std::vector<Outgoing>& out, std::string to, Message 
     if (m == moving_out_.end() || !m->second.hold_reads ||
         std::find(held.vshards.begin(), held.vshards.end(), v) != held.vshards.end())
       continue;
-    auto s = streams_.find(m->second.to);
-    if (s == streams_.end()) continue;
-    const uint64_t sent = s->second.next_position - 1;
-    if (AckedThrough(m->second.to, s->second.id) >= sent) continue;
+    const auto sent = streams_.SentThrough(m->second.to);  // (stream id, last position)
+    if (!sent || streams_.AckedThrough(m->second.to, sent->first) >= sent->second) continue;
     held.vshards.push_back(v);
-    held.waits.push_back(StreamWait{m->second.to, s->second.id, sent});
+    held.waits.push_back(StreamWait{m->second.to, sent->first, sent->second});
   }
   if (held.waits.empty()) {
     Emit(out, std::move(to), std::move(reply));
@@ -189,7 +179,7 @@ void ServerCore::SendAnswer(std::vector<Outgoing>& out, std::string to, Message 
 void ServerCore::ReleaseHeldReplies(std::vector<Outgoing>& out) {
   for (auto it = held_replies_.begin(); it != held_replies_.end();) {
     const bool ready = std::all_of(it->waits.begin(), it->waits.end(),
-                                   [&](const StreamWait& w) { return AckedThrough(w.rank, w.stream) >= w.position; });
+                                   [&](const StreamWait& w) { return streams_.AckedThrough(w.rank, w.stream) >= w.position; });
     if (!ready) {
       ++it;
       continue;
@@ -470,10 +460,11 @@ void ServerCore::ReleaseHeld(Nanos now, std::vector<Outgoing>& out) {
 std::vector<Outgoing> ServerCore::OnLinkRestored(std::string_view address, Nanos now) {
   std::vector<Outgoing> out;
   if (!map_) return out;
-  for (auto& [rank, stream] : streams_) {
+  for (uint32_t rank : streams_.Ranks()) {
+    const BackupStream& stream = *streams_.Find(rank);
     if (stream.unacked.empty() || rank >= map_->num_servers() || map_->server(rank).address() != address) continue;
     stats_.forwards_link_resent += stream.unacked.size();
-    SendForwards(rank, stream, now, out, /*due_only=*/false);
+    SendForwards(rank, now, out, /*due_only=*/false);
   }
   return out;
 }
@@ -481,11 +472,8 @@ std::vector<Outgoing> ServerCore::OnLinkRestored(std::string_view address, Nanos
 std::vector<Outgoing> ServerCore::Tick(Nanos now) {
   ApplyPending();
   std::vector<Outgoing> out;
-  std::vector<uint32_t> ranks;  // in rank order, so that simulations replay exactly
-  for (const auto& [rank, stream] : streams_)
-    if (!stream.unacked.empty()) ranks.push_back(rank);
-  std::sort(ranks.begin(), ranks.end());
-  for (uint32_t rank : ranks) SendForwards(rank, streams_.at(rank), now, out, /*due_only=*/true);
+  for (uint32_t rank : streams_.Ranks())  // in rank order, so that simulations replay exactly
+    if (!streams_.Find(rank)->unacked.empty()) SendForwards(rank, now, out, /*due_only=*/true);
   for (HeldRequest& x : held_.TakeExpired(now)) {
     const proto::Envelope& h = x.request.header;
     Message reply = Reply(x.request);
@@ -745,19 +733,15 @@ void ServerCore::SendTransfer(uint32_t rank, const std::vector<uint32_t>& vshard
     c->set_clock(clock);
     c->set_live(live);
   });
-  BackupStream& stream = StreamTo(rank);
+  BackupStream& stream = streams_.To(rank, map_->server(rank).node_id());
   for (size_t i = 0; i < messages.size(); ++i) {
-    Message& f = messages[i];
-    proto::Replicate* r = f.header.mutable_replicate();
-    r->set_stream(stream.id);
-    r->set_position(stream.next_position++);
-    Message wire = f;
-    wire.header.set_epoch(map_->epoch());
     const bool last = i + 1 == messages.size();
     // The pushes carried wait for the last message: a backup applies its
     // stream in order, so its ack covers the ones before.
-    stream.unacked.push_back(Forward{r->position(), 0, std::move(f), now, last ? std::move(carried) : std::vector<uint64_t>{},
-                                     0, false, /*more=*/!last});
+    const Forward& f = streams_.Append(stream, std::move(messages[i]), 0, now,
+                                       last ? std::move(carried) : std::vector<uint64_t>{}, /*more=*/!last);
+    Message wire = f.message;
+    wire.header.set_epoch(map_->epoch());
     out.push_back(Outgoing{map_->server(rank).address(), std::move(wire)});
   }
   if (vshards.empty()) {
@@ -837,7 +821,9 @@ void ServerCore::FillHeartbeat(proto::Heartbeat* hb) const {
   if (map_ && !deposed()) {
     traffic_.AddLoads(*map_, my_rank_, hb);
     for (const auto& [v, m] : moving_out_)
-      if (map_->ServerRankOf(v) == my_rank_ && AckedThrough(m.to, m.stream) >= m.position) hb->add_moves_in_sync(v);
+      if (map_->ServerRankOf(v) == my_rank_ && streams_.AckedThrough(m.to, m.stream) >= m.position) {
+        hb->add_moves_in_sync(v);
+      }
     std::sort(hb->mutable_moves_in_sync()->begin(), hb->mutable_moves_in_sync()->end());
   }
   uint64_t rows = 0, memory = 0;
@@ -969,17 +955,12 @@ uint32_t ServerCore::RankOfNode(uint32_t node_id) const {
   return std::numeric_limits<uint32_t>::max();
 }
 
-size_t ServerCore::unacked_forwards() const {
-  size_t n = 0;
-  for (const auto& [rank, stream] : streams_) n += stream.unacked.size();
-  return n;
-}
-
 bool ServerCore::IsDuplicate(uint32_t vshard, const Origin& origin) const {
   return !options_.testing.apply_duplicates && dedup_.IsDuplicate(vshard, origin);
 }
 
-void ServerCore::RescopeForwards(uint32_t rank, BackupStream& stream) {
+void ServerCore::RescopeForwards(uint32_t rank) {
+  BackupStream& stream = *streams_.Find(rank);
   auto kept = [&](uint32_t v) {
     const auto bs = map_->BackupsOf(v);
     return map_->ServerRankOf(v) == my_rank_ && std::find(bs.begin(), bs.end(), rank) != bs.end();
@@ -1006,63 +987,12 @@ void ServerCore::RescopeForwards(uint32_t rank, BackupStream& stream) {
   }
 }
 
-ServerCore::BackupStream& ServerCore::StreamTo(uint32_t rank) {
-  BackupStream& stream = streams_[rank];
-  if (stream.id == 0) {
-    stream.id = next_stream_id_++;
-    stream.node_id = map_->server(rank).node_id();
-  }
-  return stream;
+void ServerCore::SendForwards(uint32_t rank, Nanos now, std::vector<Outgoing>& out, bool due_only) {
+  for (Message& m : streams_.TakeDue(rank, now, due_only)) SendResent(rank, std::move(m), out);
 }
 
-Nanos ServerCore::NextForwardDue() const {
-  Nanos next = std::numeric_limits<Nanos>::max();
-  for (const auto& [rank, stream] : streams_) {
-    auto t = forward_timers_.find(rank);
-    const RetransmitTimer timer = t == forward_timers_.end() ? RetransmitTimer(options_.forward_resend) : t->second;
-    uint64_t ahead = 0;
-    for (const Forward& f : stream.unacked) {
-      ahead += f.message.FrameBytes();
-      next = std::min(next, f.sent + timer.After(f.resends, ahead));
-    }
-  }
-  return next;
-}
-
-Nanos ServerCore::ShortestForwardTimer() const {
-  Nanos shortest = RetransmitTimer(options_.forward_resend).rto();
-  for (const auto& [rank, timer] : forward_timers_) shortest = std::min(shortest, timer.rto());
-  return shortest;
-}
-
-std::vector<std::pair<uint32_t, RetransmitTimer>> ServerCore::ForwardTimers() const {
-  std::vector<std::pair<uint32_t, RetransmitTimer>> out(forward_timers_.begin(), forward_timers_.end());
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  return out;
-}
-
-RetransmitTimer& ServerCore::ForwardTimer(uint32_t rank) {
-  auto it = forward_timers_.find(rank);
-  if (it == forward_timers_.end()) it = forward_timers_.emplace(rank, RetransmitTimer(options_.forward_resend)).first;
-  return it->second;
-}
-
-void ServerCore::SendForwards(uint32_t rank, BackupStream& stream, Nanos now, std::vector<Outgoing>& out,
-                              bool due_only) {
-  const RetransmitTimer& timer = ForwardTimer(rank);
-  uint64_t ahead = 0;  // bytes of the stream's unacknowledged forwards, this one included
-  for (Forward& f : stream.unacked) {
-    ahead += f.message.FrameBytes();
-    if (due_only && now - f.sent < timer.After(f.resends, ahead)) continue;
-    ResendForward(rank, f, now, out);
-  }
-}
-
-void ServerCore::ResendForward(uint32_t rank, Forward& f, Nanos now, std::vector<Outgoing>& out) {
-  Message m = f.message;  // shares the frames
+void ServerCore::SendResent(uint32_t rank, Message m, std::vector<Outgoing>& out) {
   m.header.set_epoch(map_->epoch());
-  f.sent = now;
-  f.resends++;
   stats_.forwards_sent++;
   stats_.forwards_resent++;
   out.push_back(Outgoing{map_->server(rank).address(), std::move(m)});
@@ -1212,10 +1142,7 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
     }
     Message f;
     f.header.set_sender_id(options_.node_id);
-    BackupStream& stream = StreamTo(b);
     auto* r = f.header.mutable_replicate();
-    r->set_stream(stream.id);
-    r->set_position(stream.next_position++);
     r->set_worker_id(origin.worker);
     r->set_incarnation(origin.incarnation);
     r->set_seq(origin.seq);
@@ -1231,9 +1158,8 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
       f.frames.resize(2);
       GatherRows(m.frames[0], m.frames[1], idx, row_bytes, &f.frames[0], &f.frames[1]);
     }
-    Message wire = f;
+    Message wire = streams_.Append(streams_.To(b, map_->server(b).node_id()), std::move(f), push_id, now).message;
     wire.header.set_epoch(map_->epoch());
-    stream.unacked.push_back(Forward{r->position(), push_id, std::move(f), now});
     stats_.forwards_sent++;
     out.push_back(Outgoing{map_->server(b).address(), std::move(wire)});
     forwards++;
@@ -1257,23 +1183,13 @@ void ServerCore::ForwardDone(uint64_t push_id, const absl::Status& status, std::
 }
 
 void ServerCore::HandleReplicateAck(const Message& m, Nanos now, std::vector<Outgoing>& out) {
+  // A backup that is no longer one, or an ack of a stream that ended:
+  // nothing waits on it (BackupStreams ignores it).
   const uint32_t rank = RankOfNode(m.header.sender_id());
-  auto it = streams_.find(rank);
-  if (it == streams_.end()) return;  // a backup that is no longer one: nothing waits on it
-  BackupStream& stream = it->second;
   const proto::ReplicateAck& a = m.header.replicate_ack();
-  if (a.stream() != stream.id) return;  // an ack of a stream that ended
   if (!a.rejected()) {
-    // A round trip, when this ack is for the front forward alone and that
-    // was sent once (an ack that covers several waited for a lost one; a
-    // gap notice waited for a later forward).
-    if (!a.gap() && !stream.unacked.empty() && stream.unacked.front().position == a.position() &&
-        stream.unacked.front().resends == 0) {
-      ForwardTimer(rank).Sample(now - stream.unacked.front().sent);
-    }
-    while (!stream.unacked.empty() && stream.unacked.front().position <= a.position()) {
-      const Forward done = std::move(stream.unacked.front());
-      stream.unacked.pop_front();
+    BackupStreams::AckResult acked = streams_.Acked(rank, a.stream(), a.position(), a.gap(), now);
+    for (const Forward& done : acked.done) {
       if (done.message.header.replicate().has_transfer() && !done.more &&
           done.message.header.replicate().transfer().vshards_size() > 0) {
         proto::ShardsInSync s;
@@ -1286,11 +1202,9 @@ void ServerCore::HandleReplicateAck(const Message& m, Nanos now, std::vector<Out
     // A gap notice: the backup holds a later forward and misses the next
     // one; it goes again now (once per notice of that position), not after
     // the timer.
-    if (a.gap() && !stream.unacked.empty() && stream.unacked.front().position == a.position() + 1 &&
-        !stream.unacked.front().gap_resent) {
-      stream.unacked.front().gap_resent = true;
+    if (acked.gap_resend) {
       stats_.forwards_gap_resent++;
-      ResendForward(rank, stream.unacked.front(), now, out);
+      SendResent(rank, std::move(*acked.gap_resend), out);
     }
     return;
   }
@@ -1298,14 +1212,10 @@ void ServerCore::HandleReplicateAck(const Message& m, Nanos now, std::vector<Out
   // newer epoch (UpdateShardMap sends every unacknowledged forward again, and
   // Tick keeps resending); a deposed server's never do.
   if (a.stale_epoch() || m.header.has_error()) return;
-  for (auto f = stream.unacked.begin(); f != stream.unacked.end(); ++f) {
-    if (f->position != a.position()) continue;
-    const Forward refused = std::move(*f);
-    stream.unacked.erase(f);
-    ForwardsDone(refused,
+  if (std::optional<Forward> refused = streams_.Refused(rank, a.stream(), a.position())) {
+    ForwardsDone(*refused,
                  absl::FailedPreconditionError(absl::StrCat("backup server ", rank, " refused the push: ", a.reason())),
                  out);
-    return;
   }
 }
 
@@ -1459,7 +1369,7 @@ absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::Sh
       if (!w.to.empty()) out.push_back(Outgoing{std::move(w.to), std::move(w.reply)});
     }
     waiting_.clear();
-    streams_.clear();
+    streams_.Clear();
     moving_out_.clear();
     AbortHeldReplies([](uint32_t) { return true; }, out);
     return out;
@@ -1468,8 +1378,7 @@ absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::Sh
   // Per backup: the shards it holds for this server now; a stream to a
   // server that holds none any more ends (every live copy has what waited
   // on it); a server that newly holds some gets their state first.
-  std::vector<uint32_t> ranks;
-  for (const auto& [rank, stream] : streams_) ranks.push_back(rank);
+  std::vector<uint32_t> ranks = streams_.Ranks();
   for (uint32_t v = 0; v < map_->num_vshards(); ++v)
     if (map_->ServerRankOf(v) == my_rank_)
       for (uint32_t b : map_->BackupsOf(v)) ranks.push_back(b);
@@ -1491,28 +1400,28 @@ absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::Sh
       // last primary may never have had its transfer.
       if (!same_process || !old.Holds(rank, v) || old.ServerRankOf(v) != my_rank_) fresh.push_back(v);
     }
-    auto it = streams_.find(rank);
+    BackupStream* stream = streams_.Find(rank);
     if (held.empty()) {
-      if (it != streams_.end()) {
-        for (Forward& f : it->second.unacked) ForwardsDone(f, absl::OkStatus(), out);
-        streams_.erase(it);
+      if (stream != nullptr) {
+        for (Forward& f : stream->unacked) ForwardsDone(f, absl::OkStatus(), out);
+        streams_.End(rank);
       }
       continue;
     }
     std::vector<uint64_t> carried;
-    if (it != streams_.end() && it->second.node_id != node) {
+    if (stream != nullptr && stream->node_id != node) {
       // A new process at this rank: what the old one had not acknowledged
       // reaches it in the transfer, and waits for that.
-      for (Forward& f : it->second.unacked) {
+      for (Forward& f : stream->unacked) {
         if (f.push_id != 0) carried.push_back(f.push_id);
         carried.insert(carried.end(), f.carried.begin(), f.carried.end());
       }
-      streams_.erase(it);
-      it = streams_.end();
+      streams_.End(rank);
+      stream = nullptr;
     }
-    if (it != streams_.end()) {
-      RescopeForwards(rank, it->second);
-      SendForwards(rank, it->second, now, out);  // with the new epoch, in case the backup refused the old one
+    if (stream != nullptr) {
+      RescopeForwards(rank);
+      SendForwards(rank, now, out);  // with the new epoch, in case the backup refused the old one
     }
     if (!fresh.empty()) SendTransfer(rank, fresh, std::move(carried), now, out);
   }

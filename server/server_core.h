@@ -172,6 +172,7 @@
 #include "compress/codec.h"
 #include "server/checkpoint.h"
 #include "server/audit_log.h"
+#include "server/backup_streams.h"
 #include "server/clock_table.h"
 #include "server/forward_inbox.h"
 #include "server/hold_queue.h"
@@ -366,13 +367,13 @@ class ServerCore {
   bool deposed() const { return map_ && map_->IsDead(my_rank_); }
   // Pushes accepted but waiting for backups, and forwards not yet acknowledged.
   size_t waiting_acks() const { return waiting_.size(); }
-  size_t unacked_forwards() const;
+  size_t unacked_forwards() const { return streams_.unacked(); }
   // When Tick next has a forward to send again (INT64_MAX: none), and the
   // shortest forward timer of any backup (a forward sent now is due no sooner).
-  Nanos NextForwardDue() const;
-  Nanos ShortestForwardTimer() const;
+  Nanos NextForwardDue() const { return streams_.NextDue(); }
+  Nanos ShortestForwardTimer() const { return streams_.ShortestTimer(); }
   // Each backup's forward timer (rank order): for logs and metrics.
-  std::vector<std::pair<uint32_t, RetransmitTimer>> ForwardTimers() const;
+  std::vector<std::pair<uint32_t, RetransmitTimer>> ForwardTimers() const { return streams_.Timers(); }
 
   // The job's workers (node id -> rank), all at clock 0.
   void SetWorkers(const absl::flat_hash_map<uint32_t, uint32_t>& worker_rank_by_node);
@@ -487,27 +488,13 @@ class ServerCore {
     Columns columns;     // the piece of each row it updates
   };
 
-  // Replication state (see the contract).
-  struct Forward {
-    uint64_t position;
-    uint64_t push_id;
-    Message message;  // header without epoch; stamped at each send
-    Nanos sent;       // last sent
-    std::vector<uint64_t> carried = {};  // pushes that also wait on this one (a transfer that replaced a stream)
-    uint32_t resends = 0;  // times sent again (its round trip is then ambiguous)
-    bool gap_resent = false;  // sent again for a backup's gap notice (once)
-    bool more = false;        // a transfer whose rows go on in the next position: not in sync before it
-  };
-  // Sends `f` to backup `rank` again now, at this server's epoch.
-  void ResendForward(uint32_t rank, Forward& f, Nanos now, std::vector<Outgoing>& out);
+  // Replication (see the contract). Sends the stream's unacknowledged forwards (BackupStreams::TakeDue),
+  // stamped with the current epoch: all of them, or (due_only) those past
+  // their resend timer. SendResent sends one forward again.
+  void SendForwards(uint32_t rank, Nanos now, std::vector<Outgoing>& out, bool due_only = false);
+  void SendResent(uint32_t rank, Message m, std::vector<Outgoing>& out);
   // Every push that waits on `f` is one forward closer to its Ack.
   void ForwardsDone(const Forward& f, const absl::Status& status, std::vector<Outgoing>& out);
-  struct BackupStream {
-    uint64_t id = 0;              // Replicate.stream: this server's streams, numbered from 1
-    uint32_t node_id = 0;         // the process the stream goes to (a restarted rank starts a new stream)
-    uint64_t next_position = 1;
-    std::deque<Forward> unacked;  // position order
-  };
   // A table created here after this server's backups were filled (a server
   // that joined the running job got its copies by state transfer, before the
   // table existed): every server backing up a shard this server leads gets
@@ -536,17 +523,7 @@ class ServerCore {
   // still backs up (a forward may mix shards; the backup would refuse it
   // whole, and the keys of the shards that stayed must reach it). A forward
   // left with no keys keeps its position; the backup applies nothing.
-  void RescopeForwards(uint32_t rank, BackupStream& stream);
-  // The stream to backup `rank`, begun (a new id) if there is none.
-  BackupStream& StreamTo(uint32_t rank);
-  uint64_t next_stream_id_ = 1;
-  // Sends the stream's unacknowledged forwards, stamped with the current
-  // epoch: all of them, or (due_only) those past their resend timer.
-  void SendForwards(uint32_t rank, BackupStream& stream, Nanos now, std::vector<Outgoing>& out,
-                    bool due_only = false);
-  absl::flat_hash_map<uint32_t, RetransmitTimer> forward_timers_;  // backup rank -> its forwards' resend timer
-  RetransmitTimer& ForwardTimer(uint32_t rank);
-
+  void RescopeForwards(uint32_t rank);
 
   const ServerCoreOptions options_;
   ClockTable clocks_;
@@ -558,7 +535,7 @@ class ServerCore {
   // Invariant: every table here has a config that passed ValidateTableConfig.
   TableMap tables_;
   PushDedup dedup_;                                         // sequenced pushes applied, per (shard, worker)
-  absl::flat_hash_map<uint32_t, BackupStream> streams_;     // backup rank -> forwards
+  BackupStreams streams_{options_.forward_resend};           // as a primary: per backup, forwards and timers
   ForwardInbox inbox_;  // as a backup: each primary's stream, in order
   absl::flat_hash_map<uint64_t, WaitingAck> waiting_;       // push id -> its Ack, held for backups
   AuditLog audit_;  // audit mode: pushes applied per row, checkpoint restores
@@ -578,9 +555,6 @@ class ServerCore {
   };
   absl::flat_hash_map<uint32_t, MoveOut> moving_out_;
   void NoteMoves();  // after a new map: moves begun (recorded) and ended (dropped)
-  // The last position of stream `stream_id` to `rank` the backup has
-  // acknowledged (all before it too); UINT64_MAX if that stream ended.
-  uint64_t AckedThrough(uint32_t rank, uint64_t stream_id) const;
   // A pull of a moving shard is answered only with what the destination
   // has: its reply (read when it is answered) waits until the destination
   // acknowledged every forward sent before, so that no value a pull saw
