@@ -136,35 +136,13 @@ Message ServerCore::Reply(const Message& request) const {
   return reply;
 }
 
-void ServerCore::NoteMoves() {
-  absl::erase_if(moving_out_, [&](const auto& e) {
-    return map_->ServerRankOf(e.first) != my_rank_ || map_->MovingTo(e.first) != e.second.to;
-  });
-  for (const auto& [v, to] : map_->moving()) {
-    if (map_->ServerRankOf(v) != my_rank_ || moving_out_.contains(v)) continue;
-    const auto sent = streams_.SentThrough(to);
-    const bool hold_reads = map_->MovingFrom(v) == my_rank_;
-    moving_out_[v] = sent ? MoveOut{to, sent->first, sent->second, hold_reads} : MoveOut{to, 0, 0, hold_reads};
-  }
-}
-
 void ServerCore::SendAnswer(std::vector<Outgoing>& out, std::string to, Message reply, bool pull) {
-  if (!pull || moving_out_.empty() || reply.header.has_error() || options_.testing.read_during_move) {
+  if (!pull || reply.header.has_error() || options_.testing.read_during_move) {
     Emit(out, std::move(to), std::move(reply));
     return;
   }
   // shard_scratch_: the shards of this pull's keys (HandlePull).
-  HeldReply held;
-  for (uint32_t v : shard_scratch_) {
-    auto m = moving_out_.find(v);
-    if (m == moving_out_.end() || !m->second.hold_reads ||
-        std::find(held.vshards.begin(), held.vshards.end(), v) != held.vshards.end())
-      continue;
-    const auto sent = streams_.SentThrough(m->second.to);  // (stream id, last position)
-    if (!sent || streams_.AckedThrough(m->second.to, sent->first) >= sent->second) continue;
-    held.vshards.push_back(v);
-    held.waits.push_back(StreamWait{m->second.to, sent->first, sent->second});
-  }
+  ShardMoves::HeldReply held = moves_.WaitsFor(shard_scratch_, streams_);
   if (held.waits.empty()) {
     Emit(out, std::move(to), std::move(reply));
     return;
@@ -173,20 +151,7 @@ void ServerCore::SendAnswer(std::vector<Outgoing>& out, std::string to, Message 
   held.to = to;
   Emit(held.pieces, std::move(to), std::move(reply));
   stats_.replies_held_for_moves++;
-  held_replies_.push_back(std::move(held));
-}
-
-void ServerCore::ReleaseHeldReplies(std::vector<Outgoing>& out) {
-  for (auto it = held_replies_.begin(); it != held_replies_.end();) {
-    const bool ready = std::all_of(it->waits.begin(), it->waits.end(),
-                                   [&](const StreamWait& w) { return streams_.AckedThrough(w.rank, w.stream) >= w.position; });
-    if (!ready) {
-      ++it;
-      continue;
-    }
-    for (Outgoing& o : it->pieces) out.push_back(std::move(o));
-    it = held_replies_.erase(it);
-  }
+  moves_.Hold(std::move(held));
 }
 
 void ServerCore::ForgetShards(const absl::flat_hash_set<uint32_t>& shards) {
@@ -199,56 +164,25 @@ void ServerCore::ForgetShards(const absl::flat_hash_set<uint32_t>& shards) {
 }
 
 void ServerCore::AbortHeldReplies(const std::function<bool(uint32_t)>& moved, std::vector<Outgoing>& out) {
-  for (auto it = held_replies_.begin(); it != held_replies_.end();) {
-    auto hit = std::find_if(it->vshards.begin(), it->vshards.end(), moved);
-    if (hit == it->vshards.end()) {
-      ++it;
-      continue;
-    }
+  for (auto& [held, shard] : moves_.TakeReadersOf(moved)) {
     Message reply;
-    reply.header = it->header;
+    reply.header = std::move(held.header);
     reply.header.clear_pull_reply();
     reply.header.set_epoch(map_->epoch());
-    SetError(reply, absl::AbortedError(absl::StrCat("shard ", *hit, " moved from server ", my_rank_,
+    SetError(reply, absl::AbortedError(absl::StrCat("shard ", shard, " moved from server ", my_rank_,
                                                     " at map epoch ", map_->epoch(),
                                                     " before its new primary had what this pull read")));
-    out.push_back(Outgoing{std::move(it->to), std::move(reply)});
-    it = held_replies_.erase(it);
+    out.push_back(Outgoing{std::move(held.to), std::move(reply)});
   }
 }
 
 void ServerCore::Emit(std::vector<Outgoing>& out, std::string to, Message reply) const {
-  // Plain values are read by the worker with Buffer::CopyOut
-  // (worker/request_tracker.cc): a same-host transport may lend them.
-  const bool plain_values = reply.header.has_pull_reply() && reply.header.pull_reply().value_parts() == 0;
-  reply.lendable = plain_values;
-  const size_t piece = options_.pull_reply_piece_bytes;
-  if (piece == 0 || !plain_values || reply.frames.size() != 1 || reply.frames[0].size() <= piece ||
-      (reply.unsplit && reply.frames[0].size() <= options_.max_whole_reply_bytes) ||
-      (options_.reads_in_place && options_.reads_in_place(to, reply.frames[0].size()))) {
-    out.push_back(Outgoing{std::move(to), std::move(reply)});
-    return;
-  }
-  const Buffer values = std::move(reply.frames[0]);
-  const uint64_t total = values.size();
-  for (uint64_t offset = 0; offset < total; offset += piece) {
-    Message m;
-    if (offset == 0) {
-      m.header = std::move(reply.header);
-    } else {
-      m.header.set_request_id(out.back().message.header.request_id());
-      m.header.set_sender_id(options_.node_id);
-      if (map_) m.header.set_epoch(map_->epoch());
-    }
-    const uint64_t n = std::min<uint64_t>(piece, total - offset);
-    Buffer descriptor = Buffer::Allocate(kPullPieceDescriptorBytes);
-    const uint64_t words[2] = {offset, total};  // little-endian hosts only (as every frame here)
-    std::memcpy(descriptor.mutable_data(), words, sizeof(words));
-    m.frames.push_back(values.Slice(offset, n));
-    m.frames.push_back(std::move(descriptor));
-    m.lendable = true;
-    out.push_back(Outgoing{to, std::move(m)});
-  }
+  ReplyPieceRules rules{.piece_bytes = options_.pull_reply_piece_bytes,
+                        .max_whole_bytes = options_.max_whole_reply_bytes,
+                        .reads_in_place = &options_.reads_in_place,
+                        .sender_id = options_.node_id};
+  if (map_) rules.epoch = map_->epoch();
+  AppendReply(out, std::move(to), std::move(reply), rules);
 }
 
 uint64_t ServerCore::StrictestStaleness() const {
@@ -377,7 +311,7 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
       return out;
     case proto::Envelope::kReplicateAck:
       HandleReplicateAck(request, now, out);
-      ReleaseHeldReplies(out);
+      moves_.Release(streams_, out);
       return out;
     default:
       break;
@@ -820,11 +754,7 @@ void ServerCore::FillHeartbeat(proto::Heartbeat* hb) const {
   hb->set_workers_left(left);
   if (map_ && !deposed()) {
     traffic_.AddLoads(*map_, my_rank_, hb);
-    for (const auto& [v, m] : moving_out_)
-      if (map_->ServerRankOf(v) == my_rank_ && streams_.AckedThrough(m.to, m.stream) >= m.position) {
-        hb->add_moves_in_sync(v);
-      }
-    std::sort(hb->mutable_moves_in_sync()->begin(), hb->mutable_moves_in_sync()->end());
+    for (uint32_t v : moves_.InSync(*map_, my_rank_, streams_)) hb->add_moves_in_sync(v);
   }
   uint64_t rows = 0, memory = 0;
   for (const auto& [id, table] : tables_) {
@@ -1370,7 +1300,7 @@ absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::Sh
     }
     waiting_.clear();
     streams_.Clear();
-    moving_out_.clear();
+    moves_.Clear();
     AbortHeldReplies([](uint32_t) { return true; }, out);
     return out;
   }
@@ -1425,8 +1355,8 @@ absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::Sh
     }
     if (!fresh.empty()) SendTransfer(rank, fresh, std::move(carried), now, out);
   }
-  NoteMoves();
-  ReleaseHeldReplies(out);
+  moves_.Note(*map_, my_rank_, streams_);
+  moves_.Release(streams_, out);
   return out;
 }
 

@@ -176,7 +176,9 @@
 #include "server/clock_table.h"
 #include "server/forward_inbox.h"
 #include "server/hold_queue.h"
+#include "server/pull_reply_pieces.h"
 #include "server/push_dedup.h"
+#include "server/shard_moves.h"
 #include "server/shard_traffic.h"
 #include "server/state_transfer.h"
 #include "server/table.h"
@@ -206,7 +208,7 @@ struct ServerCoreOptions {
   Testing testing;
   bool apply_after_ack = false;             // leave accepted pushes to ApplyPending() (see the contract)
   // Pull replies with more value bytes than this go out in pieces of at most
-  // this many bytes (0 = never split); see "Pull replies in pieces" below.
+  // this many bytes (0 = never split); see server/pull_reply_pieces.h.
   size_t pull_reply_piece_bytes = 0;
   // A pull that asks for its reply whole (Pull.whole) gets it whole only up
   // to this many value bytes, so that it fits the transport's message limit
@@ -254,21 +256,8 @@ struct ServerCoreOptions {
   Nanos max_hold = 24 * 3600 * kSeconds;
 };
 
-// Pull replies in pieces. A reply whose values frame is larger than
-// options.pull_reply_piece_bytes is sent as several messages to the same
-// address, in order, each a zero-copy slice of the values:
-//   piece 0:    the full PullReply header, frames [values[0, n0), descriptor]
-//   piece k>0:  request_id, sender_id and epoch only (no body),
-//               frames [values[o_k, o_k + n_k), descriptor]
-// where descriptor is 16 bytes: the piece's byte offset and the total value
-// bytes, as two little-endian uint64. Pieces are contiguous and in offset
-// order. An unsplit reply has one frame and no descriptor. The receiver can
-// place each piece while the next is still on the wire. A reply to an
-// address for which options.reads_in_place says true is never split, nor
-// one to a pull with Pull.whole set (Worker::PullView keeps the values in
-// the message they arrive in: pieces would have to be joined by a copy)
-// when it has at most options.max_whole_reply_bytes.
-inline constexpr size_t kPullPieceDescriptorBytes = 16;
+// Pull replies in pieces (pull_reply_piece_bytes, max_whole_reply_bytes,
+// reads_in_place): see server/pull_reply_pieces.h.
 
 struct ServerStats {
   uint64_t held_requests = 0;  // pulls and clock advances that had to wait
@@ -541,44 +530,16 @@ class ServerCore {
   AuditLog audit_;  // audit mode: pushes applied per row, checkpoint restores
   uint64_t next_push_id_ = 1;
   std::vector<proto::ShardsInSync> in_sync_;  // acknowledged transfers, for TakeShardsInSync
-  // Moves (common/keys.h, "Moving a shard"). A shard this server is
-  // primary of that moves: its destination, and the stream to it and its
-  // last position when this server learned of the move. The move is in
-  // sync (Heartbeat.moves_in_sync) once the destination acknowledged that
-  // position: it then has everything this server had applied.
-  struct MoveOut {
-    uint32_t to = 0;
-    uint64_t stream = 0, position = 0;
-    // A move of this server's copy (not a backup's): reads wait for the
-    // destination, which answers them after the switch.
-    bool hold_reads = true;
-  };
-  absl::flat_hash_map<uint32_t, MoveOut> moving_out_;
-  void NoteMoves();  // after a new map: moves begun (recorded) and ended (dropped)
-  // A pull of a moving shard is answered only with what the destination
-  // has: its reply (read when it is answered) waits until the destination
-  // acknowledged every forward sent before, so that no value a pull saw
-  // is missing at the new primary after the switch.
-  struct StreamWait {
-    uint32_t rank;
-    uint64_t stream, position;
-  };
-  struct HeldReply {
-    std::string to;
-    proto::Envelope header;       // the reply's (for an Aborted answer instead)
-    std::vector<Outgoing> pieces;  // the reply, as Emit split it
-    std::vector<uint32_t> vshards;  // the moving shards it read
-    std::vector<StreamWait> waits;
-  };
-  std::deque<HeldReply> held_replies_;
+  // Moves (common/keys.h, "Moving a shard"): moves out of this server, and
+  // pull replies that wait for a move's destination.
+  ShardMoves moves_;
   // Sends an answer, or (a pull of a moving shard with forwards not yet
   // acknowledged by the destination) holds it.
   void SendAnswer(std::vector<Outgoing>& out, std::string to, Message reply, bool pull);
-  void ReleaseHeldReplies(std::vector<Outgoing>& out);
-  // Held replies that read a shard `moved` says this server lost are
-  // answered Aborted instead (the worker pulls again from the new primary).
   // Drops this server's rows, dedup windows and audit records of `shards`.
   void ForgetShards(const absl::flat_hash_set<uint32_t>& shards);
+  // Held replies that read a shard `moved` says this server lost are
+  // answered Aborted instead (the worker pulls again from the new primary).
   void AbortHeldReplies(const std::function<bool(uint32_t)>& moved, std::vector<Outgoing>& out);
   absl::flat_hash_map<uint32_t, uint64_t> applied_;  // vshard -> pushes applied to it (here or, before, elsewhere)
   // Load accounting: counts the keys of one request against their shards
