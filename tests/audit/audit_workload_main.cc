@@ -23,6 +23,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "transport/transport_flags.h"
 #include "worker/worker.h"
 #include "worker/worker_flags.h"
 
@@ -73,12 +74,16 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--hold-timeout-seconds", hold_timeout, "A clock a server holds for slower workers fails after this")
       ->check(CLI::PositiveNumber);
+  tessera::TransportFlags transport;  // --transport, --shm*, --coalesce*, --job_keys, --faults, ... from the launcher
+  transport.AddTo(app);
   CLI11_PARSE(app, argc, argv);
+  wo.transport = transport.choice();
   resend.ApplyTo(wo);
   wo.request_timeout = static_cast<tessera::Nanos>(request_timeout * 1e9);
   wo.hold_timeout = static_cast<tessera::Nanos>(hold_timeout * 1e9);
   wo.coordinator_give_up = static_cast<tessera::Nanos>(give_up * 1e9);
   tessera::InitLogging(name, false);
+  tessera::WarnAboutOldTransportVariables();
   if (!bind.empty()) wo.bind = bind;
   auto connected = tessera::Worker::Connect(wo);
   if (!connected.ok()) {

@@ -6,6 +6,7 @@
 
 #include "CLI/CLI.hpp"
 #include "common/logging.h"
+#include "transport/transport_flags.h"
 #include "tests/consistency/consistency_checker.h"
 
 int main(int argc, char** argv) {
@@ -28,8 +29,12 @@ int main(int argc, char** argv) {
   uint32_t die_at_clock = 0;
   app.add_option("--die-rank", die_rank, "Fault injection: this worker kills itself (SIGKILL) ...");
   app.add_option("--die-at-clock", die_at_clock, "... when it reaches this clock");
+  tessera::TransportFlags transport;  // --transport, --shm*, --coalesce*, --job_keys, --faults, ... from the launcher
+  transport.AddTo(app);
   CLI11_PARSE(app, argc, argv);
+  wo.transport = transport.choice();
   tessera::InitLogging(name, false);
+  tessera::WarnAboutOldTransportVariables();
   if (!bind.empty()) wo.bind = bind;
   o.consistency = consistency == "bsp" ? tessera::proto::BSP : consistency == "ssp" ? tessera::proto::SSP
                                                                                       : tessera::proto::ASP;
