@@ -212,6 +212,35 @@ void ServerCore::ApplyPending() {
   pending_.clear();
 }
 
+bool ServerCore::RefusedAsBusy(const Message& request, std::vector<Outgoing>& out) {
+  const proto::Envelope& h = request.header;
+  const std::string& reply_to = h.sender_address();
+  if (options_.backlog_of &&
+      (h.has_push() || h.has_pull() || h.has_clock_advance() || h.has_create_table() || h.has_stats_request() ||
+       h.has_clock_query())) {
+    const PeerBacklog backlog = options_.backlog_of(reply_to);
+    if (backlog.bytes >= options_.max_bytes_in_flight_per_peer ||
+        backlog.messages >= options_.max_requests_in_flight_per_peer) {
+      stats_.busy_refused++;
+      last_busy_peer_ = reply_to;
+      if (backlog.messages >= options_.max_requests_in_flight_per_peer + kBusyAnswerSlack) {
+        stats_.busy_dropped++;
+        return true;
+      }
+      Message reply = Reply(request);
+      SetError(reply, absl::UnavailableError(absl::StrCat(
+                          "busy: ", backlog.messages, " answers (", backlog.bytes, " bytes) to ", reply_to,
+                          " are not sent yet; this server keeps at most ", options_.max_requests_in_flight_per_peer,
+                          " answers and ", options_.max_bytes_in_flight_per_peer,
+                          " bytes in flight per peer (tessera-server --max-requests-in-flight-per-peer, "
+                          "--max-mb-in-flight-per-peer); send it again once they are read")));
+      Emit(out, reply_to, std::move(reply));
+      return true;
+    }
+  }
+  return false;
+}
+
 std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
   ApplyPending();
   std::vector<Outgoing> out;
@@ -239,29 +268,7 @@ std::vector<Outgoing> ServerCore::Step(Message request, Nanos now) {
     send(std::move(reply));
     return out;
   }
-  if (options_.backlog_of && wants_reply &&
-      (h.has_push() || h.has_pull() || h.has_clock_advance() || h.has_create_table() || h.has_stats_request() ||
-       h.has_clock_query())) {
-    const PeerBacklog backlog = options_.backlog_of(reply_to);
-    if (backlog.bytes >= options_.max_bytes_in_flight_per_peer ||
-        backlog.messages >= options_.max_requests_in_flight_per_peer) {
-      stats_.busy_refused++;
-      last_busy_peer_ = reply_to;
-      if (backlog.messages >= options_.max_requests_in_flight_per_peer + kBusyAnswerSlack) {
-        stats_.busy_dropped++;
-        return out;
-      }
-      Message reply = Reply(request);
-      SetError(reply, absl::UnavailableError(absl::StrCat(
-                          "busy: ", backlog.messages, " answers (", backlog.bytes, " bytes) to ", reply_to,
-                          " are not sent yet; this server keeps at most ", options_.max_requests_in_flight_per_peer,
-                          " answers and ", options_.max_bytes_in_flight_per_peer,
-                          " bytes in flight per peer (tessera-server --max-requests-in-flight-per-peer, "
-                          "--max-mb-in-flight-per-peer); send it again once they are read")));
-      send(std::move(reply));
-      return out;
-    }
-  }
+  if (wants_reply && RefusedAsBusy(request, out)) return out;
   const bool data_request = h.has_push() || h.has_pull() || h.has_replicate() || h.has_create_table();
   if (deposed() && data_request) {
     Message reply = Reply(request);
@@ -1057,6 +1064,23 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
 
   // Forwards: each backup gets the keys (of this server's shards, applied
   // here now or before) of the shards it backs up; backups de-duplicate.
+  proto::Replicate forward;
+  forward.set_worker_id(origin.worker);
+  forward.set_incarnation(origin.incarnation);
+  forward.set_seq(origin.seq);
+  forward.set_acked_below(origin.acked_below);
+  forward.set_table_id(req.table_id());
+  forward.set_clock(table_clock);
+  forward.set_first_column(piece->first);
+  forward.set_columns(piece->count);
+  const uint32_t forwards = ForwardPush(m, vshard, shards, forward, row_bytes, push_id, now, out);
+  if (forwards > 0) *shards_out = shards;
+  return forwards;
+}
+
+uint32_t ServerCore::ForwardPush(const Message& m, std::span<const uint32_t> vshard, std::span<const uint32_t> shards,
+                                 const proto::Replicate& forward, size_t row_bytes, uint64_t push_id, Nanos now,
+                                 std::vector<Outgoing>& out) {
   std::vector<uint32_t> backups;
   for (uint32_t v : shards)
     for (uint32_t b : map_->BackupsOf(v)) backups.push_back(b);
@@ -1065,24 +1089,16 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
   uint32_t forwards = 0;
   for (uint32_t b : backups) {
     std::vector<uint32_t> idx;
-    for (size_t i = 0; i < keys.size(); ++i) {
+    for (size_t i = 0; i < vshard.size(); ++i) {
       if (map_->ServerRankOf(vshard[i]) != my_rank_) continue;
       auto bs = map_->BackupsOf(vshard[i]);
       if (std::find(bs.begin(), bs.end(), b) != bs.end()) idx.push_back(i);
     }
     Message f;
     f.header.set_sender_id(options_.node_id);
-    auto* r = f.header.mutable_replicate();
-    r->set_worker_id(origin.worker);
-    r->set_incarnation(origin.incarnation);
-    r->set_seq(origin.seq);
-    r->set_acked_below(origin.acked_below);
-    r->set_table_id(req.table_id());
-    r->set_clock(table_clock);
-    r->set_first_column(piece->first);
-    r->set_columns(piece->count);
-    r->set_num_keys(idx.size());
-    if (idx.size() == keys.size()) {
+    *f.header.mutable_replicate() = forward;
+    f.header.mutable_replicate()->set_num_keys(idx.size());
+    if (idx.size() == vshard.size()) {
       f.frames = {m.frames[0], m.frames[1]};
     } else {
       f.frames.resize(2);
@@ -1094,7 +1110,6 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
     out.push_back(Outgoing{map_->server(b).address(), std::move(wire)});
     forwards++;
   }
-  if (forwards > 0) *shards_out = shards;
   return forwards;
 }
 

@@ -406,6 +406,10 @@ class ServerCore {
 
  private:
   absl::Status HandleCreateTable(const proto::CreateTable& req);
+  // A worker's request (it wants a reply) from an address whose answers in
+  // flight are at a limit: answered Unavailable, or dropped past
+  // kBusyAnswerSlack (see ServerCoreOptions); true if so.
+  bool RefusedAsBusy(const Message& request, std::vector<Outgoing>& out);
   // A push: validated, de-duplicated, applied (or left pending under
   // apply_after_ack), forwarded to backups. Appends its reply to `out` now,
   // or later (ForwardDone) when the Ack waits for backups.
@@ -414,6 +418,13 @@ class ServerCore {
   // push_id to the streams and returns how many there are.
   absl::StatusOr<uint32_t> AcceptPush(const proto::Push& req, Message& m, uint64_t push_id, Nanos now,
                                       std::vector<Outgoing>& out, std::vector<uint32_t>* shards_out);
+  // Forwards an applied push (keys frame m.frames[0], values m.frames[1];
+  // vshard: each key's shard; shards: those of this server it took) to
+  // every backup of those shards: each gets `forward` with the keys of the
+  // shards it backs up, in its stream. Returns how many forwards went.
+  uint32_t ForwardPush(const Message& m, std::span<const uint32_t> vshard, std::span<const uint32_t> shards,
+                       const proto::Replicate& forward, size_t row_bytes, uint64_t push_id, Nanos now,
+                       std::vector<Outgoing>& out);
   // A newer map moved shards away from this live server (a move, not a
   // failover): pushes waiting for backups that touched a shard it no longer
   // is primary of are answered Aborted; shards it no longer holds at all
