@@ -794,6 +794,11 @@ bool CpuHasAvx512() {
 #endif  // TESSERA_HAVE_X86
 
 // TESSERA_CPU_KERNELS caps the table Best() picks; anything else is an error.
+// A benchmark and test knob, not a job setting: every table gives
+// bit-identical results (cpu_kernels.h), so a process that does not get the
+// variable (a remote shell drops it) computes the same, only at another
+// speed; so it stays an environment variable rather than a flag of every
+// binary.
 const KernelTable& PickBest() {
   const KernelTable* best = Avx512();
   if (best == nullptr) best = Avx2();

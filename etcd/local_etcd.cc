@@ -32,6 +32,9 @@ int FreePort() {
   return port;
 }
 
+// TESSERA_ETCD: where the tests find an etcd binary. A test knob, not a job
+// setting: LocalEtcd is linked only into tests (local_etcd.h), so this is no
+// library reading its settings from the environment.
 std::string FindEtcd() {
   if (const char* env = std::getenv("TESSERA_ETCD"); env && *env) return env;
   for (const char* p : {"/usr/bin/etcd", "/usr/local/bin/etcd"}) {
