@@ -22,9 +22,10 @@
 //   whose disk fails is a server that fails, and its replicas take over
 //   without losing an acknowledged push (docs/fault_tolerance.md). No method
 //   returns an error the Table would have to undo.
-// - memory_bytes(): the most memory the store itself holds (buffers,
-//   caches), whatever its number of rows; the Table counts it against the
-//   table's memory budget. Rows held are not counted: they are on disk.
+// - memory_bytes(rows): the most memory the store itself holds (buffers,
+//   caches, and what it keeps in memory per row held: an index, filters)
+//   while it holds `rows` rows; the Table counts it against the table's
+//   memory budget. The rows' values are not counted: they are on disk.
 // - Thread safety: none; the Table's caller serializes every call (the
 //   server's shard thread), const methods included.
 #include <cstdint>
@@ -70,8 +71,8 @@ class ColdRows {
   // Calls fn(key, row) once for every row held, in no particular order. The
   // span is valid during the call only; fn must not change the store.
   virtual void ForEach(absl::FunctionRef<void(Key, std::span<const float>)> fn) = 0;
-  // The most memory the store holds whatever it holds (see above).
-  virtual uint64_t memory_bytes() const = 0;
+  // The most memory the store holds while it holds `rows` rows (see above).
+  virtual uint64_t memory_bytes(uint64_t rows) const = 0;
   virtual ColdRowStats stats() const = 0;
 };
 
@@ -92,7 +93,7 @@ class MemoryColdRows final : public ColdRows {
   bool Contains(Key key) override { return rows_.contains(key); }
   void Erase(Key key) override;
   void ForEach(absl::FunctionRef<void(Key, std::span<const float>)> fn) override;
-  uint64_t memory_bytes() const override { return 0; }
+  uint64_t memory_bytes(uint64_t) const override { return 0; }
   ColdRowStats stats() const override { return stats_; }
   size_t size() const { return rows_.size(); }
 

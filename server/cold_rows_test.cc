@@ -143,8 +143,9 @@ TEST(RocksColdRowsTest, RowsReachTheFilesAndTheDirectoryGoesWithTheStore) {
     const Key k = 17;
     ASSERT_EQ((*store)->Get(std::span<const Key>(&k, 1), out, std::span<uint8_t>(&found, 1)), 1u);
     EXPECT_TRUE(SameBits(out, OddRow(64, 17)));
-    EXPECT_EQ((*store)->memory_bytes(), 2 * o.write_buffer_bytes + o.block_cache_bytes +
-                                            RocksColdRows::kFixedOverheadBytes);
+    EXPECT_EQ((*store)->memory_bytes(0), 2 * o.write_buffer_bytes + o.block_cache_bytes +
+                                             RocksColdRows::kFixedOverheadBytes);
+    EXPECT_EQ((*store)->memory_bytes(1000) - (*store)->memory_bytes(0), 1000 * RocksColdRows::kBytesPerRow);
   }
   EXPECT_FALSE(fs::exists(o.directory));  // scratch: gone with the store
 }

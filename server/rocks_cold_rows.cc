@@ -1,5 +1,6 @@
 #include "server/rocks_cold_rows.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -8,7 +9,9 @@
 #include "rocksdb/cache.h"
 #include "rocksdb/db.h"
 #include "rocksdb/filter_policy.h"
+#include "rocksdb/memtablerep.h"
 #include "rocksdb/options.h"
+#include "rocksdb/slice_transform.h"
 #include "rocksdb/table.h"
 
 namespace tessera {
@@ -67,16 +70,22 @@ absl::StatusOr<std::unique_ptr<RocksColdRows>> RocksColdRows::Open(const RocksCo
   o.write_buffer_size = options.write_buffer_bytes;
   o.max_write_buffer_number = 2;
   o.max_background_jobs = 2;
+  o.compaction_style = rocksdb::kCompactionStyleUniversal;
   o.max_open_files = -1;
   o.info_log_level = rocksdb::WARN_LEVEL;
   o.keep_log_file_num = 2;
   o.avoid_unnecessary_blocking_io = true;
+  // Point lookups and writes only, never a range: a hash memtable keyed by
+  // the whole 8-byte key (the default skip list costs a dozen key compares
+  // an insert and a lookup).
+  o.prefix_extractor.reset(rocksdb::NewFixedPrefixTransform(8));
+  o.memtable_factory.reset(rocksdb::NewHashLinkListRepFactory(std::max<size_t>(1024, options.write_buffer_bytes / 128)));
+  o.allow_concurrent_memtable_write = false;
   std::shared_ptr<rocksdb::Cache> cache = rocksdb::NewLRUCache(options.block_cache_bytes);
   rocksdb::BlockBasedTableOptions t;
   t.block_cache = cache;
-  t.block_size = 16 * 1024;
-  t.cache_index_and_filter_blocks = true;  // charged to the cache, so memory stays bounded
-  t.pin_l0_filter_and_index_blocks_in_cache = true;
+  t.block_size = 4 * 1024;
+  t.cache_index_and_filter_blocks = false;
   t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));  // most lookups of new keys skip the disk
   o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
   rocksdb::DB* db = nullptr;
@@ -163,7 +172,8 @@ void RocksColdRows::Erase(Key key) {
 
 void RocksColdRows::ForEach(absl::FunctionRef<void(Key, std::span<const float>)> fn) {
   rocksdb::ReadOptions r;
-  r.fill_cache = false;  // one pass over everything would only push the hot blocks out
+  r.fill_cache = false;       // one pass over everything would only push the hot blocks out
+  r.total_order_seek = true;  // every key, not one prefix (the hash memtable's default)
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(r));
   std::vector<float> row(row_floats_);
   const size_t row_bytes = row.size() * sizeof(float);
@@ -177,8 +187,8 @@ void RocksColdRows::ForEach(absl::FunctionRef<void(Key, std::span<const float>)>
                     absl::StrCat("disk tier ", options_.directory, ": scan failed: ", it->status().ToString()));
 }
 
-uint64_t RocksColdRows::memory_bytes() const {
-  return 2 * options_.write_buffer_bytes + options_.block_cache_bytes + kFixedOverheadBytes;
+uint64_t RocksColdRows::memory_bytes(uint64_t rows) const {
+  return 2 * options_.write_buffer_bytes + options_.block_cache_bytes + kFixedOverheadBytes + kBytesPerRow * rows;
 }
 
 ColdRowStats RocksColdRows::stats() const {

@@ -19,11 +19,21 @@
 // directory's rows by design, never an acknowledged push, since the
 // replicas hold them (docs/embeddings.md, "Disk tier").
 //
-// Memory: memory_bytes() = 2 * write_buffer_bytes (the memtable and one
-// being flushed) + block_cache_bytes (data, index and filter blocks) +
-// kFixedOverheadBytes (table readers, iterators, arenas: measured in
-// rocks_cold_rows_test's resident-size check). Reads use pread, not mmap,
-// so the page cache is the kernel's and not this process's resident memory.
+// Memory: memory_bytes(rows) = 2 * write_buffer_bytes (the memtable and one
+// being flushed) + block_cache_bytes (data blocks) + kFixedOverheadBytes
+// (arenas, iterators) + kBytesPerRow * rows: the files' index and Bloom
+// filter blocks, which stay in memory with their table readers (10 bits a
+// key of filter, an index entry per 4 KiB block of ~28 rows of dim 16;
+// rounded up: measured in bench/disk_tier_bench's resident column). Reads
+// use pread, not mmap, so the page cache is the kernel's and not this
+// process's resident memory.
+//
+// Settings, measured with bench/disk_tier_bench (docs/embeddings.md): a
+// hash memtable (point lookups only; the skip list's key compares cost
+// more), universal compaction (less rewriting than levels, for a store
+// that mostly replaces its rows), no compression, 4 KiB blocks (a miss
+// reads one), filter and index blocks outside the block cache (in it they
+// were pushed out by data blocks and read again on every lookup).
 //
 // Failure: an error of RocksDB after opening (I/O, corruption) stops the
 // process naming the directory (the ColdRows contract); Open returns an
@@ -50,6 +60,7 @@ struct RocksColdRowsOptions {
 class RocksColdRows final : public ColdRows {
  public:
   static constexpr uint64_t kFixedOverheadBytes = 8ull << 20;
+  static constexpr uint64_t kBytesPerRow = 3;
 
   static absl::StatusOr<std::unique_ptr<RocksColdRows>> Open(const RocksColdRowsOptions& options,
                                                              uint32_t row_floats);
@@ -61,7 +72,7 @@ class RocksColdRows final : public ColdRows {
   bool Contains(Key key) override;
   void Erase(Key key) override;
   void ForEach(absl::FunctionRef<void(Key, std::span<const float>)> fn) override;
-  uint64_t memory_bytes() const override;
+  uint64_t memory_bytes(uint64_t rows) const override;
   ColdRowStats stats() const override;
   const std::string& directory() const { return options_.directory; }
 

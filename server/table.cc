@@ -2,6 +2,7 @@
 
 #include "absl/container/flat_hash_set.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -128,11 +129,17 @@ absl::Status Table::CheckDiskTier(const proto::TableConfig& c, uint64_t store_me
 }
 
 void Table::AttachDiskTier() {
-  TESSERA_CHECK_MSG(CheckDiskTier(config_, cold_->memory_bytes()).ok(),
+  TESSERA_CHECK_MSG(CheckDiskTier(config_, cold_->memory_bytes(0)).ok(),
                     "Table: a disk tier for a table that cannot have one (CheckDiskTier)");
   TESSERA_CHECK(cold_->row_floats() == stride_);
-  max_rows_ = (config_.memory_budget_bytes() - cold_->memory_bytes()) / RowBytes(config_);
   disk_row_.resize(stride_);
+}
+
+uint64_t Table::RowsInMemoryLimit() const {
+  if (cold_ == nullptr) return max_rows_;
+  const uint64_t budget = config_.memory_budget_bytes();
+  const uint64_t store = std::min(budget, cold_->memory_bytes(rows_on_disk_));
+  return std::max<uint64_t>(1, (budget - store) / RowBytes(config_));
 }
 
 uint32_t Table::LoadFromDisk(Key key) {
@@ -185,7 +192,9 @@ uint64_t Table::RowBytes(const proto::TableConfig& c) {
 }
 
 size_t Table::AddRow(Key key) {
-  if (evicts_ && index_.size() >= max_rows_ && tail_ != kNoRow) {
+  // (A loop: with a disk tier each row moved out makes the store's memory,
+  // and so the limit, a little smaller.)
+  while (evicts_ && index_.size() >= RowsInMemoryLimit() && tail_ != kNoRow) {
     if (cold_ != nullptr) {
       cold_->Put(recency_[tail_].key, std::span<const float>(ReadRow(tail_), stride_));
       ++rows_on_disk_;

@@ -51,10 +51,11 @@
 //   memory is a cache decision that pulls also change (they bring rows
 //   back), so replicas may differ in it, never in values. A key is in at
 //   most one of memory and the store; num_rows() counts both. The budget
-//   covers the rows in memory and the store's own memory (its buffers and
-//   caches, ColdRows::memory_bytes()): rows in memory are at most
-//   (memory_budget_bytes - store memory) / RowBytes(config), and
-//   CheckDiskTier says when that is not even one row.
+//   covers the rows in memory and the store's own memory (its buffers,
+//   caches and per-row index, ColdRows::memory_bytes(rows_on_disk())):
+//   rows in memory are at most (memory_budget_bytes - store memory) /
+//   RowBytes(config), never fewer than one, and CheckDiskTier says when
+//   not even one row fits beside an empty store.
 // - A request that fails validation changes nothing.
 // - Storage: rows live in chunks; a row of at least kLendMinBytes has a chunk
 //   of its own. A chunk may be lent to readers (ReadRowsShared) while it is
@@ -108,7 +109,7 @@ class Table {
   // `owns_key` says which keys this server holds (DENSE rows are created for
   // those keys only). Requires ValidateTableConfig(config).ok(), and with a
   // store for a disk tier (`cold`, not null) CheckDiskTier(config,
-  // cold->memory_bytes()).ok() and cold->row_floats() ==
+  // cold->memory_bytes(0)).ok() and cold->row_floats() ==
   // StoredRowFloats(config); the store must be empty.
   template <typename OwnsKey>
   Table(const proto::TableConfig& config, OwnsKey&& owns_key, std::unique_ptr<ColdRows> cold = nullptr)
@@ -261,6 +262,7 @@ class Table {
   float* WritableRow(size_t row);              // copies a lent chunk first
   size_t CreateRow(Key key);                   // a new row with its initial values
   size_t AddRow(Key key);                      // a new row, values unset (drops the LRU row at the budget)
+  uint64_t RowsInMemoryLimit() const;          // the budget's rows (with a disk tier: beside the store)
   // Disk tier: the store's key of what the constructor checked.
   void AttachDiskTier();
   // Brings the row of `key` back from the disk tier: its row number, or

@@ -58,9 +58,11 @@ class TableDiskTierTest : public ::testing::TestWithParam<Store> {
   // A table of `config` with a disk tier whose memory holds `rows_in_memory` rows.
   std::unique_ptr<Table> TieredTable(proto::TableConfig config, uint64_t rows_in_memory) {
     auto store = MakeStore(StoredRowFloats(config));
-    config.set_memory_budget_bytes(store->memory_bytes() + rows_in_memory * Table::RowBytes(config) +
+    // Memory holds at most rows_in_memory rows (fewer as the store's own
+    // memory grows with the rows it holds).
+    config.set_memory_budget_bytes(store->memory_bytes(0) + rows_in_memory * Table::RowBytes(config) +
                                    Table::RowBytes(config) / 2);
-    EXPECT_TRUE(Table::CheckDiskTier(config, store->memory_bytes()).ok());
+    EXPECT_TRUE(Table::CheckDiskTier(config, store->memory_bytes(0)).ok());
     return std::make_unique<Table>(config, [](Key) { return true; }, std::move(store));
   }
   fs::path dir_;
@@ -215,6 +217,38 @@ TEST_P(TableDiskTierTest, RestoreEraseAndCountSeeTheRowsOnDisk) {
 
 INSTANTIATE_TEST_SUITE_P(Stores, TableDiskTierTest, ::testing::Values(Store::kMemory, Store::kRocks),
                          [](const auto& info) { return info.param == Store::kMemory ? "Memory" : "Rocks"; });
+
+// The budget counts what the store keeps in memory for the rows it holds:
+// the more rows on disk, the fewer in memory.
+TEST(TableDiskTierBudgetTest, TheStoresMemoryPerRowComesOutOfTheRowsInMemory) {
+  std::string t = (fs::temp_directory_path() / "tessera-table-budget-XXXXXX").string();
+  const fs::path dir = mkdtemp(t.data());
+  {
+    proto::TableConfig c = SparseConfig(proto::SGD, 1);
+    RocksColdRowsOptions o;
+    o.directory = (dir / "store").string();
+    o.write_buffer_bytes = 64 << 10;
+    o.block_cache_bytes = 64 << 10;
+    auto store = RocksColdRows::Open(o, StoredRowFloats(c));
+    ASSERT_TRUE(store.ok()) << store.status();
+    const uint64_t empty = (*store)->memory_bytes(0);
+    c.set_memory_budget_bytes(empty + 1000 * Table::RowBytes(c));
+    Table table(c, [](Key) { return true; }, std::move(*store));
+    std::vector<Key> keys(5000);
+    for (Key k = 0; k < keys.size(); ++k) keys[k] = k;
+    ASSERT_TRUE(table.ApplyPush(keys, std::vector<float>(keys.size(), 1.0f)).ok());
+    // About 4,200 rows on disk at 3 bytes each: 12,600 bytes less for rows in
+    // memory, about 210 rows of 60 bytes (RowBytes of SGD dim 1 with a budget).
+    const uint64_t on_disk = table.rows_on_disk();
+    const uint64_t expected =
+        (c.memory_budget_bytes() - empty - RocksColdRows::kBytesPerRow * on_disk) / Table::RowBytes(c);
+    EXPECT_EQ(table.num_rows(), 5000u);
+    EXPECT_LT(table.rows_in_memory(), 1000u);
+    EXPECT_NEAR(static_cast<double>(table.rows_in_memory()), static_cast<double>(expected), 1.0);
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
 
 TEST(TableDiskTierConfigTest, OnlySparseTablesWithABudgetThatLeavesRoom) {
   proto::TableConfig c = SparseConfig(proto::SGD, 16);
