@@ -269,6 +269,22 @@ def test_from_args_needs_the_coordinator():
         tessera.Worker.from_args(["--coordinator", "tcp://127.0.0.1:1", "--rank", "zero"])
 
 
+def test_from_args_takes_the_transport_flags_and_names_a_bad_one(tmp_path):
+    """The transport flags the launcher passes every worker program
+    (transport/transport_flags.h) are from_args's too: consumed, checked
+    before anything connects, a bad value named with its flag."""
+    with pytest.raises(ValueError, match="--shm_ring_bytes"):
+        tessera.Worker.from_args(["--coordinator", "tcp://127.0.0.1:1", "--shm_ring_bytes", "3000000", "--epochs", "3"])
+    with pytest.raises(ValueError, match="--coalesce"):
+        tessera.Worker.from_args(["--coordinator", "tcp://127.0.0.1:1", "--coalesce", "maybe"])
+    # A job key file that does not exist stops the worker naming the flag (nothing listens at port 1).
+    with pytest.raises(tessera.Error, match="--job_keys"):
+        tessera.Worker.from_args(["--coordinator", "tcp://127.0.0.1:1", "--connect_timeout_seconds", "0.5",
+                                  "--job_keys", str(tmp_path / "none.keys")])
+    with pytest.raises(tessera.Error, match="--job_keys"):
+        tessera.Worker.connect("tcp://127.0.0.1:1", connect_timeout=0.5, job_keys=str(tmp_path / "none.keys"))
+
+
 def test_connect_to_nobody_times_out():
     with pytest.raises(tessera.Error, match="127.0.0.1:9"):
         tessera.Worker.connect("tcp://127.0.0.1:9", connect_timeout=0.5)
