@@ -959,8 +959,7 @@ void ServerCore::HandlePush(Message request, Nanos now, std::vector<Outgoing>& o
     if (wants_reply) out.push_back(Outgoing{reply_to, std::move(reply)});
     return;
   }
-  waiting_.emplace(push_id,
-                   WaitingAck{wants_reply ? reply_to : std::string(), std::move(reply), *forwards, {}, std::move(shards)});
+  acks_.Wait(push_id, wants_reply ? reply_to : std::string(), std::move(reply), *forwards, std::move(shards));
 }
 
 absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message& m, uint64_t push_id, Nanos now,
@@ -1114,17 +1113,13 @@ uint32_t ServerCore::ForwardPush(const Message& m, std::span<const uint32_t> vsh
 }
 
 void ServerCore::ForwardDone(uint64_t push_id, const absl::Status& status, std::vector<Outgoing>& out) {
-  auto it = waiting_.find(push_id);
-  if (it == waiting_.end()) return;
-  WaitingAck& w = it->second;
-  if (!status.ok() && w.status.ok()) w.status = status;
-  if (--w.outstanding > 0) return;
-  if (!w.status.ok()) {
+  std::optional<PushAcks::Waiting> w = acks_.Done(push_id, status);
+  if (!w) return;
+  if (!w->status.ok()) {
     stats_.bad_requests++;
-    SetError(w.reply, w.status);
+    SetError(w->reply, w->status);
   }
-  if (!w.to.empty()) out.push_back(Outgoing{std::move(w.to), std::move(w.reply)});
-  waiting_.erase(it);
+  if (!w->to.empty()) out.push_back(Outgoing{std::move(w->to), std::move(w->reply)});
 }
 
 void ServerCore::HandleReplicateAck(const Message& m, Nanos now, std::vector<Outgoing>& out) {
@@ -1307,13 +1302,12 @@ absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::Sh
   if (deposed()) {
     // Another server took over this one's shards: nothing waiting here may
     // be acknowledged; the workers send it again where the map says.
-    for (auto& [id, w] : waiting_) {
+    for (PushAcks::Waiting& w : acks_.TakeAll()) {
       SetError(w.reply, absl::AbortedError(absl::StrCat("server ", my_rank_, " was removed from the job at map epoch ",
                                                         map_->epoch(), " before its backups had the push")));
       w.reply.header.set_epoch(map_->epoch());  // the worker resends once it has this map
       if (!w.to.empty()) out.push_back(Outgoing{std::move(w.to), std::move(w.reply)});
     }
-    waiting_.clear();
     streams_.Clear();
     moves_.Clear();
     AbortHeldReplies([](uint32_t) { return true; }, out);
@@ -1388,20 +1382,12 @@ void ServerCore::LetMovedShardsGo(const ShardMapView& old, std::vector<Outgoing>
   // applies it once (de-duplication) and acknowledges it when its own
   // backups have it.
   if (!moved.empty()) {
-    for (auto it = waiting_.begin(); it != waiting_.end();) {
-      const std::vector<uint32_t>& shards = it->second.shards;
-      auto hit = std::find_if(shards.begin(), shards.end(), [&](uint32_t v) { return moved.contains(v); });
-      if (hit == shards.end()) {
-        ++it;
-        continue;
-      }
-      WaitingAck& w = it->second;
-      SetError(w.reply, absl::AbortedError(absl::StrCat("shard ", *hit, " moved from server ", my_rank_, " to server ",
-                                                        map_->ServerRankOf(*hit), " at map epoch ", map_->epoch(),
+    for (auto& [w, shard] : acks_.TakeTouching([&](uint32_t v) { return moved.contains(v); })) {
+      SetError(w.reply, absl::AbortedError(absl::StrCat("shard ", shard, " moved from server ", my_rank_, " to server ",
+                                                        map_->ServerRankOf(shard), " at map epoch ", map_->epoch(),
                                                         " before its backups had the push")));
       w.reply.header.set_epoch(map_->epoch());  // the worker resends once it has this map
       if (!w.to.empty()) out.push_back(Outgoing{std::move(w.to), std::move(w.reply)});
-      waiting_.erase(it++);
     }
   }
   if (!moved.empty()) AbortHeldReplies([&](uint32_t v) { return moved.contains(v); }, out);

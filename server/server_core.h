@@ -177,6 +177,7 @@
 #include "server/forward_inbox.h"
 #include "server/hold_queue.h"
 #include "server/pull_reply_pieces.h"
+#include "server/push_acks.h"
 #include "server/push_dedup.h"
 #include "server/shard_moves.h"
 #include "server/shard_traffic.h"
@@ -355,7 +356,7 @@ class ServerCore {
   // Whether the current map names this server dead (it serves nothing).
   bool deposed() const { return map_ && map_->IsDead(my_rank_); }
   // Pushes accepted but waiting for backups, and forwards not yet acknowledged.
-  size_t waiting_acks() const { return waiting_.size(); }
+  size_t waiting_acks() const { return acks_.size(); }
   size_t unacked_forwards() const { return streams_.unacked(); }
   // When Tick next has a forward to send again (INT64_MAX: none), and the
   // shortest forward timer of any backup (a forward sent now is due no sooner).
@@ -511,13 +512,6 @@ class ServerCore {
   void ImportShardState(const proto::ShardTransfer& t, const std::function<bool(uint32_t)>& keep);
   // A backup's side: applies a transfer (validated first).
   absl::Status ApplyTransfer(const Message& m, uint32_t from);
-  struct WaitingAck {
-    std::string to;
-    Message reply;
-    uint32_t outstanding = 0;  // forwards not yet acknowledged
-    absl::Status status;       // the first rejection, if any
-    std::vector<uint32_t> shards = {};  // the shards of this server's the push touched
-  };
   // A newer map moved shards: the stream's unacknowledged forwards keep
   // only the keys of shards this server is still primary of and `rank`
   // still backs up (a forward may mix shards; the backup would refuse it
@@ -537,7 +531,7 @@ class ServerCore {
   PushDedup dedup_;                                         // sequenced pushes applied, per (shard, worker)
   BackupStreams streams_{options_.forward_resend};           // as a primary: per backup, forwards and timers
   ForwardInbox inbox_;  // as a backup: each primary's stream, in order
-  absl::flat_hash_map<uint64_t, WaitingAck> waiting_;       // push id -> its Ack, held for backups
+  PushAcks acks_;                                           // pushes' Acks, held for backups
   AuditLog audit_;  // audit mode: pushes applied per row, checkpoint restores
   uint64_t next_push_id_ = 1;
   std::vector<proto::ShardsInSync> in_sync_;  // acknowledged transfers, for TakeShardsInSync
