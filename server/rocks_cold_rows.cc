@@ -81,6 +81,7 @@ absl::StatusOr<std::unique_ptr<RocksColdRows>> RocksColdRows::Open(const RocksCo
   o.prefix_extractor.reset(rocksdb::NewFixedPrefixTransform(8));
   o.memtable_factory.reset(rocksdb::NewHashLinkListRepFactory(std::max<size_t>(1024, options.write_buffer_bytes / 128)));
   o.allow_concurrent_memtable_write = false;
+  o.allow_mmap_reads = true;  // a copy instead of a pread per block read
   std::shared_ptr<rocksdb::Cache> cache = rocksdb::NewLRUCache(options.block_cache_bytes);
   rocksdb::BlockBasedTableOptions t;
   t.block_cache = cache;

@@ -24,11 +24,15 @@
 // (arenas, iterators) + kBytesPerRow * rows: the files' index and Bloom
 // filter blocks, which stay in memory with their table readers (10 bits a
 // key of filter, an index entry per 4 KiB block of ~28 rows of dim 16;
-// rounded up: measured in bench/disk_tier_bench's resident column). Reads
-// use pread, not mmap, so the page cache is the kernel's and not this
-// process's resident memory.
+// rounded up: measured in bench/disk_tier_bench's resident column). The
+// files are read through mmap (a miss costs a copy, not a system call: 25%
+// less CPU a row in the bench): their pages are the kernel's page cache,
+// counted in the process's file-backed resident size (RssFile) and given
+// back under memory pressure, not in its anonymous memory (RssAnon), which
+// is what the budget bounds.
 //
-// Settings, measured with bench/disk_tier_bench (docs/embeddings.md): a
+// Settings, measured with bench/disk_tier_bench (docs/embeddings.md): mmap
+// reads (above), a
 // hash memtable (point lookups only; the skip list's key compares cost
 // more), universal compaction (less rewriting than levels, for a store
 // that mostly replaces its rows), no compression, 4 KiB blocks (a miss
