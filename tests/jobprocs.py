@@ -56,9 +56,10 @@ def command_line(pid: int) -> list:
 
 
 def job_environment(pid: int) -> dict:
-    """The TESSERA_* variables process `pid` was started with (the job key
-    file, message faults, the audit directory): what a process started
-    again in its place needs, e.g. to hold the job's key."""
+    """The TESSERA_* variables process `pid` was started with. The job's
+    settings (the job key file, message faults, the audit directory) are
+    flags on its command line (command_line), not variables; what is left
+    here is whatever else the launcher's environment held."""
     pairs = [e.decode().partition("=") for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if e]
     return {k: v for k, _, v in pairs if k.startswith("TESSERA_")}
 

@@ -196,12 +196,13 @@ def test_a_drained_server_hands_its_copies_over_and_leaves(tmp_path):
     passes."""
     job = Job(tmp_path, "timeouts.heartbeat_seconds=0.2", "timeouts.lease_seconds=2")
     pid = job.pid("tessera-server", "server-2")
-    job_env = {**os.environ, **job_environment(pid)}  # the job's key, if it has one
+    server_argv = command_line(pid)  # the job's key, if it has one, as the server got it
+    keys = server_argv[server_argv.index("--job_keys"):][:2] if "--job_keys" in server_argv else []
     time.sleep(1.0)
     assert job.running(), "the job ended before the drain"
     admin = subprocess.run([str(BUILD / "coordinator" / "tessera-admin"), "drain", "--coordinator", job.address,
-                            "--server", "2", "--wait", "--timeout", "90"],
-                           capture_output=True, text=True, timeout=120, env=job_env)
+                            "--server", "2", "--wait", "--timeout", "90", *keys],
+                           capture_output=True, text=True, timeout=120)
     assert admin.returncode == 0, admin.stdout + admin.stderr
     assert "draining server 2" in admin.stdout, admin.stdout
     assert admin.stdout.rstrip().endswith("server 2 was drained and removed from the job"), admin.stdout

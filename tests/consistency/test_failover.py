@@ -80,7 +80,7 @@ def test_a_restarted_server_rejoins_and_takes_over_after_a_second_loss(tmp_path)
     job = start_job(tmp_path, records, "worker.args.clocks=700")
     address = wait_for_address(tmp_path / "run", job)
     pid = wait_for_process("tessera-server", address, "server-1")
-    argv, env = command_line(pid), dict(os.environ, **job_environment(pid))  # the job key, too
+    argv, env = command_line(pid), dict(os.environ, **job_environment(pid))  # the job key is a flag in argv
     time.sleep(1.5)
     assert job.poll() is None, "the job ended before the fault: make it longer\n" + job.stdout.read()
     os.kill(pid, signal.SIGKILL)
