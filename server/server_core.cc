@@ -15,78 +15,6 @@
 namespace tessera {
 namespace {
 
-// The distinct values of `vshards` (each < num_vshards) for which keep(v)
-// holds, ascending: one pass and a bitmap instead of a sort (a push of
-// thousands of keys touches each of a few hundred shards many times).
-template <typename Keep>
-std::vector<uint32_t> DistinctShards(std::span<const uint32_t> vshards, uint32_t num_vshards, Keep&& keep) {
-  std::vector<uint8_t> seen(num_vshards, 0);
-  for (uint32_t v : vshards) seen[v] = 1;
-  std::vector<uint32_t> out;
-  for (uint32_t v = 0; v < num_vshards; ++v)
-    if (seen[v] && keep(v)) out.push_back(v);
-  return out;
-}
-
-constexpr uint64_t kUnbounded = std::numeric_limits<uint64_t>::max();
-
-// Clocks count iterations: one at or past 2^62 is no job's, and arithmetic
-// on it (a clock plus one, plus a staleness, times a hold) would overflow.
-constexpr uint64_t kMaxClock = uint64_t{1} << 62;
-
-// How far past the highest clock announced here a push may move its
-// table's clock ("Push clocks" in server_core.h): a worker stamps clock c
-// only once every server acknowledged its clock c - 1 (BSP, SSP), so one
-// is the most a legitimate stamp is ahead of what this server has heard.
-constexpr uint64_t kPushClockLead = 1;
-
-// The clock fields of a push, pull or clock advance: in range, and a hold
-// no longer than the server allows.
-absl::Status CheckClockFields(const proto::Envelope& h, Nanos max_hold) {
-  uint64_t clock = 0;
-  uint64_t hold_ms = 0;
-  const char* what = nullptr;
-  if (h.has_push()) {
-    clock = h.push().clock();
-    what = "push";
-  } else if (h.has_pull()) {
-    clock = h.pull().clock();
-    hold_ms = h.pull().hold_timeout_ms();
-    what = "pull";
-  } else if (h.has_clock_advance()) {
-    clock = h.clock_advance().clock();
-    hold_ms = h.clock_advance().hold_timeout_ms();
-    what = "clock advance";
-  } else {
-    return absl::OkStatus();
-  }
-  if (clock >= kMaxClock) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " clock ", clock, " is out of range (clocks stay below 2^62 = ", kMaxClock, ")"));
-  }
-  const uint64_t max_hold_ms = static_cast<uint64_t>(max_hold / kMillis);
-  if (hold_ms > max_hold_ms) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " asks to be held up to ", hold_ms,
-                                                   " ms for slower workers; this server holds a request at most ",
-                                                   max_hold_ms, " ms (tessera-server --max-hold-ms)"));
-  }
-  return absl::OkStatus();
-}
-
-// Staleness of a table: BSP 0, SSP its bound, ASP unbounded.
-uint64_t Staleness(const proto::TableConfig& c) {
-  switch (c.consistency()) {
-    case proto::SSP: return c.staleness();
-    case proto::ASP: return kUnbounded;
-    default: return 0;
-  }
-}
-
-// The min clock a reader at `clock` needs: clock - staleness, saturating.
-uint64_t Required(uint64_t clock, uint64_t staleness) {
-  return staleness == kUnbounded || clock <= staleness ? 0 : clock - staleness;
-}
-
 void SetError(Message& reply, const absl::Status& status) {
   reply.frames.clear();
   auto* e = reply.header.mutable_error();
@@ -186,7 +114,7 @@ void ServerCore::Emit(std::vector<Outgoing>& out, std::string to, Message reply)
 }
 
 uint64_t ServerCore::StrictestStaleness() const {
-  uint64_t s = kUnbounded;
+  uint64_t s = kUnboundedStaleness;
   for (const auto& [id, t] : tables_) s = std::min(s, Staleness(t->config()));
   return s;
 }
@@ -197,9 +125,9 @@ absl::StatusOr<uint64_t> ServerCore::RequiredMinClock(const Message& m) {
   if (h.has_pull()) {
     auto table = FindTable(h.pull().table_id());
     if (!table.ok()) return table.status();
-    return Required(h.pull().clock(), Staleness((*table)->config()));
+    return tessera::RequiredMinClock(h.pull().clock(), Staleness((*table)->config()));
   }
-  if (h.has_clock_advance()) return Required(h.clock_advance().clock(), StrictestStaleness());
+  if (h.has_clock_advance()) return tessera::RequiredMinClock(h.clock_advance().clock(), StrictestStaleness());
   return 0;
 }
 
@@ -1043,7 +971,7 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
   // The clock the push moves its table's clock to: its stamp, but no further
   // than kPushClockLead past the highest clock any worker announced here
   // ("Push clocks" in server_core.h). Backups get this clock, not the stamp.
-  const uint64_t table_clock = std::min(req.clock(), clocks_.highest_clock() + kPushClockLead);
+  const uint64_t table_clock = PushTableClock(req.clock(), clocks_.highest_clock());
   if (table_clock < req.clock()) stats_.push_clocks_bounded++;
   if (!apply_keys.empty()) {
     if (defer) {

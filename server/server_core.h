@@ -179,6 +179,7 @@
 #include "server/pull_reply_pieces.h"
 #include "server/push_acks.h"
 #include "server/push_dedup.h"
+#include "server/request_clocks.h"
 #include "server/shard_moves.h"
 #include "server/shard_traffic.h"
 #include "server/state_transfer.h"
