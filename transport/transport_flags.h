@@ -92,7 +92,8 @@ class TransportFlags {
     return flags;
   }
 
-  // The values of TransportChoice{}.
+  // The values of TransportChoice{}; or of `d`, whose settings without a
+  // flag (hold_requests, ShmTransport's stuck_ms, ...) Parse() keeps.
   TransportFlags() : TransportFlags(TransportChoice{}) {}
   explicit TransportFlags(const TransportChoice& d)
       : transport_(d.kind == TransportChoice::Kind::kZmq    ? "zmq"
@@ -113,6 +114,7 @@ class TransportFlags {
         host_id_(d.host_id),
         job_keys_(d.job_keys),
         faults_(d.faults),
+        base_(d),
         choice_(d) {}
   // The flags hold pointers into this object.
   TransportFlags(const TransportFlags&) = delete;
@@ -141,7 +143,7 @@ class TransportFlags {
   // The values as given, parsed and checked (ValidateTransportChoice): an
   // InvalidArgument naming the flag otherwise.
   absl::StatusOr<TransportChoice> Parse() const {
-    TransportChoice c;
+    TransportChoice c = base_;
     const std::string& kind = transport_;
     if (kind == "zmq") {
       c.kind = TransportChoice::Kind::kZmq;
@@ -235,7 +237,8 @@ class TransportFlags {
   std::string transport_, rdma_required_, rdma_pool_bytes_, rdma_max_pinned_bytes_, shm_, shm_min_frame_bytes_,
       shm_ring_bytes_, shm_cross_memory_, shm_min_lend_bytes_, coalesce_, coalesce_max_message_bytes_,
       coalesce_max_batch_bytes_, coalesce_max_delay_us_, host_id_, job_keys_, faults_;
-  TransportChoice choice_;
+  TransportChoice base_;    // what the flags start from
+  TransportChoice choice_;  // after a parse: base_ with the flags' values
 };
 
 // For main only (after InitLogging): logs a warning for each old transport

@@ -70,6 +70,22 @@ TEST(TransportFlagsTest, HelpShowsTheStructsDefaults) {
   }
 }
 
+TEST(TransportFlagsTest, SettingsWithoutAFlagComeFromTheBase) {
+  TransportChoice base;
+  base.coalesce.hold_requests = true;
+  base.shm_options.stuck_ms = 77;
+  base.shm_options.ring_bytes = 8u << 20;
+  TransportFlags flags(base);
+  CLI::App app{"test"};
+  flags.AddTo(app);
+  std::vector<std::string> args = {"1000", "--coalesce_max_delay_us"};
+  app.parse(args);
+  EXPECT_TRUE(flags.choice().coalesce.hold_requests);
+  EXPECT_EQ(flags.choice().shm_options.stuck_ms, 77);
+  EXPECT_EQ(flags.choice().shm_options.ring_bytes, 8u << 20) << "the base's value is the flag's default";
+  EXPECT_EQ(flags.choice().coalesce.max_delay, std::chrono::microseconds(1000));
+}
+
 TEST(TransportFlagsTest, EveryFlagReachesItsField) {
   absl::StatusOr<TransportChoice> c = ParseFlags(
       {"--transport", "auto", "--rdma_required", "1", "--rdma_pool_bytes", "1048576", "--rdma-max-pinned-bytes",
