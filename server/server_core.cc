@@ -1245,30 +1245,11 @@ absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::Sh
   // Per backup: the shards it holds for this server now; a stream to a
   // server that holds none any more ends (every live copy has what waited
   // on it); a server that newly holds some gets their state first.
-  std::vector<uint32_t> ranks = streams_.Ranks();
-  for (uint32_t v = 0; v < map_->num_vshards(); ++v)
-    if (map_->ServerRankOf(v) == my_rank_)
-      for (uint32_t b : map_->BackupsOf(v)) ranks.push_back(b);
-  std::sort(ranks.begin(), ranks.end());
-  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-  for (uint32_t rank : ranks) {
-    std::vector<uint32_t> held, fresh;
+  for (BackupPlan& plan : PlanBackups(old, *map_, my_rank_, streams_.Ranks())) {
+    const uint32_t rank = plan.rank;
     const uint32_t node = map_->server(rank).node_id();
-    const bool same_process = old.server(rank).node_id() == node && !old.IsDead(rank);
-    for (uint32_t v = 0; v < map_->num_vshards(); ++v) {
-      if (map_->ServerRankOf(v) != my_rank_) continue;
-      auto bs = map_->BackupsOf(v);
-      if (std::find(bs.begin(), bs.end(), rank) == bs.end()) continue;
-      held.push_back(v);
-      // A backup gets the shard's state first if it did not hold the shard,
-      // or if this server was not its primary: copies that backed up a
-      // deposed primary may each miss a different suffix of its forwards
-      // (or have one this server lacks), and a backup recruited under the
-      // last primary may never have had its transfer.
-      if (!same_process || !old.Holds(rank, v) || old.ServerRankOf(v) != my_rank_) fresh.push_back(v);
-    }
     BackupStream* stream = streams_.Find(rank);
-    if (held.empty()) {
+    if (plan.held.empty()) {
       if (stream != nullptr) {
         for (Forward& f : stream->unacked) ForwardsDone(f, absl::OkStatus(), out);
         streams_.End(rank);
@@ -1290,7 +1271,7 @@ absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::Sh
       RescopeForwards(rank);
       SendForwards(rank, now, out);  // with the new epoch, in case the backup refused the old one
     }
-    if (!fresh.empty()) SendTransfer(rank, fresh, std::move(carried), now, out);
+    if (!plan.fresh.empty()) SendTransfer(rank, plan.fresh, std::move(carried), now, out);
   }
   moves_.Note(*map_, my_rank_, streams_);
   moves_.Release(streams_, out);

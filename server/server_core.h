@@ -172,6 +172,7 @@
 #include "compress/codec.h"
 #include "server/checkpoint.h"
 #include "server/audit_log.h"
+#include "server/backup_plan.h"
 #include "server/backup_streams.h"
 #include "server/clock_table.h"
 #include "server/forward_inbox.h"
