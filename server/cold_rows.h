@@ -37,6 +37,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
 #include "common/keys.h"
 
 namespace tessera {
@@ -77,9 +78,10 @@ class ColdRows {
 };
 
 // Makes the store of one table (the server gives one to each table that
-// asks for a disk tier): `table_id` and `row_floats` as the table's.
+// asks for a disk tier): `table_id` and `row_floats` as the table's. An
+// error (a directory it cannot make) refuses the table's creation.
 using ColdRowsFactory =
-    std::function<std::unique_ptr<ColdRows>(uint32_t table_id, uint32_t row_floats)>;
+    std::function<absl::StatusOr<std::unique_ptr<ColdRows>>(uint32_t table_id, uint32_t row_floats)>;
 
 // ColdRows in memory: the pure core's stand-in for the disk (tests, the
 // cluster simulator). Same contract; memory_bytes() is 0, since what it

@@ -3,6 +3,7 @@
 #include "server/cold_rows.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -181,6 +182,63 @@ TEST(RocksColdRowsTest, OpenStartsEmptyOverAnEarlierStoreButNeverRemovesOtherFil
   RocksColdRowsOptions fresh;
   fresh.directory = (dir.path() / "t3").string();
   EXPECT_FALSE(RocksColdRows::Open(fresh, 0).ok());
+}
+
+TEST(RocksColdRowsFactoryTest, OneDirectoryPerProcessAndStoreWhatDeadProcessesLeftIsRemoved) {
+  ScratchDir dir;
+  const fs::path root = dir.path() / "disk";
+  // A dead process of this host left its directory; a live one (this
+  // test's parent) has one too; and a user's own directory sits beside.
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::string h = host;
+  for (char& c : h)
+    if (c == '/' || c == '-') c = '_';
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  int status = 0;
+  waitpid(dead, &status, 0);
+  const fs::path stale = root / ("tessera-" + h + "-" + std::to_string(dead));
+  const fs::path live = root / ("tessera-" + h + "-" + std::to_string(getppid()));
+  fs::create_directories(stale / "table-1-0");
+  fs::create_directories(live / "table-1-0");
+  fs::create_directories(root / "mine");
+  fs::path mine_dir;
+  std::unique_ptr<ColdRows> outliving;
+  {
+    auto factory = MakeRocksColdRowsFactory(root.string(), RocksColdRowsOptions{.write_buffer_bytes = 1 << 20,
+                                                                               .block_cache_bytes = 1 << 20});
+    ASSERT_TRUE(factory.ok()) << factory.status();
+    EXPECT_FALSE(fs::exists(stale));
+    EXPECT_TRUE(fs::exists(live));
+    EXPECT_TRUE(fs::exists(root / "mine"));
+    mine_dir = root / ("tessera-" + h + "-" + std::to_string(getpid()));
+    EXPECT_TRUE(fs::is_directory(mine_dir));
+    auto a = (*factory)(7, 4);
+    auto b = (*factory)(7, 4);  // the same table again: a store of its own
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    (*a)->Put(1, std::vector<float>{1, 2, 3, 4});
+    EXPECT_FALSE((*b)->Contains(1));
+    EXPECT_TRUE(fs::exists(mine_dir / "table-7-0" / "CURRENT"));
+    EXPECT_TRUE(fs::exists(mine_dir / "table-7-1" / "CURRENT"));
+    auto c = (*factory)(8, 2);
+    ASSERT_TRUE(c.ok()) << c.status();
+    outliving = std::move(*c);
+  }
+  // A store keeps the process's directory while it lives, factory gone or not.
+  EXPECT_TRUE(fs::exists(mine_dir / "table-8-2" / "CURRENT"));
+  outliving->Put(5, std::vector<float>{1, 2});
+  EXPECT_TRUE(outliving->Contains(5));
+  EXPECT_FALSE(fs::exists(mine_dir / "table-7-0"));
+  outliving.reset();
+  EXPECT_FALSE(fs::exists(mine_dir));  // gone with the factory and its stores
+  // A disk_dir that cannot be made is an error naming it.
+  std::ofstream(dir.path() / "file") << "x";
+  auto bad = MakeRocksColdRowsFactory((dir.path() / "file" / "sub").string());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--disk_dir"), std::string::npos) << bad.status();
 }
 
 }  // namespace
