@@ -820,6 +820,15 @@ uint32_t ServerCore::RankOfNode(uint32_t node_id) const {
   return std::numeric_limits<uint32_t>::max();
 }
 
+void ServerCore::NoteApplied(std::span<const uint32_t> shards, const absl::flat_hash_set<uint32_t>& duplicate,
+                             const Origin& origin) {
+  for (uint32_t v : shards) {
+    if (duplicate.contains(v)) continue;
+    dedup_.RecordApplied(v, origin);
+    applied_[v]++;
+  }
+}
+
 bool ServerCore::IsDuplicate(uint32_t vshard, const Origin& origin) const {
   return !options_.testing.apply_duplicates && dedup_.IsDuplicate(vshard, origin);
 }
@@ -981,11 +990,7 @@ absl::StatusOr<uint32_t> ServerCore::AcceptPush(const proto::Push& req, Message&
       TESSERA_CHECK_MSG(s.ok(), s.message());  // checked above
     }
   }
-  for (uint32_t v : shards) {
-    if (duplicate.contains(v)) continue;
-    dedup_.RecordApplied(v, origin);
-    applied_[v]++;
-  }
+  NoteApplied(shards, duplicate, origin);
   if (!duplicate.empty()) stats_.duplicate_pushes++;
   AuditApplied(req.table_id(), apply_keys.As<Key>(), origin, *piece);
 
@@ -1156,59 +1161,58 @@ void ServerCore::ReplicateOne(const Message& m, std::vector<Outgoing>& out) {
     ack(r.position(), status);
     return;
   }
-  absl::Status status = [&]() -> absl::Status {
-    if (m.frames.size() != 2) return absl::InvalidArgumentError("forward needs 2 frames (keys, values)");
-    auto table_or = FindTable(r.table_id());
-    if (!table_or.ok()) return table_or.status();
-    Table* table = *table_or;
-    auto keys_or = KeysFrame(m, r.num_keys(), r.table_id(), false);
-    if (!keys_or.ok()) return keys_or.status();
-    const std::span<const Key> keys = *keys_or;
-    auto piece = PieceOf(r.first_column(), r.columns(), *table);
-    if (!piece.ok()) return piece.status();
-    const size_t row_bytes = size_t{piece->Width(table->width())} * sizeof(float);
-    if (m.frames[1].size() != keys.size() * row_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("forward values frame has ", m.frames[1].size(),
-                                                     " bytes, expected ", keys.size() * row_bytes));
-    }
-    std::vector<uint32_t> vshard(keys.size());
-    for (size_t i = 0; i < keys.size(); ++i) {
-      vshard[i] = map_->VShardOfKey(r.table_id(), keys[i]);
-      auto bs = map_->BackupsOf(vshard[i]);
-      if (old_epoch_accepted) continue;
-      if (map_->ServerRankOf(vshard[i]) != from || std::find(bs.begin(), bs.end(), my_rank_) == bs.end()) {
-        return absl::FailedPreconditionError(absl::StrCat("key ", keys[i], " of table ", r.table_id(), " (shard ",
-                                                          vshard[i], ") is not backed up here for server ", from,
-                                                          " at map epoch ", map_->epoch()));
-      }
-    }
-    const std::vector<uint32_t> shards = DistinctShards(vshard, map_->num_vshards(), [](uint32_t) { return true; });
-    const Origin origin{r.worker_id(), r.incarnation(), r.seq(), r.acked_below()};
-    if (auto s = dedup_.CheckIncarnation(origin, shards); !s.ok()) return s;
-    absl::flat_hash_set<uint32_t> duplicate;
-    for (uint32_t v : shards)
-      if (IsDuplicate(v, origin)) duplicate.insert(v);
-    Buffer apply_keys = m.frames[0], apply_values = m.frames[1];
-    if (!duplicate.empty()) {
-      std::vector<uint32_t> idx;
-      for (size_t i = 0; i < keys.size(); ++i)
-        if (!duplicate.contains(vshard[i])) idx.push_back(i);
-      GatherRows(m.frames[0], m.frames[1], idx, row_bytes, &apply_keys, &apply_values);
-      stats_.duplicate_pushes++;
-    }
-    if (auto s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>(), r.clock(), *piece); !s.ok()) {
-      return s;
-    }
-    for (uint32_t v : shards) {
-      if (duplicate.contains(v)) continue;
-      dedup_.RecordApplied(v, origin);
-      applied_[v]++;
-    }
-    AuditApplied(r.table_id(), apply_keys.As<Key>(), origin, *piece);
-    return absl::OkStatus();
-  }();
+  const absl::Status status = ApplyForward(m, from, old_epoch_accepted);
   if (status.ok()) stats_.forwards_applied++;
   ack(r.position(), status);
+}
+
+absl::Status ServerCore::ApplyForward(const Message& m, uint32_t from, bool old_epoch_accepted) {
+  const proto::Replicate& r = m.header.replicate();
+  if (m.frames.size() != 2) return absl::InvalidArgumentError("forward needs 2 frames (keys, values)");
+  auto table_or = FindTable(r.table_id());
+  if (!table_or.ok()) return table_or.status();
+  Table* table = *table_or;
+  auto keys_or = KeysFrame(m, r.num_keys(), r.table_id(), false);
+  if (!keys_or.ok()) return keys_or.status();
+  const std::span<const Key> keys = *keys_or;
+  auto piece = PieceOf(r.first_column(), r.columns(), *table);
+  if (!piece.ok()) return piece.status();
+  const size_t row_bytes = size_t{piece->Width(table->width())} * sizeof(float);
+  if (m.frames[1].size() != keys.size() * row_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("forward values frame has ", m.frames[1].size(),
+                                                   " bytes, expected ", keys.size() * row_bytes));
+  }
+  std::vector<uint32_t> vshard(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    vshard[i] = map_->VShardOfKey(r.table_id(), keys[i]);
+    auto bs = map_->BackupsOf(vshard[i]);
+    if (old_epoch_accepted) continue;
+    if (map_->ServerRankOf(vshard[i]) != from || std::find(bs.begin(), bs.end(), my_rank_) == bs.end()) {
+      return absl::FailedPreconditionError(absl::StrCat("key ", keys[i], " of table ", r.table_id(), " (shard ",
+                                                        vshard[i], ") is not backed up here for server ", from,
+                                                        " at map epoch ", map_->epoch()));
+    }
+  }
+  const std::vector<uint32_t> shards = DistinctShards(vshard, map_->num_vshards(), [](uint32_t) { return true; });
+  const Origin origin{r.worker_id(), r.incarnation(), r.seq(), r.acked_below()};
+  if (auto s = dedup_.CheckIncarnation(origin, shards); !s.ok()) return s;
+  absl::flat_hash_set<uint32_t> duplicate;
+  for (uint32_t v : shards)
+    if (IsDuplicate(v, origin)) duplicate.insert(v);
+  Buffer apply_keys = m.frames[0], apply_values = m.frames[1];
+  if (!duplicate.empty()) {
+    std::vector<uint32_t> idx;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (!duplicate.contains(vshard[i])) idx.push_back(i);
+    GatherRows(m.frames[0], m.frames[1], idx, row_bytes, &apply_keys, &apply_values);
+    stats_.duplicate_pushes++;
+  }
+  if (auto s = table->ApplyPush(apply_keys.As<Key>(), apply_values.As<float>(), r.clock(), *piece); !s.ok()) {
+    return s;
+  }
+  NoteApplied(shards, duplicate, origin);
+  AuditApplied(r.table_id(), apply_keys.As<Key>(), origin, *piece);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<Outgoing>> ServerCore::UpdateShardMap(const proto::ShardMap& map, Nanos now) {

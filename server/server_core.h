@@ -437,6 +437,11 @@ class ServerCore {
   // forwards that came early and are next now.
   void HandleReplicate(const Message& m, std::vector<Outgoing>& out);
   void ReplicateOne(const Message& m, std::vector<Outgoing>& out);
+  // A backup applies a forward (not a transfer) of primary rank `from`:
+  // checked whole first (frames, table, piece, every key backed up here for
+  // `from`, unless the test switch accepted an old epoch), de-duplicated,
+  // applied at the primary's clock, recorded.
+  absl::Status ApplyForward(const Message& m, uint32_t from, bool old_epoch_accepted);
   // A primary's side: a backup acknowledged (or rejected) forwards.
   void HandleReplicateAck(const Message& m, Nanos now, std::vector<Outgoing>& out);
   // One forward of push_id is done (acknowledged, or its backup left): the
@@ -448,6 +453,10 @@ class ServerCore {
   using Origin = PushOrigin;
   // dedup_.IsDuplicate, unless options.testing.apply_duplicates.
   bool IsDuplicate(uint32_t vshard, const Origin& origin) const;
+  // Records the push `origin` as applied to `shards` but the `duplicate`
+  // ones (de-duplication windows and applied counts).
+  void NoteApplied(std::span<const uint32_t> shards, const absl::flat_hash_set<uint32_t>& duplicate,
+                   const Origin& origin);
   uint32_t RankOfNode(uint32_t node_id) const;  // the map's rank of a server node, or UINT32_MAX
   // Audit mode: records that the push `origin` was applied to these keys.
   void AuditApplied(uint32_t table_id, std::span<const Key> keys, const Origin& origin, Columns piece) {
