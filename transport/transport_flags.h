@@ -24,7 +24,10 @@
 // that replaces it: a job script that sets one learns that it does nothing.
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
