@@ -732,31 +732,13 @@ absl::StatusOr<uint64_t> ServerCore::RestoreShards(const ShardSnapshot& snapshot
   if (!map_) return absl::FailedPreconditionError("no shard map yet");
   std::vector<uint32_t> wanted(vshards.begin(), vshards.end());
   std::sort(wanted.begin(), wanted.end());
-  for (uint32_t v : wanted) {
-    if (!std::binary_search(snapshot.vshards.begin(), snapshot.vshards.end(), v)) {
-      return absl::NotFoundError(absl::StrCat("the checkpoint of server ", snapshot.server_rank, " (epoch ",
-                                              snapshot.epoch, ") has no shard ", v));
-    }
-  }
+  if (auto s = CheckHasShards(snapshot, wanted); !s.ok()) return s;
   proto::ShardTransfer state;
   if ((with_windows || options_.audit) && !state.ParseFromString(snapshot.core_state)) {
     return absl::DataLossError("the checkpoint's de-duplication windows do not parse");
   }
   // Checks first.
-  for (const TableSnapshot& t : snapshot.tables) {
-    if (auto s = ValidateTableConfig(t.config); !s.ok()) return s;
-    auto it = tables_.find(t.config.table_id());
-    if (it != tables_.end() && (it->second->width() != t.config.width() || it->second->config().kind() != t.config.kind() ||
-                                it->second->config().dense_rows() != t.config.dense_rows() ||
-                                it->second->stored_row_floats() != StoredRowFloats(t.config))) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint table ", t.config.table_id(),
-                                                        " does not fit the table of that id here"));
-    }
-    if (t.values.size() != t.keys.size() * size_t{StoredRowFloats(t.config)}) {
-      return absl::DataLossError(absl::StrCat("checkpoint table ", t.config.table_id(), " has ", t.values.size(),
-                                              " values for ", t.keys.size(), " rows"));
-    }
-  }
+  if (auto s = CheckTablesFit(snapshot, tables_); !s.ok()) return s;
   uint64_t rows = 0;
   for (const TableSnapshot& t : snapshot.tables) {
     const uint32_t id = t.config.table_id();
@@ -767,13 +749,7 @@ absl::StatusOr<uint64_t> ServerCore::RestoreShards(const ShardSnapshot& snapshot
     }
     std::vector<Key> keys;
     std::vector<float> values;
-    const size_t w = StoredRowFloats(t.config);
-    for (size_t i = 0; i < t.keys.size(); ++i) {
-      if (!std::binary_search(wanted.begin(), wanted.end(), map_->VShardOfKey(id, t.keys[i]))) continue;
-      keys.push_back(t.keys[i]);
-      values.insert(values.end(), t.values.begin() + static_cast<ptrdiff_t>(i * w),
-                    t.values.begin() + static_cast<ptrdiff_t>((i + 1) * w));
-    }
+    RowsOfShards(t, wanted, *map_, &keys, &values);
     if (auto s = tables_.at(id)->RestoreRows(keys, values, /*adopt_dense=*/true); !s.ok()) return s;
     rows += keys.size();
   }

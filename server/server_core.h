@@ -183,6 +183,7 @@
 #include "server/request_clocks.h"
 #include "server/shard_moves.h"
 #include "server/shard_traffic.h"
+#include "server/snapshot_restore.h"
 #include "server/state_transfer.h"
 #include "server/table.h"
 

@@ -1,0 +1,87 @@
+#include "server/snapshot_restore.h"
+
+#include <gtest/gtest.h>
+
+namespace tessera {
+namespace {
+
+proto::TableConfig Config(uint32_t id, uint32_t width) {
+  proto::TableConfig c;
+  c.set_table_id(id);
+  c.set_width(width);
+  c.set_kind(proto::SPARSE);
+  c.set_optimizer(proto::ACCUMULATE);
+  c.set_learning_rate(1.0f);
+  return c;
+}
+
+ShardMapView Map() {
+  std::vector<proto::NodeInfo> nodes(2);
+  nodes[0].set_node_id(10);
+  nodes[1].set_node_id(11);
+  auto view = ShardMapView::Create(RoundRobinShardMap(1, 4, nodes));
+  EXPECT_TRUE(view.ok()) << view.status();
+  return *view;
+}
+
+// Table 1 of width 2, keys 0..9, row k = (k, -k).
+ShardSnapshot Snapshot() {
+  ShardSnapshot snap;
+  snap.server_rank = 1;
+  snap.epoch = 3;
+  snap.vshards = {1, 3};
+  TableSnapshot t{.config = Config(1, 2)};
+  for (Key k = 0; k < 10; ++k) {
+    t.keys.push_back(k);
+    t.values.push_back(static_cast<float>(k));
+    t.values.push_back(-static_cast<float>(k));
+  }
+  snap.tables.push_back(t);
+  return snap;
+}
+
+TEST(SnapshotRestoreTest, AShardTheCheckpointLacksIsNamed) {
+  const ShardSnapshot snap = Snapshot();
+  EXPECT_TRUE(CheckHasShards(snap, std::vector<uint32_t>{1, 3}).ok());
+  auto s = CheckHasShards(snap, std::vector<uint32_t>{1, 2});
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), "the checkpoint of server 1 (epoch 3) has no shard 2");
+}
+
+TEST(SnapshotRestoreTest, TablesMustFitTheTablesHereAndHoldTheirValues) {
+  ShardSnapshot snap = Snapshot();
+  TableMap tables;
+  EXPECT_TRUE(CheckTablesFit(snap, tables).ok());
+  tables.emplace(1, std::make_unique<Table>(Config(1, 2), [](Key) { return true; }));
+  EXPECT_TRUE(CheckTablesFit(snap, tables).ok());
+  TableMap wider;
+  wider.emplace(1, std::make_unique<Table>(Config(1, 3), [](Key) { return true; }));
+  EXPECT_EQ(CheckTablesFit(snap, wider).code(), absl::StatusCode::kFailedPrecondition);
+  snap.tables[0].values.pop_back();
+  auto s = CheckTablesFit(snap, tables);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("has 19 values for 10 rows"), std::string::npos) << s;
+  ShardSnapshot bad = Snapshot();
+  bad.tables[0].config.set_width(0);
+  EXPECT_FALSE(CheckTablesFit(bad, TableMap()).ok());
+}
+
+TEST(SnapshotRestoreTest, PicksExactlyTheRowsOfTheWantedShardsWithTheirValues) {
+  const ShardMapView map = Map();
+  const ShardSnapshot snap = Snapshot();
+  std::vector<Key> keys = {99};  // replaced
+  std::vector<float> values = {99};
+  RowsOfShards(snap.tables[0], std::vector<uint32_t>{3}, map, &keys, &values);
+  ASSERT_EQ(values.size(), 2 * keys.size());
+  size_t expected = 0;
+  for (Key k = 0; k < 10; ++k) expected += map.VShardOfKey(1, k) == 3;
+  EXPECT_EQ(keys.size(), expected);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(map.VShardOfKey(1, keys[i]), 3u);
+    EXPECT_EQ(values[2 * i], static_cast<float>(keys[i]));
+    EXPECT_EQ(values[2 * i + 1], -static_cast<float>(keys[i]));
+  }
+}
+
+}  // namespace
+}  // namespace tessera
