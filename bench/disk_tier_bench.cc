@@ -28,6 +28,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "examples/synthetic_clicklog.h"
+#include "server/bucket_file_cold_rows.h"
 #include "server/rocks_cold_rows.h"
 #include "server/table.h"
 
@@ -66,6 +67,7 @@ struct Flags {
   uint64_t write_buffer_mb = 4;
   uint64_t block_cache_mb = 8;
   std::string dir = "/tmp";
+  std::string store = "bucket";  // or rocks
   std::string json;
 };
 
@@ -125,10 +127,10 @@ int Run(const Flags& f) {
     }
   };
   std::string md =
-      "| dim | optimizer | budget (MiB) | rows in memory | step: in RAM (rows/s) | step: tiered | ratio (min-max) | "
+      "| store | dim | optimizer | budget (MiB) | rows in memory | step: in RAM (rows/s) | step: tiered | ratio (min-max) | "
       "pull ratio | push ratio | rows per CPU-s ratio | store's background CPU share | found in memory | disk "
       "reads/s | disk writes/s | on disk (MiB) | resident (MiB) "
-      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   std::string json = "[";
   for (size_t d = 0; d < f.dims.size(); ++d) {
     const uint32_t dim = f.dims[d];
@@ -146,11 +148,19 @@ int Run(const Flags& f) {
     proto::TableConfig ram = c;
     ram.set_memory_budget_bytes(uint64_t{1} << 50);  // same rules, never reached
     const uint64_t table_bytes = f.ids * Table::RowBytes(ram);
-    RocksColdRowsOptions so;
-    so.directory = absl::StrFormat("%s/tessera-disk-tier-bench-%d", f.dir, getpid());
-    so.write_buffer_bytes = f.write_buffer_mb << 20;
-    so.block_cache_bytes = f.block_cache_mb << 20;
-    auto store = RocksColdRows::Open(so, StoredRowFloats(c));
+    const std::string store_dir = absl::StrFormat("%s/tessera-disk-tier-bench-%d", f.dir, getpid());
+    absl::StatusOr<std::unique_ptr<ColdRows>> store;
+    if (f.store == "rocks") {
+      RocksColdRowsOptions so;
+      so.directory = store_dir;
+      so.write_buffer_bytes = f.write_buffer_mb << 20;
+      so.block_cache_bytes = f.block_cache_mb << 20;
+      auto made = RocksColdRows::Open(so, StoredRowFloats(c));
+      if (made.ok()) store = std::unique_ptr<ColdRows>(std::move(*made)); else store = made.status();
+    } else {
+      auto made = BucketFileColdRows::Open(store_dir, StoredRowFloats(c));
+      if (made.ok()) store = std::unique_ptr<ColdRows>(std::move(*made)); else store = made.status();
+    }
     if (!store.ok()) {
       std::fprintf(stderr, "disk_tier_bench: %s\n", std::string(store.status().message()).c_str());
       return 2;
@@ -228,9 +238,10 @@ int Run(const Flags& f) {
     const double found_in_memory = 1.0 - static_cast<double>(loaded) / static_cast<double>(touched);
     const ColdRowStats disk = tiered.disk_stats();
     absl::StrAppendFormat(&md,
-                          "| %d | %s | %.1f | %d | %.3g | %.3g | %.2f (%.2f-%.2f) | %.2f | %.2f | %.2f | %.2f | "
+                          "| %s | %d | %s | %.1f | %d | %.3g | %.3g | %.2f (%.2f-%.2f) | %.2f | %.2f | %.2f | %.2f | "
                           "%.4f | %.3g | %.3g | %.1f | %.1f |\n",
-                          dim, f.optimizer, tiered_config.memory_budget_bytes() / 1048576.0, tiered.rows_in_memory(),
+                          f.store, dim, f.optimizer, tiered_config.memory_budget_bytes() / 1048576.0,
+                          tiered.rows_in_memory(),
                           ram_best.step, tiered_best.step, step_med, step_ratio.front(), step_ratio.back(), pull_med,
                           push_med, cpu_ratio, background / (tiered_cpu + background), found_in_memory, reads / tiered_seconds, writes / tiered_seconds,
                           disk.bytes_on_disk / 1048576.0, resident_tiered / 1048576.0);
@@ -275,8 +286,11 @@ int main(int argc, char** argv) {
   app.add_option("--batch", f.batch, "ids per push and pull")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--batches", f.batches, "batches per repeat")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--repeats", f.repeats, "interleaved repeats")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--write_buffer_mb", f.write_buffer_mb, "the store's memtable size")->capture_default_str();
-  app.add_option("--block_cache_mb", f.block_cache_mb, "the store's block cache")->capture_default_str();
+  app.add_option("--write_buffer_mb", f.write_buffer_mb, "rocks: the store's memtable size")->capture_default_str();
+  app.add_option("--block_cache_mb", f.block_cache_mb, "rocks: the store's block cache")->capture_default_str();
+  app.add_option("--store", f.store, "the disk tier's store: bucket (server/bucket_file_cold_rows.h) or rocks")
+      ->check(CLI::IsMember({"bucket", "rocks"}))
+      ->capture_default_str();
   app.add_option("--dir", f.dir, "where the store's directory goes (removed at the end)")->capture_default_str();
   app.add_option("--json", f.json, "also write the numbers as JSON to this file");
   CLI11_PARSE(app, argc, argv);

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "common/memory.h"
+#include "server/bucket_file_cold_rows.h"
 #include "server/cold_rows.h"
 #include "server/rocks_cold_rows.h"
 #include "server/table.h"
@@ -37,7 +38,7 @@ proto::TableConfig SparseConfig(proto::OptimizerKind opt, uint32_t width) {
   return c;
 }
 
-enum class Store { kMemory, kRocks };
+enum class Store { kMemory, kRocks, kBucketFile };
 
 class TableDiskTierTest : public ::testing::TestWithParam<Store> {
  protected:
@@ -51,6 +52,11 @@ class TableDiskTierTest : public ::testing::TestWithParam<Store> {
   }
   std::unique_ptr<ColdRows> MakeStore(uint32_t row_floats) {
     if (GetParam() == Store::kMemory) return std::make_unique<MemoryColdRows>(row_floats);
+    if (GetParam() == Store::kBucketFile) {
+      auto made = BucketFileColdRows::Open((dir_ / ("store-" + std::to_string(stores_++))).string(), row_floats);
+      EXPECT_TRUE(made.ok()) << made.status();
+      return made.ok() ? std::move(*made) : nullptr;
+    }
     RocksColdRowsOptions o;
     o.directory = (dir_ / ("store-" + std::to_string(stores_++))).string();
     o.write_buffer_bytes = 256 << 10;
@@ -219,8 +225,12 @@ TEST_P(TableDiskTierTest, RestoreEraseAndCountSeeTheRowsOnDisk) {
   for (const auto& [k, row] : left) EXPECT_NE(k % 2, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, TableDiskTierTest, ::testing::Values(Store::kMemory, Store::kRocks),
-                         [](const auto& info) { return info.param == Store::kMemory ? "Memory" : "Rocks"; });
+INSTANTIATE_TEST_SUITE_P(Stores, TableDiskTierTest, ::testing::Values(Store::kMemory, Store::kRocks, Store::kBucketFile),
+                         [](const auto& info) {
+                           return info.param == Store::kMemory ? "Memory"
+                                  : info.param == Store::kRocks ? "Rocks"
+                                                                : "BucketFile";
+                         });
 
 // The budget counts what the store keeps in memory for the rows it holds:
 // the more rows on disk, the fewer in memory.
