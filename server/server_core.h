@@ -3,6 +3,15 @@
 // machine: Step(request) -> replies. No sockets, threads or clocks; the
 // tessera-server binary is a thin shell that feeds it messages.
 //
+// It routes each request to named pure parts, each with its contract in its
+// own header and its own tests (docs/design.md, "Server parts"):
+// hold_queue.h (requests waiting for slower workers), push_dedup.h,
+// push_acks.h (Acks waiting for backups), backup_streams.h (a primary's
+// forwards), forward_inbox.h (a backup's intake), state_transfer.h,
+// backup_plan.h (what a new map owes each backup), shard_moves.h,
+// pull_reply_pieces.h, request_clocks.h, snapshot_restore.h,
+// shard_traffic.h and audit_log.h.
+//
 // Contract:
 // - Before InstallShardMap() every data request is answered with
 //   Unavailable ("server has no shard map yet").
