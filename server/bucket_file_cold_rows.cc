@@ -29,10 +29,14 @@ uint64_t HashOf(Key key) { return Mix64(key ^ 0x6a09e667f3bcc909ULL); }
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+// At least 16 records a bucket: with fewer, the Poisson spread of keys over
+// buckets at a load of 3/4 sends a good share of them into overflow buckets
+// (7 a bucket, dim 64 with Adagrad in one page: one bucket in five).
+constexpr size_t kMinRecordsPerBucket = 16;
+
 size_t BucketBytesFor(size_t record_bytes) {
   constexpr size_t kHeader = 16;
-  if ((kPage - kHeader) / record_bytes >= 4) return kPage;
-  return RoundUp(kHeader + 4 * record_bytes, kPage);  // at least four records a bucket
+  return RoundUp(kHeader + kMinRecordsPerBucket * record_bytes, kPage);
 }
 
 }  // namespace
@@ -117,11 +121,9 @@ uint64_t BucketFileColdRows::BucketOf(uint64_t hash) const {
 
 std::pair<BucketFileColdRows::Header*, uint32_t> BucketFileColdRows::Find(Key key) {
   for (Header* h = Primary(BucketOf(HashOf(key))); h != nullptr; h = Next(h)) {
-    for (uint32_t i = 0; i < h->count; ++i) {
-      Key k;
-      std::memcpy(&k, Record(h, i), sizeof(k));
-      if (k == key) return {h, i};
-    }
+    const Key* keys = Keys(h);
+    for (uint32_t i = 0; i < h->count; ++i)
+      if (keys[i] == key) return {h, i};
   }
   return {nullptr, 0};
 }
@@ -149,22 +151,54 @@ void BucketFileColdRows::Append(Header* head, Key key, const char* row) {
     last->overflow = o + 1;
     last = fresh;
   }
-  char* rec = Record(last, last->count);
-  std::memcpy(rec, &key, sizeof(key));
-  std::memcpy(rec + sizeof(key), row, row_bytes_);
+  Keys(last)[last->count] = key;
+  std::memcpy(Row(last, last->count), row, row_bytes_);
   ++last->count;
+}
+
+void BucketFileColdRows::Remove(Header* head, Header* h, uint32_t i) {
+  Header* before = nullptr;
+  Header* last = head;
+  while (last->overflow != 0) {
+    before = last;
+    last = Next(last);
+  }
+  const uint32_t from = last->count - 1;
+  if (last != h || from != i) {
+    Keys(h)[i] = Keys(last)[from];
+    std::memcpy(Row(h, i), Row(last, from), row_bytes_);
+  }
+  --last->count;
+  if (last->count == 0 && before != nullptr) {
+    overflow_free_.push_back(before->overflow - 1);
+    before->overflow = 0;
+  }
+  --rows_;
+}
+
+void BucketFileColdRows::GrowIfFull() {
+  if (rows_ * 4 > buckets_ * per_bucket_ * 3) SplitOne();
 }
 
 void BucketFileColdRows::Put(Key key, std::span<const float> row) {
   TESSERA_CHECK(row.size() == row_floats_);
   ++stats_.rows_written;
   if (auto [h, i] = Find(key); h != nullptr) {
-    std::memcpy(Record(h, i) + sizeof(Key), row.data(), row_bytes_);
+    std::memcpy(Row(h, i), row.data(), row_bytes_);
     return;
   }
   Append(Primary(BucketOf(HashOf(key))), key, reinterpret_cast<const char*>(row.data()));
   ++rows_;
-  if (rows_ * 4 > buckets_ * per_bucket_ * 3) SplitOne();
+  GrowIfFull();
+}
+
+void BucketFileColdRows::Add(Key key, std::span<const float> row) {
+  TESSERA_CHECK(row.size() == row_floats_);
+  TESSERA_DCHECK(Find(key).first == nullptr);
+  ++stats_.rows_written;
+  Append(Primary(BucketOf(HashOf(key))), key, reinterpret_cast<const char*>(row.data()));
+  ++rows_;
+  GrowIfFull();
 }
 
 void BucketFileColdRows::SplitOne() {
@@ -173,10 +207,12 @@ void BucketFileColdRows::SplitOne() {
   Grow(primary_, (new_bucket + 1) * bucket_bytes_);
   // Take the old chain's records out, give its overflow buckets back, then
   // put each record where the new geometry says (the old bucket or the new).
-  std::vector<char> records;
+  std::vector<Key> keys;
+  std::vector<char> rows;
   Header* head = Primary(old_bucket);
   for (Header* h = head; h != nullptr; h = Next(h)) {
-    records.insert(records.end(), Record(h, 0), Record(h, h->count));
+    keys.insert(keys.end(), Keys(h), Keys(h) + h->count);
+    rows.insert(rows.end(), Row(h, 0), Row(h, h->count));
   }
   for (uint64_t o = head->overflow; o != 0;) {
     const uint64_t next = Overflow(o - 1)->overflow;
@@ -193,11 +229,7 @@ void BucketFileColdRows::SplitOne() {
     split_ = 0;
   }
   ++buckets_;
-  for (size_t at = 0; at < records.size(); at += record_bytes_) {
-    Key key;
-    std::memcpy(&key, records.data() + at, sizeof(key));
-    Append(Primary(BucketOf(HashOf(key))), key, records.data() + at + sizeof(key));
-  }
+  for (size_t j = 0; j < keys.size(); ++j) Append(Primary(BucketOf(HashOf(keys[j]))), keys[j], rows.data() + j * row_bytes_);
 }
 
 size_t BucketFileColdRows::Get(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) {
@@ -210,8 +242,28 @@ size_t BucketFileColdRows::Get(std::span<const Key> keys, std::span<float> out, 
       ++stats_.lookups_absent;
       continue;
     }
-    std::memcpy(out.data() + i * row_floats_, Record(h, r) + sizeof(Key), row_bytes_);
+    std::memcpy(out.data() + i * row_floats_, Row(h, r), row_bytes_);
     ++stats_.rows_read;
+    ++n;
+  }
+  return n;
+}
+
+size_t BucketFileColdRows::Take(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) {
+  TESSERA_CHECK(out.size() == keys.size() * row_floats_ && found.size() == keys.size());
+  size_t n = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Header* head = Primary(BucketOf(HashOf(keys[i])));
+    const auto [h, r] = Find(keys[i]);
+    found[i] = h != nullptr;
+    if (h == nullptr) {
+      ++stats_.lookups_absent;
+      continue;
+    }
+    std::memcpy(out.data() + i * row_floats_, Row(h, r), row_bytes_);
+    Remove(head, h, r);
+    ++stats_.rows_read;
+    ++stats_.rows_erased;
     ++n;
   }
   return n;
@@ -223,24 +275,7 @@ void BucketFileColdRows::Erase(Key key) {
   ++stats_.rows_erased;
   const auto [h, i] = Find(key);
   if (h == nullptr) return;
-  // Fill the hole with the chain's last record, so that every bucket but
-  // the last stays full; an overflow bucket left empty goes back.
-  Header* head = Primary(BucketOf(HashOf(key)));
-  Header* before = nullptr;
-  Header* last = head;
-  while (last->overflow != 0) {
-    before = last;
-    last = Next(last);
-  }
-  char* hole = Record(h, i);
-  char* moved = Record(last, last->count - 1);
-  if (hole != moved) std::memcpy(hole, moved, record_bytes_);
-  --last->count;
-  if (last->count == 0 && before != nullptr) {
-    overflow_free_.push_back(before->overflow - 1);
-    before->overflow = 0;
-  }
-  --rows_;
+  Remove(Primary(BucketOf(HashOf(key))), h, i);
 }
 
 void BucketFileColdRows::ForEach(absl::FunctionRef<void(Key, std::span<const float>)> fn) {
@@ -248,10 +283,8 @@ void BucketFileColdRows::ForEach(absl::FunctionRef<void(Key, std::span<const flo
   for (uint64_t b = 0; b < buckets_; ++b) {
     for (Header* h = Primary(b); h != nullptr; h = Next(h)) {
       for (uint32_t i = 0; i < h->count; ++i) {
-        Key key;
-        std::memcpy(&key, Record(h, i), sizeof(key));
-        std::memcpy(row.data(), Record(h, i) + sizeof(Key), row_bytes_);  // aligned for the caller
-        fn(key, row);
+        std::memcpy(row.data(), Row(h, i), row_bytes_);  // a copy: the caller may not change the store meanwhile
+        fn(Keys(h)[i], row);
       }
     }
   }

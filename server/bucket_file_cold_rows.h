@@ -2,10 +2,11 @@
 // BucketFileColdRows: a table's disk tier (server/cold_rows.h) in a file of
 // our own, a hash table on disk with no per-row index in memory.
 //
-// Layout: the rows live in buckets of bucket_bytes() (4 KiB, or more for
-// rows too wide for four to a page), each a header (how many records it
-// holds, its overflow bucket) and records (8-byte key, then the row's
-// floats). A key's bucket is chosen by linear hashing (Litwin, 1980): with
+// Layout: the rows live in buckets of bucket_bytes() (whole 4 KiB pages,
+// enough for at least 16 records), each a header (how many records it
+// holds, its overflow bucket), then the records' keys together (so a lookup
+// reads a few cache lines of keys, not one line per record), then their
+// rows in the same order. A key's bucket is chosen by linear hashing (Litwin, 1980): with
 // n0 buckets at level 0, level L and split pointer p, the key's hash h goes
 // to h mod (n0 * 2^L), or to h mod (n0 * 2^(L+1)) when that is below p. When
 // the rows pass 3/4 of what the primary buckets hold, bucket p is split: the
@@ -58,6 +59,8 @@ class BucketFileColdRows final : public ColdRows {
   uint32_t row_floats() const override { return row_floats_; }
   void Put(Key key, std::span<const float> row) override;
   size_t Get(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) override;
+  size_t Take(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) override;
+  void Add(Key key, std::span<const float> row) override;
   bool Contains(Key key) override;
   void Erase(Key key) override;
   void ForEach(absl::FunctionRef<void(Key, std::span<const float>)> fn) override;
@@ -99,12 +102,20 @@ class BucketFileColdRows final : public ColdRows {
   Header* Primary(uint64_t bucket) { return reinterpret_cast<Header*>(primary_.base + bucket * bucket_bytes_); }
   Header* Overflow(uint64_t index) { return reinterpret_cast<Header*>(overflow_.base + index * bucket_bytes_); }
   Header* Next(const Header* h) { return h->overflow == 0 ? nullptr : Overflow(h->overflow - 1); }
-  char* Record(Header* h, uint32_t i) { return reinterpret_cast<char*>(h) + kHeaderBytes + size_t{i} * record_bytes_; }
+  Key* Keys(Header* h) { return reinterpret_cast<Key*>(reinterpret_cast<char*>(h) + kHeaderBytes); }
+  char* Row(Header* h, uint32_t i) {
+    return reinterpret_cast<char*>(h) + kHeaderBytes + size_t{per_bucket_} * sizeof(Key) + size_t{i} * row_bytes_;
+  }
   // The record of `key`: its bucket (primary or overflow) and index, or null.
   std::pair<Header*, uint32_t> Find(Key key);
   // Appends a record to the chain starting at `head` (takes an overflow
   // bucket when the chain is full).
   void Append(Header* head, Key key, const char* row);
+  // Removes record i of bucket h, in the chain starting at `head`: the
+  // chain's last record fills its place, and an overflow bucket left empty
+  // goes back.
+  void Remove(Header* head, Header* h, uint32_t i);
+  void GrowIfFull();
   uint64_t NewOverflow();
   void SplitOne();
 

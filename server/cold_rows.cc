@@ -6,6 +6,21 @@
 
 namespace tessera {
 
+size_t ColdRows::Take(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) {
+  Get(keys, out, found);
+  size_t n = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!found[i]) continue;
+    if (!Contains(keys[i])) {  // listed before: already taken
+      found[i] = 0;
+      continue;
+    }
+    Erase(keys[i]);
+    ++n;
+  }
+  return n;
+}
+
 void MemoryColdRows::Put(Key key, std::span<const float> row) {
   TESSERA_CHECK(row.size() == row_floats_);
   rows_[key].assign(row.begin(), row.end());

@@ -65,6 +65,12 @@ class ColdRows {
   // keys.size() * row_floats() and found.size() keys.size(). Returns how
   // many keys were found. A key listed twice is found twice.
   virtual size_t Get(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) = 0;
+  // Get, and forgets the keys found, in one pass (a table bringing rows
+  // back). A key listed twice is found once, at its first listing.
+  virtual size_t Take(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found);
+  // Put of a key the store does not hold (the caller knows: a table moves
+  // out only rows it holds in memory). Stores may skip the lookup Put makes.
+  virtual void Add(Key key, std::span<const float> row) { Put(key, row); }
   // Whether `key` is held (no row is copied).
   virtual bool Contains(Key key) = 0;
   // Forgets `key` (nothing happens when it is not held).

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
@@ -157,6 +158,22 @@ size_t RocksColdRows::Get(std::span<const Key> keys, std::span<float> out, std::
     std::memcpy(out.data() + i * row_floats_, values[i].data(), row_bytes);
     found[i] = 1;
     ++stats_.rows_read;
+    ++n;
+  }
+  return n;
+}
+
+size_t RocksColdRows::Take(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) {
+  Get(keys, out, found);
+  absl::flat_hash_set<Key> taken;
+  size_t n = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!found[i]) continue;
+    if (!taken.insert(keys[i]).second) {  // listed before: already taken
+      found[i] = 0;
+      continue;
+    }
+    Erase(keys[i]);
     ++n;
   }
   return n;

@@ -86,6 +86,7 @@ class RocksColdRows final : public ColdRows {
   uint32_t row_floats() const override { return row_floats_; }
   void Put(Key key, std::span<const float> row) override;
   size_t Get(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) override;
+  size_t Take(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) override;
   bool Contains(Key key) override;
   void Erase(Key key) override;
   void ForEach(absl::FunctionRef<void(Key, std::span<const float>)> fn) override;

@@ -145,8 +145,7 @@ uint64_t Table::RowsInMemoryLimit() const {
 uint32_t Table::LoadFromDisk(Key key) {
   if (rows_on_disk_ == 0) return kNoRow;
   uint8_t found = 0;
-  if (cold_->Get(std::span<const Key>(&key, 1), disk_row_, std::span<uint8_t>(&found, 1)) == 0) return kNoRow;
-  cold_->Erase(key);
+  if (cold_->Take(std::span<const Key>(&key, 1), disk_row_, std::span<uint8_t>(&found, 1)) == 0) return kNoRow;
   --rows_on_disk_;
   ++counters_.loaded_from_disk;
   const uint32_t row = static_cast<uint32_t>(AddRow(key));  // may move another row out (never this key's)
@@ -159,13 +158,11 @@ void Table::LoadManyFromDisk(std::span<const Key> keys, std::vector<uint8_t>& fo
   found.assign(keys.size(), 0);
   if (rows_on_disk_ == 0 || keys.empty()) return;
   std::vector<float> rows(keys.size() * stride_);
-  if (cold_->Get(keys, rows, found) == 0) return;
+  if (cold_->Take(keys, rows, found) == 0) return;  // (a key listed twice is found once)
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!found[i]) continue;
     const float* row = rows.data() + i * stride_;
     row_read(i, row);
-    if (index_.Contains(keys[i])) continue;  // listed before: already back
-    cold_->Erase(keys[i]);
     --rows_on_disk_;
     ++counters_.loaded_from_disk;
     const size_t r = AddRow(keys[i]);
@@ -196,7 +193,7 @@ size_t Table::AddRow(Key key) {
   // and so the limit, a little smaller.)
   while (evicts_ && index_.size() >= RowsInMemoryLimit() && tail_ != kNoRow) {
     if (cold_ != nullptr) {
-      cold_->Put(recency_[tail_].key, std::span<const float>(ReadRow(tail_), stride_));
+      cold_->Add(recency_[tail_].key, std::span<const float>(ReadRow(tail_), stride_));
       ++rows_on_disk_;
       ++counters_.moved_to_disk;
     } else {
@@ -365,8 +362,12 @@ absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> 
       if (!index_.Contains(k)) absent.push_back(k);
     std::vector<uint8_t> found;
     LoadManyFromDisk(absent, found, [](size_t, const float*) {});
+    // (A key listed twice is found at its first listing only.)
+    absl::flat_hash_set<Key> was_on_disk;
     for (size_t i = 0; i < absent.size(); ++i)
-      if (!found[i]) not_on_disk.insert(absent[i]);
+      if (found[i]) was_on_disk.insert(absent[i]);
+    for (size_t i = 0; i < absent.size(); ++i)
+      if (!found[i] && !was_on_disk.contains(absent[i])) not_on_disk.insert(absent[i]);
   }
   auto row_for = [&](Key key) { return RowForPush(key, /*on_disk=*/not_on_disk.erase(key) == 0); };
   if (IsStateful(config_.optimizer()) && keys.size() > 1) {
@@ -496,7 +497,11 @@ absl::Status Table::ReadRows(std::span<const Key> keys, std::span<float> out) {
     for (size_t j = 0; j < on_disk.size(); ++j) {
       if (found[j]) continue;
       float* dst = out.data() + on_disk[j] * w;
-      if (const uint32_t row = index_.Find(disk_keys[j]); row != kNoRow) {  // a listing before brought it back
+      // A listing before may have brought it back (or back and out again,
+      // when this pull brings more rows back than memory holds).
+      uint32_t row = index_.Find(disk_keys[j]);
+      if (row == kNoRow) row = LoadFromDisk(disk_keys[j]);
+      if (row != kNoRow) {
         std::memcpy(dst, ReadRow(row), row_bytes);
       } else {
         for (uint32_t e = 0; e < w; ++e) dst[e] = InitialValue(config_, disk_keys[j], e);

@@ -270,8 +270,8 @@ class Table {
   uint32_t LoadFromDisk(Key key);
   // The same for many keys with one lookup of the store: calls
   // row_read(i, stored row) for each keys[i] it held (before the row moves
-  // into memory; a key listed twice is read once) and returns whether each
-  // was held (found[i]).
+  // into memory; a key listed twice is found at its first listing only) and
+  // returns whether each was found there (found[i]).
   void LoadManyFromDisk(std::span<const Key> keys, std::vector<uint8_t>& found,
                         absl::FunctionRef<void(size_t, const float*)> row_read);
   // Whether `key` has a row in memory or on disk.
