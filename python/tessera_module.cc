@@ -267,7 +267,7 @@ TableField FloatField(const char* name, T TableOptions::*member) {
           }};
 }
 
-[[maybe_unused]] TableField BoolField(const char* name, bool TableOptions::*member) {
+TableField BoolField(const char* name, bool TableOptions::*member) {
   return {name, "bool",
           [=](TableOptions& o, py::handle v) {
             if (!PyBool_Check(v.ptr())) {
@@ -346,6 +346,7 @@ const std::vector<TableField>& TableFields() {
       UnsignedField("admission_sketch_width", &TableOptions::admission_sketch_width),
       UnsignedField("evict_after_clocks", &TableOptions::evict_after_clocks),
       UnsignedField("memory_budget_bytes", &TableOptions::memory_budget_bytes),
+      BoolField("disk_tier", &TableOptions::disk_tier),
       EnumField("init", &TableOptions::init),
       FloatField("init_scale", &TableOptions::init_scale),
       UnsignedField("init_seed", &TableOptions::init_seed),
@@ -535,49 +536,37 @@ class PyWorker {
     return std::make_unique<PyFuture>(std::move(f), std::vector<py::object>{key_array, out_array}, result);
   }
 
-  // Pulls each distinct key once and expands the rows to every position.
-  py::object PullUnique(uint32_t table, py::handle keys, py::object out) {
+  // Pulls each distinct key once and expands the rows to every position
+  // (Worker::PullDeduplicated).
+  std::unique_ptr<PyFuture> PullUniqueAsync(uint32_t table, py::handle keys, py::object out) {
     auto w = Get();
     py::array key_array;
     std::span<const Key> k = KeysOf(keys, key_array);
     const uint32_t width = Width(table);
     py::array out_array = out.is_none() ? NewRows(k.size(), width) : RowsOf(out, "out", k.size(), width, true);
-    std::span<float> o = MutableFloats(out_array);
-    absl::Status s;
+    py::object result = out.is_none() ? py::object(out_array) : out;
+    Future f;
     {
       py::gil_scoped_release release;
-      s = [&]() -> absl::Status {
-        absl::StatusOr<SparseBatch> batch = SparseBatch::Build(k);
-        if (!batch.ok()) return batch.status();
-        std::vector<float> rows(batch->unique().size() * size_t{width});
-        if (absl::Status p = w->Pull(table, batch->unique(), rows).Wait(); !p.ok()) return p;
-        return batch->Gather(rows, width, o);
-      }();
+      f = w->PullDeduplicated(table, k, MutableFloats(out_array));
     }
-    ThrowIfError(s);
-    return out.is_none() ? py::object(out_array) : out;
+    return std::make_unique<PyFuture>(std::move(f), std::vector<py::object>{key_array, out_array}, result);
   }
 
-  // Sums the rows of duplicate keys on the worker and pushes one row per key.
-  void PushAggregated(uint32_t table, py::handle keys, py::handle values) {
+  // Sums the rows of duplicate keys on the worker and pushes one row per key
+  // (Worker::PushAggregated: the sums are the request's own, so the Future
+  // keeps nothing of the caller's alive).
+  std::unique_ptr<PyFuture> PushAggregatedAsync(uint32_t table, py::handle keys, py::handle values) {
     auto w = Get();
     py::array key_array;
     std::span<const Key> k = KeysOf(keys, key_array);
-    const uint32_t width = Width(table);
-    py::array value_array = RowsOf(values, "values", k.size(), width, /*writable=*/false);
-    std::span<const float> v = ConstFloats(value_array);
-    absl::Status s;
+    py::array value_array = RowsOf(values, "values", k.size(), Width(table), /*writable=*/false);
+    Future f;
     {
       py::gil_scoped_release release;
-      s = [&]() -> absl::Status {
-        absl::StatusOr<SparseBatch> batch = SparseBatch::Build(k);
-        if (!batch.ok()) return batch.status();
-        std::vector<float> sums(batch->unique().size() * size_t{width});
-        if (absl::Status a = batch->ScatterAdd(v, width, sums); !a.ok()) return a;
-        return w->Push(table, batch->unique(), sums).Wait();
-      }();
+      f = w->PushAggregated(table, k, ConstFloats(value_array));
     }
-    ThrowIfError(s);
+    return std::make_unique<PyFuture>(std::move(f), std::vector<py::object>{}, py::none());
   }
 
   template <typename F>
@@ -803,13 +792,32 @@ PYBIND11_MODULE(_tessera, m) {
            py::kw_only(), py::arg("priority") = 0,
            "pull() without waiting: returns a Future whose wait() returns the array. Do not touch `out` "
            "until the Future is ready.")
-      .def("pull_unique", &PyWorker::PullUnique, py::arg("table"), py::arg("keys"), py::arg("out") = py::none(),
-           "pull() that sends each distinct key once (deduplicated on the worker with SparseBatch) and expands "
-           "the rows to every position. Same result as pull().")
-      .def("push_aggregated", &PyWorker::PushAggregated, py::arg("table"), py::arg("keys"), py::arg("values"),
-           "push() that first sums the rows of duplicate keys on the worker and sends one row per distinct key. "
-           "For SGD this equals push() up to rounding; optimizers that are not linear in the gradient apply "
-           "the sum once instead of each row.")
+      .def(
+          "pull_unique",
+          [](PyWorker& self, uint32_t table, py::handle keys, py::object out) {
+            return self.PullUniqueAsync(table, keys, std::move(out))->Wait(std::nullopt);
+          },
+          py::arg("table"), py::arg("keys"), py::arg("out") = py::none(),
+          "pull() that sends each distinct key once (deduplicated on the worker, Worker::PullDeduplicated) and "
+          "expands the rows to every position. Same result as pull().")
+      .def("pull_unique_async", &PyWorker::PullUniqueAsync, py::arg("table"), py::arg("keys"),
+           py::arg("out") = py::none(),
+           "pull_unique() without waiting: returns a Future whose wait() returns the array (the rows are "
+           "copied to every position in the first wait() or ready() that finds the pull done). Do not touch "
+           "`out` until then.")
+      .def(
+          "push_aggregated",
+          [](PyWorker& self, uint32_t table, py::handle keys, py::handle values) {
+            self.PushAggregatedAsync(table, keys, values)->Wait(std::nullopt);
+          },
+          py::arg("table"), py::arg("keys"), py::arg("values"),
+          "push() that first sums the rows of duplicate keys on the worker (Worker::PushAggregated) and sends "
+          "one row per distinct key. For SGD this equals push() up to rounding; optimizers that are not "
+          "linear in the gradient apply the sum once instead of each row.")
+      .def("push_aggregated_async", &PyWorker::PushAggregatedAsync, py::arg("table"), py::arg("keys"),
+           py::arg("values"),
+           "push_aggregated() without waiting: returns a Future. The sums are made before it returns, so "
+           "`keys` and `values` may change at once.")
       .def(
           "clock", [](PyWorker& self) { self.Blocking([](Worker& w) { return w.Clock(); }); },
           "Ends this worker's current clock (after the pushes issued before it are acknowledged), and blocks "

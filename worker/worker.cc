@@ -6,10 +6,12 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +20,7 @@
 #include "common/keys.h"
 #include "common/memory.h"
 #include "common/metrics.h"
+#include "common/sparse_batch.h"
 #include "compress/row_compressor.h"
 #include "node/coordinator_session.h"
 #include "transport/transport_factory.h"
@@ -40,6 +43,17 @@ struct Future::State {
   // The worker's count of operations issued and not completed (this one
   // included until Set); shared with the worker.
   std::shared_ptr<std::atomic<int>> in_flight;
+  // Memory the request reads or writes that the request itself owns
+  // (PushAggregated's sums, PullDeduplicated's distinct keys and rows):
+  // released with the last reference to this state, so never before the
+  // worker is done with the request (it holds the state until then).
+  std::vector<std::shared_ptr<const void>> owned ABSL_GUARDED_BY(mu);
+  // A Future with a finishing step (Worker::PullDeduplicated): `after` is
+  // the request it waits for (set at creation, never changed), `finish`
+  // the step, run under mu by the first Wait() or ready() that finds
+  // `after` done with OK, and dropped once run.
+  std::optional<Future> after;
+  std::function<absl::Status()> finish ABSL_GUARDED_BY(mu);
 
   void Set(absl::Status s) {
     {
@@ -66,8 +80,36 @@ constexpr std::chrono::milliseconds kCallerDeliveryMaxWait{50};
 // flight were 10% slower with it, docs/benchmarks.md).
 constexpr int kCallerDeliveryMaxInFlight = 2;
 
+namespace {
+
+// A Future that completes once `after` did and `finish` ran (only if `after`
+// ended with OK; its status is then the Future's).
+Future Finally(Future after, std::function<absl::Status()> finish) {
+  auto state = std::make_shared<Future::State>();
+  state->after = std::move(after);
+  std::lock_guard lock(state->mu);
+  state->finish = std::move(finish);
+  return Future(std::move(state));
+}
+
+// Runs the finishing step of `state` once its `after` is done: `after_status`.
+absl::Status FinishOnce(Future::State& state, const absl::Status& after_status) {
+  std::lock_guard lock(state.mu);
+  if (!state.status) {
+    absl::Status s = after_status;
+    if (s.ok() && state.finish) s = state.finish();
+    state.finish = nullptr;  // what it held goes now
+    state.status = std::move(s);
+    state.done.store(true, std::memory_order_release);
+  }
+  return *state.status;
+}
+
+}  // namespace
+
 absl::Status Future::Wait() const {
   if (!state_) return absl::FailedPreconditionError("waiting on an empty Future");
+  if (state_->after) return FinishOnce(*state_, state_->after->Wait());
   if (!state_->done.load(std::memory_order_acquire)) {
     if (std::shared_ptr<Transport> t = state_->transport.lock()) {
       // Requests held to go together with later ones (transport/
@@ -86,8 +128,20 @@ absl::Status Future::Wait() const {
 
 bool Future::ready() const {
   if (!state_) return false;
+  if (state_->after) {
+    if (state_->done.load(std::memory_order_acquire)) return true;
+    if (!state_->after->ready()) return false;
+    FinishOnce(*state_, state_->after->Wait()).IgnoreError();  // ready: no wait
+    return true;
+  }
   std::lock_guard lock(state_->mu);
   return state_->status.has_value();
+}
+
+void Future::Own(std::shared_ptr<const void> memory) const {
+  if (!state_) return;
+  std::lock_guard lock(state_->mu);
+  state_->owned.push_back(std::move(memory));
 }
 
 Future Future::Ready(absl::Status status) {
@@ -144,6 +198,7 @@ proto::TableConfig ToConfig(const TableOptions& o) {
   c.set_admission_sketch_width(o.admission_sketch_width);
   c.set_evict_after_clocks(o.evict_after_clocks);
   c.set_memory_budget_bytes(o.memory_budget_bytes);
+  c.set_disk_tier(o.disk_tier);
   return c;
 }
 
@@ -419,6 +474,52 @@ class WorkerImpl final : public Worker {
       return Future::Ready(absl::OkStatus());
     }
     return IssuePull(table, keys, rows, *width, priority);
+  }
+
+  Future PullDeduplicated(uint32_t table, std::span<const Key> keys, std::span<float> out,
+                          int32_t priority) override {
+    auto width = TableWidth(table);
+    if (!width.ok()) return Future::Ready(width.status());
+    if (out.size() != keys.size() * *width) {
+      return Future::Ready(absl::InvalidArgumentError(absl::StrCat(
+          "deduplicated pull from table ", table, ": ", keys.size(), " keys of width ", *width,
+          " need room for ", keys.size() * *width, " values, got ", out.size())));
+    }
+    if (keys.empty()) return Future::Ready(absl::OkStatus());
+    struct Lookup {
+      SparseBatch batch;
+      std::vector<float> rows;  // one per distinct key
+    };
+    auto lookup = std::make_shared<Lookup>();
+    if (absl::Status s = lookup->batch.Reset(keys); !s.ok()) return Future::Ready(s);
+    lookup->rows.resize(lookup->batch.unique().size() * size_t{*width});
+    Future pull = Pull(table, lookup->batch.unique(), lookup->rows, priority);
+    pull.Own(lookup);
+    const uint32_t w = *width;
+    return Finally(std::move(pull), [lookup, w, out] { return lookup->batch.Gather(lookup->rows, w, out); });
+  }
+
+  Future PushAggregated(uint32_t table, std::span<const Key> keys, std::span<const float> values,
+                        int32_t priority) override {
+    auto width = TableWidth(table);
+    if (!width.ok()) return Future::Ready(width.status());
+    if (values.size() != keys.size() * *width) {
+      return Future::Ready(absl::InvalidArgumentError(absl::StrCat(
+          "aggregated push to table ", table, ": ", keys.size(), " keys of width ", *width, " need ",
+          keys.size() * *width, " values, got ", values.size())));
+    }
+    if (keys.empty()) return Future::Ready(absl::OkStatus());
+    struct Sums {
+      SparseBatch batch;
+      std::vector<float> rows;  // one per distinct key
+    };
+    auto sums = std::make_shared<Sums>();
+    if (absl::Status s = sums->batch.Reset(keys); !s.ok()) return Future::Ready(s);
+    sums->rows.resize(sums->batch.unique().size() * size_t{*width});
+    if (absl::Status s = sums->batch.ScatterAdd(values, *width, sums->rows); !s.ok()) return Future::Ready(s);
+    Future push = Push(table, sums->batch.unique(), sums->rows, priority);
+    push.Own(std::move(sums));
+    return push;
   }
 
   // A checked, non-empty pull of rows of `width` floats into `dest`.

@@ -22,6 +22,26 @@
 //   Future is ready with OK, rows->row(i) is key i's row. The caller keeps
 //   keys unchanged and *rows alive and unused until then. Everything else
 //   (clocks, failover, read-my-writes, timeouts) is as for Pull.
+// - PullDeduplicated(table, keys, out): Pull's result (out row i is keys[i]'s
+//   row), but each distinct key is sent and received once (common/
+//   sparse_batch.h deduplicates the keys, in order of first occurrence) and
+//   its row copied to every position of that key once the rows are in.
+//   The caller keeps keys unchanged and out untouched until the Future is
+//   ready (the copy to `out` happens in the first Wait() or ready() that
+//   finds the pull done, on that thread); the worker owns the distinct keys
+//   and their rows. Errors as for Pull, and InvalidArgument (nothing sent)
+//   when out is not keys.size() rows of the table's width.
+// - PushAggregated(table, keys, values): one push of one row per distinct
+//   key (in order of first occurrence), that row the sum of the rows of its
+//   positions, added in position order (deterministic). The sums are made
+//   before it returns, into memory the request owns: the caller may change
+//   or free keys and values at once. For SGD and ACCUMULATE tables this is
+//   Push's result up to rounding; a stateful optimizer (momentum, Adagrad,
+//   Adam, FTRL) steps once on the sum, which is what a server does with a
+//   key listed twice in one push anyway. Errors as for Push, and
+//   InvalidArgument (nothing sent) when values is not keys.size() rows of
+//   the table's width. Both order with other requests as Pull and Push do
+//   (a PullDeduplicated after a PushAggregated reflects it).
 // - A pull issued after a push from the same Worker object reflects that push
 //   (requests to one server are handled in issue order).
 // - Clocks (../shared/DESIGN.md section 5): clock() starts at 0; every push
@@ -169,6 +189,8 @@ struct TableOptions {
   uint64_t admission_sketch_width = 0;   // counters per row of the admission sketch (0: 1 << 20)
   uint64_t evict_after_clocks = 0;       // drop rows no push touched for this many clocks (0: never)
   uint64_t memory_budget_bytes = 0;      // per server: drop least recently pushed rows past it (0: none)
+  bool disk_tier = false;                // with memory_budget_bytes: rows past it go to the servers' disks
+                                         // instead of being dropped (tessera-server --disk_dir)
   proto::InitKind init = proto::ZEROS;                 // initial rows
   float init_scale = 0.0f;                             // UNIFORM half-width / NORMAL stddev
   uint64_t init_seed = 0;                              // initializer seed
@@ -189,12 +211,19 @@ class Future {
   // delivery"); nothing else changes for the caller.
   // A default-constructed Future belongs to no request: Wait() returns
   // FailedPrecondition at once.
+  // A Future may end with a finishing step that runs once its request is
+  // done (PullDeduplicated's copy to every position): the first Wait() or
+  // ready() that finds the request done runs it, on its own thread, and
+  // the Future is ready (with that step's status) when it returns.
   absl::Status Wait() const;
   bool ready() const;
 
   struct State;
   explicit Future(std::shared_ptr<State> state) : state_(std::move(state)) {}
   static Future Ready(absl::Status status);  // an already-completed future
+  // Keeps `memory` alive at least until the request is done with it (for
+  // helpers that issue a request on buffers they own). No-op when empty.
+  void Own(std::shared_ptr<const void> memory) const;
 
  private:
   std::shared_ptr<State> state_;
@@ -289,6 +318,19 @@ class Worker {
     return PullView(table, keys, rows, kDefaultPriority);
   }
   virtual Future PullView(uint32_t table, std::span<const Key> keys, PulledRows* rows, int32_t priority) = 0;
+
+  // Deduplicated forms of Pull and Push (contract above; what a sparse
+  // embedding lookup of a minibatch, with its repeated hot ids, needs).
+  Future PullDeduplicated(uint32_t table, std::span<const Key> keys, std::span<float> out) {
+    return PullDeduplicated(table, keys, out, kDefaultPriority);
+  }
+  Future PushAggregated(uint32_t table, std::span<const Key> keys, std::span<const float> values) {
+    return PushAggregated(table, keys, values, kDefaultPriority);
+  }
+  virtual Future PullDeduplicated(uint32_t table, std::span<const Key> keys, std::span<float> out,
+                                  int32_t priority) = 0;
+  virtual Future PushAggregated(uint32_t table, std::span<const Key> keys, std::span<const float> values,
+                                int32_t priority) = 0;
 
   // Announces that this worker finished its current clock, and blocks while
   // it is more than the strictest staleness ahead of the slowest live worker.
