@@ -6,9 +6,13 @@
   row -= learning_rate * grad). A torch optimizer never sees these rows.
 - DenseDataParallel: trains the dense parameters of a module data-parallel
   through the servers (see its docstring for the design).
+- Prefetcher: pipelined training. It wraps a data loader and pulls the rows
+  of the next batch while the current one computes, with a stated staleness
+  (see its docstring).
 
 Importing this module imports torch; `import tessera` alone does not.
 """
+import collections
 import math
 
 import numpy as np
@@ -18,7 +22,7 @@ from torch import nn
 
 from . import SparseBatch
 
-__all__ = ["EmbeddingBag", "DenseDataParallel"]
+__all__ = ["EmbeddingBag", "DenseDataParallel", "Prefetcher"]
 
 
 def _check_ids(ids, num_embeddings):
@@ -47,15 +51,15 @@ class _ServerRows(torch.autograd.Function):
     have no leaf of their own."""
 
     @staticmethod
-    def forward(ctx, anchor, owner, keys):  # noqa: D401  (torch's signature)
+    def forward(ctx, anchor, owner, keys, pulled):  # noqa: D401  (torch's signature)
         ctx.owner = owner
         ctx.keys = keys
-        return torch.from_numpy(owner._pull(keys))
+        return torch.from_numpy(owner._pull(keys) if pulled is None else pulled)
 
     @staticmethod
     def backward(ctx, grad_rows):
         ctx.owner._push(ctx.keys, grad_rows)
-        return None, None, None
+        return None, None, None, None
 
 
 class EmbeddingBag(nn.Module):
@@ -80,9 +84,15 @@ class EmbeddingBag(nn.Module):
     pushed.
 
     With async_push (default), backward returns as soon as the push is sent;
-    the next forward (or flush()) waits for it and raises its error, and a
+    the next push (the next backward), flush() or rows() waits for it and
+    raises its error, so at most one push of this module is in flight. A
     later pull of this worker sees it anyway (requests to a server are handled
-    in order; worker.clock() also waits for earlier pushes).
+    in issue order), so no forward waits for it.
+
+    prefetch(input) starts pulling the rows of a later forward's ids now; the
+    forward whose ids are equal uses them instead of pulling (Prefetcher does
+    this for a whole training loop; its docstring says what the rows then
+    reflect).
 
     create_table: create the table (embedding_dim wide; kind "dense" gets
     dense_rows=num_embeddings) with `table_options` (tessera.Worker.create_table
@@ -115,6 +125,9 @@ class EmbeddingBag(nn.Module):
         # so no torch optimizer (or DenseDataParallel) ever sees it.
         self._anchor = torch.zeros(0, requires_grad=True)
         self._pending = []  # futures of pushes in flight (they hold their buffers)
+        # Prefetched lookups, oldest first: [flat ids, SparseBatch, future of
+        # the distinct rows, or None while waiting for the next push].
+        self._prefetched = collections.deque()
 
     def extra_repr(self):
         return (f"table_id={self.table_id}, num_embeddings={self.num_embeddings}, "
@@ -125,10 +138,12 @@ class EmbeddingBag(nn.Module):
 
     def _push(self, keys, grad_rows):
         grad = grad_rows.detach().to(torch.float32).contiguous()
+        self.flush()  # at most one push in flight
         if self.async_push:
             self._pending.append(self.worker.push_async(self.table_id, keys, grad))
         else:
             self.worker.push(self.table_id, keys, grad)
+        self._start_deferred()  # prefetches that wait for this push: it is issued, they see it
 
     def flush(self):
         """Waits for the pushes of earlier backward passes; raises the first error."""
@@ -136,8 +151,37 @@ class EmbeddingBag(nn.Module):
         for future in pending:
             future.wait()
 
+    def prefetch(self, input, after_next_push=False):
+        """Starts pulling the distinct rows of `input` (ids as forward takes
+        them; offsets do not matter) for a later forward with equal ids. With
+        after_next_push, the pull starts right after this module's next push
+        is issued (so it reflects that push), or at that forward if no push
+        comes first. Prefetches are kept until a forward uses them; one that
+        a forward passes over (a later prefetch matched) is dropped."""
+        flat = _check_ids(input, self.num_embeddings)
+        batch = SparseBatch(flat.numpy().view(np.uint64))
+        entry = [flat, batch, None]
+        if not after_next_push:
+            entry[2] = self.worker.pull_async(self.table_id, batch.unique)
+        self._prefetched.append(entry)
+
+    def _start_deferred(self):
+        for entry in self._prefetched:
+            if entry[2] is None:
+                entry[2] = self.worker.pull_async(self.table_id, entry[1].unique)
+
+    def _take_prefetched(self, flat):
+        """(SparseBatch, rows future) of the prefetch of these ids, or None."""
+        for i, entry in enumerate(self._prefetched):
+            if entry[0].shape == flat.shape and torch.equal(entry[0], flat):
+                for _ in range(i + 1):
+                    taken = self._prefetched.popleft()
+                if taken[2] is None:  # no push came: pull now
+                    taken[2] = self.worker.pull_async(self.table_id, taken[1].unique)
+                return taken[1], taken[2]
+        return None
+
     def forward(self, input, offsets=None, per_sample_weights=None):  # noqa: A002 (torch's name)
-        self.flush()
         if input.dim() == 2:
             if offsets is not None:
                 raise ValueError("offsets must be None when input is 2-D (batch, bag)")
@@ -147,12 +191,18 @@ class EmbeddingBag(nn.Module):
         else:
             raise ValueError(f"input must be 1-D (with offsets) or 2-D, got shape {tuple(input.shape)}")
         flat = _check_ids(input, self.num_embeddings)
-        batch = SparseBatch(flat.numpy().view(np.uint64))  # int64 ids read as uint64 keys, no copy
+        prefetched = self._take_prefetched(flat) if self._prefetched else None
+        if prefetched is None:
+            batch = SparseBatch(flat.numpy().view(np.uint64))  # int64 ids read as uint64 keys, no copy
+            pulled = None
+        else:
+            batch, future = prefetched
+            pulled = future.wait()
         inverse = torch.from_numpy(batch.inverse.astype(np.int64)).view(input.shape)
         if torch.is_grad_enabled():
-            rows = _ServerRows.apply(self._anchor, self, batch.unique)
+            rows = _ServerRows.apply(self._anchor, self, batch.unique, pulled)
         else:
-            rows = torch.from_numpy(self._pull(batch.unique))
+            rows = torch.from_numpy(self._pull(batch.unique) if pulled is None else pulled)
         return F.embedding_bag(inverse, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
                                include_last_offset=self.include_last_offset)
 
@@ -329,3 +379,88 @@ class DenseDataParallel:
                 p.grad = None
             elif p.grad is not None:
                 p.grad.zero_()
+
+
+class Prefetcher:
+    """Pipelined training: iterates `loader` with the rows of batch t+1
+    pulled while batch t computes.
+
+    Prefetcher(loader, lookups, staleness=1)
+
+    loader: any iterable of batches. lookups: (embedding_bag, ids_of) pairs,
+    where ids_of(batch) returns the ids that the training step will pass to
+    that EmbeddingBag's forward for this batch (the same tensor or equal
+    values, any shape). Use::
+
+        for batch in Prefetcher(loader, [(emb, lambda b: b[1])]):
+            loss = loss_fn(model(batch[0], emb(batch[1])), batch[2])
+            loss.backward()        # pushes the rows' gradients, without waiting
+            ...
+
+    What a step sees. Each EmbeddingBag's backward pushes without waiting
+    (at most one push of a module in flight: the next push waits for the
+    previous one), and a pull this worker issues after a push reflects it
+    (requests to a server are handled in issue order), so which of this
+    worker's pushes a step's rows reflect depends only on when their pull is
+    issued:
+    - staleness=1: the pull of batch t+1 is issued when batch t is handed
+      out, before step t runs. Step t+1's rows then reflect this worker's
+      pushes of steps <= t-1 and miss step t's (a row in both batches is
+      exactly one step stale); the pull overlaps all of step t.
+    - staleness=0: the pull of batch t+1 is issued right after step t's
+      push is issued (from backward), so step t+1's rows reflect all of
+      this worker's pushes, as in the plain loop; it overlaps what follows
+      the backward (e.g. the dense step). With one worker this is the plain
+      loop bit for bit.
+    Other workers' pushes: a pull is stamped with the worker's clock when it
+    is issued, so under BSP a prefetched pull issued during step t (before
+    that step's clock()) is promised every worker's pushes of the steps
+    before t (one clock per step, or DenseDataParallel's two), where the
+    plain loop's pull, issued after step t's clock, is promised step t's as
+    well: in both modes a prefetched row may miss the other workers' last
+    step, never more. Tables that are not BSP make their own promise (SSP:
+    s steps more; ASP: none).
+
+    A forward whose ids match no prefetch (e.g. an evaluation in between)
+    pulls as usual and leaves the prefetches alone; a prefetch whose batch is
+    never looked up is dropped when a later one is used.
+    """
+
+    def __init__(self, loader, lookups, staleness=1):
+        if staleness not in (0, 1):
+            raise ValueError(f"staleness must be 0 or 1 (steps), got {staleness!r}")
+        lookups = list(lookups)
+        for pair in lookups:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], EmbeddingBag)
+                    and callable(pair[1])):
+                raise TypeError("lookups must be (tessera.torch.EmbeddingBag, ids_of(batch)) pairs, got "
+                                f"{pair!r}")
+        tables = [bag.table_id for bag, _ in lookups]
+        if len(set(map(id, (bag for bag, _ in lookups)))) != len(set(tables)):
+            raise ValueError(f"every EmbeddingBag of a Prefetcher needs its own table, got tables {tables}")
+        self.loader = loader
+        self.lookups = lookups
+        self.staleness = staleness
+
+    def __len__(self):
+        return len(self.loader)
+
+    def _prefetch(self, batch, after_next_push):
+        for bag, ids_of in self.lookups:
+            bag.prefetch(ids_of(batch), after_next_push=after_next_push)
+
+    def __iter__(self):
+        batches = iter(self.loader)
+        end = object()
+        current = next(batches, end)
+        if current is end:
+            return
+        self._prefetch(current, after_next_push=False)
+        while True:
+            following = next(batches, end)
+            if following is not end:
+                self._prefetch(following, after_next_push=self.staleness == 0)
+            yield current
+            if following is end:
+                return
+            current = following
