@@ -79,22 +79,27 @@ absl::Status ValidateSnapshot(const ShardSnapshot& snapshot);
 
 // The rows of `table` whose key satisfies include(key), sorted by key.
 // Pure; does not change the table (no SPARSE row is created).
+// (Rows are copied during ForEachRow: a row's span is valid only during its
+// call, and a row on disk is read into a buffer the next row reuses.)
 template <typename KeyFilter>
 TableSnapshot SnapshotTable(const Table& table, KeyFilter&& include) {
-  std::vector<std::pair<Key, const float*>> rows;
-  rows.reserve(table.num_rows());
+  const size_t w = table.stored_row_floats();
+  std::vector<std::pair<Key, size_t>> order;  // key, place in `visited`
+  std::vector<float> visited;
   table.ForEachRow([&](Key key, std::span<const float> row) {
-    if (include(key)) rows.emplace_back(key, row.data());
+    if (!include(key)) return;
+    order.emplace_back(key, order.size());
+    visited.insert(visited.end(), row.begin(), row.end());
   });
-  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   TableSnapshot out;
   out.config = table.config();
-  const size_t w = table.stored_row_floats();
-  out.keys.reserve(rows.size());
-  out.values.resize(rows.size() * w);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    out.keys.push_back(rows[i].first);
-    std::copy(rows[i].second, rows[i].second + w, out.values.begin() + static_cast<ptrdiff_t>(i * w));
+  out.keys.reserve(order.size());
+  out.values.resize(order.size() * w);
+  for (size_t i = 0; i < order.size(); ++i) {
+    out.keys.push_back(order[i].first);
+    const auto from = visited.begin() + static_cast<ptrdiff_t>(order[i].second * w);
+    std::copy(from, from + static_cast<ptrdiff_t>(w), out.values.begin() + static_cast<ptrdiff_t>(i * w));
   }
   return out;
 }

@@ -92,7 +92,7 @@ using ColdRowsFactory =
 // ColdRows in memory: the pure core's stand-in for the disk (tests, the
 // cluster simulator). Same contract; memory_bytes() is 0, since what it
 // holds stands for disk.
-class MemoryColdRows final : public ColdRows {
+class MemoryColdRows : public ColdRows {
  public:
   explicit MemoryColdRows(uint32_t row_floats) : row_floats_(row_floats) {}
   uint32_t row_floats() const override { return row_floats_; }

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "server/bucket_file_cold_rows.h"
+#include "server/disk_tier.h"
 #include "server/rocks_cold_rows.h"
 
 namespace tessera {
@@ -282,7 +283,7 @@ TEST(RocksColdRowsTest, OpenStartsEmptyOverAnEarlierStoreButNeverRemovesOtherFil
   EXPECT_FALSE(RocksColdRows::Open(fresh, 0).ok());
 }
 
-TEST(RocksColdRowsFactoryTest, OneDirectoryPerProcessAndStoreWhatDeadProcessesLeftIsRemoved) {
+TEST(DiskTierFactoryTest, OneDirectoryPerProcessAndStoreWhatDeadProcessesLeftIsRemoved) {
   ScratchDir dir;
   const fs::path root = dir.path() / "disk";
   // A dead process of this host left its directory; a live one (this
@@ -305,15 +306,16 @@ TEST(RocksColdRowsFactoryTest, OneDirectoryPerProcessAndStoreWhatDeadProcessesLe
   fs::path mine_dir;
   std::unique_ptr<ColdRows> outliving;
   {
-    auto factory = MakeRocksColdRowsFactory(root.string(), RocksColdRowsOptions{.write_buffer_bytes = 1 << 20,
-                                                                               .block_cache_bytes = 1 << 20});
+    auto factory = MakeDiskTierFactory(root.string(), DiskStore::kRocks,
+                                       RocksColdRowsOptions{.write_buffer_bytes = 1 << 20, .block_cache_bytes = 1 << 20});
     ASSERT_TRUE(factory.ok()) << factory.status();
     EXPECT_FALSE(fs::exists(stale));
     EXPECT_TRUE(fs::exists(live));
     EXPECT_TRUE(fs::exists(root / "mine"));
     mine_dir = root / ("tessera-" + h + "-" + std::to_string(getpid()));
-    EXPECT_TRUE(fs::is_directory(mine_dir));
+    EXPECT_FALSE(fs::exists(mine_dir));  // made with the first store
     auto a = (*factory)(7, 4);
+    EXPECT_TRUE(fs::is_directory(mine_dir));
     auto b = (*factory)(7, 4);  // the same table again: a store of its own
     ASSERT_TRUE(a.ok()) << a.status();
     ASSERT_TRUE(b.ok()) << b.status();
@@ -334,9 +336,18 @@ TEST(RocksColdRowsFactoryTest, OneDirectoryPerProcessAndStoreWhatDeadProcessesLe
   EXPECT_FALSE(fs::exists(mine_dir));  // gone with the factory and its stores
   // A disk_dir that cannot be made is an error naming it.
   std::ofstream(dir.path() / "file") << "x";
-  auto bad = MakeRocksColdRowsFactory((dir.path() / "file" / "sub").string());
+  auto bad = MakeDiskTierFactory((dir.path() / "file" / "sub").string(), DiskStore::kBucketFile);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("--disk_dir"), std::string::npos) << bad.status();
+  // The bucket store through the same factory.
+  auto buckets = MakeDiskTierFactory((dir.path() / "b").string(), DiskStore::kBucketFile);
+  ASSERT_TRUE(buckets.ok()) << buckets.status();
+  auto s1 = (*buckets)(3, 2);
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  EXPECT_NE(dynamic_cast<BucketFileColdRows*>(s1->get()), nullptr);
+  EXPECT_TRUE(ParseDiskStore("rocks").ok());
+  EXPECT_TRUE(ParseDiskStore("bucket").ok());
+  EXPECT_FALSE(ParseDiskStore("lmdb").ok());
 }
 
 }  // namespace

@@ -1,16 +1,10 @@
 #include "server/rocks_cold_rows.h"
 
-#include <signal.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "rocksdb/cache.h"
@@ -220,73 +214,6 @@ ColdRowStats RocksColdRows::stats() const {
   uint64_t sst = 0;
   if (db_->GetIntProperty("rocksdb.total-sst-files-size", &sst)) s.bytes_on_disk = sst;
   return s;
-}
-
-namespace {
-
-// The directory of one process's stores; removed with the last reference.
-class ProcessDiskDir {
- public:
-  explicit ProcessDiskDir(std::filesystem::path path) : path_(std::move(path)) {}
-  ~ProcessDiskDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
-
-std::string HostName() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "host";
-  std::string s = name;
-  for (char& c : s)
-    if (c == '/' || c == '-') c = '_';  // the name splits at the last '-'
-  return s;
-}
-
-}  // namespace
-
-absl::StatusOr<ColdRowsFactory> MakeRocksColdRowsFactory(const std::string& disk_dir,
-                                                         RocksColdRowsOptions options) {
-  namespace fs = std::filesystem;
-  if (disk_dir.empty()) return absl::InvalidArgumentError("disk tier: no directory given (--disk_dir)");
-  std::error_code ec;
-  fs::create_directories(disk_dir, ec);
-  if (ec) return absl::FailedPreconditionError(absl::StrCat("--disk_dir ", disk_dir, ": cannot make it: ", ec.message()));
-  const std::string host = HostName();
-  const std::string prefix = absl::StrCat("tessera-", host, "-");
-  // What dead processes of this host left behind.
-  for (const fs::directory_entry& e : fs::directory_iterator(disk_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind(prefix, 0) != 0) continue;
-    pid_t pid = 0;
-    if (!absl::SimpleAtoi(name.substr(prefix.size()), &pid) || pid <= 0) continue;
-    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
-    std::error_code ignored;
-    fs::remove_all(e.path(), ignored);
-  }
-  auto dir = std::make_shared<ProcessDiskDir>(fs::path(disk_dir) / absl::StrCat(prefix, getpid()));
-  fs::remove_all(dir->path(), ec);  // a pid reused after a crash
-  fs::create_directories(dir->path(), ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--disk_dir ", disk_dir, ": cannot make ", dir->path().string(), ": ", ec.message()));
-  }
-  // A number per store: a table made again in this process (a server that
-  // rejoins makes a new core) never opens the directory of one still open.
-  auto made = std::make_shared<std::atomic<uint64_t>>(0);
-  return ColdRowsFactory([dir, made, options](uint32_t table_id,
-                                              uint32_t row_floats) -> absl::StatusOr<std::unique_ptr<ColdRows>> {
-    RocksColdRowsOptions o = options;
-    o.directory = (dir->path() / absl::StrCat("table-", table_id, "-", made->fetch_add(1))).string();
-    auto store = RocksColdRows::Open(o, row_floats);
-    if (!store.ok()) return store.status();
-    (*store)->KeepAlive(dir);
-    return std::unique_ptr<ColdRows>(std::move(*store));
-  });
 }
 
 }  // namespace tessera

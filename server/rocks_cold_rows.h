@@ -61,19 +61,6 @@ struct RocksColdRowsOptions {
   uint64_t block_cache_bytes = 16ull << 20;  // data, index and filter blocks
 };
 
-// The disk tiers of one server process under `disk_dir` (tessera-server
-// --disk_dir): each table's store in DIR/tessera-HOST-PID/table-ID-N (N
-// counts the stores this factory made), so that servers sharing a disk_dir
-// never share a store, nor two copies of a table in one process. Makes the process's
-// directory (and disk_dir) if missing, and removes the directories that
-// processes of this host left there when they died without cleaning up
-// (their pid is gone); the process's directory goes when the last copy of
-// the returned factory does. Stores get `options` with their directory
-// filled in; each store keeps the process's directory alive. Errors: a
-// disk_dir it cannot make or write.
-absl::StatusOr<ColdRowsFactory> MakeRocksColdRowsFactory(const std::string& disk_dir,
-                                                         RocksColdRowsOptions options = {});
-
 class RocksColdRows final : public ColdRows {
  public:
   static constexpr uint64_t kFixedOverheadBytes = 8ull << 20;

@@ -446,6 +446,17 @@ absl::Status ServerCore::HandleCreateTable(const proto::CreateTable& req) {
   const ShardMapView& map = *map_;
   const uint32_t rank = my_rank_;
   const uint32_t id = c.table_id();
+  std::unique_ptr<ColdRows> disk;
+  if (c.disk_tier()) {
+    if (!options_.disk_tiers) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "table ", id, " asks for a disk tier, but this server has no directory for one (tessera-server --disk_dir)"));
+    }
+    auto made = options_.disk_tiers(id, StoredRowFloats(c));
+    if (!made.ok()) return made.status();
+    if (auto s = Table::CheckDiskTier(c, (*made)->memory_bytes(0)); !s.ok()) return s;
+    disk = std::move(*made);
+  }
   if (!c.pull_compression().empty()) {  // validated above
     pull_codecs_.try_emplace(id, *compress::Codec::Create(*compress::ParsePullSpec(c.pull_compression())));
   }
@@ -464,7 +475,7 @@ absl::Status ServerCore::HandleCreateTable(const proto::CreateTable& req) {
       }
     }
   }
-  tables_.emplace(id, std::make_unique<Table>(c, holds));
+  tables_.emplace(id, std::make_unique<Table>(c, holds, std::move(disk)));
   return absl::OkStatus();
 }
 
@@ -499,8 +510,14 @@ absl::Status ServerCore::DecodePushValues(const proto::Push& req, Message& m) {
 std::vector<ServerCore::TableSummary> ServerCore::table_summaries() const {
   std::vector<TableSummary> out;
   for (const auto& [id, t] : tables_) {
-    out.push_back(TableSummary{.id = id, .name = t->config().name(), .rows = t->num_rows(),
-                               .bytes = t->num_rows() * Table::RowBytes(t->config()), .counters = t->counters()});
+    out.push_back(TableSummary{.id = id,
+                               .name = t->config().name(),
+                               .rows = t->num_rows(),
+                               .bytes = t->rows_in_memory() * Table::RowBytes(t->config()),
+                               .rows_on_disk = t->rows_on_disk(),
+                               .disk_tier = t->has_disk_tier(),
+                               .disk = t->disk_stats(),
+                               .counters = t->counters()});
   }
   std::sort(out.begin(), out.end(), [](const TableSummary& a, const TableSummary& b) { return a.id < b.id; });
   return out;

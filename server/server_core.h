@@ -180,6 +180,7 @@
 #include "common/retransmit_timer.h"
 #include "compress/codec.h"
 #include "server/checkpoint.h"
+#include "server/cold_rows.h"
 #include "server/audit_log.h"
 #include "server/backup_plan.h"
 #include "server/backup_streams.h"
@@ -267,6 +268,11 @@ struct ServerCoreOptions {
   // The longest hold a request may ask for (Pull/ClockAdvance
   // hold_timeout_ms); a request asking for more is refused.
   Nanos max_hold = 24 * 3600 * kSeconds;
+  // The disk tier (TableConfig.disk_tier; server/table.h, "Disk tier"):
+  // makes the store of each table that asks for one. Null: such tables are
+  // refused (FailedPrecondition naming tessera-server --disk_dir), as is a
+  // table whose memory_budget_bytes leaves no room beside its store's memory.
+  ColdRowsFactory disk_tiers;
 };
 
 // Pull replies in pieces (pull_reply_piece_bytes, max_whole_reply_bytes,
@@ -408,8 +414,11 @@ class ServerCore {
   struct TableSummary {
     uint32_t id = 0;
     std::string name;
-    uint64_t rows = 0;
-    uint64_t bytes = 0;
+    uint64_t rows = 0;          // in memory and on disk
+    uint64_t bytes = 0;         // of the rows in memory, as the budget counts them
+    uint64_t rows_on_disk = 0;  // disk tier
+    bool disk_tier = false;
+    ColdRowStats disk;          // the disk tier's store (zeros without one)
     TableCounters counters;
   };
   std::vector<TableSummary> table_summaries() const;

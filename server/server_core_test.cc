@@ -152,6 +152,70 @@ TEST_F(ServerCoreTest, APushOfAPieceOfEachRowUpdatesOnlyThoseColumns) {
   EXPECT_EQ(PullValues(1, keys), (std::vector<float>{0, 1, 2, 5, 0, 3, 4, 6})) << "a refused piece changed rows";
 }
 
+// A table with a disk tier (server/table.h, "Disk tier") is refused by a
+// core without a store factory (naming tessera-server --disk_dir) and when
+// its budget leaves no room beside the store's own memory; with one, the
+// rows over its budget go to the store and every row comes back exact.
+TEST_F(ServerCoreTest, ATableWithADiskTierNeedsAStoreAndKeepsEveryRow) {
+  Message create = CreateRequest(3, 2);
+  proto::TableConfig* c = create.header.mutable_create_table()->mutable_config();
+  c->set_memory_budget_bytes(1);  // (RowBytes counts recency once there is a budget)
+  c->set_memory_budget_bytes(10 * Table::RowBytes(*c));
+  c->set_disk_tier(true);
+  const proto::Envelope refused = StepOne(create);
+  ASSERT_TRUE(refused.has_error());
+  EXPECT_THAT(refused.error().message(), ::testing::HasSubstr("--disk_dir"));
+
+  ServerCoreOptions o;
+  o.node_id = 7;
+  MemoryColdRows* store = nullptr;
+  uint64_t store_memory = 0;
+  o.disk_tiers = [&](uint32_t, uint32_t floats) -> absl::StatusOr<std::unique_ptr<ColdRows>> {
+    // A store that says it holds `store_memory` bytes itself.
+    struct Sized final : MemoryColdRows {
+      Sized(uint32_t f, uint64_t m) : MemoryColdRows(f), bytes(m) {}
+      uint64_t memory_bytes(uint64_t) const override { return bytes; }
+      uint64_t bytes;
+    };
+    auto made = std::make_unique<Sized>(floats, store_memory);
+    store = made.get();
+    return std::unique_ptr<ColdRows>(std::move(made));
+  };
+  ServerCore core(o);
+  ASSERT_TRUE(core.InstallShardMap(map_, 0).ok());
+  store_memory = 10 * Table::RowBytes(*c);  // the whole budget: no room for a row
+  auto out = core.Step(create);
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_TRUE(out[0].message.header.has_error());
+  EXPECT_THAT(out[0].message.header.error().message(), ::testing::HasSubstr("no room"));
+  store_memory = 0;
+  out = core.Step(create);
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_TRUE(out[0].message.header.has_ack()) << out[0].message.header.ShortDebugString();
+  const std::vector<Key> keys = OwnKeys(3, 100);
+  std::vector<float> ones(keys.size() * 2, 1.0f);
+  for (uint64_t id : {1, 2}) {
+    out = core.Step(Push(id, 3, keys, ones));
+    ASSERT_EQ(out.size(), 1u);
+    ASSERT_TRUE(out[0].message.header.has_ack());
+  }
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(core.table(3)->num_rows(), keys.size());
+  EXPECT_LE(core.table(3)->rows_in_memory(), 10u);
+  EXPECT_EQ(store->size(), core.table(3)->rows_on_disk());
+  EXPECT_GE(store->size(), 90u);
+  out = core.Step(Pull(3, 3, keys));
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_EQ(out[0].message.frames.size(), 1u);
+  auto values = out[0].message.frames[0].As<float>();
+  EXPECT_EQ(std::vector<float>(values.begin(), values.end()), std::vector<float>(keys.size() * 2, 2.0f));
+  const auto summaries = core.table_summaries();
+  ASSERT_EQ(summaries.size(), 1u);
+  EXPECT_TRUE(summaries[0].disk_tier);
+  EXPECT_EQ(summaries[0].rows_on_disk, core.table(3)->rows_on_disk());
+  EXPECT_GT(summaries[0].counters.moved_to_disk, 0u);
+}
+
 TEST_F(ServerCoreTest, RepliesEchoTheRequestId) {
   auto h = Create(1, 1);
   EXPECT_EQ(h.request_id(), 101u);

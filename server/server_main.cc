@@ -17,6 +17,7 @@
 #include "common/memory.h"
 #include "common/metrics.h"
 #include "node/timing_defaults.h"
+#include "server/disk_tier.h"
 #include "server/server_node.h"
 #include "transport/transport_factory.h"
 #include "transport/transport_flags.h"
@@ -95,6 +96,16 @@ int main(int argc, char** argv) {
   app.add_option("--keep-checkpoints", checkpoints.keep, "Checkpoints kept per server rank")->check(CLI::PositiveNumber);
   app.add_option("--restore-from", checkpoints.restore_from,
                  "Start from checkpoints: each shard this server holds is loaded from its newest checkpoint in DIR");
+  std::string disk_dir, disk_store = "bucket";
+  app.add_option("--disk-dir,--disk_dir", disk_dir,
+                 "Disk tier (tables made with disk_tier; docs/embeddings.md): rows over a table's memory budget go "
+                 "to a local disk under DIR (in DIR/tessera-HOST-PID/, removed at exit) instead of being dropped. "
+                 "Without it, tables that ask for a disk tier are refused");
+  app.add_option("--disk-store,--disk_store", disk_store,
+                 "What holds the rows on disk: bucket (a hash table in files, no memory per row) or rocks "
+                 "(RocksDB: about 3 bytes of memory a row, sequential writes, background compactions)")
+      ->check(CLI::IsMember({"bucket", "rocks"}))
+      ->capture_default_str();
   std::string max_table_mb = "auto";
   uint64_t max_message_mb = tessera::kDefaultMaxMessageBytes >> 20;
   uint64_t max_hold_ms = static_cast<uint64_t>(core.max_hold / tessera::kMillis);
@@ -168,6 +179,14 @@ int main(int argc, char** argv) {
   if (!transport.ok()) {
     TLOG_ERROR("cannot create transport: {}", transport.status().message());
     return 1;
+  }
+  if (!disk_dir.empty()) {
+    auto factory = tessera::MakeDiskTierFactory(disk_dir, *tessera::ParseDiskStore(disk_store));
+    if (!factory.ok()) {
+      TLOG_ERROR("{}", factory.status().message());
+      return 1;
+    }
+    core.disk_tiers = std::move(*factory);
   }
   tessera::ServerNode node(so, std::move(*transport), core);
   node.set_checkpoints(checkpoints);

@@ -395,6 +395,18 @@ absl::Status ServerNode::Run() {
               st.busy_refused, st.busy_dropped);
   }
   if (const std::string forwards = DescribeForwards(st); !forwards.empty()) TLOG_INFO("{}", forwards);
+  std::vector<ServerCore::TableSummary> tables;
+  {
+    std::lock_guard lock(mu_);
+    if (core_) tables = core_->table_summaries();
+  }
+  for (const ServerCore::TableSummary& t : tables) {
+    if (!t.disk_tier) continue;
+    TLOG_INFO("table {}: {} rows, {} of them on disk ({} bytes of files); {} rows moved to disk, {} brought back, "
+              "{} lookups of new ids",
+              t.id, t.rows, t.rows_on_disk, t.disk.bytes_on_disk, t.counters.moved_to_disk,
+              t.counters.loaded_from_disk, t.disk.lookups_absent);
+  }
   return end;
 }
 
@@ -468,8 +480,18 @@ std::string ServerNode::MetricsText() const {
   }
   if (core_) {
     metrics::TextWriter::Series rows, bytes, admitted, dropped, evicted;
+    metrics::TextWriter::Series on_disk, disk_bytes, moved, loaded, absent, disk_reads, disk_writes;
     for (const ServerCore::TableSummary& t : core_->table_summaries()) {
       const metrics::Labels table = {{"table", std::to_string(t.id)}};
+      if (t.disk_tier) {
+        on_disk.emplace_back(table, t.rows_on_disk);
+        disk_bytes.emplace_back(table, t.disk.bytes_on_disk);
+        moved.emplace_back(table, t.counters.moved_to_disk);
+        loaded.emplace_back(table, t.counters.loaded_from_disk);
+        absent.emplace_back(table, t.disk.lookups_absent);
+        disk_reads.emplace_back(table, t.disk.rows_read);
+        disk_writes.emplace_back(table, t.disk.rows_written);
+      }
       rows.emplace_back(table, t.rows);
       bytes.emplace_back(table, t.bytes);
       admitted.emplace_back(table, t.counters.admitted);
@@ -485,6 +507,20 @@ std::string ServerNode::MetricsText() const {
         .Counters("tessera_server_admission_dropped_total",
                   "Pushed rows dropped because their id was not admitted yet, per table", dropped)
         .Counters("tessera_server_evicted_rows_total", "Rows evicted, per table and reason (age, budget)", evicted);
+    if (!on_disk.empty()) {  // tables with a disk tier (docs/embeddings.md)
+      w.Gauges("tessera_server_table_rows_on_disk", "Rows in the disk tier, per table (the rest are in memory)",
+               on_disk)
+          .Gauges("tessera_server_table_disk_bytes", "Bytes the disk tier's files take, per table", disk_bytes)
+          .Counters("tessera_server_disk_rows_moved_total",
+                    "Rows the memory budget moved to disk, per table (disk misses that made room)", moved)
+          .Counters("tessera_server_disk_rows_loaded_total",
+                    "Rows a push, pull or restore brought back from disk, per table (hits on disk)", loaded)
+          .Counters("tessera_server_disk_lookups_absent_total",
+                    "Keys looked up on disk and not found there (new ids), per table", absent)
+          .Counters("tessera_server_disk_reads_total", "Rows read from the disk tier's store, per table", disk_reads)
+          .Counters("tessera_server_disk_writes_total", "Rows written to the disk tier's store, per table",
+                    disk_writes);
+    }
   }
   WriteTransportMetrics(w, transport_->stats());
   return w.text();

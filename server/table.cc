@@ -67,6 +67,9 @@ absl::Status ValidateTableConfig(const proto::TableConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": admission_sketch_width must be <= ",
                                                    kMaxSketchWidth, ", got ", c.admission_sketch_width()));
   }
+  if (c.disk_tier()) {
+    if (auto s = Table::CheckDiskTier(c, 0); !s.ok()) return s;
+  }
   if (c.memory_budget_bytes() > 0 && c.memory_budget_bytes() < Table::RowBytes(c)) {
     return absl::InvalidArgumentError(absl::StrCat("table ", c.table_id(), ": memory_budget_bytes ",
                                                    c.memory_budget_bytes(), " is less than one row (",

@@ -13,6 +13,7 @@
 
 #include "common/memory.h"
 #include "server/bucket_file_cold_rows.h"
+#include "server/checkpoint.h"
 #include "server/cold_rows.h"
 #include "server/rocks_cold_rows.h"
 #include "server/table.h"
@@ -189,6 +190,12 @@ TEST_P(TableDiskTierTest, RestoreEraseAndCountSeeTheRowsOnDisk) {
     ASSERT_TRUE(tiered->ApplyPush(keys, grads, round).ok());
   }
   ASSERT_GT(tiered->rows_on_disk(), 0u);
+  // A checkpoint's snapshot holds every row, those on disk included (it
+  // once kept pointers to the rows ForEachRow lends for one call only).
+  const TableSnapshot a = SnapshotTable(plain), b = SnapshotTable(*tiered);
+  EXPECT_EQ(a.keys, b.keys);
+  ASSERT_EQ(a.values.size(), b.values.size());
+  EXPECT_EQ(std::memcmp(a.values.data(), b.values.data(), a.values.size() * sizeof(float)), 0);
   // A checkpoint or a state transfer reads every row (ForEachRow); a copy
   // restored from it, with a disk tier of its own, holds the same rows.
   const Rows rows = AllRows(*tiered);

@@ -238,6 +238,12 @@ class CheckpointsSection:
 
 
 @dataclass(frozen=True)
+class DiskSection:
+    dir: str = "disk"
+    store: str = "bucket"
+
+
+@dataclass(frozen=True)
 class LimitsSection:
     max_keys_per_request: int = 1 << 26
     max_table_mb: Union[int, str] = "auto"
@@ -306,6 +312,7 @@ class JobConfig:
     kubernetes: KubernetesSection = dataclasses.field(default_factory=KubernetesSection)
     metrics: MetricsSection = dataclasses.field(default_factory=MetricsSection)
     checkpoints: CheckpointsSection = dataclasses.field(default_factory=CheckpointsSection)
+    disk: DiskSection = dataclasses.field(default_factory=DiskSection)
     coordinator: CoordinatorSection = dataclasses.field(default_factory=CoordinatorSection)
     rebalance: RebalanceSection = dataclasses.field(default_factory=RebalanceSection)
     security: SecuritySection = dataclasses.field(default_factory=SecuritySection)
@@ -626,6 +633,15 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "keep": Field(_positive_int, 3, "checkpoints kept per server rank"),
         "restore_from": Field(_string, "", "start the job from the checkpoints in this directory; empty: no"),
     },
+    "disk": {
+        "dir": Field(_nonempty_string, "disk",
+                     "where each server keeps the rows of tables made with disk_tier (rows over the table's "
+                     "memory_budget_bytes; docs/embeddings.md): relative: in the run directory; put it on a fast "
+                     "local disk. Each server process uses DIR/tessera-HOST-PID/, removed when it exits"),
+        "store": Field(_one_of(("bucket", "rocks")), "bucket",
+                       "bucket (a hash table in files, no memory per row) or rocks (RocksDB: about 3 bytes of "
+                       "memory a row, sequential writes, background compactions)"),
+    },
     "rebalance": {
         "threshold": Field(_threshold, 0,
                            "move virtual shards off a server whose load per unit of weight passes this multiple "
@@ -752,6 +768,7 @@ _SECTION_TYPES = {
     "slurm": SlurmSection,
     "metrics": MetricsSection,
     "checkpoints": CheckpointsSection,
+    "disk": DiskSection,
     "coordinator": CoordinatorSection,
     "rebalance": RebalanceSection,
     "security": SecuritySection,

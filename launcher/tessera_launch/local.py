@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Optional, TextIO
 
 from . import REPO_ROOT
-from .config import CoalesceSection, JobConfig, LimitsSection, RdmaSection, ShmSection, TimeoutsSection, load_config
+from .config import CoalesceSection, DiskSection, JobConfig, LimitsSection, RdmaSection, ShmSection, TimeoutsSection, load_config
 from .fault_logs import analyze_all, read_logs
 from .faults import FaultScheduler
 from .summary import build_summary, format_report, read_coordinator_summary, write_summary, write_text_atomically
@@ -481,6 +481,10 @@ def server_argv(config: JobConfig, binaries: Binaries, layout: RunLayout, rank: 
         argv += ["--max-requests-in-flight-per-peer", str(limits.max_requests_in_flight_per_peer)]
     if config.audit.dir:
         argv += ["--audit-dir", str(Path(config.audit.dir).resolve())]
+    disk = config.disk
+    argv += ["--disk-dir", str(layout.root / disk.dir)]  # (an absolute dir stays as it is)
+    if disk.store != DiskSection.store:
+        argv += ["--disk-store", disk.store]
     c = config.checkpoints
     if c.dir:
         argv += ["--checkpoint-dir", str(layout.root / c.dir), "--checkpoint-every", _seconds(c.every_seconds),

@@ -235,6 +235,8 @@ def server_main(argv):
     for flag in ("--max-mb-in-flight-per-peer", "--max-requests-in-flight-per-peer"):
         p.add_argument(flag, type=int)  # passed when set
     p.add_argument("--max-table-mb", required=True)  # "auto" or MiB
+    p.add_argument("--disk-dir", required=True)  # the real server's disk tier (unused here)
+    p.add_argument("--disk-store", choices=("bucket", "rocks"))  # passed when not the default
     p.add_argument("--debug", action="store_true")
     add_transport_flags(p)
     a = p.parse_args(argv)

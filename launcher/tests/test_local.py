@@ -229,11 +229,15 @@ def test_command_lines_follow_the_contract(tmp_path, job_file):
         "--bind", "tcp://127.0.0.1:0", "--name", "server-1", "--connect-timeout", "10",
         "--coordinator-give-up", "60",
         "--max-keys-per-request", "67108864", "--max-table-mb", "auto", "--max-held-per-peer", "1024",
-        "--max-message-mb", "256"]
+        "--max-message-mb", "256", "--disk-dir", str(layout.root / "disk")]
     set_limits = load_config(job_file, ["limits.max_mb_in_flight_per_peer=8",
                                         "limits.max_requests_in_flight_per_peer=100"])
-    assert server_argv(set_limits, binaries, layout, 1, "tcp://h:1", debug=False)[-4:] == [
+    assert server_argv(set_limits, binaries, layout, 1, "tcp://h:1", debug=False)[-6:-2] == [
         "--max-mb-in-flight-per-peer", "8", "--max-requests-in-flight-per-peer", "100"]
+    # The disk tier's directory: relative to the run directory, or absolute; the store when not the default.
+    on_ssd = load_config(job_file, ["disk.dir=/mnt/ssd/tessera", "disk.store=rocks"])
+    assert server_argv(on_ssd, binaries, layout, 1, "tcp://h:1", debug=False)[-4:] == [
+        "--disk-dir", "/mnt/ssd/tessera", "--disk-store", "rocks"]
     assert worker_argv(config, binaries, layout, 0, "tcp://h:1") == [
         str(tmp_path / "build/examples/fake-worker"), "--coordinator", "tcp://h:1", "--rank", "0",
         "--name", "worker-0", "--epochs", "1", "--learning_rate", "0.5", "--verbose", "true"]

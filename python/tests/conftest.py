@@ -50,7 +50,7 @@ class LocalJob:
         for rank in range(servers):
             self._start(f"server-{rank}", [
                 str(server), "--coordinator", self.address, "--rank", str(rank), "--bind", "tcp://127.0.0.1:0",
-                "--name", f"server-{rank}", "--connect-timeout", "65"])
+                "--name", f"server-{rank}", "--connect-timeout", "65", "--disk-dir", str(directory / "disk")])
 
     def _start(self, name, argv):
         log = open(self.directory / f"{name}.log", "w")

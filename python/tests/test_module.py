@@ -68,6 +68,27 @@ def test_transfer_options_are_checked_before_connecting():
         tessera.Worker.connect("tcp://127.0.0.1:1", part_bytes=-1)
 
 
+def test_a_table_with_a_disk_tier_keeps_every_row(worker, table_id):
+    """A table whose memory holds 10 rows on each server (the bucket store's
+    own memory is 1 MiB; a row of width 4 with ACCUMULATE and a budget counts
+    72 bytes): 2,000 rows pushed three times each come back exact, though
+    most of them sit on the servers' disks (docs/embeddings.md)."""
+    width, n = 4, 2000
+    worker.create_table(table_id, width, optimizer="accumulate", memory_budget_bytes=(1 << 20) + 10 * 72,
+                        disk_tier=True)
+    keys = np.arange(n, dtype=np.uint64) * 7919
+    values = np.arange(n * width, dtype=np.float32).reshape(n, width)
+    for _ in range(3):
+        worker.push(table_id, keys, values)
+    got = worker.pull(table_id, keys[::-1].copy())
+    np.testing.assert_array_equal(got, 3 * values[::-1])
+
+
+def test_a_disk_tier_needs_a_budget(worker, table_id):
+    with pytest.raises(tessera.InvalidArgumentError, match="memory_budget_bytes"):
+        worker.create_table(table_id, 4, disk_tier=True)
+
+
 def test_sgd_table_applies_learning_rate(worker, table_id):
     worker.create_table(table_id, 2, optimizer="sgd", learning_rate=0.5, init="zeros")
     worker.push(table_id, keys_of(1, 2), np.array([[1, 2], [3, 4]], np.float32))

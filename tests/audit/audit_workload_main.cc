@@ -64,6 +64,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-keys-per-push", max_keys_per_push, "Keys per push, 1 to this")->check(CLI::PositiveNumber);
   app.add_option("--max-sleep-us", max_sleep_us, "Longest random pause per clock");
   app.add_option("--seed", seed, "Random seed");
+  uint64_t memory_budget_bytes = 0;
+  bool disk_tier = false;
+  app.add_option("--memory-budget-bytes", memory_budget_bytes,
+                 "The table's memory budget per server (0: none); with --disk-tier, rows past it go to disk");
+  app.add_option("--disk-tier", disk_tier, "Give the table a disk tier (docs/embeddings.md)");
   tessera::ResendFlags resend;
   resend.AddTo(app);
   double request_timeout = 60, hold_timeout = 120;
@@ -104,6 +109,8 @@ int main(int argc, char** argv) {
   table.kind = tessera::proto::SPARSE;
   table.optimizer = tessera::proto::ACCUMULATE;
   table.consistency = consistency == "bsp" ? tessera::proto::BSP : tessera::proto::ASP;
+  table.memory_budget_bytes = memory_budget_bytes;
+  table.disk_tier = disk_tier;
   if (auto s = worker.CreateTable(table); !s.ok()) {
     TLOG_ERROR("{}", s.message());
     return 1;

@@ -111,9 +111,34 @@ def test_without_faults_the_audit_passes(tmp_path):
     assert len(verdict["servers"]) == 3
 
 
-def test_e1_e2_a_server_killed(tmp_path):
-    """Server 1 is the primary of some shards and the backup of others."""
-    job = Job(tmp_path)
+# The table with a disk tier (docs/embeddings.md) whose memory holds 20 of
+# its rows on each server: of the ~270 rows (400 keys, 2 copies over 3
+# servers) each server holds, most are on disk and come and go as the
+# random pushes touch them. The bucket store's own memory is 1 MiB
+# (BucketFileColdRows::kMemoryBytes); a row of width 1 with ACCUMULATE and a
+# budget counts 60 bytes.
+DISK_TIER = ("worker.args.disk-tier=true", f"worker.args.memory-budget-bytes={(1 << 20) + 20 * 60}",
+             "worker.args.keys=400")
+
+
+def assert_rows_went_to_disk(job, servers):
+    """Each of `servers` said at its end that its table had rows on disk,
+    moved there and brought back."""
+    for name in servers:
+        log = (job.run_dir / "logs" / f"{name}.log").read_text()
+        m = re.search(r"table 5: (\d+) rows, (\d+) of them on disk .* (\d+) rows moved to disk, (\d+) brought back",
+                      log)
+        assert m, f"{name} did not report its disk tier:\n{log[-2000:]}"
+        rows, on_disk, moved, back = map(int, m.groups())
+        assert on_disk > rows // 2 and moved > 0 and back > 0, m.group(0)
+
+
+@pytest.mark.parametrize("tier", ["memory", "disk"])
+def test_e1_e2_a_server_killed(tmp_path, tier):
+    """Server 1 is the primary of some shards and the backup of others.
+    With the disk tier most rows of every server are on disk when it dies:
+    the replicas' copies (on their own disks) carry the job on."""
+    job = Job(tmp_path, *(DISK_TIER if tier == "disk" else ()))
     pid = job.pid("tessera-server", "server-1")
     time.sleep(1.5)
     assert job.running(), "the job ended before the fault"
@@ -123,6 +148,8 @@ def test_e1_e2_a_server_killed(tmp_path):
     assert "lost server 1" in coordinator_log(job)
     verdict = assert_audit_passes(job)
     assert len(verdict["servers"]) == 2
+    if tier == "disk":
+        assert_rows_went_to_disk(job, ["server-0", "server-2"])
 
 
 MOVES = ("rebalance.threshold=1.01", "rebalance.interval_seconds=0.3", "timeouts.heartbeat_seconds=0.2",
@@ -314,7 +341,8 @@ def test_e5_dropped_duplicated_and_reordered_messages(tmp_path, seed):
     assert verdict["acknowledged"] == verdict["issued"]
 
 
-def test_e9_both_copies_of_some_shards_lost_are_restored_from_the_last_checkpoint(tmp_path):
+@pytest.mark.parametrize("tier", ["memory", "disk"])
+def test_e9_both_copies_of_some_shards_lost_are_restored_from_the_last_checkpoint(tmp_path, tier):
     """Servers 1 and 2 die together: the shards whose two copies were on
     them are lost. With on_shard_loss: restore the coordinator gives them to
     server 0, which loads them from the newest checkpoint (written every
@@ -324,8 +352,11 @@ def test_e9_both_copies_of_some_shards_lost_are_restored_from_the_last_checkpoin
     shard, the pushes its checkpoint held by writer and sequence number,
     and every acknowledged push missing from a row must be one that
     checkpoint did not hold (else the audit fails). None is applied twice,
-    every row's value matches its pushes, and the copies agree."""
-    job = Job(tmp_path, "cluster.on_shard_loss=restore", "checkpoints.dir=ckpt", "checkpoints.every_seconds=0.3")
+    every row's value matches its pushes, and the copies agree. With the
+    disk tier the checkpoints are written from tables mostly on disk and
+    restored into one."""
+    job = Job(tmp_path, "cluster.on_shard_loss=restore", "checkpoints.dir=ckpt", "checkpoints.every_seconds=0.3",
+              *(DISK_TIER if tier == "disk" else ()))
     one = job.pid("tessera-server", "server-1")
     two = job.pid("tessera-server", "server-2")
     time.sleep(2.0)
@@ -353,6 +384,8 @@ def test_e9_both_copies_of_some_shards_lost_are_restored_from_the_last_checkpoin
     assert verdict["lost_to_restore"] == len({tuple(p[:3]) for p in lost})
     assert ("acknowledged pushes lost to the restore" in check.stdout
             and f"{verdict['lost_to_restore']} acknowledged pushes lost" in check.stdout), check.stdout
+    if tier == "disk":
+        assert_rows_went_to_disk(job, ["server-0"])
 
 
 def test_e8_the_coordinator_killed_and_restarted_takes_the_job_over_from_its_state_file(tmp_path):
