@@ -116,6 +116,7 @@ tsan_jobs() {  # DIR
 if [ "$WHICH" = ci ]; then
   TESTS=(common/common_test common/sparse_batch_test compress/compress_test coordinator/coordinator_core_test
     node/session_core_test server/checkpoint_test server/row_index_test server/server_core_test
+    server/server_parts_test server/cold_rows_test
     worker/request_tracker_test worker/worker_core_test tests/consistency/consistency_test
     transport/transport_conformance_test transport/shm_transport_test tests/cluster/inproc_cluster_test
     tests/cluster/bad_requests_test)
