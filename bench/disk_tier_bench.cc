@@ -27,6 +27,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
+#include "common/memory.h"
 #include "examples/synthetic_clicklog.h"
 #include "server/bucket_file_cold_rows.h"
 #include "server/rocks_cold_rows.h"
@@ -43,16 +44,6 @@ double CpuSeconds(clockid_t clock) {
   timespec ts{};
   clock_gettime(clock, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-// Anonymous resident memory (the heap; not the page cache of files).
-uint64_t ResidentAnonBytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("RssAnon:", 0) == 0) return std::stoull(line.substr(8)) * 1024;
-  }
-  return 0;
 }
 
 struct Flags {
@@ -172,33 +163,27 @@ int Run(const Flags& f) {
       return 2;
     }
     malloc_trim(0);
-    const uint64_t resident_before = ResidentAnonBytes();
+    const uint64_t resident_before = ResidentAnonymousBytes().value_or(0);
     Table tiered(tiered_config, [](Key) { return true; }, std::move(*store));
     std::vector<float> grads(f.batch * dim, 0.01f);
     std::vector<float> out(f.batch * dim);
-    {  // every id gets a row (the tiered table first: the in-RAM one would count in its resident size)
+    auto populate = [&](Table& t) {  // every id gets a row
       std::vector<Key> keys(f.batch);
       for (uint64_t r = 1; r <= f.ids; r += keys.size()) {
         const size_t n = std::min<uint64_t>(keys.size(), f.ids - r + 1);
         for (size_t i = 0; i < n; ++i) keys[i] = Mix64(r + i + 0x5bd1e995);
-        (void)tiered.ApplyPush(std::span<const Key>(keys).first(n), std::span<const float>(grads).first(n * dim));
+        (void)t.ApplyPush(std::span<const Key>(keys).first(n), std::span<const float>(grads).first(n * dim));
       }
-    }
+    };
+    populate(tiered);  // (first: the in-RAM table would count in its resident size)
     for (int w = 0; w < 2; ++w) {  // the hot rows come into memory
       draw();
       Measure(tiered, batches, grads, out, dim);
     }
     malloc_trim(0);
-    const uint64_t resident_tiered = ResidentAnonBytes() - resident_before;
+    const uint64_t resident_tiered = ResidentAnonymousBytes().value_or(0) - resident_before;
     Table in_ram(ram, [](Key) { return true; });
-    {
-      std::vector<Key> keys(f.batch);
-      for (uint64_t r = 1; r <= f.ids; r += keys.size()) {
-        const size_t n = std::min<uint64_t>(keys.size(), f.ids - r + 1);
-        for (size_t i = 0; i < n; ++i) keys[i] = Mix64(r + i + 0x5bd1e995);
-        (void)in_ram.ApplyPush(std::span<const Key>(keys).first(n), std::span<const float>(grads).first(n * dim));
-      }
-    }
+    populate(in_ram);
     std::vector<double> step_ratio, push_ratio, pull_ratio;
     Rates ram_best, tiered_best;
     uint64_t touched = 0, loaded = 0, reads = 0, writes = 0;

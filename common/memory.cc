@@ -72,6 +72,18 @@ std::optional<uint64_t> CgroupMemoryLimit() {
 
 }  // namespace
 
+std::optional<uint64_t> ResidentAnonymousBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("RssAnon:", 0) != 0) continue;
+    uint64_t kib = 0;
+    std::istringstream(line.substr(8)) >> kib;
+    return kib * 1024;
+  }
+  return std::nullopt;
+}
+
 uint64_t UsableMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGESIZE);

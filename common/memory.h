@@ -38,6 +38,26 @@ bool KeepLargeAllocationsMapped();
 // Never 0: 1 GiB when neither can be read.
 uint64_t UsableMemoryBytes();
 
+// This process's anonymous resident memory (RssAnon in /proc/self/status:
+// its heap and the like, not the page cache of files it maps); nullopt
+// where it cannot be read.
+std::optional<uint64_t> ResidentAnonymousBytes();
+
+// Whether this binary was built with a sanitizer whose allocator replaces
+// glibc's malloc (ASan, TSan, MSan): memory figures and malloc settings
+// then mean something else (tests that check them skip).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(__SANITIZE_MEMORY__)
+inline constexpr bool kSanitizedAllocator = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+inline constexpr bool kSanitizedAllocator = true;
+#else
+inline constexpr bool kSanitizedAllocator = false;
+#endif
+#else
+inline constexpr bool kSanitizedAllocator = false;
+#endif
+
 // A cgroup memory limit file's text ("max\n", "1073741824\n"): the limit
 // in bytes, or nullopt for "max", an empty or malformed text, or a value so
 // large that it means no limit (v1 writes about 2^63 for none).

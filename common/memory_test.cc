@@ -43,21 +43,6 @@ long ThreadMinorFaults() {
   return u.ru_minflt;
 }
 
-// Whether this binary runs on a sanitizer's allocator, which replaces
-// glibc's malloc and ignores mallopt (ASan refuses it; TSan's faults every
-// page regardless).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(__SANITIZE_MEMORY__)
-constexpr bool kSanitizedAllocator = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-constexpr bool kSanitizedAllocator = true;
-#else
-constexpr bool kSanitizedAllocator = false;
-#endif
-#else
-constexpr bool kSanitizedAllocator = false;
-#endif
-
 // Minor page faults, on a new thread, of touching 8 blocks of 16 MiB after
 // a first thread had used and freed 8 such blocks.
 long FaultsOfLargeBlocksReused() {

@@ -232,7 +232,7 @@ void BucketFileColdRows::SplitOne() {
   for (size_t j = 0; j < keys.size(); ++j) Append(Primary(BucketOf(HashOf(keys[j]))), keys[j], rows.data() + j * row_bytes_);
 }
 
-size_t BucketFileColdRows::Get(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) {
+size_t BucketFileColdRows::Read(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found, bool take) {
   TESSERA_CHECK(out.size() == keys.size() * row_floats_ && found.size() == keys.size());
   size_t n = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -245,26 +245,10 @@ size_t BucketFileColdRows::Get(std::span<const Key> keys, std::span<float> out, 
     std::memcpy(out.data() + i * row_floats_, Row(h, r), row_bytes_);
     ++stats_.rows_read;
     ++n;
-  }
-  return n;
-}
-
-size_t BucketFileColdRows::Take(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) {
-  TESSERA_CHECK(out.size() == keys.size() * row_floats_ && found.size() == keys.size());
-  size_t n = 0;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    Header* head = Primary(BucketOf(HashOf(keys[i])));
-    const auto [h, r] = Find(keys[i]);
-    found[i] = h != nullptr;
-    if (h == nullptr) {
-      ++stats_.lookups_absent;
-      continue;
+    if (take) {
+      Remove(Primary(BucketOf(HashOf(keys[i]))), h, r);
+      ++stats_.rows_erased;
     }
-    std::memcpy(out.data() + i * row_floats_, Row(h, r), row_bytes_);
-    Remove(head, h, r);
-    ++stats_.rows_read;
-    ++stats_.rows_erased;
-    ++n;
   }
   return n;
 }

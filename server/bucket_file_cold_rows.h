@@ -58,8 +58,12 @@ class BucketFileColdRows final : public ColdRows {
 
   uint32_t row_floats() const override { return row_floats_; }
   void Put(Key key, std::span<const float> row) override;
-  size_t Get(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) override;
-  size_t Take(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) override;
+  size_t Get(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) override {
+    return Read(keys, out, found, /*take=*/false);
+  }
+  size_t Take(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found) override {
+    return Read(keys, out, found, /*take=*/true);
+  }
   void Add(Key key, std::span<const float> row) override;
   bool Contains(Key key) override;
   void Erase(Key key) override;
@@ -116,6 +120,8 @@ class BucketFileColdRows final : public ColdRows {
   // goes back.
   void Remove(Header* head, Header* h, uint32_t i);
   void GrowIfFull();
+  // Get, or with `take` Take.
+  size_t Read(std::span<const Key> keys, std::span<float> out, std::span<uint8_t> found, bool take);
   uint64_t NewOverflow();
   void SplitOne();
 

@@ -271,29 +271,6 @@ TEST(TableDiskTierBudgetTest, TheStoresMemoryPerRowComesOutOfTheRowsInMemory) {
   fs::remove_all(dir, ec);
 }
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitizedAllocator = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitizedAllocator = true;
-#else
-constexpr bool kSanitizedAllocator = false;
-#endif
-#else
-constexpr bool kSanitizedAllocator = false;
-#endif
-
-// Anonymous resident memory of this process (the heap and its like; not the
-// page cache of the store's files).
-uint64_t ResidentAnonBytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("RssAnon:", 0) == 0) return std::stoull(line.substr(8)) * 1024;
-  }
-  return 0;
-}
-
 // The budget holds in the process's real memory: while ten times the
 // budget's worth of rows is written into a table with a disk tier, the
 // anonymous resident memory it adds stays within the budget plus the stated
@@ -319,7 +296,7 @@ TEST(TableDiskTierBudgetTest, ResidentMemoryStaysWithinTheBudgetWhileTenTimesItI
         o.write_buffer_bytes = 2 << 20;
         o.block_cache_bytes = 2 << 20;
         malloc_trim(0);
-        const uint64_t before = ResidentAnonBytes();
+        const uint64_t before = ResidentAnonymousBytes().value_or(0);
         auto store = RocksColdRows::Open(o, StoredRowFloats(c));
         if (!store.ok()) std::exit(3);
         Table table(c, [](Key) { return true; }, std::move(*store));
@@ -330,9 +307,9 @@ TEST(TableDiskTierBudgetTest, ResidentMemoryStaysWithinTheBudgetWhileTenTimesItI
         for (uint64_t r = 0; r < rows; r += keys.size()) {
           for (size_t i = 0; i < keys.size(); ++i) keys[i] = Mix64(r + i + 1);
           if (!table.ApplyPush(keys, grads).ok()) std::exit(4);
-          if ((r / keys.size()) % 32 == 0) peak = std::max(peak, ResidentAnonBytes() - before);
+          if ((r / keys.size()) % 32 == 0) peak = std::max(peak, ResidentAnonymousBytes().value_or(0) - before);
         }
-        peak = std::max(peak, ResidentAnonBytes() - before);
+        peak = std::max(peak, ResidentAnonymousBytes().value_or(0) - before);
         const uint64_t bound = kBudget + kBudget / 10 + (8ull << 20);
         std::fprintf(stderr, "resident growth %.1f MiB (bound %.1f MiB), %zu rows in memory, %zu on disk\n",
                      peak / 1048576.0, bound / 1048576.0, table.rows_in_memory(), table.rows_on_disk());

@@ -14,7 +14,7 @@ from pathlib import Path
 LAUNCHER = Path(__file__).resolve().parents[2] / "launcher"
 sys.path.insert(0, str(LAUNCHER))
 
-from tessera_launch.config import LimitsSection, TimeoutsSection  # noqa: E402
+from tessera_launch.config import DiskSection, LimitsSection, TimeoutsSection  # noqa: E402
 
 
 def help_defaults(binary: Path) -> dict:
@@ -63,6 +63,14 @@ def test_the_launchers_row_piece_bytes_is_the_workers_default(binaries):
     from tessera_launch.config import DEFAULT_ROW_PIECE_BYTES, TransferSection
     worker = help_defaults(binaries / "examples" / "tessera-logreg")
     assert int(worker["--transfer_row_piece_bytes"]) == DEFAULT_ROW_PIECE_BYTES == TransferSection().row_piece_bytes, worker
+
+
+def test_the_launchers_disk_store_is_the_servers_default(binaries):
+    """disk.store is passed to servers only when it is not their default
+    (tessera-server --disk-store)."""
+    server = help_defaults(binaries / "server" / "tessera-server")
+    assert server.get("--disk-dir") is None or server["--disk-dir"] == "", server  # no default directory
+    assert server["--disk-store"] == DiskSection.store, server
 
 
 def test_every_limit_the_launcher_passes_is_the_servers_default(binaries):
