@@ -32,6 +32,16 @@ The dense MLPs train data-parallel through the servers
 (tessera.torch.DenseDataParallel: one DENSE table, server-side Adam,
 synchronous in lockstep).
 
+Pipelining (--prefetch, tessera.torch.Prefetcher): the rows of the next
+batch are pulled while this one computes, and the embedding gradients are
+pushed without waiting. --prefetch 1: that pull is issued before this step
+runs, so a row in both batches misses this step's push (staleness 1);
+0: it is issued right after this step's push (the plain loop's rows, with
+less of the step to hide behind); off: the plain loop (each forward pulls,
+each push is waited for before the clock). docs/embeddings.md, "Pipelined
+training", states what a step sees and has the measured examples/s and
+AUC against plain PyTorch (bench/run_dlrm.sh, bench/dlrm_plain.py).
+
 Why these optimizers. The loss is the batch mean, so an id's gradient is
 about (p - y) / batch, 1e-4 to 1e-3: Adagrad with the usual initial accumulator
 (0.1) then moves a row by ~lr * 1e-3 / 0.3 per step, hardly at all (the
@@ -52,7 +62,8 @@ field has max_cardinality ids: 3000 by default, not the generator's 1000000,
 with which no learner gets near the truth AUC from the ~2M examples a
 one-minute run can use (configs/dlrm.yaml has the numbers). Progress:
 TESSERA_PROGRESS lines with loss and test AUC; at the end one TESSERA_RESULT
-line with test_auc and truth_auc (the hidden model's AUC on the same set).
+line with test_auc and truth_auc (the hidden model's AUC on the same set),
+and train_examples_per_second (this worker's, the evaluations not counted).
 """
 import argparse
 import json
@@ -117,6 +128,10 @@ def parse(argv):
     p.add_argument("--model_seed", type=int, default=1, help="torch seed of the initial dense weights")
     p.add_argument("--eval_every", type=int, default=0, help="steps between test evaluations (0: per epoch)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--prefetch", default="1", choices=["off", "0", "1"],
+                   help="pipelined training (tessera.torch.Prefetcher): the rows of the next batch are pulled "
+                        "while this one computes; 1: they may miss this worker's last push (staleness 1), "
+                        "0: they reflect it (pulled right after the push); off: the plain loop")
     return p.parse_args(argv)
 
 
@@ -192,8 +207,9 @@ def main(argv=None):
                                      learning_rate=args.dense_lr)
     loss_fn = nn.BCEWithLogitsLoss()
 
-    def forward(dense, keys):
-        ids = torch.from_numpy(np.ascontiguousarray(keys).view(np.int64))  # uint64 keys, read as int64
+    def forward(dense, keys, ids=None):
+        if ids is None:
+            ids = torch.from_numpy(np.ascontiguousarray(keys).view(np.int64))  # uint64 keys, read as int64
         embedded = embeddings(ids.reshape(-1, 1)).view(keys.shape[0], fields, dim)
         first_order = wide(ids).squeeze(1) if wide is not None else None  # (B,): the bag sums the fields
         return model(torch.from_numpy(dense), embedded, first_order)
@@ -220,18 +236,32 @@ def main(argv=None):
     test_auc, test_loss = evaluate()
     emit("TESSERA_PROGRESS", {"epoch": 0, "step": 0, "test_auc": test_auc, "test_loss": test_loss,
                               "truth_auc": truth_auc})
-    for epoch in range(args.epochs):
-        order = rng.permutation(n)
+    def epoch_batches(order):
         for s in range(steps_per_epoch):
             idx = np.sort(order[s * args.batch:(s + 1) * args.batch])
-            labels = torch.from_numpy(train["labels"][idx])
-            logits = forward(train["dense"][idx], train["keys"][idx])
+            keys = np.ascontiguousarray(train["keys"][idx])
+            yield (train["dense"][idx], keys, torch.from_numpy(keys.view(np.int64)),
+                   torch.from_numpy(train["labels"][idx]))
+
+    lookups = [(embeddings, lambda b: b[2])] + ([(wide, lambda b: b[2])] if wide is not None else [])
+    train_seconds = 0.0  # the steps only, without the evaluations
+    for epoch in range(args.epochs):
+        order = rng.permutation(n)
+        batches = epoch_batches(order)
+        if args.prefetch != "off":
+            batches = ttorch.Prefetcher(batches, lookups, staleness=int(args.prefetch))
+        step_start = time.monotonic()
+        for dense, keys, ids, labels in batches:
+            logits = forward(dense, keys, ids)
             loss = loss_fn(logits, labels)
             model.zero_grad()
-            loss.backward()          # pushes the embedding gradients
-            embeddings.flush()       # they are in before the clock
-            if wide is not None:
-                wide.flush()
+            loss.backward()          # pushes the embedding gradients, without waiting
+            if args.prefetch == "off":
+                embeddings.flush()   # the plain loop: they are in before the clock
+                if wide is not None:
+                    wide.flush()
+            # (pipelined: a push is waited for before the next one; requests
+            # to a server are handled in order, so the clock still follows it)
             model.step()             # pushes the dense gradients, clocks, pulls the weights
             step += 1
             recent.append(float(loss))
@@ -240,15 +270,23 @@ def main(argv=None):
                                           "loss": sum(recent) / len(recent), "t": time.monotonic() - start})
                 recent = []
             if step % eval_every == 0:
+                train_seconds += time.monotonic() - step_start
                 test_auc, test_loss = evaluate()
+                step_start = time.monotonic()
                 emit("TESSERA_PROGRESS", {"epoch": epoch + 1, "step": step, "test_auc": test_auc,
                                           "test_loss": test_loss, "truth_auc": truth_auc})
+        train_seconds += time.monotonic() - step_start
+    embeddings.flush()
+    if wide is not None:
+        wide.flush()
     test_auc, test_loss = evaluate()
     seconds = time.monotonic() - start
     stats = worker.stats()
     result = {"steps": step, "final_loss": test_loss, "test_auc": test_auc, "truth_auc": truth_auc,
               "auc_gap": truth_auc - test_auc, "seconds": seconds,
-              "examples_per_second": step * args.batch / seconds, "worker": stats}
+              "examples_per_second": step * args.batch / seconds, "train_seconds": train_seconds,
+              "train_examples_per_second": step * args.batch / max(train_seconds, 1e-9),
+              "prefetch": args.prefetch, "worker": stats}
     emit("TESSERA_RESULT", result)
     worker.finish(step, test_loss, json.dumps(result))
     return 0
