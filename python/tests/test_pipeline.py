@@ -145,3 +145,51 @@ def test_async_deduplicated_pull_and_aggregated_push(worker, table_id):
     np.testing.assert_array_equal(out, pulled)
     with pytest.raises(Exception, match="need room for 10 values, got 8|shape|rows"):
         worker.pull_unique_async(table_id, keys, out=np.zeros((4, 2), dtype=np.float32)).wait()
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_two_workers_miss_at_most_the_others_last_step(make_job, staleness):
+    """Two workers on one BSP ACCUMULATE table, two clocks per step (as
+    DenseDataParallel's lockstep): the rows a step reads reflect exactly
+    this worker's pushes as stated, and the other worker's pushes of every
+    step but the last one (that one maybe)."""
+    job = make_job(servers=2, workers=2)
+    width = 6
+
+    def body(w):
+        emb = tt.EmbeddingBag(w, 1, embedding_dim=1, mode="sum", optimizer="accumulate", consistency="bsp")
+        g = torch.Generator().manual_seed(20 + w.rank)
+        batches = []
+        for _ in range(STEPS):
+            ids = torch.randint(0, width, (BATCH, 1), generator=g)
+            ids[0, 0] = 0
+            batches.append(ids)
+        seen = []
+        for ids in tt.Prefetcher(batches, [(emb, lambda b: b)], staleness=staleness):
+            out = emb(ids)
+            seen.append((ids.reshape(-1).clone(), out.detach().reshape(-1).clone()))
+            out.sum().backward()
+            w.clock()
+            w.clock()
+        emb.flush()
+        w.barrier("pushed")
+        return [b.reshape(-1) for b in batches], seen, emb.rows(torch.arange(width)).reshape(-1)
+
+    results = run_workers(job, 2, body)
+
+    def cumulative(batches):  # cumulative(b)[t]: every row after the pushes of steps < t
+        sums = [torch.zeros(width)]
+        for b in batches:
+            sums.append(sums[-1] + torch.bincount(b, minlength=width).float())
+        return sums
+
+    mine = [cumulative(r[0]) for r in results]
+    total = mine[0][-1] + mine[1][-1]
+    for rank in (0, 1):
+        other = 1 - rank
+        assert torch.equal(results[rank][2], total)
+        for t, (ids, values) in enumerate(results[rank][1]):
+            own = mine[rank][max(t - staleness, 0)][ids]
+            low = own + mine[other][max(t - 1, 0)][ids]
+            high = own + mine[other][t][ids]
+            assert torch.all(values >= low) and torch.all(values <= high), (rank, t, values, low, high)
