@@ -11,7 +11,13 @@
 
 namespace tessera {
 
-void RowIndex::FreeSlots::operator()(Slot* p) const { std::free(p); }
+void RowIndex::FreeSlots::operator()(Slot* p) const {
+  if (bytes >= kHugePageBytes) {
+    FreeHugePageBacked(p, bytes);
+  } else {
+    std::free(p);
+  }
+}
 
 std::unique_ptr<RowIndex::Slot[], RowIndex::FreeSlots> RowIndex::AllocateEmpty(size_t capacity) {
   const size_t bytes = capacity * sizeof(Slot);
@@ -23,7 +29,7 @@ std::unique_ptr<RowIndex::Slot[], RowIndex::FreeSlots> RowIndex::AllocateEmpty(s
   }
   // All bits set: key kEmptyKey, row kNoRow, in every slot.
   std::memset(p, 0xff, bytes);
-  return std::unique_ptr<Slot[], FreeSlots>(static_cast<Slot*>(p));
+  return std::unique_ptr<Slot[], FreeSlots>(static_cast<Slot*>(p), FreeSlots{bytes});
 }
 
 RowIndex::RowIndex() : owned_(AllocateEmpty(kMinCapacity)) {

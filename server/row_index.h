@@ -150,6 +150,7 @@ class RowIndex {
   static_assert(sizeof(Slot) == 16);
   static constexpr Key kEmptyKey = ~Key{0};
   struct FreeSlots {
+    size_t bytes = 0;  // what was allocated (AllocateHugePageBacked frees by size)
     void operator()(Slot* p) const;
   };
 

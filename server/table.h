@@ -236,9 +236,11 @@ class Table {
   // lets go of the last view; the writer reads it (acquire) before writing.
   struct Chunk {
     struct Free {
-      void operator()(float* p) const { std::free(p); }
+      size_t bytes = 0;
+      void operator()(float* p) const { FreeHugePageBacked(p, bytes); }
     };
-    explicit Chunk(size_t floats) : data(static_cast<float*>(AllocateHugePageBacked(floats * sizeof(float)))) {}
+    explicit Chunk(size_t floats)
+        : data(static_cast<float*>(AllocateHugePageBacked(floats * sizeof(float))), Free{floats * sizeof(float)}) {}
     std::unique_ptr<float[], Free> data;  // huge-page backed (server/huge_pages.h)
     std::atomic<uint64_t> lent{0};
   };
@@ -315,7 +317,9 @@ class Table {
   std::unique_ptr<ColdRows> cold_;
   size_t rows_on_disk_ = 0;
   std::vector<float> disk_row_;
-  std::vector<Recency> recency_;  // by row number (evicts_ only)
+  // By row number (evicts_ only). Large ones are mapped, so the arrays left
+  // behind as it doubles go back to the kernel (server/huge_pages.h).
+  std::vector<Recency, HugePageAllocator<Recency>> recency_;
   uint32_t head_ = kNoRow;        // most recently used
   uint32_t tail_ = kNoRow;        // least recently used
   uint64_t clock_ = 0;

@@ -279,8 +279,10 @@ TEST(TableDiskTierBudgetTest, TheStoresMemoryPerRowComesOutOfTheRowsInMemory) {
 // counts 32, the allocator's, and what the store allocates beyond its
 // estimate). Runs in a fresh process (a death test re-executes the binary),
 // with the server's malloc settings, so that earlier tests' memory does
-// not count.
-TEST(TableDiskTierBudgetTest, ResidentMemoryStaysWithinTheBudgetWhileTenTimesItIsWritten) {
+// not count. Both file stores.
+class TableDiskTierResidentTest : public ::testing::TestWithParam<Store> {};
+
+TEST_P(TableDiskTierResidentTest, ResidentMemoryStaysWithinTheBudgetWhileTenTimesItIsWritten) {
   if (kSanitizedAllocator) GTEST_SKIP() << "built with a sanitizer, whose allocator changes what memory costs";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   std::string t = (fs::temp_directory_path() / "tessera-table-rss-XXXXXX").string();
@@ -291,15 +293,23 @@ TEST(TableDiskTierBudgetTest, ResidentMemoryStaysWithinTheBudgetWhileTenTimesItI
         proto::TableConfig c = SparseConfig(proto::ADAGRAD, 16);
         constexpr uint64_t kBudget = 48ull << 20;
         c.set_memory_budget_bytes(kBudget);
-        RocksColdRowsOptions o;
-        o.directory = (dir / "store").string();
-        o.write_buffer_bytes = 2 << 20;
-        o.block_cache_bytes = 2 << 20;
         malloc_trim(0);
         const uint64_t before = ResidentAnonymousBytes().value_or(0);
-        auto store = RocksColdRows::Open(o, StoredRowFloats(c));
-        if (!store.ok()) std::exit(3);
-        Table table(c, [](Key) { return true; }, std::move(*store));
+        std::unique_ptr<ColdRows> store;
+        if (GetParam() == Store::kRocks) {
+          RocksColdRowsOptions o;
+          o.directory = (dir / "store").string();
+          o.write_buffer_bytes = 2 << 20;
+          o.block_cache_bytes = 2 << 20;
+          auto made = RocksColdRows::Open(o, StoredRowFloats(c));
+          if (!made.ok()) std::exit(3);
+          store = std::move(*made);
+        } else {
+          auto made = BucketFileColdRows::Open((dir / "store").string(), StoredRowFloats(c));
+          if (!made.ok()) std::exit(3);
+          store = std::move(*made);
+        }
+        Table table(c, [](Key) { return true; }, std::move(store));
         const uint64_t rows = 10 * kBudget / Table::RowBytes(c);
         std::vector<Key> keys(4096);
         std::vector<float> grads(keys.size() * 16, 0.01f);
@@ -320,6 +330,9 @@ TEST(TableDiskTierBudgetTest, ResidentMemoryStaysWithinTheBudgetWhileTenTimesItI
   std::error_code ec;
   fs::remove_all(dir, ec);
 }
+
+INSTANTIATE_TEST_SUITE_P(FileStores, TableDiskTierResidentTest, ::testing::Values(Store::kRocks, Store::kBucketFile),
+                         [](const auto& info) { return info.param == Store::kRocks ? "Rocks" : "BucketFile"; });
 
 TEST(TableDiskTierConfigTest, OnlySparseTablesWithABudgetThatLeavesRoom) {
   proto::TableConfig c = SparseConfig(proto::SGD, 16);
