@@ -160,16 +160,20 @@ def moves_finished(job):
     return coordinator_log(job).count("moved shard")
 
 
-def test_shards_moved_under_load_lose_nothing_and_apply_nothing_twice(tmp_path):
+@pytest.mark.parametrize("tier", ["memory", "disk"])
+def test_shards_moved_under_load_lose_nothing_and_apply_nothing_twice(tmp_path, tier):
     """The rebalancer on a hair trigger (the first map's 6/5/5 primaries are
     already 1.1x the mean): shards move between live servers while three
-    workers push; the audit must still pass."""
-    job = Job(tmp_path, *MOVES)
+    workers push; the audit must still pass. With the disk tier the moved
+    shards' rows are mostly on disk at both ends."""
+    job = Job(tmp_path, *MOVES, *(DISK_TIER if tier == "disk" else ()))
     out = job.finish()
     assert_job_ok(job, out)
     assert moves_finished(job) >= 1, coordinator_log(job)[-3000:]
     verdict = assert_audit_passes(job)
     assert verdict["applied"] == verdict["issued"] == verdict["acknowledged"]
+    if tier == "disk":
+        assert_rows_went_to_disk(job, ["server-0", "server-1", "server-2"])
 
 
 @pytest.mark.parametrize("victim", ["source", "destination"])
