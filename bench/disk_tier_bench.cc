@@ -72,7 +72,6 @@ proto::OptimizerKind OptimizerOf(const std::string& name) {
 struct Rates {
   double pull = 0, push = 0, step = 0;  // rows/s
   double cpu = 0;                       // CPU seconds of this thread for the whole pass
-  size_t rows = 0;
 };
 
 // Each batch as a training step uses it: pull its rows, then push their
@@ -96,8 +95,7 @@ Rates Measure(Table& t, const std::vector<std::vector<Key>>& batches, std::vecto
   return Rates{.pull = n / pull_s,
                .push = n / push_s,
                .step = n / (pull_s + push_s),
-               .cpu = CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - cpu0,
-               .rows = rows};
+               .cpu = CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - cpu0};
 }
 
 int Run(const Flags& f) {

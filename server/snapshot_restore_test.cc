@@ -2,18 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include "server/parts_test_tables.h"
+
 namespace tessera {
 namespace {
 
-proto::TableConfig Config(uint32_t id, uint32_t width) {
-  proto::TableConfig c;
-  c.set_table_id(id);
-  c.set_width(width);
-  c.set_kind(proto::SPARSE);
-  c.set_optimizer(proto::ACCUMULATE);
-  c.set_learning_rate(1.0f);
-  return c;
-}
+using parts_test::Config;
 
 ShardMapView Map() {
   std::vector<proto::NodeInfo> nodes(2);

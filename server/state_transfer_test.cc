@@ -2,20 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include "server/parts_test_tables.h"
+
 #include <set>
 
 namespace tessera {
 namespace {
 
-proto::TableConfig Config(uint32_t id, uint32_t width) {
-  proto::TableConfig c;
-  c.set_table_id(id);
-  c.set_width(width);
-  c.set_kind(proto::SPARSE);
-  c.set_optimizer(proto::ACCUMULATE);
-  c.set_learning_rate(1.0f);
-  return c;
-}
+using parts_test::Config;
 
 ShardMapView Map() {  // 4 shards on 2 servers, each backed up by the other
   std::vector<proto::NodeInfo> nodes(2);
