@@ -260,7 +260,14 @@ TEST(RocksColdRowsTest, OpenStartsEmptyOverAnEarlierStoreButNeverRemovesOtherFil
     auto store = RocksColdRows::Open(o, 2);
     ASSERT_TRUE(store.ok()) << store.status();
     (*store)->Put(1, std::vector<float>{1, 2});
-    fs::copy(o.directory, dir.path() / "copy", fs::copy_options::recursive);
+    // File by file: the open store's background work may remove or rename
+    // a file (an old log, a temporary) between listing and copying it.
+    fs::create_directories(dir.path() / "copy");
+    for (const auto& entry : fs::directory_iterator(o.directory)) {
+      std::error_code gone;
+      if (entry.is_regular_file(gone))
+        fs::copy_file(entry.path(), dir.path() / "copy" / entry.path().filename(), gone);
+    }
   }
   fs::rename(dir.path() / "copy", o.directory);
   ASSERT_TRUE(fs::exists(fs::path(o.directory) / "CURRENT"));

@@ -419,7 +419,10 @@ class Prefetcher:
     plain loop's pull, issued after step t's clock, is promised step t's as
     well: in both modes a prefetched row may miss the other workers' last
     step, never more. Tables that are not BSP make their own promise (SSP:
-    s steps more; ASP: none).
+    s steps more; ASP: none). These say what a row misses at most; a pull
+    sent again (its answer was late: a loaded machine, a lost message) is
+    read when the resend arrives, so it may also reflect pushes issued after
+    the first send (fresher than stated, never staler).
 
     A forward whose ids match no prefetch (e.g. an evaluation in between)
     pulls as usual and leaves the prefetches alone; a prefetch whose batch is

@@ -125,16 +125,36 @@ def table_id():
     return _next_table[0]
 
 
-def run_workers(job, count, body, timeout=120):
+# Worker flags for a test that checks exactly which pushes a pull reflects:
+# resend timers long enough that no request is sent again. A pull sent again
+# (its answer late on a loaded machine) is read when the resend arrives, so it
+# may reflect pushes issued after the first send: fresher than the bound the
+# test checks, never staler (docs/embeddings.md, "Pipelined training").
+NO_RESENDS = ("--resend_initial_ms", "30000", "--resend_floor_ms", "30000")
+
+
+def connect(job, rank, flags=()):
+    """A Worker of `job` for `rank`; `flags` as tessera-launch passes them
+    (worker/worker_flags.h), e.g. NO_RESENDS."""
+    if not flags:
+        return tessera.Worker.connect(job.address, rank=rank, connect_timeout=30, request_timeout=60)
+    w, rest = tessera.Worker.from_args(["--coordinator", job.address, "--rank", str(rank),
+                                        "--connect_timeout_seconds", "30", "--request_timeout_seconds", "60",
+                                        *flags])
+    assert not rest, rest
+    return w
+
+
+def run_workers(job, count, body, timeout=120, flags=()):
     """Runs body(worker) for ranks 0..count-1 in threads, each with its own
-    Worker of `job`, then finish() (the orderly job end); returns their
-    results by rank, re-raising the first exception."""
+    Worker of `job` (connected with `flags`), then finish() (the orderly job
+    end); returns their results by rank, re-raising the first exception."""
     results = [None] * count
     errors = [None] * count
 
     def run(rank):
         try:
-            w = tessera.Worker.connect(job.address, rank=rank, connect_timeout=30, request_timeout=60)
+            w = connect(job, rank, flags)
             try:
                 results[rank] = body(w)
                 w.finish(steps=0, final_loss=0.0)
