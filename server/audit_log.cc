@@ -76,4 +76,30 @@ void AuditLog::AppendEntries(uint32_t table_id, Key key, std::string* out) const
   }
 }
 
+std::string AuditDump(const AuditLog& audit, const TableMap& tables, const ShardMapView& map, uint32_t rank) {
+  const bool deposed = map.IsDead(rank);
+  std::string out =
+      absl::StrCat("# tessera audit server ", rank, " epoch ", map.epoch(), deposed ? " deposed" : "", "\n");
+  if (deposed) return out;
+  for (const std::string& line : audit.RestoreLines()) absl::StrAppend(&out, line, "\n");
+  std::vector<uint32_t> ids;
+  for (const auto& [id, table] : tables) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (uint32_t id : ids) {
+    std::vector<std::pair<Key, std::vector<float>>> rows;
+    tables.at(id)->ForEachRow([&](Key k, std::span<const float> row) {
+      if (map.Holds(rank, map.VShardOfKey(id, k))) rows.emplace_back(k, std::vector<float>(row.begin(), row.end()));
+    });
+    std::sort(rows.begin(), rows.end());
+    for (const auto& [k, values] : rows) {
+      const bool primary = map.ServerRankOfKey(id, k) == rank;
+      absl::StrAppend(&out, "row ", id, " ", k, primary ? " primary " : " backup ");
+      for (size_t i = 0; i < values.size(); ++i) absl::StrAppend(&out, i ? "," : "", values[i]);
+      audit.AppendEntries(id, k, &out);
+      out += "\n";
+    }
+  }
+  return out;
+}
+
 }  // namespace tessera

@@ -21,6 +21,12 @@
 //   text, seqs ascending); RestoreLines() returns them in restore order.
 // - AppendEntries(table, key, out) appends " WORKER:INCARNATION:SEQ" per
 //   entry of the row, with ":FIRST:COUNT" for a piece of the row.
+// - AuditDump(audit, tables, map, rank): ServerCore::AuditDump's text for
+//   server `rank` (server/server_core.h): the "# tessera audit server"
+//   line (with " deposed" when the map names it dead, and nothing after
+//   it then), the restore lines, then one "row" line per row of `tables`
+//   whose shard `rank` holds, sorted by (table, key), with its values and
+//   entries.
 // Pure: no I/O, threads or clocks. Thread safety: none; the caller serializes.
 #include <cstdint>
 #include <functional>
@@ -34,6 +40,7 @@
 #include "proto/tessera.pb.h"
 #include "server/optimizer.h"
 #include "server/push_dedup.h"
+#include "server/state_transfer.h"
 
 namespace tessera {
 
@@ -60,5 +67,7 @@ class AuditLog {
   absl::flat_hash_map<std::pair<uint32_t, Key>, std::vector<Entry>> rows_;  // (table, key) -> pushes applied
   std::vector<std::string> restores_;  // "restored ..." lines, in restore order
 };
+
+std::string AuditDump(const AuditLog& audit, const TableMap& tables, const ShardMapView& map, uint32_t rank);
 
 }  // namespace tessera

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 namespace tessera {
 namespace {
 
@@ -72,6 +74,41 @@ TEST(AuditLogTest, RestoredNamesEachShardAndTheWindowsItsCheckpointHeld) {
   ASSERT_EQ(log.RestoreLines().size(), 2u);
   EXPECT_EQ(log.RestoreLines()[0], "restored 4 of 8 7:2:10:11/12");
   EXPECT_EQ(log.RestoreLines()[1], "restored 6 of 8");
+}
+
+TEST(AuditLogTest, TheDumpNamesTheServerThenItsRestoresThenTheRowsItHolds) {
+  std::vector<proto::NodeInfo> nodes(2);
+  nodes[0].set_node_id(10);
+  nodes[1].set_node_id(11);
+  proto::ShardMap m = RoundRobinShardMap(4, 4, nodes, 2);  // every server holds every shard
+  auto map = ShardMapView::Create(m);
+  ASSERT_TRUE(map.ok());
+  proto::TableConfig c;
+  c.set_table_id(1);
+  c.set_width(2);
+  c.set_kind(proto::SPARSE);
+  c.set_optimizer(proto::ACCUMULATE);
+  c.set_learning_rate(1.0f);
+  TableMap tables;
+  tables.emplace(1, std::make_unique<Table>(c, [](Key) { return true; }));
+  Key mine = 0, theirs = 0;
+  while (map->ServerRankOfKey(1, mine) != 0) ++mine;
+  while (map->ServerRankOfKey(1, theirs) != 1) ++theirs;
+  const std::vector<Key> keys = {mine, theirs};
+  ASSERT_TRUE(tables.at(1)->ApplyPush(keys, std::vector<float>{1, 2, 3, 4}, 0).ok());
+  AuditLog log;
+  log.Applied(1, std::vector<Key>{mine}, PushOrigin{.worker = 7, .incarnation = 1, .seq = 3}, Columns{});
+  const std::string dump = AuditDump(log, tables, *map, 0);
+  const Key first = std::min(mine, theirs);
+  const std::string mine_line = absl::StrCat("row 1 ", mine, " primary 1,2 7:1:3\n");
+  const std::string theirs_line = absl::StrCat("row 1 ", theirs, " backup 3,4\n");
+  EXPECT_EQ(dump, absl::StrCat("# tessera audit server 0 epoch 4\n", first == mine ? mine_line : theirs_line,
+                               first == mine ? theirs_line : mine_line));
+  m.add_servers()->set_node_id(12);  // rank 2, holding nothing, removed
+  m.add_dead_server_ranks(2);
+  auto deposed = ShardMapView::Create(m);
+  ASSERT_TRUE(deposed.ok()) << deposed.status();
+  EXPECT_EQ(AuditDump(log, tables, *deposed, 2), "# tessera audit server 2 epoch 4 deposed\n");
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "server/backup_plan.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 namespace tessera {
 
@@ -27,6 +29,26 @@ std::vector<BackupPlan> PlanBackups(const ShardMapView& old, const ShardMapView&
     plans.push_back(std::move(plan));
   }
   return plans;
+}
+
+std::vector<std::pair<uint32_t, std::vector<uint32_t>>> TransferTargets(const ShardMapView& map, uint32_t my_rank,
+                                                                        std::span<const uint32_t> vshards) {
+  std::map<uint32_t, std::vector<uint32_t>> by_backup;
+  for (uint32_t v : vshards) {
+    if (v >= map.num_vshards() || map.ServerRankOf(v) != my_rank) continue;
+    for (uint32_t b : map.BackupsOf(v)) by_backup[b].push_back(v);
+  }
+  return {by_backup.begin(), by_backup.end()};
+}
+
+std::vector<uint32_t> BackupsOfLed(const ShardMapView& map, uint32_t my_rank) {
+  std::set<uint32_t> ranks;
+  for (uint32_t v = 0; v < map.num_vshards(); ++v) {
+    if (map.ServerRankOf(v) != my_rank) continue;
+    for (uint32_t b : map.BackupsOf(v))
+      if (b != my_rank) ranks.insert(b);
+  }
+  return {ranks.begin(), ranks.end()};
 }
 
 }  // namespace tessera

@@ -17,9 +17,16 @@
 //   `my_rank` (copies that backed up a deposed primary may each miss a
 //   different suffix of its forwards, and a backup recruited under the last
 //   primary may never have had its transfer).
+// TransferTargets(map, my_rank, vshards): for each backup (ascending rank)
+// of the shards of `vshards` my_rank is primary of in `map` (others, and
+// shards past the map, are skipped), those shards in the order given: who
+// gets a transfer of which shards again (after a restore).
+// BackupsOfLed(map, my_rank): the ranks other than my_rank that back up a
+// shard my_rank is primary of, ascending, each once.
 // Pure: no I/O, threads or clocks. Thread safety: none needed (no state).
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "common/keys.h"
@@ -34,5 +41,9 @@ struct BackupPlan {
 
 std::vector<BackupPlan> PlanBackups(const ShardMapView& old, const ShardMapView& now, uint32_t my_rank,
                                     std::span<const uint32_t> streamed);
+
+std::vector<std::pair<uint32_t, std::vector<uint32_t>>> TransferTargets(const ShardMapView& map, uint32_t my_rank,
+                                                                        std::span<const uint32_t> vshards);
+std::vector<uint32_t> BackupsOfLed(const ShardMapView& map, uint32_t my_rank);
 
 }  // namespace tessera

@@ -79,5 +79,19 @@ TEST(BackupPlanTest, ShardsTakenOverFromAnotherPrimaryAreTransferredAndNewServer
   EXPECT_EQ(plans[1].fresh, std::vector<uint32_t>{2});  // not in the old map at all
 }
 
+TEST(BackupPlanTest, TransfersAgainGoToEachBackupOfTheShardsThisServerLeads) {
+  // Rank 0 leads 0 and 3 (backed up by 1); rank 1 leads 1 (backed up by 2).
+  const ShardMapView map = View(RoundRobinShardMap(1, 4, Nodes({10, 11, 12}), 2));
+  const std::vector<uint32_t> asked = {3, 1, 0, 9};  // 1: not rank 0's; 9: not a shard
+  const auto targets = TransferTargets(map, 0, asked);
+  ASSERT_EQ(targets.size(), 1u);
+  EXPECT_EQ(targets[0].first, 1u);
+  EXPECT_EQ(targets[0].second, (std::vector<uint32_t>{3, 0}));
+  EXPECT_TRUE(TransferTargets(map, 2, asked).empty());  // rank 2 leads none of them
+  EXPECT_EQ(BackupsOfLed(map, 0), std::vector<uint32_t>{1});
+  EXPECT_EQ(BackupsOfLed(map, 2), std::vector<uint32_t>{0});
+  EXPECT_TRUE(BackupsOfLed(View(RoundRobinShardMap(1, 4, Nodes({10, 11, 12}))), 0).empty());
+}
+
 }  // namespace
 }  // namespace tessera

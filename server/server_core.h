@@ -10,7 +10,10 @@
 // forwards), forward_inbox.h (a backup's intake), state_transfer.h,
 // backup_plan.h (what a new map owes each backup), shard_moves.h,
 // pull_reply_pieces.h, request_clocks.h, snapshot_restore.h,
-// shard_traffic.h and audit_log.h.
+// shard_traffic.h, audit_log.h, request_checks.h (refusals and the checks
+// of frames, keys and values), push_rows.h (the rows a push or forward
+// applies and forwards), map_change.h (what a newer map ends), answers.h
+// (reply bodies) and load_summary.h.
 //
 // Contract:
 // - Before InstallShardMap() every data request is answered with
@@ -179,7 +182,6 @@
 #include "common/clock.h"
 #include "common/retransmit_timer.h"
 #include "compress/codec.h"
-#include "server/checkpoint.h"
 #include "server/cold_rows.h"
 #include "server/audit_log.h"
 #include "server/backup_plan.h"
@@ -187,11 +189,13 @@
 #include "server/clock_table.h"
 #include "server/forward_inbox.h"
 #include "server/hold_queue.h"
+#include "server/load_summary.h"
 #include "server/pull_reply_pieces.h"
 #include "server/push_acks.h"
 #include "server/push_dedup.h"
 #include "server/request_clocks.h"
 #include "server/shard_moves.h"
+#include "server/shard_snapshot.h"
 #include "server/shard_traffic.h"
 #include "server/snapshot_restore.h"
 #include "server/state_transfer.h"
@@ -338,7 +342,8 @@ class ServerCore {
   // the checkpoint; a writer not listed had none). Empty outside audit mode.
   std::string AuditDump() const;
 
-  // Checkpoints (server/checkpoint.h): the shards this server is primary of
+  // Checkpoints (server/checkpoint.h writes and reads ShardSnapshot,
+  // server/shard_snapshot.h, as files): the shards this server is primary of
   // as they are now: their rows, de-duplication windows and applied counts.
   ShardSnapshot SnapshotPrimaryShards() const;
   // Sets `vshards` from `snapshot`: the rows of those shards (tables the
@@ -408,26 +413,20 @@ class ServerCore {
   // The address of the last request refused as busy (stats().busy_refused).
   const std::string& last_busy_peer() const { return last_busy_peer_; }
   size_t held_now() const { return held_.size(); }  // requests waiting for slower workers
-  uint64_t rows() const;                             // rows over every table
+  uint64_t rows() const { return TotalRows(tables_); }  // rows over every table
   // Per table, for metrics: its rows, their bytes (Table::RowBytes) and
-  // what admission and eviction did. Sorted by table id.
-  struct TableSummary {
-    uint32_t id = 0;
-    std::string name;
-    uint64_t rows = 0;          // in memory and on disk
-    uint64_t bytes = 0;         // of the rows in memory, as the budget counts them
-    uint64_t rows_on_disk = 0;  // disk tier
-    bool disk_tier = false;
-    ColdRowStats disk;          // the disk tier's store (zeros without one)
-    TableCounters counters;
-  };
-  std::vector<TableSummary> table_summaries() const;
+  // what admission and eviction did. Sorted by table id
+  // (server/load_summary.h).
+  using TableSummary = tessera::TableSummary;
+  std::vector<TableSummary> table_summaries() const { return SummarizeTables(tables_); }
   uint64_t min_clock() const { return clocks_.min_clock(); }
   size_t num_tables() const { return tables_.size(); }
   const Table* table(uint32_t id) const;
 
  private:
-  absl::Status HandleCreateTable(const proto::CreateTable& req);
+  // Creates the table `c` (CreateTable requests, transfers, restores); OK
+  // if it exists with that config.
+  absl::Status CreateTable(const proto::TableConfig& c);
   // A worker's request (it wants a reply) from an address whose answers in
   // flight are at a limit: answered Unavailable, or dropped past
   // kBusyAnswerSlack (see ServerCoreOptions); true if so.
@@ -440,13 +439,6 @@ class ServerCore {
   // push_id to the streams and returns how many there are.
   absl::StatusOr<uint32_t> AcceptPush(const proto::Push& req, Message& m, uint64_t push_id, Nanos now,
                                       std::vector<Outgoing>& out, std::vector<uint32_t>* shards_out);
-  // Forwards an applied push (keys frame m.frames[0], values m.frames[1];
-  // vshard: each key's shard; shards: those of this server it took) to
-  // every backup of those shards: each gets `forward` with the keys of the
-  // shards it backs up, in its stream. Returns how many forwards went.
-  uint32_t ForwardPush(const Message& m, std::span<const uint32_t> vshard, std::span<const uint32_t> shards,
-                       const proto::Replicate& forward, size_t row_bytes, uint64_t push_id, Nanos now,
-                       std::vector<Outgoing>& out);
   // A newer map moved shards away from this live server (a move, not a
   // failover): pushes waiting for backups that touched a shard it no longer
   // is primary of are answered Aborted; shards it no longer holds at all
@@ -466,17 +458,7 @@ class ServerCore {
   // One forward of push_id is done (acknowledged, or its backup left): the
   // push's Ack goes out once none is left.
   void ForwardDone(uint64_t push_id, const absl::Status& status, std::vector<Outgoing>& out);
-  // Applies rows (already validated) and records them as applied for
-  // (worker, incarnation, seq) per shard; skips the shards that had them.
-  // `take(i)` says whether key i is to be applied here at all.
   using Origin = PushOrigin;
-  // dedup_.IsDuplicate, unless options.testing.apply_duplicates.
-  bool IsDuplicate(uint32_t vshard, const Origin& origin) const;
-  // Records the push `origin` as applied to `shards` but the `duplicate`
-  // ones (de-duplication windows and applied counts).
-  void NoteApplied(std::span<const uint32_t> shards, const absl::flat_hash_set<uint32_t>& duplicate,
-                   const Origin& origin);
-  uint32_t RankOfNode(uint32_t node_id) const;  // the map's rank of a server node, or UINT32_MAX
   // Audit mode: records that the push `origin` was applied to these keys.
   void AuditApplied(uint32_t table_id, std::span<const Key> keys, const Origin& origin, Columns piece) {
     if (options_.audit) audit_.Applied(table_id, keys, origin, piece);
@@ -497,15 +479,11 @@ class ServerCore {
   enum class HoldOutcome { kNotHeld, kHeld, kRefused };
   HoldOutcome HoldIfBehind(Message& request, Nanos now, std::vector<Outgoing>& out);
   uint64_t StrictestStaleness() const;
-  absl::StatusOr<Table*> FindTable(uint32_t id);
   // The keys frame, checked against num_keys; with primary_only, every key
-  // must be in a shard this server is primary of (else NotPrimary).
+  // must be in a shard this server is primary of (else NotPrimaryError).
   // (With primary_only and `shards`, each key's shard goes to *shards.)
   absl::StatusOr<std::span<const Key>> KeysFrame(const Message& m, uint64_t num_keys, uint32_t table_id,
                                                  bool primary_only, std::vector<uint32_t>* shards = nullptr);
-  absl::Status NotPrimary(uint32_t table_id, Key key, uint32_t owner) const;
-  // ResourceExhausted when the keys' new rows would take `table` past options.max_table_bytes.
-  absl::Status CheckGrowth(const Table& table, std::span<const Key> keys) const;
   Message Reply(const Message& request) const;
   // Appends `reply` to `out`, split into pieces when it is a large pull reply.
   void Emit(std::vector<Outgoing>& out, std::string to, Message reply) const;
@@ -524,6 +502,11 @@ class ServerCore {
   // their resend timer. SendResent sends one forward again.
   void SendForwards(uint32_t rank, Nanos now, std::vector<Outgoing>& out, bool due_only = false);
   void SendResent(uint32_t rank, Message m, std::vector<Outgoing>& out);
+  // Appends `m` to the stream to backup `rank` (waited on by push_id and
+  // `carried`; `more`: a transfer that goes on in the next position) and
+  // sends it, stamped with the current epoch.
+  void SendInStream(uint32_t rank, Message m, uint64_t push_id, std::vector<uint64_t> carried, bool more, Nanos now,
+                    std::vector<Outgoing>& out);
   // Every push that waits on `f` is one forward closer to its Ack.
   void ForwardsDone(const Forward& f, const absl::Status& status, std::vector<Outgoing>& out);
   // A table created here after this server's backups were filled (a server
@@ -542,12 +525,6 @@ class ServerCore {
   void ImportShardState(const proto::ShardTransfer& t, const std::function<bool(uint32_t)>& keep);
   // A backup's side: applies a transfer (validated first).
   absl::Status ApplyTransfer(const Message& m, uint32_t from);
-  // A newer map moved shards: the stream's unacknowledged forwards keep
-  // only the keys of shards this server is still primary of and `rank`
-  // still backs up (a forward may mix shards; the backup would refuse it
-  // whole, and the keys of the shards that stayed must reach it). A forward
-  // left with no keys keeps its position; the backup applies nothing.
-  void RescopeForwards(uint32_t rank);
 
   const ServerCoreOptions options_;
   ClockTable clocks_;

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "node/coordinator_session.h"
+#include "server/checkpoint.h"
 #include "server/server_core.h"
 #include "transport/transport.h"
 

@@ -48,4 +48,49 @@ void RowsOfShards(const TableSnapshot& t, std::span<const uint32_t> wanted, cons
   }
 }
 
+ShardSnapshot SnapshotShards(const TableMap& tables, const ShardMapView& map, uint32_t rank,
+                             std::span<const std::pair<uint32_t, uint64_t>> applied) {
+  ShardSnapshot snap;
+  snap.server_rank = rank;
+  snap.epoch = map.epoch();
+  for (const auto& [v, n] : applied) {
+    snap.vshards.push_back(v);
+    snap.applied_pushes_by_vshard[v] = n;
+  }
+  std::vector<uint32_t> ids;
+  for (const auto& [id, table] : tables) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (uint32_t id : ids) {
+    snap.tables.push_back(
+        SnapshotTable(*tables.at(id), KeysOfVShards(id, map.num_vshards(), std::span<const uint32_t>(snap.vshards))));
+  }
+  return snap;
+}
+
+absl::StatusOr<uint64_t> RestoreShardRows(const ShardSnapshot& snapshot, std::span<const uint32_t> wanted,
+                                          const ShardMapView& map, const TableMap& tables,
+                                          const std::function<absl::Status(const proto::TableConfig&)>& create) {
+  uint64_t rows = 0;
+  std::vector<Key> keys;
+  std::vector<float> values;
+  for (const TableSnapshot& t : snapshot.tables) {
+    const uint32_t id = t.config.table_id();
+    if (!tables.contains(id)) {
+      if (auto s = create(t.config); !s.ok()) return s;
+    }
+    RowsOfShards(t, wanted, map, &keys, &values);
+    if (auto s = tables.at(id)->RestoreRows(keys, values, /*adopt_dense=*/true); !s.ok()) return s;
+    rows += keys.size();
+  }
+  return rows;
+}
+
+void RestoreAppliedCounts(const ShardSnapshot& snapshot, std::span<const uint32_t> wanted,
+                          absl::flat_hash_map<uint32_t, uint64_t>& applied) {
+  for (uint32_t v : wanted) {
+    auto it = snapshot.applied_pushes_by_vshard.find(v);
+    applied[v] = it == snapshot.applied_pushes_by_vshard.end() ? 0 : it->second;
+  }
+}
+
 }  // namespace tessera

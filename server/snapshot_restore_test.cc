@@ -77,5 +77,64 @@ TEST(SnapshotRestoreTest, PicksExactlyTheRowsOfTheWantedShardsWithTheirValues) {
   }
 }
 
+TEST(SnapshotRestoreTest, ASnapshotHoldsTheRowsAndCountsOfTheShardsNamed) {
+  const ShardMapView map = Map();
+  TableMap tables;
+  for (uint32_t id : {2u, 1u}) {
+    auto t = std::make_unique<Table>(Config(id, 1), [](Key) { return true; });
+    for (Key k = 0; k < 10; ++k) EXPECT_TRUE(t->ApplyPush(std::vector<Key>{k}, std::vector<float>{1.0f}).ok());
+    tables.emplace(id, std::move(t));
+  }
+  const std::vector<std::pair<uint32_t, uint64_t>> applied = {{1, 4}, {3, 0}};
+  const ShardSnapshot snap = SnapshotShards(tables, map, 1, applied);
+  EXPECT_EQ(snap.server_rank, 1u);
+  EXPECT_EQ(snap.epoch, map.epoch());
+  EXPECT_EQ(snap.vshards, (std::vector<uint32_t>{1, 3}));
+  EXPECT_EQ(snap.applied_pushes_by_vshard, (std::map<uint32_t, uint64_t>{{1, 4}, {3, 0}}));
+  EXPECT_TRUE(snap.core_state.empty());
+  ASSERT_EQ(snap.tables.size(), 2u);
+  EXPECT_EQ(snap.tables[0].config.table_id(), 1u);  // id order
+  for (const TableSnapshot& t : snap.tables) {
+    for (Key k : t.keys) EXPECT_TRUE(map.VShardOfKey(t.config.table_id(), k) % 2 == 1) << k;
+    size_t expected = 0;
+    for (Key k = 0; k < 10; ++k) expected += map.VShardOfKey(t.config.table_id(), k) % 2 == 1;
+    EXPECT_EQ(t.keys.size(), expected);
+  }
+}
+
+TEST(SnapshotRestoreTest, RestoringCreatesMissingTablesAndSetsTheWantedRows) {
+  const ShardMapView map = Map();
+  const ShardSnapshot snap = Snapshot();
+  TableMap tables;
+  std::vector<uint32_t> created;
+  auto create = [&](const proto::TableConfig& c) {
+    created.push_back(c.table_id());
+    tables.emplace(c.table_id(), std::make_unique<Table>(c, [](Key) { return true; }));
+    return absl::OkStatus();
+  };
+  auto rows = RestoreShardRows(snap, std::vector<uint32_t>{3}, map, tables, create);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(created, std::vector<uint32_t>{1});
+  size_t expected = 0;
+  for (Key k = 0; k < 10; ++k) expected += map.VShardOfKey(1, k) == 3;
+  EXPECT_EQ(*rows, expected);
+  EXPECT_EQ(tables.at(1)->num_rows(), expected);
+  rows = RestoreShardRows(snap, std::vector<uint32_t>{1, 3}, map, tables, create);  // exists now: not created
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(created.size(), 1u);
+  TableMap none;
+  auto refused = RestoreShardRows(snap, std::vector<uint32_t>{3}, map, none,
+                                  [](const proto::TableConfig&) { return absl::ResourceExhaustedError("full"); });
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+
+  absl::flat_hash_map<uint32_t, uint64_t> applied = {{1, 9}, {2, 9}};
+  ShardSnapshot counted = snap;
+  counted.applied_pushes_by_vshard = {{1, 5}};
+  RestoreAppliedCounts(counted, std::vector<uint32_t>{1, 3}, applied);
+  EXPECT_EQ(applied[1], 5u);
+  EXPECT_EQ(applied[3], 0u);  // none in the snapshot
+  EXPECT_EQ(applied[2], 9u);  // not wanted: unchanged
+}
+
 }  // namespace
 }  // namespace tessera

@@ -168,4 +168,46 @@ void RescopeTransfer(Message& m, const std::function<bool(uint32_t)>& kept, cons
   m.frames = std::move(frames);
 }
 
+absl::Status SetTransferRows(const Message& m, const TableMap& tables,
+                             const std::function<absl::Status(const proto::TableConfig&)>& create) {
+  const proto::ShardTransfer& t = m.header.replicate().transfer();
+  for (int i = 0; i < t.tables_size(); ++i) {
+    if (auto s = create(t.tables(i)); !s.ok()) return s;
+    Table* table = tables.at(t.tables(i).table_id()).get();
+    if (auto s = table->RestoreRows(m.frames[2 * i].As<Key>(), m.frames[2 * i + 1].As<float>(), true); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void AddClocks(const ClockTable& clocks, proto::ShardTransfer* t) {
+  clocks.ForEach([&](uint32_t node, uint64_t clock, bool live) {
+    proto::WorkerClock* c = t->add_clocks();
+    c->set_worker_id(node);
+    c->set_clock(clock);
+    c->set_live(live);
+  });
+}
+
+void TakeClocks(const proto::ShardTransfer& t, ClockTable& clocks) {
+  for (const proto::WorkerClock& c : t.clocks()) {
+    if (!clocks.IsKnown(c.worker_id())) continue;
+    if (c.live()) {
+      (void)clocks.Advance(c.worker_id(), c.clock());
+    } else {
+      clocks.Remove(c.worker_id());
+    }
+  }
+}
+
+std::optional<proto::ShardsInSync> ShardsInSyncOf(const Message& done, bool more, uint32_t backup_rank) {
+  const proto::Replicate& r = done.header.replicate();
+  if (!r.has_transfer() || more || r.transfer().vshards_size() == 0) return std::nullopt;
+  proto::ShardsInSync s;
+  s.set_backup_rank(backup_rank);
+  *s.mutable_vshards() = r.transfer().vshards();
+  return s;
+}
+
 }  // namespace tessera

@@ -34,10 +34,25 @@
 //   stay is left as it is.
 // - GatherRows copies rows `idx` of (keys, values) into fresh frames (also
 //   for forwards: a push's keys of one backup).
+// - SetTransferRows(m, tables, create): at the backup, after CheckTransfer:
+//   for each table of the transfer in order, create(config) (which must
+//   leave the table in `tables`; its error is returned), then the rows the
+//   message carries for it are set (Table::RestoreRows, dense rows
+//   adopted).
+// - AddClocks(clocks, t) lists every worker of `clocks` in t->clocks (its
+//   node, clock and whether it is live); TakeClocks(t, clocks), at the
+//   backup, moves each worker `clocks` knows to the clock listed (a clock
+//   never goes back: ClockTable::Advance) or removes it if listed as not
+//   live; workers it does not know are skipped.
+// - ShardsInSyncOf(done, more, backup_rank): for an acknowledged message
+//   `done` that is a transfer of shards and its last message (`more`
+//   false), that backup and those shards (the coordinator may promote it
+//   for them); nullopt for anything else.
 // Pure: no I/O, threads or clocks. Thread safety: none; the caller serializes.
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -47,6 +62,7 @@
 #include "common/buffer.h"
 #include "common/keys.h"
 #include "common/message.h"
+#include "server/clock_table.h"
 #include "server/table.h"
 
 namespace tessera {
@@ -67,5 +83,11 @@ void RescopeTransfer(Message& m, const std::function<bool(uint32_t)>& kept, cons
 
 void GatherRows(const Buffer& keys, const Buffer& values, std::span<const uint32_t> idx, size_t row_bytes,
                 Buffer* out_keys, Buffer* out_values);
+
+absl::Status SetTransferRows(const Message& m, const TableMap& tables,
+                             const std::function<absl::Status(const proto::TableConfig&)>& create);
+void AddClocks(const ClockTable& clocks, proto::ShardTransfer* t);
+void TakeClocks(const proto::ShardTransfer& t, ClockTable& clocks);
+std::optional<proto::ShardsInSync> ShardsInSyncOf(const Message& done, bool more, uint32_t backup_rank);
 
 }  // namespace tessera

@@ -167,5 +167,70 @@ TEST(StateTransferTest, RescopeKeepsOnlyTheShardsKept) {
   EXPECT_EQ(RowsOf({whole}), RowsOfShards(map, {0, 2}));
 }
 
+TEST(StateTransferTest, ABackupSetsTheRowsOfATransferAfterCreatingItsTables) {
+  const ShardMapView map = Map();
+  BuiltTransfer built = BuildTransfer(Tables(), map, std::vector<uint32_t>{1}, std::vector<uint64_t>{0}, 1 << 20, 101);
+  ASSERT_EQ(built.messages.size(), 1u);
+  TableMap backup;
+  std::vector<uint32_t> created;
+  auto create = [&](const proto::TableConfig& c) {
+    created.push_back(c.table_id());
+    backup.emplace(c.table_id(), std::make_unique<Table>(c, [](Key) { return true; }));
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(SetTransferRows(built.messages[0], backup, create).ok());
+  EXPECT_EQ(created, (std::vector<uint32_t>{1, 2}));
+  for (uint32_t id : {1u, 2u}) {
+    size_t expected = 0;
+    for (Key k = 0; k < 20; ++k) expected += map.VShardOfKey(id, k) == 1;
+    EXPECT_EQ(backup.at(id)->num_rows(), expected) << id;
+    backup.at(id)->ForEachRow([&](Key k, std::span<const float> row) {
+      EXPECT_EQ(map.VShardOfKey(id, k), 1u);
+      EXPECT_EQ(row[0], static_cast<float>(k));
+    });
+  }
+  TableMap none;
+  auto refuse = [](const proto::TableConfig&) { return absl::FailedPreconditionError("no"); };
+  EXPECT_EQ(SetTransferRows(built.messages[0], none, refuse).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(StateTransferTest, ClocksTravelWithTheTransferAndNeverGoBack) {
+  ClockTable primary;
+  primary.Reset({{100, 0}, {101, 1}, {102, 2}});
+  ASSERT_TRUE(primary.Advance(100, 5).ok());
+  primary.Remove(101);
+  proto::ShardTransfer t;
+  AddClocks(primary, &t);
+  ASSERT_EQ(t.clocks_size(), 3);
+  ClockTable backup;
+  backup.Reset({{100, 0}, {101, 1}, {102, 2}});
+  ASSERT_TRUE(backup.Advance(102, 9).ok());
+  TakeClocks(t, backup);
+  EXPECT_EQ(backup.ClockOf(100), 5u);
+  EXPECT_FALSE(backup.IsLive(101));
+  EXPECT_EQ(backup.ClockOf(102), 9u);  // never back
+  ClockTable stranger;
+  stranger.Reset({{200, 0}});
+  TakeClocks(t, stranger);  // workers it does not know are skipped
+  EXPECT_FALSE(stranger.IsKnown(100));
+}
+
+TEST(StateTransferTest, OnlyTheLastMessageOfATransferOfShardsPutsThemInSync) {
+  BuiltTransfer built = BuildTransfer(Tables(), Map(), std::vector<uint32_t>{0, 2},
+                                      std::vector<uint64_t>{0, 0}, 1 << 20, 100);
+  ASSERT_EQ(built.messages.size(), 1u);
+  auto in_sync = ShardsInSyncOf(built.messages[0], /*more=*/false, 1);
+  ASSERT_TRUE(in_sync.has_value());
+  EXPECT_EQ(in_sync->backup_rank(), 1u);
+  EXPECT_EQ(std::vector<uint32_t>(in_sync->vshards().begin(), in_sync->vshards().end()),
+            (std::vector<uint32_t>{0, 2}));
+  EXPECT_FALSE(ShardsInSyncOf(built.messages[0], /*more=*/true, 1).has_value());
+  BuiltTransfer configs = BuildTransfer(Tables(), Map(), {}, {}, 1 << 20, 100);  // a table config only
+  EXPECT_FALSE(ShardsInSyncOf(configs.messages[0], false, 1).has_value());
+  Message forward;
+  forward.header.mutable_replicate()->set_table_id(1);
+  EXPECT_FALSE(ShardsInSyncOf(forward, false, 1).has_value());
+}
+
 }  // namespace
 }  // namespace tessera
