@@ -120,7 +120,10 @@ std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
   switch (h.body_case()) {
     case proto::Envelope::kHeartbeat: {
       const proto::Heartbeat& hb = h.heartbeat();
-      for (int i = 0; i < hb.vshards_size() && i < hb.applied_size(); ++i) {
+      // A busy server's heartbeat says it lives and nothing more: what its
+      // last full one said stands (proto Heartbeat.busy).
+      const bool report = !hb.busy();
+      for (int i = 0; report && i < hb.vshards_size() && i < hb.applied_size(); ++i) {
         const uint32_t v = hb.vshards(i);
         if (node.info.role() == proto::SERVER && v < shard_map_.num_vshards() &&
             shard_map_.vshard_server_rank(v) == node.info.rank()) {
@@ -130,7 +133,7 @@ std::vector<Outgoing> CoordinatorCore::Step(const Message& m, Nanos now) {
       Message reply = Reply(m);
       reply.header.mutable_heartbeat_ack();
       reply_to(std::move(reply));
-      if (phase_ == Phase::kRunning && node.info.role() == proto::SERVER) {
+      if (report && phase_ == Phase::kRunning && node.info.role() == proto::SERVER) {
         ResendWorkersLeft(node, hb, out);
         const uint32_t rank = node.info.rank();
         load_.OnHeartbeat(rank, node.info.node_id(), hb, now, [&](uint32_t v) {

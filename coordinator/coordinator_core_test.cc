@@ -562,6 +562,47 @@ TEST_F(CoordinatorCoreTest, WithReplicationALostServerFailsOverAndTheJobGoesOn) 
   EXPECT_NE(core.failure_reason().find("last copy of virtual shard"), std::string::npos) << core.failure_reason();
 }
 
+// A server whose core is busy (a long push) heartbeats with `busy` and
+// nothing else: it stays alive through such heartbeats alone, and what its
+// last full heartbeat reported (rows, applied counts) stands.
+TEST_F(CoordinatorCoreTest, ABusyServersHeartbeatsKeepItAliveAndChangeNothingElse) {
+  CoordinatorCore core(Replicated(2, 1), 0);
+  Assemble(core, 2, 1, 0);
+  const uint64_t epoch = core.shard_map().epoch();
+  auto full = [&](const std::string& from, Nanos now) {
+    Message m = From(from);
+    m.header.mutable_heartbeat()->set_rows(1000);
+    return core.Step(m, now);
+  };
+  full("s0", 100 * kMillis);
+  full("s1", 100 * kMillis);
+  ASSERT_EQ(core.load().servers().size(), 2u);
+  EXPECT_EQ(core.load().servers()[1].rows, 1000u);
+  // s1 busy for 3 s (three server leases): only busy heartbeats, whose other
+  // fields are empty.
+  for (Nanos t = 200 * kMillis; t <= 3000 * kMillis; t += 200 * kMillis) {
+    Message m = From("s1");
+    m.header.mutable_heartbeat()->set_busy(true);
+    auto out = core.Step(m, t);
+    ASSERT_EQ(out.size(), 1u);  // the ack only: no WorkersLeft sent again, nothing else
+    EXPECT_TRUE(out[0].message.header.has_heartbeat_ack());
+    Heartbeat(core, "s0", t);
+    Heartbeat(core, "w0", t);
+    core.Tick(t);
+  }
+  EXPECT_EQ(core.phase(), CoordinatorCore::Phase::kRunning) << core.failure_reason();
+  EXPECT_EQ(core.shard_map().epoch(), epoch);  // nobody was lost
+  EXPECT_EQ(core.shard_map().dead_server_ranks_size(), 0);
+  EXPECT_EQ(core.load().servers()[1].rows, 1000u);  // the last full report stands
+  // The control: silence instead of busy heartbeats loses it.
+  for (Nanos t = 3200 * kMillis; t <= 4400 * kMillis; t += 200 * kMillis) {
+    Heartbeat(core, "s0", t);
+    Heartbeat(core, "w0", t);
+    core.Tick(t);
+  }
+  EXPECT_EQ(core.shard_map().dead_server_ranks_size(), 1);
+}
+
 TEST_F(CoordinatorCoreTest, WithoutReplicationALostServerStillFailsTheJob) {
   CoordinatorOptions o = Options(2, 1);
   o.server_lease = 1 * kSeconds;

@@ -338,8 +338,17 @@ absl::Status ServerNode::Run() {
   if (auto s = transport_->Start([this](Message m) { OnMessage(std::move(m)); }); !s.ok()) return s;
   TLOG_INFO("listening on {}; joining the job", transport_->address());
   session_.set_heartbeat_filler([this](proto::Heartbeat* hb) {
-    std::lock_guard lock(mu_);
-    if (core_ != nullptr) core_->FillHeartbeat(hb);
+    // Never wait for the core: one busy with a long push (rows from a slow
+    // disk) would hold the heartbeat past the lease, and the coordinator
+    // would take a busy server for a lost one (proto Heartbeat.busy).
+    {
+      std::unique_lock lock(mu_, std::try_to_lock);
+      if (!lock.owns_lock()) {
+        hb->set_busy(true);
+      } else if (core_ != nullptr) {
+        core_->FillHeartbeat(hb);
+      }
+    }
     // The process's own use, for the coordinator's load view.
     struct rusage usage {};
     if (getrusage(RUSAGE_SELF, &usage) == 0) {
