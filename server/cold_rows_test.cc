@@ -14,7 +14,10 @@
 
 #include "server/bucket_file_cold_rows.h"
 #include "server/disk_tier.h"
+#include "server/log_cold_rows.h"
+#include "server/log_index.h"
 #include "server/rocks_cold_rows.h"
+#include "server/test_stores.h"
 
 namespace tessera {
 namespace {
@@ -38,24 +41,12 @@ class ScratchDir {
   fs::path path_;
 };
 
-enum class Kind { kMemory, kRocks, kBucketFile };
+using Kind = StoreKind;
 
 class ColdRowsTest : public ::testing::TestWithParam<Kind> {
  protected:
   std::unique_ptr<ColdRows> Make(uint32_t row_floats) {
-    if (GetParam() == Kind::kMemory) return std::make_unique<MemoryColdRows>(row_floats);
-    if (GetParam() == Kind::kBucketFile) {
-      auto made = BucketFileColdRows::Open((dir_.path() / "store").string(), row_floats);
-      EXPECT_TRUE(made.ok()) << made.status();
-      return made.ok() ? std::move(*made) : nullptr;
-    }
-    RocksColdRowsOptions o;
-    o.directory = (dir_.path() / "store").string();
-    o.write_buffer_bytes = 1 << 20;  // small: the tests' rows reach the files
-    o.block_cache_bytes = 1 << 20;
-    auto made = RocksColdRows::Open(o, row_floats);
-    EXPECT_TRUE(made.ok()) << made.status();
-    return made.ok() ? std::move(*made) : nullptr;
+    return OpenTestStore(GetParam(), (dir_.path() / "store").string(), row_floats);
   }
   ScratchDir dir_;
 };
@@ -157,12 +148,9 @@ TEST_P(ColdRowsTest, EraseForgetsAndForEachVisitsEveryRowOnce) {
   EXPECT_TRUE(store->Contains(1 * 0x9e3779b97f4a7c15ULL));
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, ColdRowsTest, ::testing::Values(Kind::kMemory, Kind::kRocks, Kind::kBucketFile),
-                         [](const auto& info) {
-                           return info.param == Kind::kMemory ? "Memory"
-                                  : info.param == Kind::kRocks ? "Rocks"
-                                                               : "BucketFile";
-                         });
+INSTANTIATE_TEST_SUITE_P(Stores, ColdRowsTest,
+                         ::testing::Values(Kind::kMemory, Kind::kRocks, Kind::kBucketFile, Kind::kLog),
+                         [](const auto& info) { return StoreName(info.param); });
 
 // The bucket file grows one bucket at a time (splits) and through overflow
 // buckets, and gives emptied overflow buckets back; whatever its geometry,
@@ -248,6 +236,125 @@ TEST(RocksColdRowsTest, RowsReachTheFilesAndTheDirectoryGoesWithTheStore) {
     EXPECT_EQ((*store)->memory_bytes(1000) - (*store)->memory_bytes(0), 1000 * RocksColdRows::kBytesPerRow);
   }
   EXPECT_FALSE(fs::exists(o.directory));  // scratch: gone with the store
+}
+
+// The log compacts: rows taken back, erased and replaced at random leave
+// the file within twice the live rows plus two segments, freed segments are
+// reused, and every live row stays bit for bit (read from the write buffer,
+// the file, and after being moved by compaction).
+TEST(LogColdRowsTest, CompactionBoundsTheFileAndKeepsEveryLiveRow) {
+  ScratchDir dir;
+  for (const uint32_t floats : {1u, 48u, 3000u}) {  // 3000 floats: a record over a page, a segment of few
+    SCOPED_TRACE(floats);
+    auto store = LogColdRows::Open((dir.path() / ("s" + std::to_string(floats))).string(), floats, 64 << 10);
+    ASSERT_TRUE(store.ok()) << store.status();
+    LogColdRows& s = **store;
+    const size_t segment_bytes = (s.records_per_segment() * (8 + 4 * floats) + 4095) / 4096 * 4096;
+    std::map<Key, uint64_t> held;  // key -> seed of its row
+    std::mt19937_64 rng(floats);
+    uint64_t seed = 0, most_segments = 0;
+    std::vector<float> out(floats);
+    uint8_t found = 0;
+    const int rounds = floats == 3000 ? 600 : 20000;
+    for (int r = 0; r < rounds; ++r) {
+      const uint64_t what = rng() % 10;
+      if (what < 5 || held.size() < 8) {  // a new row
+        const Key k = rng();
+        if (held.contains(k)) continue;
+        held[k] = ++seed;
+        s.Add(k, OddRow(floats, seed));
+      } else {
+        auto it = held.lower_bound(rng());
+        if (it == held.end()) it = held.begin();
+        if (what < 7) {  // taken back
+          ASSERT_EQ(s.Take(std::span<const Key>(&it->first, 1), out, std::span<uint8_t>(&found, 1)), 1u);
+          EXPECT_EQ(std::memcmp(out.data(), OddRow(floats, it->second).data(), 4 * floats), 0);
+          held.erase(it);
+        } else if (what < 8) {
+          s.Erase(it->first);
+          held.erase(it);
+        } else {  // replaced
+          it->second = ++seed;
+          s.Put(it->first, OddRow(floats, seed));
+        }
+      }
+      most_segments = std::max(most_segments, s.segments_in_use());
+      // Within twice the live rows, plus the open segment and the one being filled by compaction.
+      ASSERT_LE(s.stats().bytes_on_disk, (2 * held.size() * (8 + 4 * floats) / segment_bytes + 3) * segment_bytes)
+          << "round " << r << ", " << held.size() << " live rows";
+    }
+    EXPECT_GT(s.segments_compacted(), 0u);
+    EXPECT_EQ(s.size(), held.size());
+    for (const auto& [k, row_seed] : held) {
+      ASSERT_EQ(s.Get(std::span<const Key>(&k, 1), out, std::span<uint8_t>(&found, 1)), 1u);
+      ASSERT_EQ(std::memcmp(out.data(), OddRow(floats, row_seed).data(), 4 * floats), 0) << k;
+    }
+    size_t visited = 0;
+    s.ForEach([&](Key k, std::span<const float> row) {
+      ++visited;
+      ASSERT_TRUE(held.contains(k));
+      EXPECT_EQ(std::memcmp(row.data(), OddRow(floats, held[k]).data(), 4 * floats), 0);
+    });
+    EXPECT_EQ(visited, held.size());
+    // Memory: the index's bound for its rows at least, and a fixed part.
+    EXPECT_GE(s.memory_bytes(held.size()), LogColdRows::kFixedMemoryBytes + LogIndex::MemoryFor(held.size()));
+  }
+}
+
+// The log's index finds, replaces and erases keys through its pages' splits
+// and the directory's doublings; keys whose hashes share their top 32 bits
+// are told apart by the record's key; it stays within MemoryFor.
+TEST(LogIndexTest, KeysThroughSplitsCollisionsAndErasures) {
+  std::vector<Key> key_of_slot;
+  LogIndex index([&](uint32_t slot) { return key_of_slot.at(slot); });
+  std::map<Key, uint32_t> held;
+  std::mt19937_64 rng(5);
+  auto add = [&](Key k) {
+    if (held.contains(k)) return;
+    const uint32_t slot = static_cast<uint32_t>(key_of_slot.size());
+    key_of_slot.push_back(k);
+    index.Insert(k, LogIndex::Hash(k), slot);
+    held[k] = slot;
+  };
+  for (int i = 0; i < 200000; ++i) add(rng());
+  EXPECT_GT(index.pages(), 16u);  // it split (and the directory doubled)
+  EXPECT_LE(index.memory_bytes(), LogIndex::MemoryFor(held.size()));
+  for (const auto& [k, slot] : held) ASSERT_EQ(index.Find(k, LogIndex::Hash(k)), slot);
+  // Replace every third, erase every other.
+  uint64_t i = 0;
+  for (auto it = held.begin(); it != held.end(); ++i) {
+    if (i % 3 == 0) {
+      const uint32_t slot = static_cast<uint32_t>(key_of_slot.size());
+      key_of_slot.push_back(it->first);
+      index.Replace(it->first, LogIndex::Hash(it->first), slot);
+      it->second = slot;
+      ++it;
+    } else if (i % 2 == 0) {
+      ASSERT_TRUE(index.Erase(it->first, LogIndex::Hash(it->first)));
+      it = held.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  EXPECT_EQ(index.size(), held.size());
+  for (const auto& [k, slot] : held) ASSERT_EQ(index.Find(k, LogIndex::Hash(k)), slot) << k;
+  for (int j = 0; j < 1000; ++j) {
+    const Key absent = rng();
+    if (!held.contains(absent)) {
+      ASSERT_EQ(index.Find(absent, LogIndex::Hash(absent)), LogIndex::kNoSlot);
+    }
+  }
+  size_t visited = 0;
+  index.ForEach([&](uint32_t slot) {
+    ++visited;
+    ASSERT_EQ(held.at(key_of_slot.at(slot)), slot);
+  });
+  EXPECT_EQ(visited, held.size());
+  // A record that no longer holds the key it was indexed under: the key is
+  // not found (the index asks the record, not only the hash).
+  const Key some = held.begin()->first;
+  key_of_slot[held.begin()->second] = some + 1;
+  EXPECT_EQ(index.Find(some, LogIndex::Hash(some)), LogIndex::kNoSlot);
 }
 
 TEST(RocksColdRowsTest, OpenStartsEmptyOverAnEarlierStoreButNeverRemovesOtherFiles) {

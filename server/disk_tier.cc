@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "server/bucket_file_cold_rows.h"
+#include "server/log_cold_rows.h"
 
 namespace tessera {
 namespace {
@@ -38,13 +39,32 @@ std::string HostName() {
   return s;
 }
 
+// A store just opened, keeping the process's directory while it lives.
+template <typename Store>
+absl::StatusOr<std::unique_ptr<ColdRows>> Kept(absl::StatusOr<std::unique_ptr<Store>> opened,
+                                               std::shared_ptr<const void> dir) {
+  if (!opened.ok()) return opened.status();
+  (*opened)->KeepAlive(std::move(dir));
+  return std::unique_ptr<ColdRows>(std::move(*opened));
+}
+
 }  // namespace
+
+const char* DiskStoreName(DiskStore store) {
+  switch (store) {
+    case DiskStore::kBucketFile: return "bucket";
+    case DiskStore::kLog: return "log";
+    case DiskStore::kRocks: return "rocks";
+  }
+  return "?";
+}
 
 absl::StatusOr<DiskStore> ParseDiskStore(std::string_view name) {
   if (name == "bucket") return DiskStore::kBucketFile;
   if (name == "rocks") return DiskStore::kRocks;
+  if (name == "log") return DiskStore::kLog;
   return absl::InvalidArgumentError(
-      absl::StrCat("disk store '", std::string(name), "': expected bucket (the default) or rocks"));
+      absl::StrCat("disk store '", std::string(name), "': expected bucket (the default), log or rocks"));
 }
 
 absl::StatusOr<ColdRowsFactory> MakeDiskTierFactory(const std::string& disk_dir, DiskStore store,
@@ -84,20 +104,12 @@ absl::StatusOr<ColdRowsFactory> MakeDiskTierFactory(const std::string& disk_dir,
   return ColdRowsFactory([dir, made, store, options](
                              uint32_t table_id, uint32_t row_floats) -> absl::StatusOr<std::unique_ptr<ColdRows>> {
     const std::string path = (dir->path() / absl::StrCat("table-", table_id, "-", made->fetch_add(1))).string();
-    TLOG_INFO("disk tier of table {}: {} ({} store)", table_id, path,
-              store == DiskStore::kBucketFile ? "bucket" : "rocks");
-    if (store == DiskStore::kBucketFile) {
-      auto opened = BucketFileColdRows::Open(path, row_floats);
-      if (!opened.ok()) return opened.status();
-      (*opened)->KeepAlive(dir);
-      return std::unique_ptr<ColdRows>(std::move(*opened));
-    }
+    TLOG_INFO("disk tier of table {}: {} ({} store)", table_id, path, DiskStoreName(store));
+    if (store == DiskStore::kBucketFile) return Kept(BucketFileColdRows::Open(path, row_floats), dir);
+    if (store == DiskStore::kLog) return Kept(LogColdRows::Open(path, row_floats), dir);
     RocksColdRowsOptions o = options;
     o.directory = path;
-    auto opened = RocksColdRows::Open(o, row_floats);
-    if (!opened.ok()) return opened.status();
-    (*opened)->KeepAlive(dir);
-    return std::unique_ptr<ColdRows>(std::move(*opened));
+    return Kept(RocksColdRows::Open(o, row_floats), dir);
   });
 }
 

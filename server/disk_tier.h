@@ -13,10 +13,13 @@
 // other files there are left alone. The process's directory goes when the
 // last of the factory's copies and its stores does: each store keeps it.
 //
-// Stores (both fulfil server/cold_rows.h; bench/disk_tier_bench compares):
+// Stores (all fulfil server/cold_rows.h; bench/disk_tier_bench compares):
 //   bucket  BucketFileColdRows (server/bucket_file_cold_rows.h), the default:
 //           a hash table on disk of our own, no per-row memory, no
 //           background threads; measured 3x RocksDB's rows per CPU-second.
+//   log     LogColdRows (server/log_cold_rows.h): a log of records with the
+//           index in memory (21-43 bytes a row on disk); sequential writes,
+//           none for a row taken back, compaction of its own.
 //   rocks   RocksColdRows (server/rocks_cold_rows.h): ~3 bytes of memory a
 //           row, sequential writes (for disks that dislike random ones),
 //           background flushes and compactions.
@@ -31,10 +34,11 @@
 
 namespace tessera {
 
-enum class DiskStore { kBucketFile, kRocks };
+enum class DiskStore { kBucketFile, kLog, kRocks };
 
-// "bucket" or "rocks"; anything else is InvalidArgument listing both.
+// "bucket", "log" or "rocks"; anything else is InvalidArgument listing them.
 absl::StatusOr<DiskStore> ParseDiskStore(std::string_view name);
+const char* DiskStoreName(DiskStore store);
 
 absl::StatusOr<ColdRowsFactory> MakeDiskTierFactory(const std::string& disk_dir, DiskStore store,
                                                     RocksColdRowsOptions rocks = {});

@@ -102,9 +102,10 @@ int main(int argc, char** argv) {
                  "to a local disk under DIR (in DIR/tessera-HOST-PID/, removed at exit) instead of being dropped. "
                  "Without it, tables that ask for a disk tier are refused");
   app.add_option("--disk-store,--disk_store", disk_store,
-                 "What holds the rows on disk: bucket (a hash table in files, no memory per row) or rocks "
+                 "What holds the rows on disk: bucket (a hash table in files, no memory per row), log (a log "
+                 "of records, its index in memory: 11-22 bytes a row on disk, sequential writes) or rocks "
                  "(RocksDB: about 3 bytes of memory a row, sequential writes, background compactions)")
-      ->check(CLI::IsMember({"bucket", "rocks"}))
+      ->check(CLI::IsMember({"bucket", "log", "rocks"}))
       ->capture_default_str();
   std::string max_table_mb = "auto";
   uint64_t max_message_mb = tessera::kDefaultMaxMessageBytes >> 20;

@@ -638,8 +638,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                      "where each server keeps the rows of tables made with disk_tier (rows over the table's "
                      "memory_budget_bytes; docs/embeddings.md): relative: in the run directory; put it on a fast "
                      "local disk. Each server process uses DIR/tessera-HOST-PID/, removed when it exits"),
-        "store": Field(_one_of(("bucket", "rocks")), "bucket",
-                       "bucket (a hash table in files, no memory per row) or rocks (RocksDB: about 3 bytes of "
+        "store": Field(_one_of(("bucket", "log", "rocks")), "bucket",
+                       "bucket (a hash table in files, no memory per row), log (a log of records, its index in "
+                       "memory: 11-22 bytes a row on disk, sequential writes) or rocks (RocksDB: about 3 bytes of "
                        "memory a row, sequential writes, background compactions)"),
     },
     "rebalance": {

@@ -236,7 +236,7 @@ def server_main(argv):
         p.add_argument(flag, type=int)  # passed when set
     p.add_argument("--max-table-mb", required=True)  # "auto" or MiB
     p.add_argument("--disk-dir", required=True)  # the real server's disk tier (unused here)
-    p.add_argument("--disk-store", choices=("bucket", "rocks"))  # passed when not the default
+    p.add_argument("--disk-store", choices=("bucket", "log", "rocks"))  # passed when not the default
     p.add_argument("--debug", action="store_true")
     add_transport_flags(p)
     a = p.parse_args(argv)
