@@ -29,7 +29,7 @@
 #include "absl/strings/str_format.h"
 #include "common/memory.h"
 #include "examples/synthetic_clicklog.h"
-#include "server/bucket_file_cold_rows.h"
+#include "server/disk_tier.h"
 #include "server/rocks_cold_rows.h"
 #include "server/table.h"
 
@@ -58,7 +58,7 @@ struct Flags {
   uint64_t write_buffer_mb = 4;
   uint64_t block_cache_mb = 8;
   std::string dir = "/tmp";
-  std::string store = "bucket";  // or rocks
+  std::string store = "bucket";  // or log, rocks
   std::string json;
 };
 
@@ -137,18 +137,17 @@ int Run(const Flags& f) {
     proto::TableConfig ram = c;
     ram.set_memory_budget_bytes(uint64_t{1} << 50);  // same rules, never reached
     const uint64_t table_bytes = f.ids * Table::RowBytes(ram);
-    const std::string store_dir = absl::StrFormat("%s/tessera-disk-tier-bench-%d", f.dir, getpid());
-    absl::StatusOr<std::unique_ptr<ColdRows>> store;
-    if (f.store == "rocks") {
-      RocksColdRowsOptions so;
-      so.directory = store_dir;
-      so.write_buffer_bytes = f.write_buffer_mb << 20;
-      so.block_cache_bytes = f.block_cache_mb << 20;
-      auto made = RocksColdRows::Open(so, StoredRowFloats(c));
-      if (made.ok()) store = std::unique_ptr<ColdRows>(std::move(*made)); else store = made.status();
+    // The server's own factory (a directory per process under f.dir, removed with the store).
+    RocksColdRowsOptions so;
+    so.write_buffer_bytes = f.write_buffer_mb << 20;
+    so.block_cache_bytes = f.block_cache_mb << 20;
+    absl::StatusOr<std::unique_ptr<ColdRows>> store = absl::InternalError("no store");
+    if (auto kind = ParseDiskStore(f.store); !kind.ok()) {
+      store = kind.status();
+    } else if (auto factory = MakeDiskTierFactory(f.dir, *kind, so); !factory.ok()) {
+      store = factory.status();
     } else {
-      auto made = BucketFileColdRows::Open(store_dir, StoredRowFloats(c));
-      if (made.ok()) store = std::unique_ptr<ColdRows>(std::move(*made)); else store = made.status();
+      store = (*factory)(1, StoredRowFloats(c));
     }
     if (!store.ok()) {
       std::fprintf(stderr, "disk_tier_bench: %s\n", std::string(store.status().message()).c_str());
@@ -271,8 +270,8 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", f.repeats, "interleaved repeats")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--write_buffer_mb", f.write_buffer_mb, "rocks: the store's memtable size")->capture_default_str();
   app.add_option("--block_cache_mb", f.block_cache_mb, "rocks: the store's block cache")->capture_default_str();
-  app.add_option("--store", f.store, "the disk tier's store: bucket (server/bucket_file_cold_rows.h) or rocks")
-      ->check(CLI::IsMember({"bucket", "rocks"}))
+  app.add_option("--store", f.store, "the disk tier's store (server/disk_tier.h): bucket, log or rocks")
+      ->check(CLI::IsMember({"bucket", "log", "rocks"}))
       ->capture_default_str();
   app.add_option("--dir", f.dir, "where the store's directory goes (removed at the end)")->capture_default_str();
   app.add_option("--json", f.json, "also write the numbers as JSON to this file");

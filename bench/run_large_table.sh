@@ -23,7 +23,7 @@
 #
 # Environment: IDS (100000000), SERVERS (4), WORKERS (2), REPLICATION (2),
 # SECONDS_EACH (30: training steps), BYTES_PER_ROW (189), OVERHEAD_MB (400),
-# DISK_DIR (a disk directory beside the run directory), STORE (bucket | rocks), KEEP=1 keeps the run
+# DISK_DIR (a disk directory beside the run directory), STORE (bucket | log | rocks), KEEP=1 keeps the run
 # directory, SKIP_BUILD=1 uses the binaries in BUILD_DIR as they are.
 # Needs about IDS * REPLICATION * 200 bytes of free disk (22 GB for 10^8):
 # it checks before it starts.
@@ -46,7 +46,7 @@ for v in IDS SERVERS WORKERS REPLICATION SECONDS_EACH BYTES_PER_ROW OVERHEAD_MB;
     exit 2
   fi
 done
-case "$STORE" in bucket | rocks) ;; *) echo "run_large_table.sh: STORE must be bucket or rocks, got '$STORE'" >&2; exit 2 ;; esac
+case "$STORE" in bucket | log | rocks) ;; *) echo "run_large_table.sh: STORE must be bucket, log or rocks, got '$STORE'" >&2; exit 2 ;; esac
 
 WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-large-table.XXXXXX")
 if [ "${KEEP:-0}" != 1 ]; then trap 'rm -rf "$WORK"' EXIT; fi

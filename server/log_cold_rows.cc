@@ -264,7 +264,10 @@ void LogColdRows::CompactSegment(uint64_t segment) {
 }
 
 uint64_t LogColdRows::memory_bytes(uint64_t rows) const {
-  return std::max(index_.memory_bytes() + LogIndex::kPageBytes, LogIndex::MemoryFor(rows)) + kFixedMemoryBytes;
+  // What the index holds now and a page for its next split; rows beyond the
+  // ones it holds at the bound's rate.
+  const uint64_t more = rows > index_.size() ? LogIndex::MemoryFor(rows - index_.size()) : 0;
+  return index_.memory_bytes() + LogIndex::kPageBytes + more + kFixedMemoryBytes;
 }
 
 ColdRowStats LogColdRows::stats() const {

@@ -79,8 +79,8 @@ class LogColdRows final : public ColdRows {
   Key KeyAt(uint32_t slot) const;
   void Erase(Key key) override;
   void ForEach(absl::FunctionRef<void(Key, std::span<const float>)> fn) override;
-  // The index's memory (server/log_index.h: what it holds, or its bound for
-  // `rows` entries when larger, and a page for its next split), plus
+  // The index's memory (server/log_index.h: what it holds, a page for its
+  // next split, and MemoryFor the rows beyond those it holds), plus
   // kFixedMemoryBytes.
   uint64_t memory_bytes(uint64_t rows) const override;
   ColdRowStats stats() const override;
