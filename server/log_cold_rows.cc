@@ -68,6 +68,10 @@ absl::Status LogColdRows::OpenFile() {
     return absl::ResourceExhaustedError(absl::StrCat("disk tier: cannot map ", path_, ": ", ErrnoText(errno)));
   }
   map_ = static_cast<char*>(p);
+  // Records are read one at a time, at random: no read-around (by default
+  // a fault reads 128 KiB around the page, which at 10^7 rows a server was
+  // gigabytes a second of reads nobody used).
+  (void)madvise(map_, kReserveBytes, MADV_RANDOM);
   return absl::OkStatus();
 }
 

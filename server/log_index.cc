@@ -9,7 +9,7 @@ namespace tessera {
 namespace {
 
 constexpr size_t kMask = LogIndex::kPageEntries - 1;
-constexpr uint32_t kMaxDepth = 32 - LogIndex::kPageBits;  // the home bits must stay below the page's
+constexpr uint32_t kMaxDepth = 32 - LogIndex::kPageBits;  // a page's keys keep 13 bits of their own
 
 }  // namespace
 

@@ -25,9 +25,11 @@
 //   erasures empty pages without freeing them. MemoryFor(entries) is a
 //   bound on what it holds for `entries` entries once grown to them: at
 //   most 22 bytes an entry, plus a page being split and the directory.
-// - Needs 32 bits of hash: at most 2^19 pages (13 bits choose the home
-//   entry in a page): about 3 * 10^9 entries; a store that would pass it
-//   stops the process (TESSERA_CHECK_MSG).
+// - A lookup reads a record it does not want only when another key in
+//   the probe has the same 32 bits: for a page of depth d, about 2^(d-32)
+//   per entry probed. At most 2^19 pages (a page's keys must keep 13 bits
+//   of their own): about 3 * 10^9 entries; a store that would pass it stops
+//   the process (TESSERA_CHECK_MSG).
 // - Not thread-safe.
 #include <cstddef>
 #include <cstdint>
@@ -77,7 +79,11 @@ class LogIndex {
     std::unique_ptr<Entry[]> entries;
   };
   static uint32_t Bits(uint64_t hash) { return static_cast<uint32_t>(hash >> 32); }
-  static size_t Home(uint32_t bits) { return bits & (kPageEntries - 1); }
+  // The home entry: a mix of all 32 bits. (Not their low bits: the keys of
+  // a page share its leading bits, so two keys at one home would then differ
+  // in only the bits between, and a lookup would often read a record of
+  // another key to tell them apart.)
+  static size_t Home(uint32_t bits) { return (bits * 0x9e3779b1u) >> (32 - kPageBits); }
   Page& PageOf(uint32_t bits) const;
   // The position of `key` in its page, or kPageEntries.
   size_t Position(const Page& page, Key key, uint32_t bits) const;
