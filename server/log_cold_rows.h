@@ -7,7 +7,9 @@
 // bytes), and its slot number says where it lies (slot * record bytes). New
 // records go to the open segment through a write buffer of kBufferBytes,
 // written to the file with one pwrite when it fills (and when the segment
-// does). An index in memory (server/log_index.h: key -> slot) finds a
+// does), and its write-back started at once (sync_file_range, without
+// waiting), so that the store never leaves gigabytes of dirty pages for the
+// kernel to write in one go. An index in memory (server/log_index.h: key -> slot) finds a
 // key's record; a row whose slot is still in the buffer is read from there,
 // any other through a read-only mapping of the whole file.
 //

@@ -59,7 +59,9 @@ BuiltTransfer BuildTransfer(const TableMap& tables, const ShardMapView& map, std
       keys.clear();
       values.clear();
     };
-    table.ForEachRow([&](Key k, std::span<const float> row) {
+    // No shards (the configs alone, for a new table): no row to walk. The
+    // walk reads every row, those on disk too: minutes for 10^8.
+    if (!shards.empty()) table.ForEachRow([&](Key k, std::span<const float> row) {
       if (!shards.contains(map.VShardOfKey(id, k))) return;
       if (filled > 0 && filled + row_bytes > chunk) {  // the message is full: the rows go on in the next
         if (!keys.empty()) flush();

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "server/cold_rows.h"
 #include "server/parts_test_tables.h"
 
 #include <set>
@@ -81,6 +82,38 @@ TEST(StateTransferTest, CarriesExactlyTheRowsOfTheShardsAndEveryTableConfig) {
   ASSERT_EQ(configs.messages.size(), 1u);
   EXPECT_EQ(configs.messages[0].header.replicate().transfer().tables_size(), 2);
   EXPECT_EQ(configs.rows, 0u);
+}
+
+// A transfer of no shards (the configs a new table sends its backups)
+// walks no table's rows: it walked every row, those on disk too, and with
+// 10^8 rows that held a server (and a job's table creation) for minutes.
+TEST(StateTransferTest, ATransferOfNoShardsWalksNoRows) {
+  struct CountingStore : MemoryColdRows {
+    using MemoryColdRows::MemoryColdRows;
+    void ForEach(absl::FunctionRef<void(Key, std::span<const float>)> fn) override {
+      ++walks;
+      MemoryColdRows::ForEach(fn);
+    }
+    int walks = 0;
+  };
+  proto::TableConfig c = Config(1, 2);
+  c.set_memory_budget_bytes(4 * Table::RowBytes(c) + 1);
+  c.set_disk_tier(true);
+  auto store = std::make_unique<CountingStore>(StoredRowFloats(c));
+  CountingStore* counting = store.get();
+  auto table = std::make_unique<Table>(c, [](Key) { return true; }, std::move(store));
+  for (Key k = 0; k < 20; ++k) ASSERT_TRUE(table->ApplyPush(std::vector<Key>{k}, std::vector<float>{1, 2}).ok());
+  ASSERT_GT(table->rows_on_disk(), 0u);
+  TableMap tables;
+  tables.emplace(1, std::move(table));
+  BuiltTransfer configs = BuildTransfer(tables, Map(), {}, {}, 1 << 20, 100);
+  EXPECT_EQ(configs.messages[0].header.replicate().transfer().tables_size(), 1);
+  EXPECT_EQ(counting->walks, 0);
+  // The control: a transfer of shards walks them.
+  BuiltTransfer rows = BuildTransfer(tables, Map(), std::vector<uint32_t>{0, 1, 2, 3},
+                                     std::vector<uint64_t>{0, 0, 0, 0}, 1 << 20, 100);
+  EXPECT_EQ(rows.rows, 20u);
+  EXPECT_EQ(counting->walks, 1);
 }
 
 TEST(StateTransferTest, SplitsRowsOverMessagesOfBoundedSize) {
