@@ -46,7 +46,7 @@ class ReplicationTest : public ::testing::Test {
     for (uint32_t r = 0; r < kServers; ++r) {
       cores_.push_back(std::make_unique<ServerCore>(
           ServerCoreOptions{.node_id = r + 1, .max_message_bytes = max_message_bytes_, .forward_resend = resend_,
-                            .audit = audit_}));
+                            .audit = audit_, .disk_tiers = disk_tiers_}));
       ASSERT_TRUE(cores_[r]->InstallShardMap(map_, r).ok());
       cores_[r]->SetWorkers({{kWorkerNode, 0}});
       Message create = Request(1000 + r);
@@ -231,6 +231,7 @@ class ReplicationTest : public ::testing::Test {
   // in its constructor).
   uint32_t replication_ = 2;
   bool audit_ = false;
+  ColdRowsFactory disk_tiers_;  // none unless a test sets one
   size_t max_message_bytes_ = kDefaultMaxMessageBytes;
   proto::ShardMap map_;
   std::vector<std::unique_ptr<ServerCore>> cores_;
@@ -430,6 +431,73 @@ TEST_F(ReplicationTest, LostAndRepeatedForwardsAreResentAndAppliedOnce) {
 }
 
 // Forwards to a backup are resent on a timer learned from their round trips.
+// Every store of these servers counts the walks over the rows it holds.
+class WalkCountingReplicationTest : public ReplicationTest {
+ protected:
+  WalkCountingReplicationTest() {
+    disk_tiers_ = [this](uint32_t, uint32_t floats) -> absl::StatusOr<std::unique_ptr<ColdRows>> {
+      struct Counting final : MemoryColdRows {
+        Counting(uint32_t f, int* w) : MemoryColdRows(f), walks(w) {}
+        void ForEach(absl::FunctionRef<void(Key, std::span<const float>)> fn) override {
+          ++*walks;
+          MemoryColdRows::ForEach(fn);
+        }
+        int* walks;
+      };
+      return std::unique_ptr<ColdRows>(std::make_unique<Counting>(floats, &walks_));
+    };
+  }
+  int walks_ = 0;
+};
+
+// A table created at its primary reaches its backups as a transfer of
+// configs alone, and neither side walks the rows it holds to make or take
+// it: both did, over every row on disk too, and with 10^8 rows that held
+// the servers past the job's 60 s request timeout.
+TEST_F(WalkCountingReplicationTest, ANewTableWalksNoRowsAtThePrimaryOrItsBackups) {
+  constexpr uint32_t kTiered = kTable + 2, kLate = kTable + 3;
+  for (uint32_t r = 0; r < kServers; ++r) {
+    Message create = Request(3000 + r);
+    auto* c = create.header.mutable_create_table()->mutable_config();
+    c->set_table_id(kTiered);
+    c->set_width(2);
+    c->set_kind(proto::SPARSE);
+    c->set_optimizer(proto::ACCUMULATE);
+    c->set_memory_budget_bytes(1);
+    c->set_memory_budget_bytes(4 * Table::RowBytes(*c));
+    c->set_disk_tier(true);
+    Send(ServerAddress(r), std::move(create));
+  }
+  DeliverAll();
+  inbox_.clear();
+  ShardMapView view = *ShardMapView::Create(map_);
+  for (uint32_t p = 0; p < kServers; ++p) {
+    std::vector<Key> keys;
+    for (Key k = 0; keys.size() < 20; ++k)
+      if (view.ServerRankOfKey(kTiered, k) == p) keys.push_back(k);
+    Message push = Push(3100 + p, keys, 1.0f, 1);
+    push.header.mutable_push()->set_table_id(kTiered);
+    Send(ServerAddress(p), std::move(push));
+  }
+  DeliverAll();
+  for (const Message& m : inbox_) ASSERT_TRUE(m.header.has_ack()) << m.header.ShortDebugString();
+  inbox_.clear();
+  for (uint32_t r = 0; r < kServers; ++r) ASSERT_GT(cores_[r]->table(kTiered)->rows_on_disk(), 0u) << r;
+  walks_ = 0;
+  Message create = Request(3200);
+  auto* c = create.header.mutable_create_table()->mutable_config();
+  c->set_table_id(kLate);
+  c->set_width(2);
+  c->set_kind(proto::SPARSE);
+  c->set_optimizer(proto::ACCUMULATE);
+  Send(ServerAddress(0), std::move(create));  // only server 0 hears of it: it tells its backups
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 1u);
+  ASSERT_TRUE(inbox_[0].header.has_ack()) << inbox_[0].header.ShortDebugString();
+  EXPECT_NE(cores_[1]->table(kLate), nullptr);  // server 0's backup (replication 2: the next server)
+  EXPECT_EQ(walks_, 0);
+}
+
 class LearningReplicationTest : public ReplicationTest {
  protected:
   LearningReplicationTest() { resend_ = {.initial = 200 * kMillis, .floor = 1 * kMillis, .ceiling = 1 * kSeconds}; }
