@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "common/memory.h"
@@ -35,10 +36,6 @@
 
 namespace tessera::bench {
 namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 double CpuSeconds(clockid_t clock) {
   timespec ts{};

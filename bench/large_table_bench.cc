@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -61,15 +62,6 @@ struct Flags {
   size_t batch = 4096;
   double seconds = 30;
 };
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-void Emit(const std::string& tag, const std::string& json) {
-  std::fputs(absl::StrCat(tag, " ", json, "\n").c_str(), stdout);
-  std::fflush(stdout);
-}
 
 Key KeyOf(uint64_t id) { return Mix64(id ^ kSalt); }
 

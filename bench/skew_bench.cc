@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -40,15 +41,6 @@ struct Flags {
   double seconds = 60;
   double report_every = 1;
 };
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-void Emit(const std::string& tag, const std::string& json) {
-  std::fputs(absl::StrCat(tag, " ", json, "\n").c_str(), stdout);
-  std::fflush(stdout);
-}
 
 absl::Status Run(const Flags& f, Worker& worker) {
   auto sampler = examples::ZipfSampler::Create(f.ids, f.zipf);

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -46,15 +47,6 @@ struct Flags {
   double seconds = 3.0;
   std::vector<std::string> ops = {"push", "pull"};
 };
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-void Emit(const std::string& tag, const std::string& json) {
-  std::fputs(absl::StrCat(tag, " ", json, "\n").c_str(), stdout);
-  std::fflush(stdout);
-}
 
 struct Batch {
   std::vector<Key> unique;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "common/env.h"
+#include "server/store_directory.h"
 #include "common/keys.h"
 
 namespace tessera {
@@ -53,18 +54,7 @@ BucketFileColdRows::BucketFileColdRows(std::string directory, uint32_t row_float
 
 absl::StatusOr<std::unique_ptr<BucketFileColdRows>> BucketFileColdRows::Open(const std::string& directory,
                                                                              uint32_t row_floats) {
-  if (directory.empty()) return absl::InvalidArgumentError("disk tier: no directory given");
-  if (row_floats == 0) return absl::InvalidArgumentError("disk tier: rows of 0 floats");
-  std::error_code ec;
-  if (fs::exists(directory, ec) && !fs::is_empty(directory, ec) &&
-      !fs::exists(fs::path(directory) / kPrimaryName, ec)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("disk tier: ", directory, " holds files that are not a disk tier's; not removing them"));
-  }
-  fs::remove_all(directory, ec);
-  if (ec) return absl::FailedPreconditionError(absl::StrCat("disk tier: cannot clear ", directory, ": ", ec.message()));
-  fs::create_directories(directory, ec);
-  if (ec) return absl::FailedPreconditionError(absl::StrCat("disk tier: cannot make ", directory, ": ", ec.message()));
+  if (absl::Status s = PrepareStoreDirectory(directory, row_floats, kPrimaryName); !s.ok()) return s;
   std::unique_ptr<BucketFileColdRows> store(new BucketFileColdRows(directory, row_floats));
   if (absl::Status s = store->OpenFiles(); !s.ok()) return s;
   return store;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "common/env.h"
+#include "server/store_directory.h"
 
 namespace tessera {
 namespace {
@@ -41,17 +42,7 @@ LogColdRows::LogColdRows(std::string directory, uint32_t row_floats, size_t segm
 
 absl::StatusOr<std::unique_ptr<LogColdRows>> LogColdRows::Open(const std::string& directory, uint32_t row_floats,
                                                                size_t segment_bytes) {
-  if (directory.empty()) return absl::InvalidArgumentError("disk tier: no directory given");
-  if (row_floats == 0) return absl::InvalidArgumentError("disk tier: rows of 0 floats");
-  std::error_code ec;
-  if (fs::exists(directory, ec) && !fs::is_empty(directory, ec) && !fs::exists(fs::path(directory) / kFileName, ec)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("disk tier: ", directory, " holds files that are not a disk tier's; not removing them"));
-  }
-  fs::remove_all(directory, ec);
-  if (ec) return absl::FailedPreconditionError(absl::StrCat("disk tier: cannot clear ", directory, ": ", ec.message()));
-  fs::create_directories(directory, ec);
-  if (ec) return absl::FailedPreconditionError(absl::StrCat("disk tier: cannot make ", directory, ": ", ec.message()));
+  if (absl::Status s = PrepareStoreDirectory(directory, row_floats, kFileName); !s.ok()) return s;
   std::unique_ptr<LogColdRows> store(new LogColdRows(directory, row_floats, segment_bytes));
   if (absl::Status s = store->OpenFile(); !s.ok()) return s;
   return store;

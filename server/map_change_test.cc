@@ -2,20 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include "server/parts_test_tables.h"
+
 namespace tessera {
 namespace {
 
-std::vector<proto::NodeInfo> Nodes(std::vector<uint32_t> ids) {
-  std::vector<proto::NodeInfo> nodes(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) nodes[i].set_node_id(ids[i]);
-  return nodes;
-}
-
-ShardMapView View(const proto::ShardMap& map) {
-  auto view = ShardMapView::Create(map);
-  EXPECT_TRUE(view.ok()) << view.status();
-  return *view;
-}
+using parts_test::Nodes;
+using parts_test::View;
 
 TEST(MapChangeTest, OnlyANewerMapReplacesAndServersNeverGo) {
   const ShardMapView at2 = View(RoundRobinShardMap(2, 4, Nodes({10, 11})));

@@ -1,8 +1,15 @@
 #pragma once
-// Test helper shared by the server parts' tests (server_parts_test): the
-// table config those tests build their tables and snapshots from.
-#include <cstdint>
+// Test helpers shared by the server parts' tests (server_parts_test): the
+// table config those tests build their tables and snapshots from, shard
+// maps' nodes and views, and keys frames.
+#include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "common/buffer.h"
+#include "common/keys.h"
 #include "proto/tessera.pb.h"
 
 namespace tessera::parts_test {
@@ -16,6 +23,27 @@ inline proto::TableConfig Config(uint32_t id, uint32_t width) {
   c.set_optimizer(proto::ACCUMULATE);
   c.set_learning_rate(1.0f);
   return c;
+}
+
+// Server nodes with these node ids (for RoundRobinShardMap).
+inline std::vector<proto::NodeInfo> Nodes(std::vector<uint32_t> ids) {
+  std::vector<proto::NodeInfo> nodes(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) nodes[i].set_node_id(ids[i]);
+  return nodes;
+}
+
+// The view of a map the test made valid (a test failure if not).
+inline ShardMapView View(const proto::ShardMap& map) {
+  auto view = ShardMapView::Create(map);
+  EXPECT_TRUE(view.ok()) << view.status();
+  return *view;
+}
+
+// A keys frame holding `keys`.
+inline Buffer KeysBuffer(const std::vector<Key>& keys) {
+  Buffer b = Buffer::Allocate(keys.size() * sizeof(Key));
+  std::copy(keys.begin(), keys.end(), b.AsMutable<Key>().begin());
+  return b;
 }
 
 }  // namespace tessera::parts_test

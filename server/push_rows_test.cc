@@ -8,24 +8,9 @@ namespace tessera {
 namespace {
 
 using parts_test::Config;
-
-std::vector<proto::NodeInfo> Nodes(std::vector<uint32_t> ids) {
-  std::vector<proto::NodeInfo> nodes(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) nodes[i].set_node_id(ids[i]);
-  return nodes;
-}
-
-ShardMapView View(const proto::ShardMap& map) {
-  auto view = ShardMapView::Create(map);
-  EXPECT_TRUE(view.ok()) << view.status();
-  return *view;
-}
-
-Buffer KeysBuffer(const std::vector<Key>& keys) {
-  Buffer b = Buffer::Allocate(keys.size() * sizeof(Key));
-  std::copy(keys.begin(), keys.end(), b.AsMutable<Key>().begin());
-  return b;
-}
+using parts_test::Nodes;
+using parts_test::View;
+using parts_test::KeysBuffer;
 
 // One float per row: row i holds 10 * (i + 1).
 Buffer ValuesBuffer(size_t rows) {

@@ -14,6 +14,7 @@
 #include "rocksdb/options.h"
 #include "rocksdb/slice_transform.h"
 #include "rocksdb/table.h"
+#include "server/store_directory.h"
 
 namespace tessera {
 namespace {
@@ -44,26 +45,7 @@ rocksdb::WriteOptions Unlogged() {
 
 absl::StatusOr<std::unique_ptr<RocksColdRows>> RocksColdRows::Open(const RocksColdRowsOptions& options,
                                                                    uint32_t row_floats) {
-  if (options.directory.empty()) return absl::InvalidArgumentError("disk tier: no directory given");
-  if (row_floats == 0) return absl::InvalidArgumentError("disk tier: rows of 0 floats");
-  std::error_code ec;
-  // What an earlier process left is scratch; but never remove a directory
-  // that holds something else (a mistyped path must not cost a user files).
-  if (std::filesystem::exists(options.directory, ec) && !std::filesystem::is_empty(options.directory, ec) &&
-      !std::filesystem::exists(std::filesystem::path(options.directory) / "CURRENT", ec)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "disk tier: ", options.directory, " holds files that are not a disk tier's; not removing them"));
-  }
-  std::filesystem::remove_all(options.directory, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("disk tier: cannot clear ", options.directory, ": ", ec.message()));
-  }
-  std::filesystem::create_directories(options.directory, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("disk tier: cannot make ", options.directory, ": ", ec.message()));
-  }
+  if (absl::Status s = PrepareStoreDirectory(options.directory, row_floats, "CURRENT"); !s.ok()) return s;
   rocksdb::Options o;
   o.create_if_missing = true;
   o.error_if_exists = true;
