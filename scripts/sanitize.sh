@@ -16,7 +16,7 @@
 # every pure core's unit tests (common, compress, coordinator, session,
 # checkpoints, row index, server, worker with its request tracker,
 # consistency), the ZeroMQ and shared-memory transports, the in-process
-# clusters and the bad-request table over real sockets and the simulator over 300 seeds (message loss, failovers,
+# clusters, the batch format of coalesced messages and the bad-request table over real sockets and the simulator over 300 seeds (message loss, failovers,
 # moves: all the cores together) under ASan+UBSan, built at -O0 with line
 # tables into build-asan-ci/ (about 90 files; at -O2 -g they took three
 # times as long), with assertions on. Test binaries are run directly (a
@@ -118,8 +118,8 @@ if [ "$WHICH" = ci ]; then
     node/session_core_test server/checkpoint_test server/row_index_test server/server_core_test
     server/server_parts_test server/cold_rows_test
     worker/request_tracker_test worker/worker_core_test tests/consistency/consistency_test
-    transport/transport_conformance_test transport/shm_transport_test tests/cluster/inproc_cluster_test
-    tests/cluster/bad_requests_test)
+    transport/transport_conformance_test transport/shm_transport_test transport/coalescing_transport_test
+    tests/cluster/inproc_cluster_test tests/cluster/bad_requests_test)
   DIR=$ROOT/build-asan-ci
   if [ ! -f "$DIR/build.ninja" ]; then
     cmake -S "$ROOT" -B "$DIR" -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O0 -g1" \

@@ -204,13 +204,19 @@ Message CoalescingTransport::PackBatch(std::vector<Message>& messages) {
   for (size_t i = 0; i < messages.size(); ++i) {
     Message& m = messages[i];
     const size_t h = b.header_bytes(static_cast<int>(i));
-    m.header.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(out + at));
-    std::memset(out + at + h, 0, Pad(h) - h);
+    // Empty headers and frames write nothing: a batch of only those has no
+    // payload at all (`out` is null then, and null + 0 is not for memset).
+    if (h > 0) {
+      m.header.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(out + at));
+      std::memset(out + at + h, 0, Pad(h) - h);
+    }
     at += Pad(h);
     uint64_t bytes = h;
     for (const Buffer& f : m.frames) {
-      if (f.size() > 0) std::memcpy(out + at, f.data(), f.size());
-      std::memset(out + at + f.size(), 0, Pad(f.size()) - f.size());
+      if (f.size() > 0) {
+        std::memcpy(out + at, f.data(), f.size());
+        std::memset(out + at + f.size(), 0, Pad(f.size()) - f.size());
+      }
       at += Pad(f.size());
       bytes += f.size();
     }

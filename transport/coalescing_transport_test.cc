@@ -162,6 +162,28 @@ TEST(BatchFormatTest, MessagesComeBackWithTheirHeadersFramesAndAlignment) {
   EXPECT_EQ((*out)[2].header.first_request_id(), 77u);
 }
 
+// Messages with no header bytes and only empty frames pack into a batch
+// with no payload bytes at all (found by fuzzing: the packer wrote through a
+// null payload, which UBSan in scripts/sanitize.sh's ci tier reports), and
+// come back as they went.
+TEST(BatchFormatTest, MessagesOfNoBytesMakeABatchWithAnEmptyPayload) {
+  std::vector<Message> in(3);
+  in[1].frames.push_back(Buffer());
+  in[2].frames.push_back(Buffer());
+  in[2].frames.push_back(Buffer());
+  for (const Message& m : in) ASSERT_EQ(m.header.ByteSizeLong(), 0u);
+  Message batch = CoalescingTransport::PackBatch(in);
+  ASSERT_EQ(batch.frames.size(), 1u);
+  EXPECT_EQ(batch.frames[0].size(), 0u);
+  absl::StatusOr<std::vector<Message>> out = CoalescingTransport::UnpackBatch(batch);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((*out)[i].frames.size(), i) << "message " << i;
+    for (const Buffer& f : (*out)[i].frames) EXPECT_TRUE(f.empty());
+  }
+}
+
 TEST(BatchFormatTest, LayoutsThatDoNotAddUpAreRefused) {
   std::vector<Message> in;
   in.push_back(Request(1, {Bytes(100, 1)}));
