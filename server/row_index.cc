@@ -7,6 +7,7 @@
 #include <cstring>
 #include <new>
 
+#include "common/check.h"
 #include "server/huge_pages.h"
 
 namespace tessera {
@@ -60,6 +61,27 @@ void RowIndex::Reserve(size_t entries) {
   size_t cap = capacity();
   while (entries * kMaxLoadDenominator > cap * kMaxLoadNumerator) cap *= 2;
   if (cap != capacity()) Rehash(cap);
+}
+
+bool RowIndex::ShrinkTo(size_t entries) {
+  entries = std::max(entries, size_);
+  size_t cap = kMinCapacity;
+  while (entries * kMaxLoadDenominator > cap * kMaxLoadNumerator) cap *= 2;
+  if (cap >= capacity()) return false;
+  Rehash(cap);
+  return true;
+}
+
+bool RowIndex::Reassign(Key key, uint32_t row) {
+  TESSERA_CHECK(row != kNoRow);
+  for (size_t i = Home(Hash(key));; i = (i + 1) & mask_) {
+    Slot& s = slots_[i];
+    if (s.row == kNoRow) return false;
+    if (s.key == key) {
+      s.row = row;
+      return true;
+    }
+  }
 }
 
 bool RowIndex::Insert(Key key, uint32_t row, uint64_t hash) {

@@ -26,8 +26,7 @@
 // - Memory: 16 bytes a slot, capacity a power of two; the load (size /
 //   capacity) stays at most 3/4 and, after the first growth, at least 3/8
 //   until erases lower it: 21 to 43 bytes per entry. Slot arrays of 2 MiB and more are huge-page backed
-//   (server/huge_pages.h). The index never shrinks (the table reuses the
-//   row numbers, and so the room, of what it drops).
+//   (server/huge_pages.h). The index shrinks only when asked (ShrinkTo).
 // - Not thread-safe: const methods may run concurrently with each other,
 //   nothing may run concurrently with a non-const method.
 //
@@ -78,7 +77,7 @@ class RowIndex {
 
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  // Slots (a power of two); grows, never shrinks.
+  // Slots (a power of two); grows as entries come, shrinks by ShrinkTo only.
   size_t capacity() const { return mask_ + 1; }
 
   // Asks the memory system for the cache line of the first slot a Find of a
@@ -121,6 +120,18 @@ class RowIndex {
 
   // Grows (never shrinks) so that `entries` fit without another growth.
   void Reserve(size_t entries);
+  // Shrinks to the smallest capacity (a power of two, at least
+  // kMinCapacity) that holds max(entries, size()) within the maximum load,
+  // when that is smaller than the capacity now: a rehash, O(capacity()),
+  // and the old slot array goes back to the allocator. Returns whether it
+  // shrank. (The only way the index gets smaller: the table calls it once
+  // it has dropped many rows for good, server/table.h "Memory given back".)
+  bool ShrinkTo(size_t entries);
+
+  // Gives the present `key` the row number `row` (a row the table moved);
+  // returns false, changing nothing, when the key is absent. Requires
+  // row != kNoRow. Never allocates.
+  bool Reassign(Key key, uint32_t row);
 
   // fn(key, row) for every entry, in slot order (see the contract).
   void ForEach(absl::FunctionRef<void(Key, uint32_t)> fn) const;

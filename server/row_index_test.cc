@@ -490,5 +490,62 @@ TEST(TableRowIndexTest, EvictionDropsAndReusesRowsWithTheIndexInStep) {
   }
 }
 
+TEST(RowIndexTest, ShrinkToRehashesIntoFewerSlotsAndKeepsEveryEntry) {
+  RowIndex index;
+  std::unordered_map<Key, uint32_t> model;
+  for (uint32_t i = 0; i < 5000; ++i) {
+    ASSERT_TRUE(index.Insert(Mix64(i), i));
+    model[Mix64(i)] = i;
+  }
+  ASSERT_EQ(index.capacity(), 8192u);
+  EXPECT_FALSE(index.ShrinkTo(6000)) << "8192 slots are the least that hold 6000";
+  EXPECT_EQ(index.capacity(), 8192u);
+  for (uint32_t i = 1000; i < 5000; ++i) {
+    ASSERT_TRUE(index.Erase(Mix64(i)));
+    model.erase(Mix64(i));
+  }
+  EXPECT_EQ(index.capacity(), 8192u) << "erasing alone never shrinks";
+  // Room asked for below what it holds counts what it holds: 1000 <= 1536.
+  EXPECT_TRUE(index.ShrinkTo(10));
+  EXPECT_EQ(index.capacity(), 2048u);
+  ExpectSameAs(index, model);
+  EXPECT_FALSE(index.ShrinkTo(1500));
+  // It grows again as entries come, as before.
+  for (uint32_t i = 5000; i < 7000; ++i) {
+    ASSERT_TRUE(index.Insert(Mix64(i), i));
+    model[Mix64(i)] = i;
+  }
+  ExpectSameAs(index, model);
+  EXPECT_EQ(index.capacity(), 4096u);  // 3000 <= 3072
+  // Emptied, it goes down to the least capacity.
+  for (const auto& [k, row] : model) ASSERT_TRUE(index.Erase(k));
+  EXPECT_TRUE(index.ShrinkTo(0));
+  EXPECT_EQ(index.capacity(), RowIndex::kMinCapacity);
+  EXPECT_EQ(index.Find(Mix64(1)), RowIndex::kNoRow);
+}
+
+TEST(RowIndexTest, ReassignChangesOnlyAPresentKeysRow) {
+  RowIndex index;
+  std::unordered_map<Key, uint32_t> model;
+  // Colliding keys (one home), 0 and all ones among them.
+  std::vector<Key> keys = KeysWithHome(RowIndex::kMinCapacity, 3, 5);
+  keys.push_back(0);
+  keys.push_back(kAllOnes);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(index.Insert(keys[i], static_cast<uint32_t>(i)));
+    model[keys[i]] = static_cast<uint32_t>(i);
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_TRUE(index.Reassign(keys[i], static_cast<uint32_t>(100 + i)));
+    model[keys[i]] = static_cast<uint32_t>(100 + i);
+    ExpectSameAs(index, model);
+  }
+  EXPECT_FALSE(index.Reassign(KeysWithHome(RowIndex::kMinCapacity, 3, 1, keys[4] + 1)[0], 7));
+  ASSERT_TRUE(index.Erase(kAllOnes));
+  model.erase(kAllOnes);
+  EXPECT_FALSE(index.Reassign(kAllOnes, 9)) << "an empty slot's marker is no entry";
+  ExpectSameAs(index, model);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -1,5 +1,6 @@
 #include "server/table.h"
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
 
 #include <algorithm>
@@ -249,6 +250,65 @@ void Table::DropRow(uint32_t row) {
   free_rows_.push_back(row);
 }
 
+void Table::MoveRow(uint32_t from, uint32_t to) {
+  if (rows_per_chunk_ == 1) {
+    chunks_[to] = std::move(chunks_[from]);  // a row with its own chunk moves without a copy
+  } else {
+    float* dst = WritableRow(to);  // (first: a copy-on-write here must not strand `from`'s pointer)
+    std::memcpy(dst, ReadRow(from), size_t{stride_} * sizeof(float));
+  }
+  if (!evicts_) return;
+  const Recency r = recency_[from];
+  recency_[to] = r;
+  if (r.prev != kNoRow) recency_[r.prev].next = to; else head_ = to;
+  if (r.next != kNoRow) recency_[r.next].prev = to; else tail_ = to;
+}
+
+void Table::MaybeGiveMemoryBack() {
+  // Worth it once at least a chunk can go. The pass costs what was freed in
+  // a table with eviction (its recency records name each row's key); in
+  // one without, finding the rows to move walks the index, so it waits for
+  // an eighth of the slots as well.
+  const size_t free = free_rows_.size();
+  if (free < 2 * rows_per_chunk_ || (!evicts_ && free < slots_ / 8)) return;
+  // Live rows at n and above move down into the free slots below n, so
+  // that the rows in memory fill [0, n) and what is above can go.
+  const size_t n = index_.size();
+  TESSERA_CHECK(slots_ == n + free);
+  std::vector<uint32_t> holes;
+  std::vector<uint8_t> free_above(slots_ - n, 0);
+  for (uint32_t r : free_rows_) {
+    if (r < n) holes.push_back(r); else free_above[r - n] = 1;
+  }
+  std::vector<std::pair<Key, uint32_t>> movers;
+  movers.reserve(holes.size());
+  if (evicts_) {
+    for (size_t r = n; r < slots_; ++r)
+      if (!free_above[r - n]) movers.emplace_back(recency_[r].key, static_cast<uint32_t>(r));
+  } else {
+    index_.ForEach([&](Key key, uint32_t row) {
+      if (row >= n) movers.emplace_back(key, row);
+    });
+  }
+  TESSERA_CHECK(movers.size() == holes.size());
+  for (size_t i = 0; i < movers.size(); ++i) {
+    MoveRow(movers[i].second, holes[i]);
+    TESSERA_CHECK(index_.Reassign(movers[i].first, holes[i]));
+  }
+  free_rows_ = {};
+  slots_ = n;
+  chunks_.resize((n + rows_per_chunk_ - 1) >> chunk_shift_);
+  if (evicts_) {
+    recency_.resize(n);
+    if (recency_.capacity() > n + n / 2) recency_.shrink_to_fit();
+  }
+  // The index keeps room for the rows memory may still take (the budget's
+  // limit), but no more than twice what it holds: a table that fills again
+  // grows it again, as it did the first time.
+  index_.ShrinkTo(std::max<uint64_t>(n, std::min<uint64_t>(RowsInMemoryLimit(), 2 * uint64_t{n})));
+  ++compactions_;
+}
+
 void Table::AdvanceClock(uint64_t clock) {
   if (clock <= clock_) return;
   clock_ = clock;
@@ -350,6 +410,7 @@ void Table::ApplyRow(uint32_t row, const float* __restrict gradient, Columns col
 
 absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> values, uint64_t clock,
                               Columns columns) {
+  absl::Cleanup give_back = [this] { MaybeGiveMemoryBack(); };
   const size_t w = columns.Width(config_.width());
   if (auto s = CheckPush(keys, values, columns); !s.ok()) return s;
   AdvanceClock(clock);
@@ -434,6 +495,7 @@ absl::Status Table::ApplyPush(std::span<const Key> keys, std::span<const float> 
 }
 
 absl::Status Table::ReadRows(std::span<const Key> keys, std::span<float> out) {
+  absl::Cleanup give_back = [this] { MaybeGiveMemoryBack(); };
   const size_t w = config_.width();
   if (out.size() != keys.size() * w) {
     return absl::InvalidArgumentError(absl::StrCat("table ", config_.table_id(), ": pull of ", keys.size(),
@@ -544,6 +606,7 @@ size_t Table::EraseRows(absl::FunctionRef<bool(Key)> which) {
       free_rows_.push_back(row);
     }
   }
+  MaybeGiveMemoryBack();
   return keys.size();
 }
 
@@ -573,6 +636,7 @@ absl::Status Table::RestoreRows(std::span<const Key> keys, std::span<const float
     Touch(row);
     std::memcpy(WritableRow(row), values.data() + i * w, w * sizeof(float));
   }
+  MaybeGiveMemoryBack();
   return absl::OkStatus();
 }
 
@@ -600,7 +664,9 @@ absl::StatusOr<Buffer> Table::ReadRowsShared(std::span<const Key> keys, BufferPo
     const std::shared_ptr<Chunk>& chunk = chunks_[row];
     auto loan = std::make_shared<ChunkLoan>(chunk, &chunk->lent);
     ++rows_lent_;
-    return Buffer::Adopt(std::move(loan), chunk->data.get(), row_bytes);
+    float* data = chunk->data.get();
+    MaybeGiveMemoryBack();  // (the loan keeps the chunk, wherever its row goes)
+    return Buffer::Adopt(std::move(loan), data, row_bytes);
   }
   const size_t bytes = keys.size() * row_bytes;
   Buffer out = pool ? pool->Get(bytes) : Buffer::Allocate(bytes);

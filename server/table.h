@@ -63,6 +63,20 @@
 //   first write after a lend copies it (copy-on-write) and the table moves
 //   on to the copy, while the readers keep the old bytes until they let go.
 //   The slot of a dropped row is reused by the next new row.
+// - Memory given back: rows dropped for good (age eviction, EraseRows, or a
+//   disk tier whose store's own memory grows and so leaves room for fewer
+//   rows in memory) leave free slots. Once two chunks' worth of slots are
+//   free (and, in a table without eviction, an eighth of all slots), the
+//   end of the public call that freed them moves the rows above the live
+//   count down into the free slots (same bytes, same recency, same keys),
+//   returns the chunks above to the system, and shrinks the index and the
+//   recency records to what the rows in memory (at most
+//   RowsInMemoryLimit()) need. So the memory a table holds follows its
+//   rows down, not only up. The cost is that of the rows freed (a table
+//   without eviction also walks its index), plus a rehash of the index
+//   when it shrinks to half or less. Row numbers
+//   are internal: nothing outside the table sees them move, and lent
+//   chunks stay with their readers.
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -229,6 +243,14 @@ class Table {
   // copied because a write found them lent.
   uint64_t rows_lent() const { return rows_lent_; }
   uint64_t copies_on_write() const { return copies_on_write_; }
+  // What the table's storage holds, for tests and metrics: chunks of rows
+  // (rows_per_chunk() rows each), row slots handed out (live or free), the
+  // index's slots, and how often memory was given back (see the contract).
+  size_t chunks() const { return chunks_.size(); }
+  size_t rows_per_chunk() const { return rows_per_chunk_; }
+  size_t row_slots() const { return slots_; }
+  size_t index_capacity() const { return index_.capacity(); }
+  uint64_t compactions() const { return compactions_; }
 
  private:
   // One block of rows. `lent` counts the Buffers that view it; while it is
@@ -283,6 +305,10 @@ class Table {
   void Touch(uint32_t row);                    // most recently used, at clock_
   void Unlink(uint32_t row);
   void DropRow(uint32_t row);
+  // The public calls that may drop rows end with this: gives memory back
+  // when enough slots are free (the contract's "Memory given back").
+  void MaybeGiveMemoryBack();
+  void MoveRow(uint32_t from, uint32_t to);  // a live row into a free slot
   size_t chunk_floats() const { return rows_per_chunk_ * stride_; }
   const float* RowAddress(size_t row) const {
     return chunks_[row >> chunk_shift_]->data.get() + (row & (rows_per_chunk_ - 1)) * stride_;
@@ -326,6 +352,7 @@ class Table {
   TableCounters counters_;
   uint64_t rows_lent_ = 0;
   uint64_t copies_on_write_ = 0;
+  uint64_t compactions_ = 0;
 };
 
 }  // namespace tessera

@@ -386,5 +386,125 @@ TEST(TableTest, EraseRowsLeavesDenseRows) {
   EXPECT_EQ(out, (std::vector<float>{1, 2}));
 }
 
+// Memory given back (server/table.h): rows dropped for good give their
+// chunks, index slots and recency records back, and the rows left keep their
+// values, keys and recency order.
+TEST(TableTest, RowsEvictedByAgeGiveTheirMemoryBack) {
+  auto c = Config(proto::SPARSE, proto::ADAGRAD, 8);
+  c.set_init(proto::UNIFORM);
+  c.set_init_scale(0.1f);
+  c.set_init_seed(7);
+  c.set_evict_after_clocks(2);
+  Table t(c, [](Key) { return true; });
+  Table reference(c, [](Key) { return true; });  // the same pushes, never enough dropped to give back
+  constexpr Key kRows = 200000;
+  std::vector<Key> keys(kRows);
+  for (Key k = 0; k < kRows; ++k) keys[k] = k * 7919;
+  std::vector<float> grads(keys.size() * 8);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.001f * static_cast<float>(i % 97 + 1);  // (no zero: Adagrad of 0 at state 0 is NaN)
+  ASSERT_TRUE(t.ApplyPush(keys, grads, /*clock=*/0).ok());
+  // Every 50th row is touched again later, in a known order.
+  std::vector<Key> kept, first_keys;
+  std::vector<float> first_grads;
+  for (Key k = kRows; k-- > 0;)
+    if (k % 50 == 0) kept.push_back(keys[k]);
+  for (Key k = 0; k < kRows; k += 50) {
+    first_keys.push_back(keys[k]);
+    first_grads.insert(first_grads.end(), grads.begin() + 8 * k, grads.begin() + 8 * k + 8);
+  }
+  ASSERT_TRUE(reference.ApplyPush(first_keys, first_grads, /*clock=*/0).ok());
+  std::vector<float> kept_grads(kept.size() * 8, 0.5f);
+  ASSERT_TRUE(t.ApplyPush(kept, kept_grads, /*clock=*/1).ok());
+  ASSERT_TRUE(reference.ApplyPush(kept, kept_grads, /*clock=*/1).ok());
+  const size_t chunks_full = t.chunks(), index_full = t.index_capacity();
+  ASSERT_EQ(t.compactions(), 0u);
+  ASSERT_EQ(t.num_rows(), kRows);
+  // Clock 3: every row stamped 0 is too old and goes; 4,000 are left.
+  const std::vector<Key> late = {1, 2, 3};
+  ASSERT_TRUE(t.ApplyPush(late, std::vector<float>(late.size() * 8, 0.25f), /*clock=*/3).ok());
+  ASSERT_TRUE(reference.ApplyPush(late, std::vector<float>(late.size() * 8, 0.25f), /*clock=*/3).ok());
+  EXPECT_EQ(t.counters().evicted_by_age, kRows - kept.size());
+  EXPECT_EQ(t.num_rows(), kept.size() + late.size());
+  EXPECT_EQ(t.compactions(), 1u);
+  EXPECT_EQ(t.row_slots(), t.num_rows()) << "the rows left fill the first slots";
+  EXPECT_EQ(t.chunks(), (t.num_rows() + t.rows_per_chunk() - 1) / t.rows_per_chunk());
+  EXPECT_LT(t.chunks(), chunks_full);
+  EXPECT_LE(t.index_capacity(), 16384u) << "4,003 rows need at most 8,192 slots, with room to grow twice that";
+  EXPECT_LT(t.index_capacity(), index_full);
+  // The same rows, values and recency order as the table that never
+  // gave anything back (its rows stamped 0 were never there).
+  EXPECT_EQ(HeldRows(t), HeldRows(reference));
+  // And it goes on alike: pushes, new rows into the freed room, eviction.
+  std::vector<Key> more(10000);
+  for (size_t i = 0; i < more.size(); ++i) more[i] = 1000000 + i;
+  more.push_back(kept[5]);
+  for (uint64_t clock : {4, 5}) {
+    ASSERT_TRUE(t.ApplyPush(more, std::vector<float>(more.size() * 8, 0.125f), clock).ok());
+    ASSERT_TRUE(reference.ApplyPush(more, std::vector<float>(more.size() * 8, 0.125f), clock).ok());
+  }
+  EXPECT_EQ(HeldRows(t), HeldRows(reference));
+  std::vector<float> a(more.size() * 8), b(more.size() * 8);
+  ASSERT_TRUE(t.ReadRows(more, a).ok());
+  ASSERT_TRUE(reference.ReadRows(more, b).ok());
+  EXPECT_EQ(a, b);
+}
+
+TEST(TableTest, ErasedRowsGiveTheirMemoryBackInATableWithoutEviction) {
+  auto c = Config(proto::SPARSE, proto::SGD, 64);  // 16,384 rows a chunk
+  c.set_init(proto::UNIFORM);
+  c.set_init_scale(0.1f);
+  c.set_init_seed(7);
+  Table t(c, [](Key) { return true; });
+  Table reference(c, [](Key) { return true; });
+  std::vector<Key> keys(100000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = Mix64(i);
+  std::vector<float> grads(keys.size() * 64);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.01f * static_cast<float>(i % 13);
+  ASSERT_TRUE(t.ApplyPush(keys, grads).ok());
+  std::vector<Key> odd;
+  std::vector<float> odd_grads;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i] % 3 != 0) continue;
+    odd.push_back(keys[i]);
+    odd_grads.insert(odd_grads.end(), grads.begin() + 64 * i, grads.begin() + 64 * i + 64);
+  }
+  ASSERT_TRUE(reference.ApplyPush(odd, odd_grads).ok());
+  const size_t chunks_full = t.chunks();
+  EXPECT_EQ(t.EraseRows([](Key k) { return k % 3 != 0; }), keys.size() - odd.size());
+  EXPECT_EQ(t.compactions(), 1u);
+  EXPECT_EQ(t.row_slots(), odd.size());
+  EXPECT_LT(t.chunks(), chunks_full);
+  std::map<Key, std::vector<float>> got, want;
+  for (auto& [k, row] : HeldRows(t)) got[k] = row;
+  for (auto& [k, row] : HeldRows(reference)) want[k] = row;
+  EXPECT_EQ(got, want);
+  std::vector<float> a(odd.size() * 64), b(odd.size() * 64);
+  ASSERT_TRUE(t.ReadRows(odd, a).ok());
+  ASSERT_TRUE(reference.ReadRows(odd, b).ok());
+  EXPECT_EQ(a, b);
+}
+
+// A row with a chunk of its own moves by its chunk: a view lent before
+// keeps its bytes, and the table goes on with the row.
+TEST(TableTest, AWideRowLentBeforeItMovesKeepsItsViewAndItsValues) {
+  auto c = Config(proto::SPARSE, proto::ACCUMULATE, kLargeWidth);
+  c.set_evict_after_clocks(1);
+  Table t(c, [](Key) { return true; });
+  for (Key k = 0; k < 8; ++k) ASSERT_TRUE(t.ApplyPush(std::vector<Key>{k}, std::vector<float>(kLargeWidth, 1.0f + k), 0).ok());
+  // Key 7 (the last slot) is touched at clock 1 and lent.
+  ASSERT_TRUE(t.ApplyPush(std::vector<Key>{7}, std::vector<float>(kLargeWidth, 1.0f), 1).ok());
+  auto lent = t.ReadRowsShared(std::vector<Key>{7}, nullptr);
+  ASSERT_TRUE(lent.ok());
+  // Clock 2: keys 0-6 are too old; key 7 moves to the first slot.
+  ASSERT_TRUE(t.ApplyPush(std::vector<Key>{7}, std::vector<float>(kLargeWidth, 2.0f), 2).ok());
+  EXPECT_EQ(t.compactions(), 1u);
+  EXPECT_EQ(t.chunks(), 1u);
+  EXPECT_EQ(t.num_rows(), 1u);
+  for (float v : lent->As<float>()) ASSERT_EQ(v, 9.0f);
+  std::vector<float> now(kLargeWidth);
+  ASSERT_TRUE(t.ReadRows(std::vector<Key>{7}, now).ok());
+  EXPECT_EQ(now, std::vector<float>(kLargeWidth, 11.0f));
+}
+
 }  // namespace
 }  // namespace tessera
