@@ -16,8 +16,11 @@
 #
 # Environment: ROUNDS (default 2), PLAIN_THREADS (the plain process's torch
 # threads, "1 2"; the ratio is to the first), TRAIN_EXAMPLES (2000000),
-# MAX_CARDINALITY (3000), KEEP=1 keeps the run directories, SKIP_BUILD=1
-# uses the binaries in BUILD_DIR as they are.
+# MAX_CARDINALITY (3000; the generator's own is 1000000), ADMIT_AFTER
+# (configs/dlrm.yaml's, 0: Tessera's feature admission, an id's row made at
+# its N-th push; the plain process has no admission and makes every row),
+# KEEP=1 keeps the run directories, SKIP_BUILD=1 uses the binaries in
+# BUILD_DIR as they are.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -27,6 +30,13 @@ ROUNDS=${ROUNDS:-2}
 PLAIN_THREADS=${PLAIN_THREADS:-1 2}
 TRAIN_EXAMPLES=${TRAIN_EXAMPLES:-2000000}
 MAX_CARDINALITY=${MAX_CARDINALITY:-3000}
+ADMIT_AFTER=${ADMIT_AFTER:-0}
+for v in ROUNDS TRAIN_EXAMPLES MAX_CARDINALITY ADMIT_AFTER; do
+  if ! [[ ${!v} =~ ^[0-9]+$ ]]; then
+    echo "run_dlrm.sh: $v must be a whole number, got '${!v}'" >&2
+    exit 2
+  fi
+done
 # shellcheck source=bench/lib.sh
 source "$ROOT/bench/lib.sh"
 
@@ -41,7 +51,7 @@ mapfile -t ARGS < <("$PYTHON" - "$ROOT/configs/dlrm.yaml" <<'EOF'
 import sys, yaml
 args = yaml.safe_load(open(sys.argv[1]))["worker"]["args"]
 for k, v in args.items():
-    if k in ("train_examples", "max_cardinality", "prefetch"):
+    if k in ("train_examples", "max_cardinality", "prefetch", "admit_after"):
         continue
     print(f"--{k}"); print(v)
 EOF
@@ -59,6 +69,7 @@ for round in $(seq 1 "$ROUNDS"); do
     if ! "$PYTHON" "$ROOT/launcher/tessera-launch" local --config "$ROOT/configs/dlrm.yaml" --build-dir "$BUILD" \
         --run-dir "$OUT/r$round-tessera-$prefetch" --quiet --timeout 900 \
         --set "worker.args.train_examples=$TRAIN_EXAMPLES" --set "worker.args.max_cardinality=$MAX_CARDINALITY" \
+        --set "worker.args.admit_after=$ADMIT_AFTER" \
         --set "worker.args.prefetch=\"$prefetch\"" >"$OUT/r$round-tessera-$prefetch.log" 2>&1; then
       echo "$0: the Tessera run failed; logs in $OUT/r$round-tessera-$prefetch" >&2
       trap - EXIT

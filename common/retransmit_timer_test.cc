@@ -75,5 +75,44 @@ TEST(RetransmitTimerTest, BytesAddTheirTransferTime) {
   EXPECT_GT(t.After(0, ~uint64_t{0}), 0) << "no overflow";
 }
 
+// A peer that gets through what it is sent slowly (a server moving rows to
+// disk) teaches the timer its pace, and queued bytes are allowed that time:
+// a part with 4 MB ahead of it at a server doing 4 MB/s is not resent at
+// the ceiling plus 40 ms (100 MB/s) but waits about 2 s more.
+TEST(RetransmitTimerTest, APeersSlowPaceIsLearnedAndAllowedForTheBytesAhead) {
+  RetransmitOptions o = Opts();
+  o.bytes_per_second = 100e6;
+  RetransmitTimer t(o);
+  EXPECT_EQ(t.rate(), 0.0);
+  EXPECT_EQ(t.allowance_rate(), 100e6);
+  // Small requests teach no pace, whatever their round trip.
+  t.Sample(500 * kMillis, RetransmitTimer::kRateMinBytes - 1);
+  EXPECT_EQ(t.rate(), 0.0);
+  EXPECT_EQ(t.After(0, 4'000'000), t.rto() + 40 * kMillis);
+  for (int i = 0; i < 20; ++i) t.Sample(1 * kSeconds, 4'000'000);
+  EXPECT_DOUBLE_EQ(t.rate(), 4e6);
+  EXPECT_DOUBLE_EQ(t.allowance_rate(), 2e6) << "half the pace learned";
+  EXPECT_EQ(t.After(0, 4'000'000), t.rto() + 2 * kSeconds);
+  EXPECT_EQ(t.After(0, 0), t.rto()) << "nothing ahead: the round trip's timer alone";
+  // The pace moves by an eighth a sample, up as down.
+  t.Sample(100 * kMillis, 4'000'000);  // 40 MB/s
+  EXPECT_DOUBLE_EQ(t.rate(), 4e6 + (40e6 - 4e6) / 8);
+}
+
+TEST(RetransmitTimerTest, AFastPeerNeverShortensTheConfiguredAllowance) {
+  RetransmitOptions o = Opts();
+  o.bytes_per_second = 100e6;
+  RetransmitTimer t(o);
+  t.Sample(1 * kMillis, 10'000'000);  // 10 GB/s
+  EXPECT_GT(t.rate(), 1e9);
+  EXPECT_EQ(t.allowance_rate(), 100e6);
+  EXPECT_EQ(t.After(0, 100'000'000), t.rto() + 1 * kSeconds);
+  // With no allowance configured (0), none is learned either.
+  o.bytes_per_second = 0;
+  RetransmitTimer none(o);
+  none.Sample(1 * kSeconds, 4'000'000);
+  EXPECT_EQ(none.After(0, 4'000'000), none.rto());
+}
+
 }  // namespace
 }  // namespace tessera

@@ -43,9 +43,10 @@ BackupStreams::AckResult BackupStreams::Acked(uint32_t rank, uint64_t stream_id,
   std::deque<Forward>& unacked = stream->unacked;
   // A round trip, when this ack is for the front forward alone and that was
   // sent once (an ack that covers several waited for a lost one; a gap
-  // notice waited for a later forward).
+  // notice waited for a later forward). Its bytes teach the backup's pace
+  // too (a lower bound: forwards sent before it may have been ahead).
   if (!gap && !unacked.empty() && unacked.front().position == position && unacked.front().resends == 0) {
-    TimerOf(rank).Sample(now - unacked.front().sent);
+    TimerOf(rank).Sample(now - unacked.front().sent, unacked.front().message.FrameBytes());
   }
   while (!unacked.empty() && unacked.front().position <= position) {
     result.done.push_back(std::move(unacked.front()));

@@ -301,7 +301,9 @@ std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& r
     const uint64_t held_us = h.has_pull_reply() ? h.pull_reply().held_us()
                              : h.has_clock_ack() ? h.clock_ack().held_us()
                                                  : 0;
-    PeerOf(part.server_rank).timers[static_cast<size_t>(LaneOf(part))].Sample(now - part.sent_at - static_cast<Nanos>(held_us) * 1000);
+    PeerOf(part.server_rank)
+        .timers[static_cast<size_t>(LaneOf(part))]
+        .Sample(now - part.sent_at - static_cast<Nanos>(held_us) * 1000, part.ahead_bytes);
   }
   // A table creation is refused this way too, by a server removed from the
   // job (drained) under a map this worker does not have yet; under that

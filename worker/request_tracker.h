@@ -50,7 +50,10 @@
 //   lane (TimerLane: pushes apart from everything else): from
 //   when that request id was sent to now, less the time the server says it
 //   held the request (PullReply.held_us, ClockAck.held_us). A request id is
-//   sent once, so no sample is ambiguous.
+//   sent once, so no sample is ambiguous. The part's bytes ahead at its
+//   server (its own included) over that round trip are a sample of the
+//   server's pace, which sets how long queued bytes are allowed (a server
+//   slow to answer large parts is not flooded with resends of them).
 // - Links (LinkRestored): when the transport says the connection to a
 //   server was made again, every part sent to it and awaiting an answer is
 //   due at once (what was on the old connection may be lost), including one
