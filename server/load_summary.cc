@@ -14,10 +14,17 @@ std::vector<TableSummary> SummarizeTables(const TableMap& tables) {
                                .rows_on_disk = t->rows_on_disk(),
                                .disk_tier = t->has_disk_tier(),
                                .disk = t->disk_stats(),
-                               .counters = t->counters()});
+                               .counters = t->counters(),
+                               .store_memory_bytes = t->store_memory_bytes(),
+                               .memory_budget_bytes = t->config().memory_budget_bytes(),
+                               .row_bytes = Table::RowBytes(t->config())});
   }
   std::sort(out.begin(), out.end(), [](const TableSummary& a, const TableSummary& b) { return a.id < b.id; });
   return out;
+}
+
+bool StoreTakesBudget(const TableSummary& t) {
+  return t.disk_tier && t.store_memory_bytes + t.row_bytes > t.memory_budget_bytes;
 }
 
 uint64_t TotalRows(const TableMap& tables) {

@@ -9,6 +9,12 @@
 //   name, rows (in memory and on disk), the bytes of its rows in memory as
 //   its budget counts them (Table::RowBytes each), rows on disk, whether it
 //   has a disk tier and that store's statistics, and its counters.
+//   With a disk tier also the store's own memory and the table's budget.
+// - StoreTakesBudget(summary): whether a table's disk tier store's own
+//   memory leaves no room for even one row in memory beside it: the table
+//   then keeps one row in memory anyway and its server passes the budget
+//   by what the store grows (the log store's index grows with every row on
+//   disk). False for a table without a disk tier.
 // - TotalRows(tables): the rows of every table (in memory and on disk).
 // - TotalRowBytes(tables): every table's rows times Table::RowBytes (what
 //   the heartbeat reports as memory).
@@ -39,7 +45,12 @@ struct TableSummary {
   bool disk_tier = false;
   ColdRowStats disk;          // the disk tier's store (zeros without one)
   TableCounters counters;
+  uint64_t store_memory_bytes = 0;   // the disk tier's store's own memory (Table::store_memory_bytes)
+  uint64_t memory_budget_bytes = 0;  // the table's budget (0: none)
+  uint64_t row_bytes = 0;            // Table::RowBytes of the table
 };
+
+bool StoreTakesBudget(const TableSummary& summary);
 
 std::vector<TableSummary> SummarizeTables(const TableMap& tables);
 uint64_t TotalRows(const TableMap& tables);

@@ -190,7 +190,27 @@ void ServerNode::TickLoop() {
       if (checkpoints_.every > 0) next_checkpoint_ = now + checkpoints_.every;
       WriteCheckpointNow();
     }
+    if (now >= next_budget_check_) {
+      next_budget_check_ = now + 5 * kSeconds;
+      WarnOfStoresThatTakeTheBudget();
+    }
     lock.lock();
+  }
+}
+
+void ServerNode::WarnOfStoresThatTakeTheBudget() {
+  std::vector<ServerCore::TableSummary> tables;
+  {
+    std::lock_guard lock(mu_);
+    if (core_) tables = core_->table_summaries();
+  }
+  for (const ServerCore::TableSummary& t : tables) {
+    if (!StoreTakesBudget(t) || !budget_warned_.insert(t.id).second) continue;
+    TLOG_WARN("table {}: its disk tier's own memory ({:.1f} MiB for {} rows on disk) leaves no room for rows in "
+              "memory within its budget ({:.1f} MiB): it keeps one row in memory and this server passes the budget "
+              "by what the store grows; give the table a larger memory_budget_bytes, or use a store without memory "
+              "per row on disk (--disk-store bucket)",
+              t.id, t.store_memory_bytes / 1048576.0, t.rows_on_disk, t.memory_budget_bytes / 1048576.0);
   }
 }
 
@@ -489,7 +509,7 @@ std::string ServerNode::MetricsText() const {
   }
   if (core_) {
     metrics::TextWriter::Series rows, bytes, admitted, dropped, evicted;
-    metrics::TextWriter::Series on_disk, disk_bytes, moved, loaded, absent, disk_reads, disk_writes;
+    metrics::TextWriter::Series on_disk, disk_bytes, moved, loaded, absent, disk_reads, disk_writes, store_memory;
     for (const ServerCore::TableSummary& t : core_->table_summaries()) {
       const metrics::Labels table = {{"table", std::to_string(t.id)}};
       if (t.disk_tier) {
@@ -500,6 +520,7 @@ std::string ServerNode::MetricsText() const {
         absent.emplace_back(table, t.disk.lookups_absent);
         disk_reads.emplace_back(table, t.disk.rows_read);
         disk_writes.emplace_back(table, t.disk.rows_written);
+        store_memory.emplace_back(table, t.store_memory_bytes);
       }
       rows.emplace_back(table, t.rows);
       bytes.emplace_back(table, t.bytes);
@@ -526,6 +547,10 @@ std::string ServerNode::MetricsText() const {
                     "Rows a push, pull or restore brought back from disk, per table (hits on disk)", loaded)
           .Counters("tessera_server_disk_lookups_absent_total",
                     "Keys looked up on disk and not found there (new ids), per table", absent)
+          .Gauges("tessera_server_disk_store_memory_bytes",
+                  "Memory the disk tier's store holds itself (its index, buffers), counted in the table's budget, "
+                  "per table",
+                  store_memory)
           .Counters("tessera_server_disk_reads_total", "Rows read from the disk tier's store, per table", disk_reads)
           .Counters("tessera_server_disk_writes_total", "Rows written to the disk tier's store, per table",
                     disk_writes);

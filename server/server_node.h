@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "node/coordinator_session.h"
 #include "server/checkpoint.h"
@@ -83,6 +84,9 @@ class ServerNode {
   absl::Status Rejoin();
   // Writes a checkpoint of the shards this server is primary of.
   void WriteCheckpointNow();
+  // Logs, once per table, a table whose disk tier's store takes its whole
+  // memory budget (server/load_summary.h, StoreTakesBudget). Tick thread.
+  void WarnOfStoresThatTakeTheBudget();
   // Restores `vshards` from the newest checkpoints in `dir` that hold them
   // (core_ locked by the caller). Returns a line for the log.
   std::string RestoreFromCheckpoints(const std::string& dir, const std::vector<uint32_t>& vshards, bool with_windows,
@@ -104,6 +108,8 @@ class ServerNode {
   CheckpointOptions checkpoints_;
   std::atomic<bool> checkpoint_requested_{false};
   Nanos next_checkpoint_ = 0;  // tick thread only
+  Nanos next_budget_check_ = 0;                // tick thread only
+  absl::flat_hash_set<uint32_t> budget_warned_;  // tick thread only: tables warned of
   static constexpr size_t kMaxEarlyRequests = 100000;
   std::deque<Message> early_;  // guarded by mu_: requests that arrived before core_ existed
   std::optional<proto::ShardMap> early_map_;  // guarded by mu_: the newest map update before core_ existed

@@ -167,6 +167,9 @@ class Table {
   bool has_disk_tier() const { return cold_ != nullptr; }
   // The disk tier's counters (zeros without one).
   ColdRowStats disk_stats() const { return cold_ ? cold_->stats() : ColdRowStats{}; }
+  // What the disk tier's store holds in memory now (its index, buffers),
+  // as the budget counts it (0 without one).
+  uint64_t store_memory_bytes() const { return cold_ ? cold_->memory_bytes(rows_on_disk_) : 0; }
   // The largest clock stamp of the pushes applied so far.
   uint64_t clock() const { return clock_; }
   const TableCounters& counters() const { return counters_; }

@@ -17,6 +17,7 @@
 #include "server/cold_rows.h"
 #include "server/rocks_cold_rows.h"
 #include "server/table.h"
+#include "server/parts_test_tables.h"
 #include "server/test_stores.h"
 
 namespace tessera {
@@ -315,19 +316,9 @@ INSTANTIATE_TEST_SUITE_P(FileStores, TableDiskTierResidentTest,
                          ::testing::Values(Store::kRocks, Store::kBucketFile, Store::kLog),
                          [](const auto& info) { return StoreName(info.param); });
 
-// A store whose own memory grows by `per_row` bytes for each row it holds
-// (as the log store's index does): the more rows it takes, the fewer the
-// budget leaves in memory, and the table gives the memory of the rows it
-// no longer has room for back (server/table.h, "Memory given back").
-class StoreWithMemoryPerRow : public MemoryColdRows {
- public:
-  StoreWithMemoryPerRow(uint32_t row_floats, uint64_t per_row) : MemoryColdRows(row_floats), per_row_(per_row) {}
-  uint64_t memory_bytes(uint64_t rows) const override { return rows * per_row_; }
-
- private:
-  const uint64_t per_row_;
-};
-
+// A store whose own memory grows with the rows it holds leaves room for
+// fewer rows in memory, and the table gives the memory of the rows it no
+// longer has room for back (server/table.h, "Memory given back").
 TEST(TableDiskTierBudgetTest, AStoreThatGrowsLeavesFewerRowsAndTheirMemoryGoesBack) {
   proto::TableConfig c = SparseConfig(proto::ADAGRAD, 16);
   const uint64_t row_bytes = Table::RowBytes(c);
@@ -335,7 +326,7 @@ TEST(TableDiskTierBudgetTest, AStoreThatGrowsLeavesFewerRowsAndTheirMemoryGoesBa
   c.set_memory_budget_bytes(kBudgetRows * row_bytes);
   // Each row on disk costs half a row in memory: with T rows in all, about
   // 2 * kBudgetRows - T stay in memory.
-  Table table(c, [](Key) { return true; }, std::make_unique<StoreWithMemoryPerRow>(StoredRowFloats(c), row_bytes / 2));
+  Table table(c, [](Key) { return true; }, std::make_unique<parts_test::StoreWithMemoryPerRow>(StoredRowFloats(c), row_bytes / 2));
   auto reference = UnboundedTable(c);
   std::mt19937_64 rng(5);
   size_t max_chunks = 0;
