@@ -692,7 +692,9 @@ TEST_P(TransportConformanceTest, StatsCountMessagesAndBytes) {
   // the second with the first if the first had not left yet (a loaded
   // machine: 1 message of 4 parts where 2 of 5 were counted on): the
   // counts below are for two messages, so the second waits for the first.
-  if (Holds()) ASSERT_TRUE(inbox.WaitForCount(1)) << "received " << inbox.size();
+  if (Holds()) {
+    ASSERT_TRUE(inbox.WaitForCount(1)) << "received " << inbox.size();
+  }
   ASSERT_OK(sender->Send(receiver->address(), std::move(second_message)));
   const uint64_t expected_total = expected_bytes + [&] {
     Message second = MakeMessage(43);
@@ -762,7 +764,9 @@ TEST_P(TransportConformanceTest, PostedDestinationsTakeTheirFramesInPlace) {
   EXPECT_EQ(sender->SameHostPath(receiver->address()), IsShm());
   // (The shared-memory kinds here assume every peer local; ShmTransportTest
   // covers peers not yet heard from and peers on another host.)
-  if (!IsShm()) EXPECT_FALSE(sender->SameHostPath("tcp://127.0.0.1:1"));
+  if (!IsShm()) {
+    EXPECT_FALSE(sender->SameHostPath("tcp://127.0.0.1:1"));
+  }
 
   if (!receiver->PlacesInto(from)) {
     EXPECT_EQ(receiver->PostDestination(from, 10, 0, Buffer::Allocate(64)).code(), absl::StatusCode::kUnimplemented);
