@@ -17,7 +17,8 @@
 //   for a push not waiting (already answered, or never here), nullopt.
 // - TakeAll() removes and returns every waiting push; TakeTouching(moved)
 //   those that touched a shard `moved` accepts, each with the first such
-//   shard. The caller answers them (Aborted: their forwards may never
+//   shard; both in push id order (never the map's, which depends on
+//   addresses). The caller answers them (Aborted: their forwards may never
 //   arrive).
 // Pure: no I/O, threads or clocks. Thread safety: none; the caller serializes.
 #include <cstdint>

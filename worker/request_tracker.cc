@@ -29,6 +29,7 @@ void RequestTracker::Begin(Handle handle, std::string what, std::vector<PartSpec
   op->width = width;
   op->deadline = deadline;
   op->begun = now;
+  op->serial = next_op_serial_++;
   op->remaining = parts.size();
   Op* raw = op.get();
   for (PartSpec& p : parts) {
@@ -449,10 +450,18 @@ size_t RequestTracker::parked() const {
   return n;
 }
 
+void RequestTracker::SortBySerial(std::vector<Op*>& ops) {
+  // (ops_ iterates in an order that depends on the ops' addresses: what
+  // ends together ends in Begin's order, so that a run is a function of its
+  // inputs alone; the simulator replays a seed by it.)
+  std::sort(ops.begin(), ops.end(), [](const Op* a, const Op* b) { return a->serial < b->serial; });
+}
+
 std::vector<RequestTracker::Completion> RequestTracker::Tick(Nanos now) {
   std::vector<Op*> expired;
   for (const auto& [raw, op] : ops_)
     if (now >= op->deadline) expired.push_back(raw);
+  SortBySerial(expired);
   std::vector<Completion> done;
   for (Op* op : expired) {
     std::vector<std::string> silent;
@@ -500,6 +509,7 @@ std::vector<RequestTracker::Owed> RequestTracker::OwedBy(Nanos now, Nanos older_
 std::vector<RequestTracker::Completion> RequestTracker::FailAll(const absl::Status& status) {
   std::vector<Op*> all;
   for (const auto& [raw, op] : ops_) all.push_back(raw);
+  SortBySerial(all);
   std::vector<Completion> done;
   for (Op* op : all) {
     op->status = absl::Status(status.code(), absl::StrCat(op->what, ": ", status.message()));

@@ -262,6 +262,7 @@ class RequestTracker {
     uint32_t width = 0;
     Nanos deadline = 0;
     Nanos begun = 0;  // Begin's `now`
+    uint64_t serial = 0;  // Begin's order: ops that end together end in it
     size_t remaining = 0;
     absl::Status status;
     std::vector<uint64_t> request_ids;
@@ -296,6 +297,7 @@ class RequestTracker {
   Peer& PeerOf(uint32_t rank);
   // The timer lane of a part: pushes, or every other kind.
   static TimerLane LaneOf(const Part& part);
+  static void SortBySerial(std::vector<Op*>& ops);
   // Part `part` left at `now`: its timer starts and its bytes count.
   void Sent(Part& part, Nanos now);
   // Its bytes no longer count (answered, taken out, or its op ended).
@@ -317,6 +319,7 @@ class RequestTracker {
   // Invariant: every Part's op is in ops_; an op's request_ids are exactly
   // the parts in parts_ that point to it plus those already answered.
   absl::flat_hash_map<Op*, std::unique_ptr<Op>> ops_;
+  uint64_t next_op_serial_ = 0;
   absl::flat_hash_map<uint64_t, Part> parts_;
   absl::flat_hash_map<uint64_t, Op*> resend_ops_;  // parts taken by TakeResends, not yet reissued
   uint64_t ignored_replies_ = 0;

@@ -457,6 +457,11 @@ class ServerProc final : public Proc {
     o.testing.accept_old_epoch = sc.breakage == Breakage::kAcceptOldEpoch;
     o.testing.read_during_move = sc.breakage == Breakage::kReadDuringMove;
     o.testing.join_at_zero = sc.breakage == Breakage::kJoinAtZero;
+    if (sc.disk_tier_rows > 0) {
+      o.disk_tiers = [](uint32_t, uint32_t row_floats) -> absl::StatusOr<std::unique_ptr<ColdRows>> {
+        return std::make_unique<MemoryColdRows>(row_floats);
+      };
+    }
     core_ = std::make_unique<ServerCore>(o);
     if (auto s = core_->InstallShardMap(session_.ready()->shard_map(), session_.self().rank()); !s.ok()) {
       world_->Violation(absl::StrCat(address, " refused its first map: ", s.message()));
@@ -616,6 +621,12 @@ class WorkerProc final : public Proc {
     c.set_optimizer(proto::ACCUMULATE);
     c.set_consistency(sc.consistency);
     c.set_staleness(sc.consistency == proto::SSP ? sc.staleness : 0);
+    if (sc.disk_tier_rows > 0) {
+      c.set_disk_tier(true);
+      c.set_memory_budget_bytes(1);  // (a budget's recency records count in RowBytes)
+      const uint64_t row_bytes = Table::RowBytes(c);
+      c.set_memory_budget_bytes(sc.disk_tier_rows * row_bytes + row_bytes / 2);
+    }
     auto op = NewOp(Kind::kCreate, "create table", now);
     Apply(core_->CreateTable(op, c, now), now);
   }
@@ -1303,6 +1314,10 @@ RunResult World::Run() {
   r.moves_finished = moves_finished_;
   r.servers_drained = servers_drained_;
   r.workers_joined = recorder_.joins().size();
+  for (const ServerProc* p : servers_) {
+    if (p == nullptr || p->core() == nullptr) continue;
+    for (const ServerCore::TableSummary& t : p->core()->table_summaries()) r.rows_to_disk += t.counters.moved_to_disk;
+  }
   if (!maps_.empty()) {
     const std::vector<double> costs = cc.ShardCosts();
     r.imbalance_first_map = Imbalance(maps_.begin()->second, costs);
@@ -1597,6 +1612,8 @@ Scenario Scenario::FromSeed(uint64_t seed) {
     s.part_bytes = rows == 3 && width >= 2 ? uint64_t{4} * ((width + 1) / 2) : row_bytes * rows;
     if (rng.Chance(0.7)) s.max_bytes_in_flight = s.part_bytes * rng.Between(1, 4);
   }
+  // (Drawn after everything else, so that older seeds keep their runs.)
+  if (rng.Chance(0.3)) s.disk_tier_rows = static_cast<uint32_t>(rng.Between(1, 4));
   return s;
 }
 
@@ -1615,7 +1632,8 @@ std::string Scenario::Describe() const {
       worker_loss == WorkerLossPolicy::kStopJob ? "stop" : worker_loss == WorkerLossPolicy::kContinue ? "continue" : "wait",
       coordinator_crashes, moves, crash_mid_move ? " (a crash mid-move)" : "", servers_added, drains, workers_added,
       static_cast<unsigned long long>(part_bytes), static_cast<unsigned long long>(max_bytes_in_flight),
-      breakage == Breakage::kNone ? "" : absl::StrCat("; BROKEN: ", BreakageName(breakage)));
+      absl::StrCat(disk_tier_rows > 0 ? absl::StrCat("; disk tier, ", disk_tier_rows, " rows in memory") : "",
+                   breakage == Breakage::kNone ? "" : absl::StrCat("; BROKEN: ", BreakageName(breakage))));
 }
 
 ScaleResult RunScale(uint32_t servers, uint32_t workers, uint32_t vshards, uint64_t seed) {

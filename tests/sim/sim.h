@@ -120,6 +120,11 @@ struct Scenario {
   // a priority 0-2.
   uint64_t part_bytes = 0;
   uint64_t max_bytes_in_flight = 0;
+  // Disk tier: with N > 0 the table keeps at most N rows in memory on each
+  // server (its memory budget) and the rest in its disk tier (MemoryColdRows,
+  // server/cold_rows.h: the store the simulator gives every server), so rows
+  // move out and back as pushes, pulls, transfers and moves touch them.
+  uint32_t disk_tier_rows = 0;
   // What the job does about a lost worker. Under kWait a new process takes
   // a crashed worker's place one lease or more later and resumes at its
   // predecessor's clock.
@@ -161,6 +166,7 @@ struct RunResult {
   uint64_t moves_finished = 0;      // moves whose destination became primary (or took a backup's place)
   uint64_t servers_drained = 0;     // drained and removed
   uint64_t workers_joined = 0;      // joined the running job (their start clock announced)
+  uint64_t rows_to_disk = 0;        // rows the servers' budgets moved to their disk tiers (live processes at the end)
   // The shards' costs as the coordinator saw them last (ShardCosts), and
   // the imbalance (coordinator/rebalancer.h) they give under the first map
   // and under the last.

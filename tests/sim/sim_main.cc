@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   uint64_t runs = 0, failed = 0, job_failures = 0, failovers = 0, messages = 0, pulls = 0, acked = 0;
-  uint64_t moves_started = 0, moves_finished = 0, drained = 0, joined = 0;
+  uint64_t moves_started = 0, moves_finished = 0, drained = 0, joined = 0, to_disk = 0;
   uint64_t first_failed = 0;
   for (uint64_t s = first_seed;; ++s) {
     if (minutes > 0 ? elapsed() >= minutes * 60 : s >= first_seed + seeds) break;
@@ -150,6 +150,7 @@ int main(int argc, char** argv) {
     moves_finished += r.moves_finished;
     drained += r.servers_drained;
     joined += r.workers_joined;
+    to_disk += r.rows_to_disk;
     messages += r.messages;
     pulls += r.pulls_checked;
     acked += r.pushes_acked;
@@ -174,13 +175,13 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   std::printf("%llu runs in %.1f s: %llu failed their checks; %llu jobs ended by faults, %llu new maps, %llu of "
-              "%llu shard moves finished, %llu servers drained, %llu workers joined, %llu messages, %llu pulls checked, %llu pushes acknowledged%s\n",
+              "%llu shard moves finished, %llu servers drained, %llu workers joined, %llu messages, %llu pulls checked, %llu pushes acknowledged, %llu rows moved to disk%s\n",
               static_cast<unsigned long long>(runs), elapsed(), static_cast<unsigned long long>(failed),
               static_cast<unsigned long long>(job_failures), static_cast<unsigned long long>(failovers),
               static_cast<unsigned long long>(moves_finished), static_cast<unsigned long long>(moves_started),
               static_cast<unsigned long long>(drained), static_cast<unsigned long long>(joined),
               static_cast<unsigned long long>(messages), static_cast<unsigned long long>(pulls),
-              static_cast<unsigned long long>(acked),
+              static_cast<unsigned long long>(acked), static_cast<unsigned long long>(to_disk),
               breakage == tessera::sim::Breakage::kNone ? "" : (" (broken: " + breakage_name + ")").c_str());
   if (expect_violation) {
     if (failed == 0) std::printf("expected a violation with --break %s and found none\n", breakage_name.c_str());
