@@ -702,6 +702,10 @@ TEST_P(TransportConformanceTest, StatsCountMessagesAndBytes) {
     return second.header.ByteSizeLong();
   }();
   ASSERT_TRUE(inbox.WaitForCount(2)) << "received " << inbox.size();
+  // The sender counts a message once its send returned, which may be after
+  // the receiver has it (CI on a loaded machine read 1 message and 4 parts).
+  ASSERT_TRUE(WaitUntil([&] { return sender->stats().messages_sent >= 2; }))
+      << "the sender counted " << sender->stats().messages_sent << " messages sent";
 
   const TransportStats sent = sender->stats();
   EXPECT_EQ(counted->load(), sent.bytes_sent);
