@@ -19,35 +19,36 @@ std::optional<PushAcks::Waiting> PushAcks::Done(uint64_t push_id, const absl::St
   return done;
 }
 
-std::vector<PushAcks::Waiting> PushAcks::TakeAll() {
-  // In push id order, as TakeTouching.
+std::vector<uint64_t> PushAcks::IdsInOrder() const {
+  // Push id order, never the map's (which depends on addresses): the
+  // answers go out in it, and a run must be a function of its inputs.
   std::vector<uint64_t> ids;
   ids.reserve(waiting_.size());
   for (const auto& [id, w] : waiting_) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+std::vector<PushAcks::Waiting> PushAcks::TakeAll() {
   std::vector<Waiting> out;
-  out.reserve(ids.size());
-  for (uint64_t id : ids) out.push_back(std::move(waiting_.at(id)));
+  out.reserve(waiting_.size());
+  for (uint64_t id : IdsInOrder()) out.push_back(std::move(waiting_.at(id)));
   waiting_.clear();
   return out;
 }
 
 std::vector<std::pair<PushAcks::Waiting, uint32_t>> PushAcks::TakeTouching(const std::function<bool(uint32_t)>& moved) {
-  // In push id order, not the map's (which depends on addresses): the
-  // answers go out in it, and a run must be a function of its inputs.
-  std::vector<std::pair<uint64_t, uint32_t>> hits;  // push id, first shard moved
-  for (const auto& [id, w] : waiting_) {
-    auto hit = std::find_if(w.shards.begin(), w.shards.end(), moved);
-    if (hit != w.shards.end()) hits.emplace_back(id, *hit);
-  }
-  std::sort(hits.begin(), hits.end());
   std::vector<std::pair<Waiting, uint32_t>> out;
-  out.reserve(hits.size());
-  for (const auto& [id, shard] : hits) {
+  for (uint64_t id : IdsInOrder()) {
     auto it = waiting_.find(id);
+    const std::vector<uint32_t>& shards = it->second.shards;
+    auto hit = std::find_if(shards.begin(), shards.end(), moved);
+    if (hit == shards.end()) continue;
+    const uint32_t shard = *hit;
     out.emplace_back(std::move(it->second), shard);
     waiting_.erase(it);
   }
   return out;
 }
+
 }  // namespace tessera

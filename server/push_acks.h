@@ -51,6 +51,7 @@ class PushAcks {
   size_t size() const { return waiting_.size(); }
 
  private:
+  std::vector<uint64_t> IdsInOrder() const;  // the waiting pushes' ids, ascending
   absl::flat_hash_map<uint64_t, Waiting> waiting_;  // push id -> its Ack
 };
 

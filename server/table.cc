@@ -293,7 +293,8 @@ void Table::MaybeGiveMemoryBack() {
   TESSERA_CHECK(movers.size() == holes.size());
   for (size_t i = 0; i < movers.size(); ++i) {
     MoveRow(movers[i].second, holes[i]);
-    TESSERA_CHECK(index_.Reassign(movers[i].first, holes[i]));
+    const bool indexed = index_.Reassign(movers[i].first, holes[i]);
+    TESSERA_CHECK(indexed);
   }
   free_rows_ = {};
   slots_ = n;
