@@ -332,7 +332,19 @@ absl::Status FaultTransport::Impl::Start(Handler handler) {
   return absl::OkStatus();
 }
 
+// A held message carries its bytes as they were when it was handed over, as
+// a wire would: frames borrowed from the sender (a worker's push from the
+// caller's memory, which it may reuse once the push is acknowledged, maybe
+// through a copy that was not held) and transient frames (a ring its
+// transport wants back soon) are copied. Owned and remote frames are kept.
+static void KeepBytes(Message& message) {
+  for (Buffer& f : message.frames) {
+    if (!f.empty() && !f.remote() && (f.owner() == nullptr || f.transient())) f = Buffer::CopyOf(f.data(), f.size());
+  }
+}
+
 void FaultTransport::Impl::Hold(Clock::time_point due, Held held) {
+  KeepBytes(held.message);
   held_.emplace(std::make_pair(due, next_arrival_++), std::move(held));
   cv_.notify_all();
 }

@@ -39,7 +39,11 @@
 // cut); outside `only`, the message passes untouched; else it is dropped with
 // probability drop; else duplicated with probability dup (both copies share
 // the frames and the fate that follows); then delayed by delay_ms; then, with
-// probability reorder, held back for reorder_ms more.
+// probability reorder, held back for reorder_ms more. A message that is held
+// (delayed, reordered, queued behind a held one, or received) keeps the bytes
+// it had when it was handed over, as on a wire: its borrowed and transient
+// frames are copied (a sender may reuse borrowed memory once its request is
+// answered, maybe through a copy that was not held).
 //
 // Determinism. Each decision is a pure function of (seed, stage, this
 // endpoint's address, the peer's address, the number of earlier messages
