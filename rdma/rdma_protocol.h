@@ -4,6 +4,23 @@
 // the RDMA transport; the verbs shell (rdma_transport.cc) only executes the
 // Actions it returns and feeds it completions and connection events.
 //
+// The parts (one behaviour, one file; each header states its contract):
+// - protocol_config.{h,cc}: ProtocolConfig and the rules it must satisfy.
+// - endpoint_actions.h: the Actions the shell executes, EndpointStats.
+// - rdma_protocol.{h,cc} (this file): EndpointCore's state, its bookkeeping
+//   (connections, work requests, errors), timers (Tick), introspection.
+// - endpoint_connection.{h,cc}: one connection's state; its life (queue pair,
+//   handshake, establishment, loss, failed work).
+// - endpoint_sending.{h,cc}: the send path (queued messages and control,
+//   credits, pool slots, writes, waiters).
+// - endpoint_receiving.{h,cc}: the receive path (completions, parsing,
+//   admission before authentication, in-order delivery).
+// - endpoint_rendezvous.{h,cc}: rendezvous of large parts both ways, and the
+//   destinations a receiver posts in advance.
+// - endpoint_auth.{h,cc}: the challenge-response between holders of the job key.
+// Users include this header only; the endpoint_*.h headers are internal to
+// EndpointCore (they define its private records).
+//
 // What travels (bytes in rdma_wire.h):
 // - A Tessera message = parts [serialized Envelope, frame 1, ..., frame n].
 //   Parts smaller than rendezvous_threshold that fit go inline in one SEND
@@ -96,13 +113,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
-#include <variant>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -113,130 +129,13 @@
 #include "rdma/connection_auth.h"
 #include "rdma/credit_window.h"
 #include "rdma/destination_pool.h"
+#include "rdma/endpoint_actions.h"
+#include "rdma/protocol_config.h"
 #include "rdma/rdma_wire.h"
 #include "rdma/registration_cache.h"
 #include "rdma/slot_pool.h"
 
 namespace tessera::rdma {
-
-using ConnectionId = uint64_t;
-
-struct ProtocolConfig {
-  // This endpoint's transport address ("rdma://HOST:PORT"): stamped as
-  // sender_address on every outgoing message and sent in the handshake.
-  std::string local_address;
-  // Size of one pool slot: the largest eager SEND and the staging chunk.
-  size_t slot_bytes = 8192;
-  // Receive window granted to each peer (receive slots = credits + 2).
-  uint32_t credits = 64;
-  // Frames at least this large never go inline; they go zero-copy by rendezvous.
-  size_t rendezvous_threshold = 64 << 10;
-  // See the timeouts under "Promises" above. In the caller's ticks.
-  uint64_t rendezvous_timeout_ticks = 10'000;
-  // A connection not established this long after it was started is dropped.
-  uint64_t connect_timeout_ticks = 10'000;
-  // Largest number of data frames in one message, both ways.
-  size_t max_data_frames = 64;
-  // Largest message (envelope + frames), both ways; also bounds one write.
-  size_t max_message_bytes = size_t{1} << 31;
-  // Pool slots one staged rendezvous may have in flight.
-  uint32_t max_staged_chunks_in_flight = 8;
-  // Send work requests (SEND and WRITE) one connection may have posted and
-  // not yet completed: the depth of its queue pair's send queue.
-  uint32_t send_queue_depth = 256;
-  // Private data bytes the connection manager carries in a connect request.
-  size_t handshake_capacity = 56;
-  // Pool slots never given to receive queues (so sends always make progress).
-  uint32_t min_send_slots = 16;
-  // Registration cache bound.
-  size_t max_pinned_bytes = size_t{1} << 30;
-  size_t page_bytes = 4096;
-  // Idle destination blocks kept for reuse.
-  size_t max_idle_destination_bytes = 256u << 20;
-  // The job's secret key (Z85, 40 characters: the `secret` line of the job
-  // key file, transport/job_keys.h). Set: every connection must pass the
-  // challenge-response above before anything else crosses it. Empty: no
-  // authentication (see the rule above).
-  std::string auth_secret_key;
-  // Where authentication nonces come from; empty = libsodium's CSPRNG
-  // (FillRandomBytes). Tests inject their own.
-  std::function<void(std::span<std::byte>)> random_bytes;
-};
-
-// --- Actions: what the shell must do, in order. ---
-struct ConnectAction {  // start connecting to `address` (resolve, create the queue pair)
-  ConnectionId connection;
-  std::string address;
-};
-struct PostReceiveAction {  // post a receive of [address, address + length) with lkey
-  ConnectionId connection;
-  uint64_t wr_id;
-  uint64_t address;
-  uint32_t length;
-  uint32_t lkey;
-};
-struct PostSendAction {  // post a signaled IBV_WR_SEND of [address, address + length)
-  ConnectionId connection;
-  uint64_t wr_id;
-  uint64_t address;
-  uint32_t length;
-  uint32_t lkey;
-};
-struct PostWriteAction {  // post a signaled IBV_WR_RDMA_WRITE[_WITH_IMM]
-  ConnectionId connection;
-  uint64_t wr_id;
-  uint64_t local_address;
-  uint32_t length;
-  uint32_t lkey;
-  uint64_t remote_address;
-  uint32_t rkey;
-  bool with_immediate;
-  uint32_t immediate;  // the rendezvous tag (host order; the shell converts)
-};
-struct DeliverAction {  // hand to the Transport handler
-  ConnectionId connection;
-  Message message;
-};
-struct DisconnectAction {  // tear the connection down; then OnConnectionLost
-  ConnectionId connection;
-  absl::Status reason;
-  bool log = true;  // false: a refusal the core chose not to log (rate limit)
-};
-struct ProblemAction {  // something went wrong that the user should see in the log
-  ConnectionId connection;
-  absl::Status status;
-};
-using Action = std::variant<ConnectAction, PostReceiveAction, PostSendAction, PostWriteAction, DeliverAction,
-                            DisconnectAction, ProblemAction>;
-using Actions = std::vector<Action>;
-
-struct EndpointStats {
-  uint64_t messages_sent = 0;  // accepted by Send
-  uint64_t messages_received = 0;  // delivered
-  uint64_t bytes_sent = 0;         // envelope + frames
-  uint64_t bytes_received = 0;
-  uint64_t malformed_received = 0;
-  uint64_t messages_dropped = 0;  // queued for a connection that was lost, or failed in rendezvous
-  uint64_t eager_sends = 0;       // SENDs carrying a message
-  uint64_t control_sends = 0;     // clear-to-send, cancel, refuse, hello
-  uint64_t credit_updates_sent = 0;
-  uint64_t rendezvous_started = 0;  // parts sent by rendezvous
-  uint64_t rendezvous_zero_copy = 0;
-  uint64_t rendezvous_staged = 0;
-  uint64_t rendezvous_received = 0;  // parts that arrived by rendezvous
-  uint64_t rendezvous_failed = 0;    // both directions
-  uint64_t writes_posted = 0;
-  uint64_t preposted_hits = 0;
-  uint64_t preposted_mismatches = 0;
-  uint64_t registration_waits = 0;  // receiver waited for room in the registration cache
-  uint64_t unknown_tags = 0;
-  uint64_t duplicate_clear_to_send = 0;
-  uint64_t length_mismatches = 0;
-  uint64_t protocol_violations = 0;  // credit overruns and the like
-  uint64_t connections_lost = 0;
-  uint64_t connections_authenticated = 0;  // peers that proved they hold the job key
-  uint64_t auth_rejected = 0;  // connections refused: no proof, a bad proof, or a key mismatch
-};
 
 class EndpointCore {
  public:
@@ -341,6 +240,9 @@ class EndpointCore {
   bool authenticating() const { return auth_key_.has_value(); }
 
  private:
+  // Records, defined in endpoint_connection.h (Connection),
+  // endpoint_sending.h (OutgoingMessage, ControlMessage), endpoint_receiving.h
+  // (InboundMessage) and endpoint_rendezvous.h (the rendezvous).
   struct Connection;
   struct OutgoingMessage;
   struct ControlMessage;
@@ -356,13 +258,18 @@ class EndpointCore {
     bool final = false;    // kWrite: the WITH_IMM one
   };
 
+  // Bookkeeping (rdma_protocol.cc).
   Connection* Find(ConnectionId id);
   const Connection* Find(ConnectionId id) const;
   Connection& NewConnection(bool active, std::string peer_address);
   uint64_t NewWork(Work work);
   void ReleaseWork(const Work& work);
   uint16_t TakeCredits(Connection& c);
+  void Problem(const Connection& c, absl::Status status, Actions& out);
+  void Disconnect(Connection& c, absl::Status reason, Actions& out);
+  absl::Status PeerError(const Connection& c, absl::StatusCode code, const std::string& what) const;
 
+  // Send path (endpoint_sending.cc).
   void Pump(Connection& c, Actions& out);
   bool SendControl(Connection& c, Actions& out);
   bool SendWrites(Connection& c, Actions& out);
@@ -371,8 +278,12 @@ class EndpointCore {
   void WaitForSlot(Connection& c);
   void ServeWaiters(Actions& out);
 
+  // Receive path (endpoint_receiving.cc).
   void HandleSend(Connection& c, std::span<const std::byte> bytes, Actions& out);
   void HandleMessage(Connection& c, const WireFrame& frame, Actions& out);
+  void Deliver(Connection& c, Actions& out);
+
+  // Rendezvous (endpoint_rendezvous.cc).
   void HandleClearToSend(Connection& c, const ClearToSend& cts, Actions& out);
   void HandleCancel(Connection& c, uint32_t tag, uint32_t reason, Actions& out);
   void HandleRefuse(Connection& c, uint32_t tag, uint32_t reason, Actions& out);
@@ -382,12 +293,8 @@ class EndpointCore {
   bool TryRegisterDestination(Connection& c, InboundRendezvous& rz, Actions& out);
   void FailInbound(Connection& c, uint64_t seq, const absl::Status& status, Actions& out);
   void FailOutbound(Connection& c, uint64_t seq, Actions& out);
-  void Deliver(Connection& c, Actions& out);
-  void Problem(const Connection& c, absl::Status status, Actions& out);
-  void Disconnect(Connection& c, absl::Status reason, Actions& out);
-  absl::Status PeerError(const Connection& c, absl::StatusCode code, const std::string& what) const;
 
-  // Authentication (see "Authentication" above).
+  // Authentication (see "Authentication" above; endpoint_auth.cc).
   void HandleAuthChallenge(Connection& c, const WireFrame& frame, Actions& out);
   void HandleAuthProof(Connection& c, const WireFrame& frame, Actions& out);
   AuthTranscript Transcript(const Connection& c, AuthRole prover) const;
@@ -422,6 +329,7 @@ class EndpointCore {
 
 // Bytes of the last chunk of a staged write of `length` bytes in chunks of
 // `chunk` bytes (what the receiver sees as byte_len of the WRITE_WITH_IMM).
+// Defined in endpoint_rendezvous.cc.
 uint64_t LastChunkBytes(uint64_t length, uint64_t chunk);
 
 }  // namespace tessera::rdma
