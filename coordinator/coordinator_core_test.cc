@@ -19,6 +19,7 @@ class CoordinatorCoreTest : public ::testing::Test {
     o.vshards = 8;
     o.assemble_timeout = 10 * kSeconds;
     o.lease = 3 * kSeconds;
+    o.replication = 1;  // one copy per shard unless a test says otherwise (Replicated)
     return o;
   }
 

@@ -47,6 +47,8 @@ class InProcCluster {
     co.replication = o.replication;
     co.assemble_timeout = o.assemble_timeout;
     co.lease = o.lease;
+    co.server_lease = o.lease;   // servers heartbeat every lease / 5 here
+    co.heartbeat_interval = 0;   // not told: each node keeps its own (tests count the heartbeats)
     co.on_worker_loss = o.on_worker_loss;
     co.rejoin_timeout = o.rejoin_timeout;
     coordinator_ = std::make_unique<CoordinatorNode>(co, net_.Create("coordinator"));

@@ -160,6 +160,7 @@ class OneServerJob {
     co.workers = 1;
     co.vshards = 8;
     co.assemble_timeout = 20 * kSeconds;
+    co.heartbeat_interval = 0;  // not told: the raw client's session keeps its own
     return co;
   }
   static std::unique_ptr<Transport> NewTransport(const TransportChoice& choice) {
