@@ -286,6 +286,17 @@ uint64_t RequestTracker::ExpectedValues(uint64_t request_id) const {
   return it->second.scatter.num_keys * it->second.op->width;
 }
 
+std::optional<RequestTracker::OutRange> RequestTracker::PullRange(uint64_t request_id) const {
+  auto it = parts_.find(request_id);
+  if (it == parts_.end()) return std::nullopt;
+  const Part& part = it->second;
+  const Op& op = *part.op;
+  if (op.width == 0 || op.view != nullptr || !part.scatter.rows.empty()) return std::nullopt;  // not one run of out
+  const uint64_t first = part.scatter.first_row, rows = part.scatter.num_keys;
+  if ((first + rows) * op.width > op.out.size()) return std::nullopt;  // no such run (a caller's error)
+  return OutRange{op.handle.get(), first, rows, op.out.subspan(first * op.width, rows * op.width)};
+}
+
 std::vector<RequestTracker::Completion> RequestTracker::OnReply(const Message& reply, Nanos now) {
   std::vector<Completion> done;
   auto it = parts_.find(reply.header.request_id());

@@ -61,6 +61,16 @@
 //   are ignored). While LinkDown says a server's connection is down, its
 //   parts are not resent for silence (they would only queue behind it).
 //   NextDue says when the next part will be due for silence.
+// - Pull ranges: a pull part into the caller's `out` whose scatter is
+//   contiguous (Scatter.rows empty) has its rows at out rows [first_row,
+//   first_row + num_keys): the values of its reply, in order (pieces at
+//   their offset), are exactly the bytes of that run, and the tracker
+//   writes nowhere else for it. PullRange names that run while the part is
+//   registered (queued, sent, parked, or with part of its reply in); it
+//   names none for a part with scattered rows, a pull into a PulledRows
+//   view, a part of any other kind, or a request id that is not registered
+//   (answered, taken out and sent again under a new id, which names its own
+//   run, or its operation ended).
 // - Queued parts (transfer scheduling, worker/worker_core.h): a part begun
 //   or reissued with `queued` set is registered but not sent yet; it is
 //   never resent for silence until MarkSent says it left (its resend timer
@@ -71,6 +81,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -229,6 +240,15 @@ class RequestTracker {
   // The number of values the pull part `request_id` expects (its keys times
   // the row width); 0 for an unknown request or one that is not a pull.
   uint64_t ExpectedValues(uint64_t request_id) const;
+  // The run of the caller's `out` that the reply to pull part `request_id`
+  // fills, where it fills one run (see the contract, "Pull ranges").
+  struct OutRange {
+    const void* op = nullptr;  // its operation's handle (Handle::get()): one per Begin
+    uint64_t first_row = 0;    // rows of `out`, each of the pull's width
+    uint64_t rows = 0;
+    std::span<float> values;   // out[first_row * width, (first_row + rows) * width)
+  };
+  std::optional<OutRange> PullRange(uint64_t request_id) const;
   uint64_t ignored_replies() const { return ignored_replies_; }
   // Each server's resend timer per lane and how many parts of that lane
   // went to it again, by rank then lane. A lane never answered nor resent

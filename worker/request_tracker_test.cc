@@ -421,6 +421,52 @@ TEST(RequestTrackerTest, PartsOfALostServerAreHandedBackAndReissuedInTheSameOp) 
   EXPECT_EQ(out, (std::vector<float>{0, 1, 2}));
 }
 
+TEST(RequestTrackerTest, APullRangeIsTheRunOfOutItsReplyFills) {
+  RequestTracker t({"a", "b"}, Fixed(kSeconds));
+  std::vector<float> out(10, -1);
+  auto handle = std::make_shared<int>(0);
+  // Rows of width 2: part 10 is rows [1, 3) of out (contiguous), part 11 row 0,
+  // part 12 rows 3 and 4 scattered.
+  t.Begin(handle, "pull",
+          {{10, 0, {1, {}, 2}, PullRequest(1)}, {11, 1, {0, {}, 1}, PullRequest(1)},
+           {12, 1, {0, {4, 3}, 2}, PullRequest(1)}},
+          100, std::span<float>(out), 2);
+  const auto r10 = t.PullRange(10);
+  ASSERT_TRUE(r10.has_value());
+  EXPECT_EQ(r10->op, handle.get());
+  EXPECT_EQ(r10->first_row, 1u);
+  EXPECT_EQ(r10->rows, 2u);
+  EXPECT_EQ(r10->values.data(), out.data() + 2);
+  EXPECT_EQ(r10->values.size(), 4u);
+  ASSERT_TRUE(t.PullRange(11).has_value());
+  EXPECT_EQ(t.PullRange(11)->values.data(), out.data());
+  EXPECT_EQ(t.PullRange(11)->values.size(), 2u);
+  EXPECT_FALSE(t.PullRange(12).has_value()) << "scattered rows are no one run";
+  EXPECT_FALSE(t.PullRange(99).has_value()) << "unknown";
+  // The reply lands in exactly that run, and nowhere else.
+  EXPECT_TRUE(t.OnReply(Values(10, {1, 2, 3, 4})).empty());
+  EXPECT_EQ(out, (std::vector<float>{-1, -1, 1, 2, 3, 4, -1, -1, -1, -1}));
+  EXPECT_FALSE(t.PullRange(10).has_value()) << "answered";
+  // Sent again under a new id (a silence): the old id names nothing, the new one the same run.
+  std::vector<RequestTracker::Completion> done;
+  auto resends = t.TakeResends(1, [](uint32_t) { return false; }, &done, 10 * kSeconds, /*silence=*/true);
+  ASSERT_EQ(resends.size(), 2u);
+  const RequestTracker::Resend& r = resends[0].request_id == 11 ? resends[0] : resends[1];
+  EXPECT_FALSE(t.PullRange(11).has_value()) << "taken out for a resend";
+  EXPECT_TRUE(t.Reissue(r, {{20, 1, r.scatter, PullRequest(1)}}, 10 * kSeconds).empty());
+  ASSERT_TRUE(t.PullRange(20).has_value());
+  EXPECT_EQ(t.PullRange(20)->values.data(), out.data());
+  EXPECT_EQ(t.PullRange(20)->op, handle.get());
+  // Pushes and views name none; an ended operation names none.
+  t.Begin(std::make_shared<int>(1), "push", {{30, 0, {0, {}, 1}, {}}}, 100);
+  EXPECT_FALSE(t.PullRange(30).has_value());
+  PulledRows view;
+  t.Begin(std::make_shared<int>(2), "view", {{31, 0, {0, {}, 1}, PullRequest(1)}}, 100, &view, 2);
+  EXPECT_FALSE(t.PullRange(31).has_value());
+  t.FailAll(absl::CancelledError("closed"));
+  EXPECT_FALSE(t.PullRange(20).has_value());
+}
+
 TEST(RequestTrackerTest, AbortedFromANewerEpochParksThePartUntilThatMap) {
   RequestTracker t({"a", "b"});
   std::vector<float> out(1, -1);

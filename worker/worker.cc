@@ -1,11 +1,14 @@
 // The Worker shell: transport, coordinator session, futures, stats and the
 // tick thread around the WorkerCore (worker/worker_core.h: request slicing,
-// push numbering, the RequestTracker) under one mutex.
+// push numbering, the RequestTracker) under one mutex. Its parts: the
+// futures' shared state (worker/future_state.h), the book of pull
+// destinations posted with the transport (worker/posted_pulls.h), table
+// configs (worker/table_config.h) and the metrics text (worker/
+// worker_metrics.h).
 #include "worker/worker.h"
 
 #include <atomic>
 #include <condition_variable>
-#include <cstring>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -24,183 +27,15 @@
 #include "compress/row_compressor.h"
 #include "node/coordinator_session.h"
 #include "transport/transport_factory.h"
+#include "worker/future_state.h"
+#include "worker/posted_pulls.h"
+#include "worker/table_config.h"
+#include "worker/worker_metrics.h"
 #include "worker/worker_core.h"
-#include "transport/transport_metrics.h"
 
 namespace tessera {
 
-struct Future::State {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::optional<absl::Status> status;
-  std::atomic<bool> done{false};           // status is set (readable without mu)
-  Nanos started = 0;                       // when the request was issued
-  metrics::Histogram* latency = nullptr;   // observes issue-to-completion seconds (owned by the worker)
-  // The worker's transport, for caller delivery: a waiter reads its reply
-  // itself instead of being woken by the delivery thread (Transport::
-  // DeliverUntil). Weak: a Future may outlive its worker.
-  std::weak_ptr<Transport> transport;
-  // The worker's count of operations issued and not completed (this one
-  // included until Set); shared with the worker.
-  std::shared_ptr<std::atomic<int>> in_flight;
-  // Memory the request reads or writes that the request itself owns
-  // (PushAggregated's sums, PullDeduplicated's distinct keys and rows):
-  // released with the last reference to this state, so never before the
-  // worker is done with the request (it holds the state until then).
-  std::vector<std::shared_ptr<const void>> owned ABSL_GUARDED_BY(mu);
-  // A Future with a finishing step (Worker::PullDeduplicated): `after` is
-  // the request it waits for (set at creation, never changed), `finish`
-  // the step, run under mu by the first Wait() or ready() that finds
-  // `after` done with OK, and dropped once run.
-  std::optional<Future> after;
-  std::function<absl::Status()> finish ABSL_GUARDED_BY(mu);
-
-  void Set(absl::Status s) {
-    {
-      std::lock_guard lock(mu);
-      if (status) return;
-      status = std::move(s);
-      done.store(true, std::memory_order_release);
-    }
-    if (in_flight) in_flight->fetch_sub(1, std::memory_order_relaxed);
-    if (latency != nullptr) latency->Observe(static_cast<double>(MonotonicNow() - started) / kSeconds);
-    cv.notify_all();
-    if (std::shared_ptr<Transport> t = transport.lock()) t->WakeCallerDelivery();
-  }
-};
-
-// How long a caller delivering its own reply sleeps at most before it looks
-// at its Future again (completions from other threads wake it at once).
-constexpr std::chrono::milliseconds kCallerDeliveryMaxWait{50};
-// Caller delivery only while the worker has at most this many operations
-// in flight: it saves a thread hand-off per reply, which is what a caller
-// waiting on one or two requests pays for; with more in flight the
-// replies keep the delivery thread busy, and handing the socket back and
-// forth would cost more CPU than it saves (measured: 1 MiB pulls 8 in
-// flight were 10% slower with it, docs/benchmarks.md).
-constexpr int kCallerDeliveryMaxInFlight = 2;
-
 namespace {
-
-// A Future that completes once `after` did and `finish` ran (only if `after`
-// ended with OK; its status is then the Future's).
-Future Finally(Future after, std::function<absl::Status()> finish) {
-  auto state = std::make_shared<Future::State>();
-  state->after = std::move(after);
-  std::lock_guard lock(state->mu);
-  state->finish = std::move(finish);
-  return Future(std::move(state));
-}
-
-// Runs the finishing step of `state` once its `after` is done: `after_status`.
-absl::Status FinishOnce(Future::State& state, const absl::Status& after_status) {
-  std::lock_guard lock(state.mu);
-  if (!state.status) {
-    absl::Status s = after_status;
-    if (s.ok() && state.finish) s = state.finish();
-    state.finish = nullptr;  // what it held goes now
-    state.status = std::move(s);
-    state.done.store(true, std::memory_order_release);
-  }
-  return *state.status;
-}
-
-}  // namespace
-
-absl::Status Future::Wait() const {
-  if (!state_) return absl::FailedPreconditionError("waiting on an empty Future");
-  if (state_->after) return FinishOnce(*state_, state_->after->Wait());
-  if (!state_->done.load(std::memory_order_acquire)) {
-    if (std::shared_ptr<Transport> t = state_->transport.lock()) {
-      // Requests held to go together with later ones (transport/
-      // coalescing_transport.h) go now: nothing more comes while we wait.
-      t->Flush();
-      if (state_->in_flight && state_->in_flight->load(std::memory_order_relaxed) <= kCallerDeliveryMaxInFlight) {
-        State* s = state_.get();
-        t->DeliverUntil([s] { return s->done.load(std::memory_order_acquire); }, kCallerDeliveryMaxWait);
-      }
-    }
-  }
-  std::unique_lock lock(state_->mu);
-  state_->cv.wait(lock, [&] { return state_->status.has_value(); });
-  return *state_->status;
-}
-
-bool Future::ready() const {
-  if (!state_) return false;
-  if (state_->after) {
-    if (state_->done.load(std::memory_order_acquire)) return true;
-    if (!state_->after->ready()) return false;
-    FinishOnce(*state_, state_->after->Wait()).IgnoreError();  // ready: no wait
-    return true;
-  }
-  std::lock_guard lock(state_->mu);
-  return state_->status.has_value();
-}
-
-void Future::Own(std::shared_ptr<const void> memory) const {
-  if (!state_) return;
-  std::lock_guard lock(state_->mu);
-  state_->owned.push_back(std::move(memory));
-}
-
-Future Future::Ready(absl::Status status) {
-  auto state = std::make_shared<State>();
-  state->status = std::move(status);
-  state->done.store(true, std::memory_order_release);
-  return Future(std::move(state));
-}
-
-namespace {
-
-proto::TableConfig ToConfig(const TableOptions& o) {
-  proto::TableConfig c;
-  c.set_table_id(o.id);
-  c.set_name(o.name);
-  c.set_width(o.width);
-  c.set_kind(o.kind);
-  c.set_dense_rows(o.dense_rows);
-  c.set_optimizer(o.optimizer);
-  c.set_learning_rate(o.learning_rate);
-  c.set_init(o.init);
-  c.set_init_scale(o.init_scale);
-  c.set_init_seed(o.init_seed);
-  c.set_consistency(o.consistency);
-  c.set_staleness(o.consistency == proto::SSP ? o.staleness : 0);
-  c.set_compression(o.compression);
-  c.set_pull_compression(o.pull_compression);
-  // Only the hyper-parameters the optimizer uses, so that tables differing
-  // in unused ones are the same table.
-  proto::OptimizerParams& p = *c.mutable_optimizer_params();
-  switch (o.optimizer) {
-    case proto::MOMENTUM:
-      p.set_momentum(o.momentum);
-      break;
-    case proto::ADAGRAD:
-      p.set_epsilon(o.epsilon);
-      p.set_initial_accumulator(o.initial_accumulator);
-      break;
-    case proto::ADAM:
-      p.set_beta1(o.beta1);
-      p.set_beta2(o.beta2);
-      p.set_epsilon(o.epsilon);
-      break;
-    case proto::FTRL:
-      p.set_ftrl_beta(o.ftrl_beta);
-      p.set_l1(o.l1);
-      p.set_l2(o.l2);
-      break;
-    default:
-      c.clear_optimizer_params();
-      break;
-  }
-  c.set_admit_after(o.admit_after);
-  c.set_admission_sketch_width(o.admission_sketch_width);
-  c.set_evict_after_clocks(o.evict_after_clocks);
-  c.set_memory_budget_bytes(o.memory_budget_bytes);
-  c.set_disk_tier(o.disk_tier);
-  return c;
-}
 
 class WorkerImpl final : public Worker {
  public:
@@ -221,12 +56,12 @@ class WorkerImpl final : public Worker {
     session_ = std::make_unique<CoordinatorSession>(so, transport_.get());
     session_->set_on_end([this](const absl::Status& s) {
       WorkerCore::Effects effects;
-      std::vector<PostedPull> cancels;
+      std::vector<PostedPulls::Posting> cancels;
       {
         std::lock_guard lock(mu_);
         if (!core_) return;
         effects = core_->FailAll(s.ok() ? absl::CancelledError("the job has ended") : s);
-        EndPullTargets(effects.done, &cancels);
+        cancels = posted_pulls_.Withdraw(effects.done, effects.resent_parts, *core_);
       }
       CancelPulls(cancels);  // before the callers get their memory back
       Complete(std::move(effects.done));
@@ -327,62 +162,15 @@ class WorkerImpl final : public Worker {
   TransportStats transport_stats() const override { return transport_->stats(); }
 
   std::string MetricsText() const {
-    const WorkerStats s = stats();
-    std::vector<double> bounds;
-    for (size_t i = 0; i + 1 < WorkerStats::kStalenessBuckets; ++i) bounds.push_back(static_cast<double>(i));
-    std::vector<uint64_t> counts(s.staleness.begin(), s.staleness.end());
-    double staleness_sum = 0;
-    for (size_t i = 0; i < counts.size(); ++i) staleness_sum += static_cast<double>(i) * static_cast<double>(counts[i]);
-    metrics::TextWriter w;
-    w.Counter("tessera_worker_pushes_total", "Push calls", s.pushes)
-        .Counter("tessera_worker_pulls_total", "Pull calls", s.pulls)
-        .Counter("tessera_worker_clocks_total", "Clock() calls completed", s.clocks)
-        .Counter("tessera_worker_pushed_bytes_total", "Key and value bytes of pushes, uncompressed", s.bytes_pushed)
-        .Counter("tessera_worker_pulled_bytes_total", "Key and value bytes of pulls, uncompressed", s.bytes_pulled)
-        .Counter("tessera_worker_wire_bytes_total", "Bytes to and from servers as on the wire", s.wire_bytes_pushed,
-                 {{"kind", "push"}})
-        .Counter("tessera_worker_wire_bytes_total", "Bytes to and from servers as on the wire", s.wire_bytes_pulled,
-                 {{"kind", "pull"}})
-        .Counter("tessera_worker_wire_bytes_total", "Bytes to and from servers as on the wire", s.wire_bytes_other,
-                 {{"kind", "other"}})
-        .Counter("tessera_worker_clock_wait_seconds_total", "Time blocked in Clock()",
-                 static_cast<double>(s.clock_wait) / kSeconds)
-        .Counter("tessera_worker_pull_held_seconds_total", "Time servers held this worker's pulls",
-                 static_cast<double>(s.pull_held) / kSeconds)
-        .Histogram("tessera_worker_pull_staleness", "Observed staleness of pulls (clocks; the last bucket is 16+)",
-                   bounds, counts, staleness_sum)
-        .Histogram("tessera_worker_push_latency_seconds", "Push issue to completion", push_latency_.bounds(),
-                   push_latency_.counts(), push_latency_.sum())
-        .Histogram("tessera_worker_pull_latency_seconds", "Pull issue to completion (holds included)",
-                   pull_latency_.bounds(), pull_latency_.counts(), pull_latency_.sum())
-        .Counter("tessera_worker_resends_total", "Parts sent again: after a failover, unanswered past their timer, or a connection made again", s.resends)
-        .Gauge("tessera_worker_clock", "This worker's clock", static_cast<double>(clock()))
-        .Gauge("tessera_worker_incarnation", "Replacements of this rank before this process", incarnation());
+    WorkerMetrics m{.stats = stats(), .clock = clock(), .incarnation = incarnation(), .push_latency = push_latency_,
+                    .pull_latency = pull_latency_};
     {
       std::lock_guard lock(mu_);
-      if (core_) {
-        for (const RequestTracker::ServerTimer& t : core_->tracker().Timers()) {
-          const std::string server = absl::StrCat(t.rank);
-          const std::string lane = LaneName(t.lane);
-          w.Gauge("tessera_worker_resend_timer_seconds",
-                  "Each server's resend timer per lane (pushes, other requests), learned from its answers' round trips",
-                  t.rto / 1e9, {{"server", server}, {"lane", lane}})
-              .Gauge("tessera_worker_round_trip_seconds",
-                     "Each server's smoothed round trip per lane (holds left out)", t.smoothed / 1e9,
-                     {{"server", server}, {"lane", lane}})
-              .Counter("tessera_worker_server_resends_total",
-                       "Requests sent again to each server per lane: unanswered past its timer, or its connection made again",
-                       t.resends, {{"server", server}, {"lane", lane}});
-        }
-      }
-      if (last_restore_to_answer_ >= 0) {
-        w.Gauge("tessera_worker_restore_to_answer_seconds",
-                "From the last connection to a server made again to that server's first answer",
-                last_restore_to_answer_ / 1e9);
-      }
+      if (core_) m.timers = core_->tracker().Timers();
+      m.last_restore_to_answer = last_restore_to_answer_;
     }
-    WriteTransportMetrics(w, transport_->stats());
-    return w.text();
+    m.transport = transport_->stats();
+    return WorkerMetricsText(m);
   }
 
   uint32_t rank() const override { return session_->self().rank(); }
@@ -401,7 +189,7 @@ class WorkerImpl final : public Worker {
   }
 
   absl::Status CreateTable(const TableOptions& options) override {
-    proto::TableConfig config = ToConfig(options);
+    proto::TableConfig config = ToTableConfig(options);
     std::unique_ptr<compress::RowCompressor> compressor;
     if (!options.compression.empty()) {
       absl::StatusOr<compress::CodecSpec> spec = compress::ParseCodecSpec(options.compression);
@@ -529,146 +317,31 @@ class WorkerImpl final : public Worker {
     pulls_++;
     bytes_pulled_ += keys.size_bytes() + keys.size() * uint64_t{width} * sizeof(float);
     return Issue(&pull_latency_, [&](const WorkerCore::Handle& h, Nanos now) {
-      // Before the core's sends: Deliver posts destinations for them.
-      if (dest.view == nullptr) pull_targets_[h.get()] = PullTarget{keys, dest.out, width, {}};
-      absl::StatusOr<WorkerCore::Effects> effects = core_->Pull(h, table, keys, dest, width, clock, now, {}, priority);
-      if (!effects.ok()) pull_targets_.erase(h.get());  // refused: nothing was sent, nothing posted
-      return effects;
+      return core_->Pull(h, table, keys, dest, width, clock, now, {}, priority);
     });
   }
 
-  // --- Pull replies in place (Transport::PostDestination) ---
-  // Known debt: which range of `out` a request's reply fills is the core's
-  // knowledge (the rule below is implied by worker_core.cc, not stated), so
-  // this matching belongs in the core, which should name the range per
-  // request; the shell would only post and cancel. posted_pulls_ repeats
-  // what the targets' `posted` lists hold (kept in step by hand).
+  // --- Pull replies in place (Transport::PostDestination; the book and
+  // its rules: worker/posted_pulls.h) ---
 
-  // A Pull into `out` whose request for a server borrows a run of the
-  // caller's keys (the core's requests for keys all on one server, or
-  // parts of them: worker/worker_core.h) gets its rows back as the same
-  // run of `out`: keys[first, first + n) -> out[first * width, (first + n)
-  // * width). For such a request the range of `out` is posted as the
-  // destination of the reply's values frame, so that a transport that can
-  // writes them there; the reply is then handed to the core as a frame
-  // whose reads into that very memory copy nothing. Requests with keys of
-  // their own (scattered rows) get nothing posted. A destination is
-  // cancelled before its operation completes (answered, failed, timed
-  // out, closed) and when a resend asks for the same rows again, so that
-  // no write reaches `out` once the caller has it back.
-  struct PostedPull {
-    std::string to;
-    uint64_t request_id = 0;
-    size_t first_row = 0;
-    size_t rows = 0;
-  };
-  struct PullTarget {
-    std::span<const Key> keys;
-    std::span<float> out;
-    uint32_t width = 0;
-    std::vector<PostedPull> posted;
-  };
-  // Replies smaller than this are not posted for (the transports place only
-  // frames they do not send inline, and the copy is cheap).
-  static constexpr size_t kMinPlacedBytes = 64 * 1024;
-
-  // Posts destinations for the pull requests in `sends` whose rows are one
-  // run of a live target's `out`; what they replace goes to *cancels.
-  // Requires mu_.
-  void PostPullDestinations(const std::vector<Outgoing>& sends, std::vector<PostedPull>* cancels) {
-    if (pull_targets_.empty()) return;
+  // Posts, as the destination of its reply's values, the run of `out` that
+  // each pull request in `sends` fills (where the core names one and the
+  // transport may place frames from its server). Requires mu_.
+  void PostPullDestinations(const std::vector<Outgoing>& sends) {
     for (const Outgoing& o : sends) {
-      const proto::Envelope& h = o.message.header;
-      if (!h.has_pull() || o.message.frames.empty() || !transport_->PlacesInto(o.to)) continue;
-      const Buffer& keys = o.message.frames[0];
-      PullTarget* target = nullptr;
-      size_t first = 0;
-      for (auto& [handle, t] : pull_targets_) {
-        const auto* base = reinterpret_cast<const std::byte*>(t.keys.data());
-        if (keys.data() < base || keys.data() >= base + t.keys.size_bytes()) continue;
-        if (target != nullptr) {  // the same keys in two pulls in flight: whose rows is ambiguous
-          target = nullptr;
-          break;
-        }
-        target = &t;
-        first = static_cast<size_t>(keys.data() - base);
-      }
-      if (target == nullptr || first % sizeof(Key) != 0 || keys.size() % sizeof(Key) != 0) continue;
-      first /= sizeof(Key);
-      const size_t rows = keys.size() / sizeof(Key);
-      if (rows != h.pull().num_keys() || first + rows > target->keys.size()) continue;
-      const size_t bytes = rows * target->width * sizeof(float);
-      if (bytes < kMinPlacedBytes) continue;
-      // Rows asked again (a resend): the earlier request's reply must not land any more.
-      auto& posted = target->posted;
-      for (auto it = posted.begin(); it != posted.end();) {
-        if (it->first_row < first + rows && first < it->first_row + it->rows) {
-          posted_pulls_.erase(it->request_id);
-          cancels->push_back(std::move(*it));
-          it = posted.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      Buffer destination = Buffer::Borrow(target->out.data() + first * target->width, bytes);
-      if (!transport_->PostDestination(o.to, h.request_id(), 0, std::move(destination)).ok()) continue;
-      posted.push_back(PostedPull{o.to, h.request_id(), first, rows});
-      posted_pulls_[h.request_id()] = target->out.data() + first * target->width;
-    }
-  }
-
-  // Forgets the targets of completed operations; their destinations still
-  // posted go to *cancels. Requires mu_.
-  void EndPullTargets(const std::vector<RequestTracker::Completion>& done, std::vector<PostedPull>* cancels) {
-    if (pull_targets_.empty()) return;
-    for (const RequestTracker::Completion& c : done) {
-      auto it = pull_targets_.find(c.handle.get());
-      if (it == pull_targets_.end()) continue;
-      for (PostedPull& p : it->second.posted) {
-        posted_pulls_.erase(p.request_id);
-        cancels->push_back(std::move(p));
-      }
-      pull_targets_.erase(it);
+      if (!o.message.header.has_pull() || !transport_->PlacesInto(o.to)) continue;
+      const std::optional<RequestTracker::OutRange> range = PostedPulls::Placeable(o.message, *core_);
+      if (!range) continue;
+      const uint64_t id = o.message.header.request_id();
+      Buffer destination = Buffer::Borrow(range->values.data(), range->values.size_bytes());
+      if (transport_->PostDestination(o.to, id, 0, std::move(destination)).ok()) posted_pulls_.Posted(*range, o.to, id);
     }
   }
 
   // Without mu_ (a cancel may wait for a copy into the destination).
-  void CancelPulls(const std::vector<PostedPull>& cancels) {
-    for (const PostedPull& p : cancels) (void)transport_->CancelDestination(p.to, p.request_id, 0);
+  void CancelPulls(const std::vector<PostedPulls::Posting>& cancels) {
+    for (const PostedPulls::Posting& p : cancels) (void)transport_->CancelDestination(p.to, p.request_id, 0);
   }
-
-  // A pull reply whose values the transport wrote into the destination
-  // posted for it: handed on as a frame that reads into its own memory
-  // without copying. Requires mu_.
-  void TakePlacedReply(Message& m) {
-    if (posted_pulls_.empty() || m.frames.size() != 1 || m.header.pull_reply().value_parts() > 0) return;
-    auto it = posted_pulls_.find(m.header.request_id());
-    if (it == posted_pulls_.end() || m.frames[0].data() != reinterpret_cast<const std::byte*>(it->second)) return;
-    posted_pulls_.erase(it);  // used: nothing left to cancel
-    for (auto& [handle, t] : pull_targets_) {
-      std::erase_if(t.posted, [&](const PostedPull& p) { return p.request_id == m.header.request_id(); });
-    }
-    const size_t size = m.frames[0].size();
-    m.frames[0] = Buffer::Remote(std::make_shared<PlacedBytes>(std::move(m.frames[0])), size);
-    stats_.pull_replies_in_place++;
-  }
-
-  // Bytes already where they are read to: a read into their own place is
-  // done; any other read copies.
-  class PlacedBytes final : public RemoteBytes {
-   public:
-    explicit PlacedBytes(Buffer bytes) : bytes_(std::move(bytes)) {}
-    absl::Status Read(std::span<const CopyRange> ranges) const override {
-      for (const CopyRange& r : ranges) {
-        const std::byte* from = bytes_.data() + r.offset;
-        if (r.dst != from) std::memcpy(r.dst, from, r.length);
-      }
-      return absl::OkStatus();
-    }
-
-   private:
-    Buffer bytes_;
-  };
 
   absl::Status Clock() override {
     const Nanos start = MonotonicNow();
@@ -779,9 +452,10 @@ class WorkerImpl final : public Worker {
   // whichever thread made them (a queued push part released by a reply on
   // the receive thread goes out ahead of a pull the caller issues next).
   void Deliver(std::unique_lock<std::mutex>& lock, WorkerCore::Effects effects) {
-    std::vector<PostedPull> cancels;
-    EndPullTargets(effects.done, &cancels);
-    PostPullDestinations(effects.sends, &cancels);
+    // Postings of what completed or went again are withdrawn; new pull
+    // requests get theirs before they are sent.
+    std::vector<PostedPulls::Posting> cancels = posted_pulls_.Withdraw(effects.done, effects.resent_parts, *core_);
+    PostPullDestinations(effects.sends);
     std::unique_lock send_lock(send_mu_);
     lock.unlock();
     for (Outgoing& o : effects.sends) {
@@ -868,7 +542,8 @@ class WorkerImpl final : public Worker {
       const auto& pr = m.header.pull_reply();
       stats_.pull_held += static_cast<Nanos>(pr.held_us()) * 1000;
       stats_.staleness[std::min<uint64_t>(pr.staleness(), WorkerStats::kStalenessBuckets - 1)]++;
-      TakePlacedReply(m);
+      // Values the transport wrote into the destination posted for them.
+      if (posted_pulls_.TakePlaced(m, *core_)) stats_.pull_replies_in_place++;
     }
     // The core decodes a compressed pull reply and notes a ClockAck's clock;
     // the answer may let queued parts go.
@@ -998,14 +673,16 @@ class WorkerImpl final : public Worker {
 
   void Close(const absl::Status& why) {
     std::vector<RequestTracker::Completion> done;
-    std::vector<PostedPull> cancels;
+    std::vector<PostedPulls::Posting> cancels;
     {
       std::lock_guard lock(mu_);
       if (closed_) return;
       closed_ = true;
       if (const std::string timers = DescribeTimers(); !timers.empty()) TLOG_INFO("resend timers: {}", timers);
-      if (core_) done = core_->FailAll(why).done;
-      EndPullTargets(done, &cancels);
+      if (core_) {
+        done = core_->FailAll(why).done;
+        cancels = posted_pulls_.Withdraw(done, 0, *core_);
+      }
     }
     tick_cv_.notify_all();
     CancelPulls(cancels);
@@ -1058,39 +735,12 @@ class WorkerImpl final : public Worker {
   Nanos tick_at_ = 0;                                   // guarded by mu_: when the tick thread wakes next
   bool tick_woken_ = false;                             // guarded by mu_: woken early during this sleep already
   bool closed_ = false;                                // guarded by mu_
-  // guarded by mu_: Pulls into `out` in flight, by operation handle, and
-  // each posted destination's request id -> where it starts in `out`.
-  // Invariant: posted_pulls_ holds exactly the request ids in the targets'
-  // `posted` lists.
-  absl::flat_hash_map<const void*, PullTarget> pull_targets_;
-  absl::flat_hash_map<uint64_t, const float*> posted_pulls_;
+  // guarded by mu_: the pull destinations posted with the transport (replies in place)
+  PostedPulls posted_pulls_;
   std::thread ticker_;
 };
 
 }  // namespace
-
-std::string StatsJson(const WorkerStats& s) {
-  std::string hist;
-  for (size_t i = 0; i < s.staleness.size(); ++i) absl::StrAppend(&hist, i ? "," : "", s.staleness[i]);
-  return absl::StrCat("{\"pushes\":", s.pushes, ",\"pulls\":", s.pulls, ",\"bytes_pushed\":", s.bytes_pushed,
-                      ",\"bytes_pulled\":", s.bytes_pulled, ",\"clocks\":", s.clocks,
-                      ",\"clock_wait_seconds\":", static_cast<double>(s.clock_wait) / kSeconds,
-                      ",\"pull_held_seconds\":", static_cast<double>(s.pull_held) / kSeconds,
-                      ",\"staleness_histogram\":[", hist, "],\"wire_bytes_pushed\":", s.wire_bytes_pushed,
-                      ",\"wire_bytes_pulled\":", s.wire_bytes_pulled, ",\"wire_bytes_other\":", s.wire_bytes_other,
-                      ",\"resends\":", s.resends, "}");
-}
-
-proto::WorkerDone MakeWorkerDone(const WorkerStats& stats, uint64_t steps, double final_loss,
-                                 const std::string& report_json) {
-  proto::WorkerDone done;
-  done.set_steps(steps);
-  done.set_final_loss(final_loss);
-  done.set_bytes_pushed(stats.bytes_pushed);
-  done.set_bytes_pulled(stats.bytes_pulled);
-  done.set_report_json(report_json);
-  return done;
-}
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Connect(const WorkerOptions& options) {
   if (options.coordinator.empty()) return absl::InvalidArgumentError("WorkerOptions.coordinator is empty");

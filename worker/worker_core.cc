@@ -161,6 +161,35 @@ std::vector<Outgoing> WorkerCore::ClockNotice(uint64_t clock) {
   return sends;
 }
 
+namespace {
+
+// The error of a push whose rows do not fit a message and may not be cut.
+absl::Status RowTooWide(const std::string& what, size_t row_bytes, size_t max_message_bytes, bool compressed) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": a row of ", row_bytes, " bytes does not fit in one message of at most ", max_message_bytes,
+      " bytes (the servers' --max-message-mb, the worker's --transfer_max_message_mb; limits.max_message_mb in "
+      "the launcher), and this push cannot go in pieces of rows (", compressed ? "it is compressed" :
+      "the table's optimizer needs whole rows", ")"));
+}
+
+// The keys and rows of positions `rows` of a push, copied together (the
+// keys of one server among others').
+std::pair<Buffer, Buffer> GatherRows(std::span<const Key> keys, std::span<const float> values,
+                                     std::span<const uint32_t> rows, size_t row_bytes) {
+  const auto* src = reinterpret_cast<const std::byte*>(values.data());
+  Buffer k = Buffer::Allocate(rows.size() * sizeof(Key));
+  Buffer v = Buffer::Allocate(rows.size() * row_bytes);
+  auto kd = k.AsMutable<Key>();
+  auto* vd = v.mutable_data();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    kd[i] = keys[rows[i]];
+    std::memcpy(vd + i * row_bytes, src + size_t{rows[i]} * row_bytes, row_bytes);
+  }
+  return {std::move(k), std::move(v)};
+}
+
+}  // namespace
+
 absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t table, std::span<const Key> keys,
                                                      std::span<const float> values, uint32_t width, uint64_t clock,
                                                      compress::RowCompressor* compressor, Nanos now,
@@ -172,11 +201,7 @@ absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t tab
   // tables that allow it), each a slice of the caller's row.
   const size_t piece_columns = PieceColumns(row_bytes, compressor == nullptr && row_pieces);
   if (piece_columns == 0 && !keys.empty() && sizeof(Key) + row_bytes > MessageBudget()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": a row of ", row_bytes, " bytes does not fit in one message of at most ", options_.max_message_bytes,
-        " bytes (the servers' --max-message-mb, the worker's --transfer_max_message_mb; limits.max_message_mb in "
-        "the launcher), and this push cannot go in pieces of rows (", compressor != nullptr ? "it is compressed" :
-        "the table's optimizer needs whole rows", ")"));
+    return RowTooWide(what, row_bytes, options_.max_message_bytes, compressor != nullptr);
   }
   const ShardMapView& map = *map_;
   Effects effects;
@@ -261,17 +286,9 @@ absl::StatusOr<WorkerCore::Effects> WorkerCore::Push(Handle handle, uint32_t tab
       for (size_t r = 0; r < rows.size() && encode_error.ok(); ++r) add_pieces(server, rows[r]);
       return;
     }
-    const auto* src = reinterpret_cast<const std::byte*>(values.data());
     for (size_t b = 0; b < rows.size() && encode_error.ok(); b += rows_per_part) {
       const size_t n = std::min(rows_per_part, rows.size() - b);
-      Buffer k = Buffer::Allocate(n * sizeof(Key));
-      Buffer v = Buffer::Allocate(n * row_bytes);
-      auto kd = k.AsMutable<Key>();
-      auto* vd = v.mutable_data();
-      for (size_t i = 0; i < n; ++i) {
-        kd[i] = keys[rows[b + i]];
-        std::memcpy(vd + i * row_bytes, src + size_t{rows[b + i]} * row_bytes, row_bytes);
-      }
+      auto [k, v] = GatherRows(keys, values, std::span(rows).subspan(b, n), row_bytes);
       add_part(server, std::move(k), std::move(v), n);
     }
   });

@@ -31,6 +31,18 @@
 //   hold_timeout, on top of request_timeout; a pull of an ASP table (as
 //   CreateTable told this core) is never held, so it fails after
 //   request_timeout alone, and says so to the server (hold_timeout_ms 0).
+// - Pull ranges (which memory a pull request's reply fills; the shell posts
+//   it with the transport so that the reply is written there, worker/
+//   posted_pulls.h): a pull request whose keys are a run of the caller's
+//   keys, keys[b, b + n) (keys all on one server: the whole of them, or
+//   with parts one part, borrowed as the caller's memory), has its rows at
+//   the same run of `out`, out[b * width, (b + n) * width), and
+//   PullRange(its request id) names that run. So does a resend of it that
+//   goes whole to one server, under its new id (the same keys, the same
+//   run). A request with keys of its own (keys on several servers, or a
+//   part split by a newer map) has its rows scattered and names none; so
+//   does a pull into a PulledRows view. A request id names its run until
+//   it is answered, sent again under a new id, or its operation completes.
 // - ClockAdvance, ClockQuery and CreateTable go to every live server of the
 //   map; ClockNotice (request id 0) too, and nothing waits for it.
 // - OnReply: a compressed pull reply is decoded first (a bad one fails its
@@ -246,6 +258,13 @@ class WorkerCore {
   // Value bytes sent to server `rank` and not answered yet (counted only
   // with max_bytes_in_flight_per_server).
   uint64_t bytes_in_flight(uint32_t rank) const;
+
+  // --- Pull ranges (see the contract) ---
+  // The run of the caller's `out` that the reply to pull request
+  // `request_id` fills, if it fills one run and is awaited.
+  std::optional<RequestTracker::OutRange> PullRange(uint64_t request_id) const {
+    return tracker_.PullRange(request_id);
+  }
 
   uint64_t known_clock() const { return known_clock_; }
   const RequestTracker& tracker() const { return tracker_; }

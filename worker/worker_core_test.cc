@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <numeric>
@@ -1037,6 +1038,99 @@ TEST(WorkerCoreTransferTest, PulledPartsLandInTheCallersRows) {
   ASSERT_EQ(p.sends.size(), 3u);
   EXPECT_EQ(static_cast<const void*>(p.sends[1].message.frames[0].data()), static_cast<const void*>(one.data() + 2));
   AnswerInReverseAndCheckRows(*core, p.sends, one, out1, width);
+}
+
+// The pull-range rule (worker/worker_core.h, "Pull ranges"): a pull request
+// whose keys frame is a run of the caller's keys, keys[b, b + n), names
+// out[b * width, (b + n) * width) of operation `op`; any other names none.
+void ExpectPullRangeRule(const WorkerCore& core, const Outgoing& o, std::span<const Key> keys,
+                         std::span<const float> out, uint32_t width, const void* op) {
+  ASSERT_TRUE(o.message.header.has_pull());
+  const auto request_keys = o.message.frames[0].As<Key>();
+  const auto range = core.PullRange(o.message.header.request_id());
+  const bool borrowed = request_keys.data() >= keys.data() && request_keys.data() < keys.data() + keys.size();
+  if (!borrowed) {
+    EXPECT_FALSE(range.has_value()) << "keys of its own: rows scattered";
+    return;
+  }
+  ASSERT_TRUE(range.has_value()) << "keys borrowed from the caller";
+  const size_t b = static_cast<size_t>(request_keys.data() - keys.data());
+  EXPECT_EQ(range->op, op);
+  EXPECT_EQ(range->first_row, b);
+  EXPECT_EQ(range->rows, request_keys.size());
+  EXPECT_EQ(range->values.data(), out.data() + b * width);
+  EXPECT_EQ(range->values.size(), request_keys.size() * width);
+}
+
+TEST(WorkerCoreTransferTest, APullRangeIsTheRunOfOutWhoseKeysTheRequestBorrows) {
+  const proto::ShardMap map = MakeMap(3, 2);
+  const uint32_t width = 3;
+  auto core = MakeCore(map, TransferOptions(/*part_bytes=*/2 * width * sizeof(float), 0, /*resend_after=*/kSeconds));
+  // Keys all on server 2, in parts of 2 rows: keys[0, 2), [2, 4), [4, 5).
+  const std::vector<Key> keys = KeysOn(map, 2, 5);
+  std::vector<float> out(keys.size() * width, -1);
+  auto handle = NewHandle();
+  auto p = core->Pull(handle, kTable, keys, out, width, 0, 0);
+  ASSERT_EQ(p.sends.size(), 3u);
+  std::map<uint64_t, std::span<float>> runs;  // request id -> its run
+  for (const Outgoing& o : p.sends) {
+    ExpectPullRangeRule(*core, o, keys, out, width, handle.get());
+    runs[o.message.header.request_id()] = core->PullRange(o.message.header.request_id())->values;
+  }
+  EXPECT_EQ(core->PullRange(p.sends[1].message.header.request_id())->first_row, 2u);
+  // A reply fills its request's run and nothing else.
+  const Message& middle = p.sends[1].message;
+  const Message reply = RowsReply(middle, width);
+  std::vector<float> expect(out.size(), -1);
+  std::memcpy(expect.data() + 2 * width, reply.frames[0].data(), reply.frames[0].size());
+  EXPECT_TRUE(core->OnReply(reply).done.empty());
+  EXPECT_EQ(out, expect);
+  EXPECT_FALSE(core->PullRange(middle.header.request_id()).has_value()) << "answered";
+  // Silent parts go again whole to the same server: the same run, under the new id only.
+  auto t = core->Tick(kSeconds);
+  ASSERT_EQ(t.sends.size(), 2u);
+  for (const Outgoing& o : t.sends) {
+    ExpectPullRangeRule(*core, o, keys, out, width, handle.get());
+    const uint64_t first = o.message.header.first_request_id();
+    EXPECT_FALSE(core->PullRange(first).has_value()) << "sent again under a new id";
+    EXPECT_EQ(core->PullRange(o.message.header.request_id())->values.data(), runs.at(first).data());
+  }
+  // Keys on two servers: rows scattered, no run.
+  std::vector<Key> spread = KeysOn(map, 0, 2);
+  for (Key k : KeysOn(map, 1, 2)) spread.push_back(k);
+  std::vector<float> out2(spread.size() * width);
+  auto h2 = NewHandle();
+  const auto p2 = core->Pull(h2, kTable, spread, out2, width, 0, 0);
+  ASSERT_GE(p2.sends.size(), 2u);
+  for (const Outgoing& o : p2.sends) ExpectPullRangeRule(*core, o, spread, out2, width, h2.get());
+  // A view: no run of any `out`.
+  PulledRows view;
+  for (const Outgoing& o : core->Pull(NewHandle(), kTable, keys, &view, width, 0, 0).sends) {
+    EXPECT_FALSE(core->PullRange(o.message.header.request_id()).has_value());
+  }
+  // Its operation ended: nothing.
+  core->FailAll(absl::CancelledError("closed"));
+  for (const Outgoing& o : t.sends) EXPECT_FALSE(core->PullRange(o.message.header.request_id()).has_value());
+}
+
+TEST(WorkerCoreTest, APullRangeFollowsTheRuleAfterANewerMap) {
+  const proto::ShardMap map = MakeMap(3, 2);
+  auto core = MakeCore(map);
+  const uint32_t width = 2;
+  // Keys all on server 1: one request borrowing them all.
+  const std::vector<Key> keys = KeysOn(map, 1, 12);
+  std::vector<float> out(keys.size() * width, -1);
+  auto handle = NewHandle();
+  auto p = core->Pull(handle, kTable, keys, out, width, 0, 0);
+  ASSERT_EQ(p.sends.size(), 1u);
+  ExpectPullRangeRule(*core, p.sends[0], keys, out, width, handle.get());
+  // Server 1 is lost: the part goes again by the new primaries, whole to
+  // one (the same run) or split (scattered: none).
+  auto e = core->OnMapUpdate(*WithoutServer(map, 1), 5);
+  ASSERT_FALSE(e.sends.empty());
+  EXPECT_FALSE(core->PullRange(p.sends[0].message.header.request_id()).has_value());
+  for (const Outgoing& o : e.sends) ExpectPullRangeRule(*core, o, keys, out, width, handle.get());
+  AnswerInReverseAndCheckRows(*core, e.sends, keys, out, width);
 }
 
 TEST(WorkerCoreTransferTest, HigherPriorityPartsGoFirstOnceTheBudgetFrees) {
