@@ -2,7 +2,6 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,7 +14,6 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
-#include <new>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -23,7 +21,6 @@
 #include <vector>
 
 #include <zmq.hpp>
-#include <zmq_addon.hpp>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -31,6 +28,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "transport/zmq_address.h"
+#include "transport/zmq_curve_auth.h"
+#include "transport/zmq_link_watcher.h"
+#include "transport/zmq_send_hold.h"
 
 #if defined(__SANITIZE_THREAD__)
 // libzmq is not built with ThreadSanitizer. It passes messages between its
@@ -38,13 +39,20 @@
 // allocations and copies it makes (free, memcpy, recv called from inside
 // libzmq) would be reported as races against our reads of the same memory.
 // Ignore accesses made from inside libzmq; our own code stays checked (the
-// hand-off of sent frames carries its own acquire/release, see SendHold).
+// hand-off of sent frames carries its own acquire/release, see SendHold in
+// transport/zmq_send_hold.h).
 // Every binary that links the ZeroMQ transport gets this suppression; more
 // can be added with TSAN_OPTIONS=suppressions=FILE.
 extern "C" const char* __tsan_default_suppressions() { return "called_from_lib:libzmq.so\n"; }
 #endif
 
 namespace tessera {
+
+using zmq_internal::BacklogCount;
+using zmq_internal::CountedToZmq;
+using zmq_internal::ErrorText;
+using zmq_internal::FrameToZmq;
+
 namespace {
 
 // Set on a transport's delivery thread while it runs, so Stop() can tell that
@@ -53,78 +61,6 @@ thread_local const void* tls_delivering_transport = nullptr;
 
 // Received frames are handed over without a copy only at this alignment.
 constexpr uintptr_t kReceiveAlignment = 8;
-
-// Keeps a sent frame's bytes alive until libzmq releases the message. The
-// atomic flag gives ThreadSanitizer the happens-before edge that libzmq's
-// own (uninstrumented) queues provide between the sending thread and the I/O
-// thread that frees the message.
-// Messages and bytes sent to one peer that libzmq still holds (Backlog).
-struct BacklogCount {
-  std::atomic<uint64_t> messages{0};
-  std::atomic<uint64_t> bytes{0};
-};
-
-struct SendHold {
-  // A hold with `inline_size` bytes of its own after it (one allocation),
-  // for a small frame copied into it.
-  static SendHold* New(size_t inline_size = 0) {
-    return new (::operator new(sizeof(SendHold) + inline_size)) SendHold();
-  }
-  static void Delete(SendHold* hold) {
-    hold->~SendHold();
-    ::operator delete(hold);
-  }
-  std::byte* inline_bytes() { return reinterpret_cast<std::byte*>(this + 1); }
-
-  Buffer buffer;  // the frame, when not copied inline
-  std::atomic<bool> published{false};
-  // Set on the last frame of a message when the transport counts backlogs:
-  // libzmq releases a message's frames in order once written (or dropped),
-  // so the release of the last one means the whole message left.
-  std::shared_ptr<BacklogCount> backlog;
-  uint64_t backlog_bytes = 0;
-};
-static_assert(sizeof(SendHold) % alignof(uint64_t) == 0);
-
-void ReleaseSendHold(void* /*data*/, void* hint) {
-  auto* hold = static_cast<SendHold*>(hint);
-  (void)hold->published.load(std::memory_order_acquire);
-  if (hold->backlog) {
-    hold->backlog->bytes.fetch_sub(hold->backlog_bytes, std::memory_order_relaxed);
-    hold->backlog->messages.fetch_sub(1, std::memory_order_release);
-  }
-  SendHold::Delete(hold);
-}
-
-// The message for `hold`'s bytes (data, size); the hold is released with it.
-zmq::message_t HeldMessage(SendHold* hold, void* data, size_t size) {
-  hold->published.store(true, std::memory_order_release);  // our last access before libzmq owns it
-  try {
-    return zmq::message_t(data, size, &ReleaseSendHold, hold);
-  } catch (...) {
-    ReleaseSendHold(data, hold);  // zmq_msg_init_data failed and did not take the hint
-    throw;
-  }
-}
-
-std::string Hostname() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
-  return name;
-}
-
-bool IsWildcardHost(const std::string& host) {
-  return host == "*" || host == "0.0.0.0" || host == "[::]" || host == "::" || host == "[::0]";
-}
-
-std::string BracketIfIpv6(const std::string& host) {
-  if (host.find(':') != std::string::npos && !absl::StartsWith(host, "[")) {
-    return absl::StrCat("[", host, "]");
-  }
-  return host;
-}
-
-std::string ErrorText(const zmq::error_t& e) { return absl::StrCat(e.what(), " (errno ", e.num(), ")"); }
 
 // Whether to log the n-th malformed message: the first ten, then powers of two.
 bool ShouldLogMalformed(uint64_t n) { return n <= 10 || std::has_single_bit(n); }
@@ -158,7 +94,7 @@ class ZmqTransport::Impl {
   TransportStats stats() const;
   bool DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait);
   void WakeCallerDelivery();
-  void SetLinkHandler(Transport::LinkHandler handler) { link_handler_ = std::move(handler); }
+  void SetLinkHandler(Transport::LinkHandler handler) { links_.SetHandler(std::move(handler)); }
   const std::string& address() const { return address_; }
   const Options& options() const { return options_; }
 
@@ -181,15 +117,7 @@ class ZmqTransport::Impl {
   enum State : int { kNew, kRunning, kStopping };
 
   absl::Status Validate() const;
-  std::string AdvertisedAddress(const std::string& endpoint) const;
   absl::StatusOr<std::shared_ptr<Peer>> PeerFor(const std::string& to);
-  zmq::message_t FrameToZmq(Buffer frame) const;
-  // The last frame of a message when backlogs are counted: always held, its
-  // release takes the message (`message_bytes`) off `backlog`. A non-empty
-  // `frame` is kept by reference; otherwise `fill` writes the frame's
-  // `size` bytes into the hold (one allocation).
-  zmq::message_t CountedToZmq(size_t size, const std::function<void(std::byte*)>& fill, Buffer frame,
-                              std::shared_ptr<BacklogCount> backlog, uint64_t message_bytes) const;
   Buffer ZmqToFrame(zmq::message_t&& part);
   void ReceiveLoop();
   ReadResult Drain(const std::function<bool()>* stop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(router_mu_);
@@ -199,8 +127,6 @@ class ZmqTransport::Impl {
   void DropMalformed(const std::string& reason);
   void CloseDealers();
   void Finish();
-  void RememberIpcFile(const std::string& endpoint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_mu_);
-  void RemoveIpcFile() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_mu_);
 
   const Options options_;
   // For received frames that are copied (small or misaligned); large frames
@@ -243,15 +169,8 @@ class ZmqTransport::Impl {
   std::thread thread_ ABSL_GUARDED_BY(lifecycle_mu_);
   std::string address_;  // written once in Start, before state_ becomes kRunning
   Handler handler_;      // written once in Start, then only called by the thread
-  // The socket file an ipc bind created. libzmq leaves it behind on close, so
-  // Finish removes it, but only if the path still names the file we bound: a
-  // later bind of the same path by someone else replaces it.
-  struct IpcFile {
-    std::string path;
-    dev_t device = 0;
-    ino_t inode = 0;
-  };
-  std::optional<IpcFile> ipc_file_ ABSL_GUARDED_BY(lifecycle_mu_);
+  // The socket file an ipc bind created (removed by Finish).
+  zmq_internal::IpcSocketFile ipc_file_ ABSL_GUARDED_BY(lifecycle_mu_);
 
   // Outgoing connections, one per destination address.
   // Invariants: once dealers_closed_ is set, no Peer is added and every Peer
@@ -267,31 +186,16 @@ class ZmqTransport::Impl {
   std::atomic<uint64_t> parts_sent_{0};
   std::atomic<uint64_t> parts_received_{0};
   std::atomic<uint64_t> malformed_received_{0};
-  std::atomic<uint64_t> auth_rejected_{0};
 
-  // Links: one monitor per DEALER (its events arrive on a PAIR socket),
-  // read by link_thread_. PeerFor adds monitors to new_monitors_; the thread
-  // takes them over, and closes every one on its way out (ETERM).
-  struct Monitor {
-    std::string address;
-    zmq::socket_t events;
-    bool down = false;
-  };
-  Transport::LinkHandler link_handler_;  // set before Start, then only read
-  std::mutex monitors_mu_;
-  std::vector<std::unique_ptr<Monitor>> new_monitors_ ABSL_GUARDED_BY(monitors_mu_);
-  uint64_t monitors_made_ ABSL_GUARDED_BY(monitors_mu_) = 0;
-  std::thread link_thread_ ABSL_GUARDED_BY(lifecycle_mu_);
-  void LinkLoop();
-  // Watches `socket` (a DEALER to `to`) when a link handler is set.
-  void Watch(zmq::socket_t& socket, const std::string& to);
+  // Links: one monitor per DEALER, read by the watcher's thread
+  // (transport/zmq_link_watcher.h); started by Start, joined by Finish.
+  zmq_internal::LinkWatcher links_{address_,
+                                   [this] { return state_.load(std::memory_order_acquire) == kRunning; }};
 
-  // CURVE: the ZAP handler's thread, started before the ROUTER binds and
-  // joined in Finish (context shutdown wakes it with ETERM).
+  // CURVE: the ZAP handler (transport/zmq_curve_auth.h), bound before the
+  // ROUTER binds and joined in Finish (context shutdown wakes it with ETERM).
   bool curve() const { return !options_.curve_public_key.empty(); }
-  void ZapLoop(zmq::socket_t socket);
-  std::thread zap_thread_ ABSL_GUARDED_BY(lifecycle_mu_);
-  uint8_t curve_public_binary_[32] = {};
+  zmq_internal::ZapHandler zap_{address_};
 };
 
 absl::Status ZmqTransport::Impl::Validate() const {
@@ -309,77 +213,7 @@ absl::Status ZmqTransport::Impl::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot bind '", options_.bind, "': ZmqTransport accepts tcp:// and ipc:// endpoints"));
   }
-  if (options_.curve_public_key.empty() != options_.curve_secret_key.empty()) {
-    return absl::InvalidArgumentError("CURVE needs both keys of the job's pair, or neither");
-  }
-  if (curve()) {
-    if (!zmq_has("curve")) return absl::FailedPreconditionError("this libzmq was built without CURVE");
-    uint8_t public_key[32];
-    uint8_t secret[32];
-    uint8_t derived[32];
-    char derived_z85[41];
-    if (options_.curve_public_key.size() != 40 || options_.curve_secret_key.size() != 40 ||
-        zmq_z85_decode(public_key, options_.curve_public_key.c_str()) == nullptr ||
-        zmq_z85_decode(secret, options_.curve_secret_key.c_str()) == nullptr) {
-      return absl::InvalidArgumentError("CURVE keys must be 40-character Z85 strings");
-    }
-    if (zmq_curve_public(derived_z85, options_.curve_secret_key.c_str()) != 0 ||
-        zmq_z85_decode(derived, derived_z85) == nullptr || std::memcmp(derived, public_key, 32) != 0) {
-      return absl::InvalidArgumentError("the CURVE public and secret keys are not one pair");
-    }
-  }
-  return absl::OkStatus();
-}
-
-void ZmqTransport::Impl::ZapLoop(zmq::socket_t socket) {
-  for (;;) {
-    std::vector<zmq::message_t> request;
-    try {
-      if (!zmq::recv_multipart(socket, std::back_inserter(request))) continue;
-    } catch (const zmq::error_t& e) {
-      if (e.num() == ETERM) break;
-      continue;
-    }
-    // RFC 27: version, request id, domain, address, identity, mechanism, credentials.
-    const bool ok = request.size() >= 7 && request[5].to_string_view() == "CURVE" && request[6].size() == 32 &&
-                    std::memcmp(request[6].data(), curve_public_binary_, 32) == 0;
-    if (!ok) {
-      const uint64_t n = auth_rejected_.fetch_add(1, std::memory_order_relaxed) + 1;
-      if (std::bit_width(n) != std::bit_width(n - 1)) {  // the 1st, 2nd, 4th, 8th, ... refusal
-        TLOG_WARN("{}: refused a connection from {}: it does not hold the job's key ({} refused so far)", address_,
-                  request.size() > 3 ? request[3].to_string() : std::string("?"), n);
-      }
-    }
-    std::vector<zmq::message_t> reply;
-    reply.emplace_back(std::string_view("1.0"));
-    reply.emplace_back(request.size() > 1 ? request[1].data() : nullptr, request.size() > 1 ? request[1].size() : 0);
-    reply.emplace_back(std::string_view(ok ? "200" : "400"));
-    reply.emplace_back(std::string_view(ok ? "OK" : "not the job's key"));
-    reply.emplace_back(std::string_view(ok ? "job" : ""));
-    reply.emplace_back();
-    try {
-      zmq::send_multipart(socket, reply);
-    } catch (const zmq::error_t& e) {
-      if (e.num() == ETERM) break;
-    }
-  }
-  socket.close();
-}
-
-std::string ZmqTransport::Impl::AdvertisedAddress(const std::string& endpoint) const {
-  constexpr absl::string_view kTcp = "tcp://";
-  if (!absl::StartsWith(endpoint, kTcp)) return endpoint;
-  const std::string host_port = endpoint.substr(kTcp.size());
-  const size_t colon = host_port.rfind(':');
-  if (colon == std::string::npos) return endpoint;
-  std::string host = host_port.substr(0, colon);
-  const std::string port = host_port.substr(colon + 1);
-  if (!options_.advertise_host.empty()) {
-    host = BracketIfIpv6(options_.advertise_host);
-  } else if (IsWildcardHost(host)) {
-    host = Hostname();
-  }
-  return absl::StrCat(kTcp, host, ":", port);
+  return zmq_internal::ValidateCurveKeys(options_.curve_public_key, options_.curve_secret_key);
 }
 
 absl::Status ZmqTransport::Impl::Start(std::shared_ptr<Impl> self, Handler handler) {
@@ -390,30 +224,20 @@ absl::Status ZmqTransport::Impl::Start(std::shared_ptr<Impl> self, Handler handl
   if (!handler) return absl::InvalidArgumentError("Start needs a handler");
 
   std::string endpoint;
-  zmq::socket_t zap;
   std::lock_guard router_lock(router_mu_);  // uncontended: no thread reads the ROUTER yet
-  if (curve()) zmq_z85_decode(curve_public_binary_, options_.curve_public_key.c_str());  // checked by Validate
   try {
     ctx_.emplace(options_.io_threads);
-    if (curve()) {
-      zap = zmq::socket_t(*ctx_, zmq::socket_type::rep);
-      zap.set(zmq::sockopt::linger, 0);
-      zap.bind("inproc://zeromq.zap.01");
-    }
+    if (curve()) zap_.Bind(*ctx_, options_.curve_public_key);
     router_ = zmq::socket_t(*ctx_, zmq::socket_type::router);
     router_.set(zmq::sockopt::linger, options_.linger_ms);
     router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options_.max_message_bytes));
-    if (curve()) {
-      router_.set(zmq::sockopt::curve_server, 1);
-      router_.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
-      router_.set(zmq::sockopt::zap_domain, "tessera");
-    }
+    if (curve()) zmq_internal::SetCurveServerOptions(router_, options_.curve_secret_key);
     router_.bind(options_.bind);
     endpoint = router_.get(zmq::sockopt::last_endpoint);
     router_fd_ = router_.get(zmq::sockopt::fd);
   } catch (const zmq::error_t& e) {
     router_.close();
-    zap.close();
+    zap_.Close();
     ctx_.reset();
     return absl::UnavailableError(absl::StrCat("cannot bind ", options_.bind, ": ", ErrorText(e)));
   }
@@ -426,18 +250,18 @@ absl::Status ZmqTransport::Impl::Start(std::shared_ptr<Impl> self, Handler handl
       *fd = -1;
     }
     router_.close();
-    zap.close();
+    zap_.Close();
     ctx_.reset();
     return absl::ResourceExhaustedError(absl::StrCat("cannot make an eventfd: ", std::strerror(err)));
   }
-  address_ = AdvertisedAddress(endpoint);
-  RememberIpcFile(endpoint);
+  address_ = zmq_internal::AdvertisedAddress(endpoint, options_.advertise_host);
+  ipc_file_.Remember(endpoint);
   // The ZAP handler answers handshakes from now on (libzmq waits for it;
   // started after address_ is set, which its log lines read).
-  if (curve()) zap_thread_ = std::thread([this, zap = std::move(zap)]() mutable { ZapLoop(std::move(zap)); });
+  if (curve()) zap_.Start();
   handler_ = std::move(handler);
   state_.store(kRunning);
-  if (link_handler_) link_thread_ = std::thread([this] { LinkLoop(); });
+  links_.Start();
   thread_ = std::thread([self = std::move(self)]() mutable {
     self->ReceiveLoop();
     self.reset();  // may destroy the transport state, if the owner let go from the handler
@@ -458,12 +282,8 @@ absl::StatusOr<std::shared_ptr<ZmqTransport::Impl::Peer>> ZmqTransport::Impl::Pe
     if (options_.link_timeout_ms > 0) socket.set(zmq::sockopt::tcp_maxrt, options_.link_timeout_ms);
     if (options_.connect_timeout_ms > 0) socket.set(zmq::sockopt::connect_timeout, options_.connect_timeout_ms);
     if (options_.reconnect_ms > 0) socket.set(zmq::sockopt::reconnect_ivl, options_.reconnect_ms);
-    Watch(socket, to);
-    if (curve()) {
-      socket.set(zmq::sockopt::curve_serverkey, options_.curve_public_key);
-      socket.set(zmq::sockopt::curve_publickey, options_.curve_public_key);
-      socket.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
-    }
+    links_.Watch(*ctx_, socket, to);
+    if (curve()) zmq_internal::SetCurveClientOptions(socket, options_.curve_public_key, options_.curve_secret_key);
     socket.connect(to);
     std::lock_guard peer_lock(peer->mu);
     peer->socket = std::move(socket);
@@ -476,98 +296,6 @@ absl::StatusOr<std::shared_ptr<ZmqTransport::Impl::Peer>> ZmqTransport::Impl::Pe
   }
   peers_.emplace(to, peer);
   return peer;
-}
-
-void ZmqTransport::Impl::Watch(zmq::socket_t& socket, const std::string& to) {
-  if (!link_handler_) return;
-  std::lock_guard lock(monitors_mu_);
-  const std::string endpoint =
-      absl::StrCat("inproc://tessera-link-", reinterpret_cast<uintptr_t>(this), "-", monitors_made_++);
-  if (zmq_socket_monitor(socket.handle(), endpoint.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
-    TLOG_WARN("{}: cannot watch the connection to {} ({}); a broken link is found by timeouts only", address_, to,
-              zmq_strerror(zmq_errno()));
-    return;
-  }
-  auto monitor = std::make_unique<Monitor>();
-  monitor->address = to;
-  monitor->events = zmq::socket_t(*ctx_, zmq::socket_type::pair);
-  monitor->events.set(zmq::sockopt::linger, 0);
-  monitor->events.connect(endpoint);
-  new_monitors_.push_back(std::move(monitor));
-}
-
-void ZmqTransport::Impl::LinkLoop() {
-  std::vector<std::unique_ptr<Monitor>> monitors;
-  std::vector<zmq::pollitem_t> items;
-  for (;;) {
-    {
-      std::lock_guard lock(monitors_mu_);
-      for (auto& m : new_monitors_) monitors.push_back(std::move(m));
-      new_monitors_.clear();
-    }
-    items.clear();
-    for (auto& m : monitors) items.push_back(zmq::pollitem_t{m->events.handle(), 0, ZMQ_POLLIN, 0});
-    try {
-      if (items.empty()) {
-        // Nothing to watch yet: wait for the first DEALER (or the end).
-        if (state_.load(std::memory_order_acquire) != kRunning) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        continue;
-      }
-      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(100));
-      for (size_t i = 0; i < items.size(); ++i) {
-        if (!(items[i].revents & ZMQ_POLLIN)) continue;
-        Monitor& m = *monitors[i];
-        zmq::message_t event, endpoint;
-        if (!m.events.recv(event, zmq::recv_flags::dontwait)) continue;
-        if (event.more()) (void)m.events.recv(endpoint, zmq::recv_flags::dontwait);
-        if (event.size() < sizeof(uint16_t)) continue;
-        uint16_t id;
-        std::memcpy(&id, event.data(), sizeof(id));
-        const bool up = id == ZMQ_EVENT_CONNECTED;
-        if (up == !m.down) continue;  // the first connection, or a repeat
-        m.down = !up;
-        if (state_.load(std::memory_order_acquire) != kRunning) continue;
-        TLOG_DEBUG("{}: connection to {} {}", address_, m.address, up ? "made again" : "down");
-        try {
-          link_handler_(m.address, up);
-        } catch (const std::exception& e) {
-          TLOG_ERROR("{}: the link handler threw: {}", address_, e.what());
-        }
-      }
-    } catch (const zmq::error_t& e) {
-      if (e.num() == ETERM) break;
-      TLOG_WARN("{}: watching connections: {}", address_, ErrorText(e));
-    }
-  }
-  for (auto& m : monitors) m->events.close();
-}
-
-zmq::message_t ZmqTransport::Impl::FrameToZmq(Buffer frame) const {
-  if (frame.empty()) return zmq::message_t();
-  if (frame.size() < options_.send_copy_below_bytes) return zmq::message_t(frame.data(), frame.size());
-  SendHold* hold = SendHold::New();
-  hold->buffer = std::move(frame);
-  return HeldMessage(hold, const_cast<std::byte*>(hold->buffer.data()), hold->buffer.size());
-}
-
-zmq::message_t ZmqTransport::Impl::CountedToZmq(size_t size, const std::function<void(std::byte*)>& fill, Buffer frame,
-                                                std::shared_ptr<BacklogCount> backlog, uint64_t message_bytes) const {
-  const bool copy = frame.empty();
-  SendHold* hold = SendHold::New(copy ? std::max<size_t>(size, 1) : 0);
-  void* data = hold->inline_bytes();
-  if (copy) {
-    fill(hold->inline_bytes());
-  } else {
-    hold->buffer = std::move(frame);
-    data = const_cast<std::byte*>(hold->buffer.data());
-  }
-  // Counted before libzmq can release it (which may happen at once).
-  backlog->messages.fetch_add(1, std::memory_order_relaxed);
-  backlog->bytes.fetch_add(message_bytes, std::memory_order_relaxed);
-  hold->backlog = std::move(backlog);
-  hold->backlog_bytes = message_bytes;
-  return HeldMessage(hold, data, size);
 }
 
 absl::Status ZmqTransport::Impl::Send(const std::string& to, Message message) {
@@ -603,7 +331,9 @@ absl::Status ZmqTransport::Impl::Send(const std::string& to, Message message) {
       parts.emplace_back(header_bytes);
       write_header(static_cast<std::byte*>(parts.back().data()));
       const size_t last = options_.count_backlog ? message.frames.size() - 1 : message.frames.size();
-      for (size_t i = 0; i < last; ++i) parts.push_back(FrameToZmq(std::move(message.frames[i])));
+      for (size_t i = 0; i < last; ++i) {
+        parts.push_back(FrameToZmq(std::move(message.frames[i]), options_.send_copy_below_bytes));
+      }
       if (last < message.frames.size()) {
         Buffer& frame = message.frames.back();
         const size_t size = frame.size();
@@ -881,25 +611,6 @@ void ZmqTransport::Impl::WakeEveryone() {
   SignalFd(caller_wake_fd_);
 }
 
-void ZmqTransport::Impl::RememberIpcFile(const std::string& endpoint) {
-  constexpr absl::string_view kIpc = "ipc://";
-  if (!absl::StartsWith(endpoint, kIpc)) return;
-  std::string path = endpoint.substr(kIpc.size());
-  if (path.empty() || path[0] == '@') return;  // abstract namespace: no file
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0) return;
-  ipc_file_ = IpcFile{std::move(path), st.st_dev, st.st_ino};
-}
-
-void ZmqTransport::Impl::RemoveIpcFile() {
-  if (!ipc_file_) return;
-  struct stat st {};
-  if (stat(ipc_file_->path.c_str(), &st) == 0 && st.st_dev == ipc_file_->device && st.st_ino == ipc_file_->inode) {
-    unlink(ipc_file_->path.c_str());
-  }
-  ipc_file_.reset();
-}
-
 void ZmqTransport::Impl::CloseDealers() {
   absl::flat_hash_map<std::string, std::shared_ptr<Peer>> peers;
   {
@@ -940,20 +651,15 @@ void ZmqTransport::Impl::Finish() {
       thread_.join();
     }
   }
-  if (zap_thread_.joinable()) zap_thread_.join();  // woken by the shutdown; closes its socket
-  if (link_thread_.joinable()) link_thread_.join();  // woken by the shutdown; closes its monitors
-  {
-    std::lock_guard monitors_lock(monitors_mu_);
-    for (auto& m : new_monitors_) m->events.close();  // made after the link thread left
-    new_monitors_.clear();
-  }
+  zap_.Join();    // woken by the shutdown; closes its socket
+  links_.Join();  // woken by the shutdown; closes its monitors
   CloseDealers();
   {
     std::lock_guard router_lock(router_mu_);
     router_.close();  // already closed by the loop, unless it never ran
   }
   ctx_.reset();  // zmq_ctx_term: returns once every socket is closed
-  RemoveIpcFile();
+  ipc_file_.Remove();
 }
 
 TransportStats ZmqTransport::Impl::stats() const {
@@ -965,7 +671,7 @@ TransportStats ZmqTransport::Impl::stats() const {
   s.zmq_parts_sent = parts_sent_.load(std::memory_order_relaxed);
   s.zmq_parts_received = parts_received_.load(std::memory_order_relaxed);
   s.malformed_received = malformed_received_.load(std::memory_order_relaxed);
-  s.auth_rejected = auth_rejected_.load(std::memory_order_relaxed);
+  s.auth_rejected = zap_.rejected();
   return s;
 }
 
