@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .local import resolve_build_dir
+from .job import resolve_build_dir
 
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 EPILOG = """exit status (that of tessera-admin):

@@ -9,8 +9,11 @@ import sys
 from . import __version__
 from .config import ConfigError
 from . import admin, doctor, kubernetes, plan, report, role, slurm, ssh
-from .local import EXIT_USAGE, LocalBackend, LocalOptions, SetupError, run_job
+from .backend import run_job
+from .job import LocalOptions, SetupError
+from .local import LocalBackend
 from .mpirun import MpirunBackend
+from .policy import EXIT_USAGE
 
 _MAIN_DESCRIPTION = """\
 Start and supervise a Tessera job: a coordinator, parameter servers and

@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Optional
 
 from .config import ZMQ_TRANSPORTS, JobConfig
-from .local import EXIT_FAILED, EXIT_OK, LocalOptions, SetupError, load_job, resolve_host
+from .job import LocalOptions, SetupError, load_job, resolve_host
+from .policy import EXIT_FAILED, EXIT_OK
 from .role import LAUNCHER
 
 BACKENDS = ("local", "ssh", "slurm", "mpirun")

@@ -121,6 +121,121 @@ def _seconds(line: Optional[LogLine], t0: float) -> Optional[float]:
     return None if line is None else round(max(0.0, line.time - t0), 3)
 
 
+def _coordinator_figures(lines: list, action: str, t0: float, start: float, until: float,
+                         job_ok: Optional[bool]) -> dict:
+    """analyze() for a fault of the coordinator: whether a standby took over."""
+    out: dict = {"detection_seconds": None}
+    notes: list = []
+    takeover = _first(lines, start, until,
+                      lambda l: l.process.startswith("coordinator-") and _TAKEOVER_RE.match(l.message))
+    if takeover:
+        out["detection_seconds"] = _seconds(takeover[0], t0)
+        out["recovered"] = job_ok
+        notes.append(f"{takeover[0].process} took the leadership over (detection: its `won the leadership` "
+                     "line); recovered is whether the job still ended ok")
+    elif action == "kill":
+        out["recovered"] = False
+        notes.append("nothing takes over from a killed coordinator (no standby won the leadership)")
+    else:
+        out["recovered"] = job_ok
+        notes.append("the coordinator was not taken over; recovered is whether the job still ended ok")
+    out["note"] = "; ".join(notes)
+    return out
+
+
+def _server_figures(out: dict, notes: list, lines: list, lost, target: str, action: str, t0: float,
+                    rank: int, until: float) -> None:
+    """analyze() for a server the coordinator declared lost (`lost`, its
+    line): failover, re-replication and, for a restart, the rejoin; into
+    `out` and `notes`."""
+    epoch_match = _FAILOVER_RE.search(lost.message)
+    if epoch_match is None:
+        out["recovered"] = False
+        notes.append(f"the coordinator did not fail {target} over: {lost.message}")
+    else:
+        epoch = int(epoch_match["epoch"])
+        out["failover_epoch"] = epoch
+
+        def ack(line):
+            m = _ACK_RE.match(line.message) if line.process.startswith("worker-") else None
+            return m if m and int(m["epoch"]) >= epoch else None
+
+        first_ack = _first(lines, lost.time - TIMESTAMP_SLACK_SECONDS, float("inf"), ack)
+        if first_ack is None:
+            out["recovered"] = False
+            notes.append(f"no worker logged 'first push acknowledged on shard map epoch {epoch}' "
+                         "(the workers may have pushed nothing more)")
+        else:
+            line, m = first_ack
+            out["failover_seconds"] = _seconds(line, t0)
+            out["recovered"] = True
+            if int(m["epoch"]) != epoch:
+                notes.append(f"the first acknowledgement was on map epoch {m['epoch']} (a later failover "
+                             "came first)")
+            per_worker: dict = {}
+            for l in lines:
+                if l.time >= lost.time - TIMESTAMP_SLACK_SECONDS and l.process not in per_worker and ack(l):
+                    per_worker[l.process] = l
+            last = max(per_worker.values(), key=lambda l: l.time)
+            out["failover_seconds_last_worker"] = _seconds(last, t0)
+        remade = _REMADE_RE.search(lost.message)
+        wanted = int(remade["copies"]) if remade else 0
+        if wanted == 0:
+            out["rereplication_seconds"] = out["detection_seconds"]
+        else:
+            synced = 0
+            for l in lines:
+                if l.time < lost.time - TIMESTAMP_SLACK_SECONDS or not _is_coordinator(l.process):
+                    continue
+                m = _IN_SYNC_RE.match(l.message)
+                if m and int(m["epoch"]) >= epoch:
+                    synced += int(m["copies"])
+                    if synced >= wanted:
+                        out["rereplication_seconds"] = _seconds(l, t0)
+                        break
+            if out["rereplication_seconds"] is None:
+                notes.append(f"only {synced} of the {wanted} re-made copies were reported in sync")
+    if action == "restart":
+        rejoin = _first(lines, lost.time - TIMESTAMP_SLACK_SECONDS, until, lambda l: (
+            _is_coordinator(l.process) and (m := _REJOIN_RE.match(l.message))
+            and m["role"] == "server" and int(m["rank"]) == rank))
+        if rejoin is None:
+            out["recovered"] = False
+            notes.append(f"no 'server {rank} rejoined' line from the coordinator (the new process was "
+                         "refused, or the job ended first)")
+        else:
+            out["rejoin_seconds"] = _seconds(rejoin[0], t0)
+
+
+def _worker_figures(out: dict, notes: list, lines: list, lost, target: str, action: str, t0: float,
+                    rank: int, until: float, on_worker_loss: str) -> None:
+    """analyze() for a worker the coordinator declared lost (`lost`, its
+    line): whether the job went on or the worker rejoined; into `out` and
+    `notes`."""
+    if "goes on without it" in lost.message:
+        out["recovered"] = True
+    else:
+        out["recovered"] = False
+    if "rejoin_seconds" in out:
+        rejoin = _first(lines, lost.time - TIMESTAMP_SLACK_SECONDS, until, lambda l: (
+            _is_coordinator(l.process) and (m := _REJOIN_RE.match(l.message))
+            and m["role"] == "worker" and int(m["rank"]) == rank))
+        back = _first(lines, lost.time - TIMESTAMP_SLACK_SECONDS, until, lambda l: (
+            _is_coordinator(l.process) and (m := _BACK_RE.match(l.message))
+            and m["role"] == "worker" and int(m["rank"]) == rank)) if action == "pause" else None
+        if rejoin is not None:
+            out["rejoin_seconds"] = _seconds(rejoin[0], t0)
+            out["recovered"] = True
+        elif back is not None:
+            out["recovered"] = True
+            notes.append(f"{target} came back after the pause and kept its place; nothing rejoined")
+        else:
+            notes.append(f"no 'worker {rank} rejoined' line from the coordinator")
+    elif not out["recovered"]:
+        notes.append(f"the coordinator did not go on without {target} (on_worker_loss: {on_worker_loss}): "
+                     f"{lost.message}")
+
+
 def analyze(fault: dict, lines: list, on_worker_loss: str = "stop", until: float = float("inf"),
             job_ok: Optional[bool] = None) -> dict:
     """The figures of one fault that fired.
@@ -142,21 +257,7 @@ def analyze(fault: dict, lines: list, on_worker_loss: str = "stop", until: float
     out: dict = {"detection_seconds": None}
     notes: list = []
     if role == "coordinator":
-        takeover = _first(lines, start, until,
-                          lambda l: l.process.startswith("coordinator-") and _TAKEOVER_RE.match(l.message))
-        if takeover:
-            out["detection_seconds"] = _seconds(takeover[0], t0)
-            out["recovered"] = job_ok
-            notes.append(f"{takeover[0].process} took the leadership over (detection: its `won the leadership` "
-                         "line); recovered is whether the job still ended ok")
-        elif action == "kill":
-            out["recovered"] = False
-            notes.append("nothing takes over from a killed coordinator (no standby won the leadership)")
-        else:
-            out["recovered"] = job_ok
-            notes.append("the coordinator was not taken over; recovered is whether the job still ended ok")
-        out["note"] = "; ".join(notes)
-        return out
+        return _coordinator_figures(lines, action, t0, start, until, job_ok)
     rank = int(rank_text)
     if role == "server":
         out.update(failover_seconds=None, failover_seconds_last_worker=None, failover_epoch=None,
@@ -189,86 +290,9 @@ def analyze(fault: dict, lines: list, on_worker_loss: str = "stop", until: float
     out["detection_seconds"] = _seconds(lost, t0)
 
     if role == "server":
-        epoch_match = _FAILOVER_RE.search(lost.message)
-        if epoch_match is None:
-            out["recovered"] = False
-            notes.append(f"the coordinator did not fail {target} over: {lost.message}")
-        else:
-            epoch = int(epoch_match["epoch"])
-            out["failover_epoch"] = epoch
-
-            def ack(line):
-                m = _ACK_RE.match(line.message) if line.process.startswith("worker-") else None
-                return m if m and int(m["epoch"]) >= epoch else None
-
-            first_ack = _first(lines, lost.time - TIMESTAMP_SLACK_SECONDS, float("inf"), ack)
-            if first_ack is None:
-                out["recovered"] = False
-                notes.append(f"no worker logged 'first push acknowledged on shard map epoch {epoch}' "
-                             "(the workers may have pushed nothing more)")
-            else:
-                line, m = first_ack
-                out["failover_seconds"] = _seconds(line, t0)
-                out["recovered"] = True
-                if int(m["epoch"]) != epoch:
-                    notes.append(f"the first acknowledgement was on map epoch {m['epoch']} (a later failover "
-                                 "came first)")
-                per_worker: dict = {}
-                for l in lines:
-                    if l.time >= lost.time - TIMESTAMP_SLACK_SECONDS and l.process not in per_worker and ack(l):
-                        per_worker[l.process] = l
-                last = max(per_worker.values(), key=lambda l: l.time)
-                out["failover_seconds_last_worker"] = _seconds(last, t0)
-            remade = _REMADE_RE.search(lost.message)
-            wanted = int(remade["copies"]) if remade else 0
-            if wanted == 0:
-                out["rereplication_seconds"] = out["detection_seconds"]
-            else:
-                synced = 0
-                for l in lines:
-                    if l.time < lost.time - TIMESTAMP_SLACK_SECONDS or not _is_coordinator(l.process):
-                        continue
-                    m = _IN_SYNC_RE.match(l.message)
-                    if m and int(m["epoch"]) >= epoch:
-                        synced += int(m["copies"])
-                        if synced >= wanted:
-                            out["rereplication_seconds"] = _seconds(l, t0)
-                            break
-                if out["rereplication_seconds"] is None:
-                    notes.append(f"only {synced} of the {wanted} re-made copies were reported in sync")
-        if action == "restart":
-            rejoin = _first(lines, lost.time - TIMESTAMP_SLACK_SECONDS, until, lambda l: (
-                _is_coordinator(l.process) and (m := _REJOIN_RE.match(l.message))
-                and m["role"] == "server" and int(m["rank"]) == rank))
-            if rejoin is None:
-                out["recovered"] = False
-                notes.append(f"no 'server {rank} rejoined' line from the coordinator (the new process was "
-                             "refused, or the job ended first)")
-            else:
-                out["rejoin_seconds"] = _seconds(rejoin[0], t0)
-    else:  # a worker
-        if "goes on without it" in lost.message:
-            out["recovered"] = True
-        else:
-            out["recovered"] = False
-        if "rejoin_seconds" in out:
-            rejoin = _first(lines, lost.time - TIMESTAMP_SLACK_SECONDS, until, lambda l: (
-                _is_coordinator(l.process) and (m := _REJOIN_RE.match(l.message))
-                and m["role"] == "worker" and int(m["rank"]) == rank))
-            back = _first(lines, lost.time - TIMESTAMP_SLACK_SECONDS, until, lambda l: (
-                _is_coordinator(l.process) and (m := _BACK_RE.match(l.message))
-                and m["role"] == "worker" and int(m["rank"]) == rank)) if action == "pause" else None
-            if rejoin is not None:
-                out["rejoin_seconds"] = _seconds(rejoin[0], t0)
-                out["recovered"] = True
-            elif back is not None:
-                out["recovered"] = True
-                notes.append(f"{target} came back after the pause and kept its place; nothing rejoined")
-            else:
-                notes.append(f"no 'worker {rank} rejoined' line from the coordinator")
-        elif not out["recovered"]:
-            notes.append(f"the coordinator did not go on without {target} (on_worker_loss: {on_worker_loss}): "
-                         f"{lost.message}")
+        _server_figures(out, notes, lines, lost, target, action, t0, rank, until)
+    else:
+        _worker_figures(out, notes, lines, lost, target, action, t0, rank, until, on_worker_loss)
     out["note"] = "; ".join(notes) or None
     return out
 

@@ -32,7 +32,7 @@ progress record of a worker (any, or `step_of`) with step >= `at_step`.
 
 Each fault, and what followed it (a resume, a restart), is appended to
 RUN/events.jsonl as it happens; `records()` gives the summary's entries,
-which local.py completes with the figures fault_logs.py reads from the logs.
+which backend.py completes with the figures fault_logs.py reads from the logs.
 A fault whose target is not running when it is due is reported and skipped.
 Every supervising back-end injects them: `local` signals its own
 children; ssh, slurm and mpirun send the command to the carried process's

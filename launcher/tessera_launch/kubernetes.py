@@ -18,7 +18,7 @@ Objects (NAME is job.name made a DNS label):
               worker fails the Job)
 
 Every container runs the same command line as under the other back-ends
-(local.process_argv, its transport flags included: --transport, --shm*,
+(job.process_argv, its transport flags included: --transport, --shm*,
 --coalesce*, --faults, ...), with these differences: processes bind their pod's IP
 ($(POD_IP)) on a fixed port (P, P+1, P+2 for coordinator, servers,
 workers), the rank comes from $(TESSERA_RANK), --job_keys names the
@@ -40,8 +40,8 @@ from pathlib import Path
 
 import yaml
 
-from .local import (EXIT_FAILED, EXIT_OK, Binaries, LocalOptions, RunLayout, SetupError, load_job, process_argv,
-                    refuse_faults, start_run)
+from .job import Binaries, LocalOptions, RunLayout, SetupError, load_job, process_argv, start_run
+from .policy import EXIT_FAILED, EXIT_OK, refuse_faults
 
 CONFIG_MOUNT = "/etc/tessera"
 RUN_DIR = "/var/run/tessera"

@@ -3,7 +3,7 @@
 One `mpirun -np N` starts `tessera-launch role --rank-from mpi` N times
 (N = 1 + standby coordinators + servers + workers); rank 0 becomes the
 coordinator, then the standbys, the servers and the workers
-(local.carried_names, role.py). The ranks find the coordinator through its
+(job.carried_names, role.py). The ranks find the coordinator through its
 address file in the run directory, which must therefore be on a file system
 every host shares (always true on one host); the launcher's commands to
 them (faults) go through files in RUNDIR/control/ (supervisor.py). The
@@ -17,7 +17,8 @@ import shutil
 import socket
 from pathlib import Path
 
-from .local import Backend, Job, SetupError, await_announced_address, carried_names, launch_carried
+from .backend import Backend, await_announced_address, launch_carried
+from .job import Job, SetupError, carried_names
 from .role import role_command
 from .supervisor import Supervisor
 

@@ -63,10 +63,11 @@ from typing import Optional
 
 from . import REPO_ROOT
 from .config import load_config
-from .local import (Binaries, RunLayout, carried_names, process_argv, process_env, read_address,
-                    resolve_build_dir, resolve_host)
-from .supervisor import (ADDRESS_TAG, CONTROL_TAG, EXIT_TAG, PID_TAG, SUMMARY_TAG, Console, ProcessSpec,
-                         Supervisor)
+from .console import Console
+from .job import (Binaries, RunLayout, carried_names, process_argv, process_env, read_address, resolve_build_dir,
+                  resolve_host)
+from .processes import ADDRESS_TAG, CONTROL_TAG, EXIT_TAG, PID_TAG, SUMMARY_TAG, ProcessSpec
+from .supervisor import Supervisor
 
 #: The tessera-launch program; carriers run `PYTHON LAUNCHER role ...`.
 LAUNCHER = REPO_ROOT / "launcher" / "tessera-launch"

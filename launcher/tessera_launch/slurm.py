@@ -5,7 +5,7 @@ coordinators + servers + workers), inside the current allocation
 (SLURM_JOB_ID set) or a new one; every task runs `tessera-launch role
 --rank-from slurm`, which picks its process by SLURM_PROCID (0: the
 coordinator, then the standbys, the servers and the workers:
-local.carried_names) and binds on its node (cluster.host: auto). The tasks
+job.carried_names) and binds on its node (cluster.host: auto). The tasks
 meet through the coordinator's address file in the run directory, which
 must be on a file system every node shares; the launcher's commands to
 them (faults) go through files in RUNDIR/control/ (supervisor.py).
@@ -26,9 +26,9 @@ import shutil
 import subprocess
 import sys
 
-from .local import (EXIT_FAILED, EXIT_OK, Backend, Job, LocalOptions, RunLayout, SetupError,
-                    await_announced_address, carried_names, launch_carried, load_job,
-                    run_job, start_run)
+from .backend import Backend, await_announced_address, launch_carried, run_job
+from .job import Job, LocalOptions, RunLayout, SetupError, carried_names, load_job, start_run
+from .policy import EXIT_FAILED, EXIT_OK
 from .role import LAUNCHER, role_command
 from .summary import format_report
 from .supervisor import Supervisor

@@ -42,10 +42,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .local import (Backend, Binaries, Job, RunLayout, SetupError, await_announced_address, carried_names,
-                    launch_carried, process_argv, process_env)
+from .backend import Backend, await_announced_address, launch_carried
+from .job import Binaries, Job, RunLayout, SetupError, carried_names, process_argv, process_env
+from .processes import CONTROL_STDIN
 from .role import LAUNCHER
-from .supervisor import CONTROL_STDIN, Supervisor
+from .supervisor import Supervisor
 
 ROLES = ("coordinator", "server", "worker")
 _KEYS = ("roles", "slots", "user", "port", "addr")

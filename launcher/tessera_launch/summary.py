@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from .supervisor import Outcome, describe_exit
+from .processes import Outcome, describe_exit
 
 #: Per-worker fields the coordinator reports at the top level of an entry;
 #: everything else a worker reports lives under "report".

@@ -67,26 +67,23 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, TextIO
 
-PROGRESS_TAG = "TESSERA_PROGRESS"
-RESULT_TAG = "TESSERA_RESULT"
-#: A member of a carrier exited: `[NAME] TESSERA_EXIT CODE` (negative: signal).
-EXIT_TAG = "TESSERA_EXIT"
-#: Facts a carried process announces: the coordinator's address once bound,
-#: and its summary file's content at the end (when its run directory is not
-#: this machine's).
-ADDRESS_TAG = "TESSERA_ADDRESS"
-SUMMARY_TAG = "TESSERA_SUMMARY"
-NOTICE_TAGS = (ADDRESS_TAG, SUMMARY_TAG)
-#: A member started: `[NAME] TESSERA_PID PID` (its pid on its host).
-PID_TAG = "TESSERA_PID"
-#: A command from the launcher to a member: `TESSERA_CONTROL NAME COMMAND`.
-CONTROL_TAG = "TESSERA_CONTROL"
-#: ProcessSpec.control for commands written to the carrier's stdin.
-CONTROL_STDIN = "stdin"
+from .console import Console, ProgressTracker
+from .processes import (ADDRESS_TAG, CONTROL_STDIN, CONTROL_TAG, EXIT_TAG, NOTICE_TAGS, PID_TAG, PROGRESS_TAG,
+                        RESULT_TAG, SUMMARY_TAG, Member, Outcome, ProcessSpec, control_line, describe_exit)
+
+# Console and ProgressTracker (console.py), the protocol's tags and the
+# process types (processes.py) moved out of this module; they stay
+# importable from here.
+__all__ = [
+    "Supervisor", "MAX_LINE_BYTES",
+    "Console", "ProgressTracker",
+    "ADDRESS_TAG", "CONTROL_STDIN", "CONTROL_TAG", "EXIT_TAG", "NOTICE_TAGS", "PID_TAG", "PROGRESS_TAG",
+    "RESULT_TAG", "SUMMARY_TAG", "Member", "Outcome", "ProcessSpec", "control_line", "describe_exit",
+]
+
 
 #: Longest line kept whole; longer output is split into pieces of this size.
 MAX_LINE_BYTES = 1 << 20
@@ -115,248 +112,6 @@ def _child_setup(parent_pid: int) -> None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def describe_exit(code: Optional[int]) -> str:
-    """'exited with status 3', 'was killed by SIGKILL', 'was not started'."""
-    if code is None:
-        return "was not started"
-    if code >= 0:
-        return f"exited with status {code}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    return f"was killed by {name}"
-
-
-# --------------------------------------------------------------------------
-# Terminal output
-# --------------------------------------------------------------------------
-
-
-class Console:
-    """The launcher's terminal output, optionally mirrored to a log file.
-
-    `say` is for the launcher's own messages (always shown, always logged),
-    `process_line` for a line of a child's output (shown unless
-    echo_processes is False). A terminal that goes away (closed pipe) only
-    silences the terminal side; the run goes on.
-    """
-
-    def __init__(self, stream: TextIO = None, log_path: Optional[Path] = None, echo_processes: bool = True):
-        self.stream = stream if stream is not None else sys.stdout
-        self.echo_processes = echo_processes
-        self._log = open(log_path, "a", encoding="utf-8", buffering=1) if log_path else None
-
-    def say(self, text: str, tag: str = "launch") -> None:
-        line = f"[{tag}] {text}"
-        self._write(line)
-        if self._log:
-            self._log.write(line + "\n")
-
-    def block(self, lines) -> None:
-        """Plain lines (the final report): terminal and log, no prefix."""
-        for line in lines:
-            self._write(line)
-            if self._log:
-                self._log.write(line + "\n")
-
-    def note(self, text: str) -> None:
-        """A launcher message for the log file only (e.g. full command lines)."""
-        if self._log:
-            self._log.write(f"[launch] {text}\n")
-
-    def process_line(self, line: str) -> None:
-        if self.echo_processes:
-            self._write(line)
-
-    def _write(self, line: str) -> None:
-        if self.stream is None:
-            return
-        try:
-            self.stream.write(line + "\n")
-            self.stream.flush()
-        except (BrokenPipeError, ValueError, OSError):
-            self.stream = None
-
-    def close(self) -> None:
-        if self._log:
-            self._log.close()
-            self._log = None
-
-
-# --------------------------------------------------------------------------
-# Progress
-# --------------------------------------------------------------------------
-
-
-def _number(value) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-class ProgressTracker:
-    """Collects TESSERA_PROGRESS records from workers.
-
-    Every record is appended at once to a JSON-lines file as the worker's
-    object plus "time" (Unix seconds), "elapsed" (seconds since the tracker
-    was made) and "worker" (rank). `due_report` returns a one-line summary of
-    the latest record of every worker (epoch: the highest; step: the sum,
-    i.e. steps done by the whole job; loss: the mean; steps/s: steps done
-    since the last report, a worker's first record being its base) at most once per `interval` seconds, the first one `interval`
-    after the first record, and only when something new arrived.
-    """
-
-    def __init__(self, jsonl_path: Optional[Path], interval: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time):
-        self.interval = interval
-        self._clock = clock
-        self._wall_clock = wall_clock
-        self._started = clock()
-        self.started = self._started  # the clock() reading `elapsed` counts from
-        self._file = open(jsonl_path, "a", encoding="utf-8", buffering=1) if jsonl_path else None
-        self.latest: dict = {}  # rank -> last payload
-        self.records = 0
-        self._fresh = False
-        self._last_report_at: Optional[float] = None  # set by the first record
-        self._steps_at_last_report: dict = {}  # rank -> step, the base of steps/s
-
-    def record(self, rank: int, payload: dict) -> dict:
-        """Stores one worker's progress object; returns the record written."""
-        now = self._clock()
-        entry = dict(payload)
-        entry.update(time=round(self._wall_clock(), 3), elapsed=round(now - self._started, 3), worker=rank)
-        if self._file:
-            self._file.write(json.dumps(entry) + "\n")
-        self.latest[rank] = payload
-        self.records += 1
-        self._fresh = True
-        if self._last_report_at is None:  # the rate is measured from here on
-            self._last_report_at = now
-        self._steps_at_last_report.setdefault(rank, _number(payload.get("step")) or 0.0)
-        return entry
-
-    def due_report(self) -> Optional[str]:
-        """The progress line if one is due now, else None."""
-        now = self._clock()
-        if not self._fresh or now - self._last_report_at < self.interval:
-            return None
-        current = {rank: _number(p.get("step")) or 0.0 for rank, p in self.latest.items()}
-        done = sum(current[rank] - self._steps_at_last_report[rank] for rank in current)
-        rate = done / (now - self._last_report_at)
-        self._last_report_at, self._steps_at_last_report, self._fresh = now, current, False
-        return self._format(sum(current.values()), rate, now - self._started)
-
-    def _format(self, steps: float, rate: float, elapsed: float) -> str:
-        parts = []
-        epochs = [e for e in (_number(p.get("epoch")) for p in self.latest.values()) if e is not None]
-        if epochs:
-            parts.append(f"epoch {int(max(epochs))}")
-        parts.append(f"step {int(steps)}")
-        losses = [x for x in (_number(p.get("loss")) for p in self.latest.values()) if x is not None]
-        if losses:
-            parts.append(f"loss {sum(losses) / len(losses):.4g}")
-        parts.append(f"{rate:.1f} steps/s")
-        minutes, seconds = divmod(int(elapsed), 60)
-        parts.append(f"elapsed {minutes}:{seconds:02d}")
-        parts.append(f"{len(self.latest)} worker{'s' if len(self.latest) != 1 else ''} reporting")
-        return " | ".join(parts)
-
-    def close(self) -> None:
-        if self._file:
-            self._file.close()
-            self._file = None
-
-
-# --------------------------------------------------------------------------
-# Processes
-# --------------------------------------------------------------------------
-
-
-@dataclass
-class ProcessSpec:
-    """One process of a job.
-
-    name:  prefixes its output and names its log file (e.g. "server-0").
-    argv:  the command; argv[0] is executed directly (no shell).
-    rank:  set for worker programs: their TESSERA_PROGRESS and TESSERA_RESULT
-           lines are parsed (and progress lines kept off the terminal).
-    env:   variables added to the launcher's environment.
-    cwd:   working directory (default: the launcher's).
-    may_fail: its failure is reported but does not end the job (workers
-           under on_worker_loss: continue or wait, where the coordinator decides).
-    members: job processes this one carries (a launcher like mpirun or ssh);
-           see the module docstring. The carrier itself is then plumbing:
-           only its own failure before its members report counts.
-    keep_stdin: stdin is a pipe the supervisor holds open (and never writes)
-           instead of /dev/null, so that a remote side sees end-of-file the
-           moment the launcher or this process goes away.
-    stop_grace: seconds between SIGTERM and SIGKILL for this process
-           (default: the supervisor's); carriers need their members' grace
-           and more.
-    control: how commands reach the members of a carrier (see the module
-           docstring): CONTROL_STDIN (keep_stdin must be set), or a
-           directory every member's host sees, where the command lines for
-           member NAME are appended to NAME.control. None: no commands.
-    """
-
-    name: str
-    argv: list
-    rank: Optional[int] = None
-    env: dict = field(default_factory=dict)
-    cwd: Optional[str] = None
-    may_fail: bool = False
-    members: list = field(default_factory=list)
-    keep_stdin: bool = False
-    stop_grace: Optional[float] = None
-    control: Optional[object] = None
-
-
-def control_line(name: str, command: str) -> str:
-    """The line that carries `command` to member `name`."""
-    return f"{CONTROL_TAG} {name} {command}\n"
-
-
-@dataclass(frozen=True)
-class Member:
-    """A job process started by a carrier process (ProcessSpec.members);
-    rank and may_fail mean what they mean in ProcessSpec."""
-
-    name: str
-    rank: Optional[int] = None
-    may_fail: bool = False
-
-
-@dataclass
-class Outcome:
-    """How a job ended.
-
-    status:        "completed" (every process exited 0), "failed",
-                   "timeout" or "interrupted".
-    reason:        one line for a human.
-    culprit:       the process whose failure ended the job, if any.
-    culprit_code:  its exit code (negative: killed by that signal).
-    exit_codes:    name -> exit code, None for a process never started.
-    still_running: at a timeout, who was still running.
-    signal:        for "interrupted", the signal the launcher received.
-    stragglers:    processes stopped because they did not exit within the
-                   grace after the leader finished.
-    stopped:       processes the supervisor stopped (SIGTERM/SIGKILL) when
-                   the job ended; their exit codes are a consequence, not a
-                   cause.
-    """
-
-    status: str
-    reason: str
-    culprit: Optional[str] = None
-    culprit_code: Optional[int] = None
-    exit_codes: dict = field(default_factory=dict)
-    still_running: list = field(default_factory=list)
-    signal: Optional[int] = None
-    stragglers: list = field(default_factory=list)
-    stopped: list = field(default_factory=list)
 
 
 class _Output:

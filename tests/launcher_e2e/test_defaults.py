@@ -74,7 +74,7 @@ def test_the_launchers_disk_store_is_the_servers_default(binaries):
 
 
 def test_every_limit_the_launcher_passes_is_the_servers_default(binaries):
-    """Each limits.* setting reaches tessera-server as --max-* (local.py
+    """Each limits.* setting reaches tessera-server as --max-* (job.py
     server_argv); their defaults must agree, so a server started by hand
     is as safe as one the launcher starts."""
     server = help_defaults(binaries / "server" / "tessera-server")
