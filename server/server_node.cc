@@ -32,8 +32,11 @@ ServerNode::ServerNode(CoordinatorSession::Options session, std::unique_ptr<Tran
         };
         // Answers to a peer still queued here bound what it may ask for.
         core_options.backlog_of = [t = transport_.get()](const std::string& to) { return t->Backlog(to); };
+        core_options.pool = &pool_;
+        core_options.apply_after_ack = true;  // acks leave before the update work (see ServerCore)
         return core_options;
-      }()) {}
+      }()),
+      node_(ServerNodeCore::Options{.core = core_options_}) {}
 
 ServerNode::~ServerNode() { transport_->Stop(); }
 
@@ -44,41 +47,27 @@ void ServerNode::OnMessage(Message m) {
   }
   if (session_.Handle(m)) return;
   std::unique_lock lock(mu_);
-  if (core_ == nullptr) {
-    // Not serving yet (a worker can learn the map before this server does):
-    // keep the request and answer it once serving, in arrival order.
-    if (early_.size() < kMaxEarlyRequests) {
-      early_.push_back(std::move(m));
-      return;
-    }
+  ServerCore* core = node_.core();
+  if (core == nullptr) {
+    ServerNodeCore::Output out = node_.Receive(std::move(m), MonotonicNow());  // kept, or refused
     lock.unlock();
-    if (m.header.request_id() == 0) return;
-    Message reply;
-    reply.header.set_request_id(m.header.request_id());
-    reply.header.mutable_error()->set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-    reply.header.mutable_error()->set_message("server has not joined the job yet and its queue is full");
-    (void)transport_->Send(m.header.sender_address(), std::move(reply));
+    Send(out);
     return;
   }
-  const uint64_t transfers_before = core_->stats().transfers_applied;
-  const uint64_t busy_before = core_->stats().busy_refused;
+  const uint64_t transfers_before = core->stats().transfers_applied;
+  const uint64_t busy_before = core->stats().busy_refused;
   const bool is_transfer = m.header.has_replicate() && m.header.replicate().has_transfer();
   const Nanos stepped = MonotonicNow();
-  std::vector<Outgoing> out = core_->Step(std::move(m), stepped);
+  ServerNodeCore::Output out = node_.Receive(std::move(m), stepped);
   // Forwards this made may come due for a resend before the tick thread's
   // next wake (it sleeps up to 100 ms when nothing is due).
-  if (tick_at_ > stepped + core_->ShortestForwardTimer() && core_->unacked_forwards() > 0) tick_cv_.notify_one();
-  const bool pending = core_->pending_pushes() > 0;
-  for (proto::ShardsInSync& s : core_->TakeShardsInSync()) {
-    proto::Envelope notice;
-    *notice.mutable_shards_in_sync() = std::move(s);
-    session_.Notify(std::move(notice));
-  }
-  const bool took_transfer = is_transfer && core_->stats().transfers_applied > transfers_before;
-  const uint64_t epoch = core_->epoch();
-  const uint64_t busy = core_->stats().busy_refused;
+  if (tick_at_ > stepped + core->ShortestForwardTimer() && core->unacked_forwards() > 0) tick_cv_.notify_one();
+  const bool pending = core->pending_pushes() > 0;
+  const bool took_transfer = is_transfer && core->stats().transfers_applied > transfers_before;
+  const uint64_t epoch = core->epoch();
+  const uint64_t busy = core->stats().busy_refused;
   // The 1st, 2nd, 4th, ... refusal is logged.
-  const std::string busy_peer = busy > busy_before && std::has_single_bit(busy) ? core_->last_busy_peer() : "";
+  const std::string busy_peer = busy > busy_before && std::has_single_bit(busy) ? core->last_busy_peer() : "";
   lock.unlock();
   if (!busy_peer.empty()) {
     const PeerBacklog backlog = transport_->Backlog(busy_peer);
@@ -87,78 +76,51 @@ void ServerNode::OnMessage(Message m) {
               busy_peer, busy, backlog.messages, backlog.bytes);
   }
   if (took_transfer) TLOG_INFO("took over shard copies by state transfer (map epoch {}); now a backup of them", epoch);
-  for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
+  Send(out);
   if (pending) {
     // The acks are on their way; now make the updates (the core would make
     // them before the next request anyway, this keeps them off its path).
     lock.lock();
-    core_->ApplyPending();
+    node_.ApplyPending();
   }
+}
+
+void ServerNode::Send(ServerNodeCore::Output& out) {
+  for (proto::ShardsInSync& s : out.in_sync) {
+    proto::Envelope notice;
+    *notice.mutable_shards_in_sync() = std::move(s);
+    session_.Notify(std::move(notice));
+  }
+  for (Outgoing& o : out.sends) (void)transport_->Send(o.to, std::move(o.message));
 }
 
 void ServerNode::OnMapUpdate(const proto::ShardMapUpdate& update) {
   std::unique_lock lock(mu_);
-  if (core_ == nullptr) {  // not serving yet: installed once the core exists
-    if (!early_map_ || early_map_->epoch() < update.shard_map().epoch()) early_map_ = update.shard_map();
-    return;
-  }
-  const bool was_deposed = core_->deposed();
-  const uint64_t old_epoch = core_->epoch();
-  const ServerStats before = core_->stats();
-  auto out = core_->UpdateShardMap(update.shard_map(), MonotonicNow());
-  if (!out.ok()) {
-    TLOG_ERROR("ignoring a bad shard map update from the coordinator: {}", out.status().message());
-    return;
-  }
-  const uint64_t epoch = core_->epoch();
-  const bool deposed = core_->deposed();
-  const ServerStats after = core_->stats();
+  ServerNodeCore::MapChange change = node_.UpdateMap(update, session_.self().rank(), MonotonicNow());
   lock.unlock();
-  if (epoch == old_epoch) return;  // not newer: nothing changed
-  session_.set_map_epoch(epoch);
-  if (deposed && !was_deposed) {
+  if (!change.error.ok()) {
+    TLOG_ERROR("ignoring a bad shard map update from the coordinator: {}", change.error.message());
+    return;
+  }
+  if (!change.newer) return;  // kept for the start, or not newer: nothing changed
+  session_.set_map_epoch(change.epoch);
+  if (change.newly_deposed) {
     TLOG_WARN("this server was removed from the job at map epoch {} ({}); it serves nothing and registers again "
               "to rejoin the job",
-              epoch, update.reason());
+              change.epoch, update.reason());
     lock.lock();
     rejoin_wanted_ = true;
     lock.unlock();
     state_cv_.notify_all();
-  } else if (!deposed) {
-    TLOG_INFO("shard map epoch {} (map {}): {}", epoch, ShardMapDigest(update.shard_map()), update.reason());
+  } else if (!change.deposed) {
+    TLOG_INFO("shard map epoch {} (map {}): {}", change.epoch, ShardMapDigest(update.shard_map()), update.reason());
   }
-  if (update.restores_size() > 0) {
-    // Shards that lost every copy: restore the ones this server now leads
-    // from the last checkpoint, then give their backups the restored state.
-    std::vector<uint32_t> mine;
-    std::map<uint32_t, uint64_t> last;
-    lock.lock();
-    for (const proto::ShardRestore& r : update.restores()) {
-      if (r.vshard() < update.shard_map().num_vshards() &&
-          update.shard_map().vshard_server_rank(r.vshard()) == session_.self().rank()) {
-        mine.push_back(r.vshard());
-        last[r.vshard()] = r.last_applied();
-      }
-    }
-    std::string line;
-    std::vector<Outgoing> transfers;
-    if (!mine.empty()) {
-      line = checkpoints_.dir.empty()
-                 ? absl::StrCat("shards ", absl::StrJoin(mine, ","),
-                                " lost every copy and this server has no --checkpoint-dir: they start from their "
-                                "initial values; every push applied to them is lost")
-                 : RestoreFromCheckpoints(checkpoints_.dir, mine, /*with_windows=*/true, last);
-      transfers = core_->TransferShards(mine, MonotonicNow());
-    }
-    lock.unlock();
-    if (!line.empty()) TLOG_WARN("{}", line);
-    for (Outgoing& o : transfers) out->push_back(std::move(o));
+  if (!change.restore_line.empty()) TLOG_WARN("{}", change.restore_line);
+  if (change.transfers_sent > 0) {
+    TLOG_INFO("sending the state of its shards to {} new backups ({} rows)", change.transfers_sent,
+              change.rows_transferred);
   }
-  if (after.transfers_sent > before.transfers_sent) {
-    TLOG_INFO("sending the state of its shards to {} new backups ({} rows)", after.transfers_sent - before.transfers_sent,
-              after.rows_transferred - before.rows_transferred);
-  }
-  for (Outgoing& o : *out) (void)transport_->Send(o.to, std::move(o.message));
+  Send(change.out);
 }
 
 void ServerNode::OnLink(const std::string& address, bool up) {
@@ -166,8 +128,8 @@ void ServerNode::OnLink(const std::string& address, bool up) {
   std::vector<Outgoing> out;
   {
     std::lock_guard lock(mu_);
-    if (stopping_ || core_ == nullptr) return;
-    out = core_->OnLinkRestored(address, MonotonicNow());
+    if (stopping_ || core() == nullptr) return;
+    out = core()->OnLinkRestored(address, MonotonicNow());
   }
   if (!out.empty()) TLOG_INFO("connection to {} made again: {} forwards sent again", address, out.size());
   for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
@@ -177,13 +139,13 @@ void ServerNode::TickLoop() {
   std::unique_lock lock(mu_);
   while (!stopping_) {
     // Every 100 ms, or sooner when a forward to a backup comes due again.
-    const Nanos due = core_ != nullptr ? core_->NextForwardDue() : std::numeric_limits<Nanos>::max();
+    const Nanos due = core() != nullptr ? core()->NextForwardDue() : std::numeric_limits<Nanos>::max();
     tick_at_ = std::min(MonotonicNow() + 100 * kMillis, due);
     tick_cv_.wait_for(lock, std::chrono::nanoseconds(std::max<Nanos>(tick_at_ - MonotonicNow(), 0)));
-    if (stopping_ || core_ == nullptr) continue;
-    std::vector<Outgoing> out = core_->Tick(MonotonicNow());
+    if (stopping_ || core() == nullptr) continue;
+    ServerNodeCore::Output out = node_.Tick(MonotonicNow());
     lock.unlock();
-    for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
+    Send(out);
     const Nanos now = MonotonicNow();
     if (!checkpoints_.dir.empty() &&
         (checkpoint_requested_.exchange(false) || (checkpoints_.every > 0 && now >= next_checkpoint_))) {
@@ -202,7 +164,7 @@ void ServerNode::WarnOfStoresThatTakeTheBudget() {
   std::vector<ServerCore::TableSummary> tables;
   {
     std::lock_guard lock(mu_);
-    if (core_) tables = core_->table_summaries();
+    if (core()) tables = core()->table_summaries();
   }
   for (const ServerCore::TableSummary& t : tables) {
     if (!StoreTakesBudget(t) || !budget_warned_.insert(t.id).second) continue;
@@ -219,9 +181,9 @@ void ServerNode::WriteCheckpointNow() {
   ShardSnapshot snapshot;
   {
     std::lock_guard lock(mu_);
-    if (core_ == nullptr || core_->deposed()) return;
-    core_->ApplyPending();
-    snapshot = core_->SnapshotPrimaryShards();  // consistent: taken between two requests
+    if (core() == nullptr || core()->deposed()) return;
+    core()->ApplyPending();
+    snapshot = core()->SnapshotPrimaryShards();  // consistent: taken between two requests
   }
   if (snapshot.vshards.empty()) return;  // primary of nothing (a fresh backup)
   uint64_t rows = 0;
@@ -235,8 +197,9 @@ void ServerNode::WriteCheckpointNow() {
             snapshot.vshards.size(), rows, snapshot.epoch, static_cast<double>(MonotonicNow() - start) / kMillis);
 }
 
-std::string ServerNode::RestoreFromCheckpoints(const std::string& dir, const std::vector<uint32_t>& vshards,
-                                               bool with_windows, const std::map<uint32_t, uint64_t>& last_applied) {
+std::string ServerNode::RestoreFromCheckpoints(ServerCore& core, const std::string& dir,
+                                               const std::vector<uint32_t>& vshards, bool with_windows,
+                                               const std::map<uint32_t, uint64_t>& last_applied) {
   auto listed = ListCheckpoints(dir);
   if (!listed.ok()) return absl::StrCat("cannot list checkpoints in ", dir, ": ", listed.status().message());
   std::vector<ShardSnapshot> snapshots;
@@ -256,7 +219,7 @@ std::string ServerNode::RestoreFromCheckpoints(const std::string& dir, const std
   std::string report;
   uint64_t restored_rows = 0, missed = 0;
   for (const auto& [i, vs] : ChooseNewestCopies(snapshots, sequences, vshards, &none)) {
-    auto rows = core_->RestoreShards(snapshots[i], vs, with_windows);
+    auto rows = core.RestoreShards(snapshots[i], vs, with_windows);
     if (!rows.ok()) {
       problems.push_back(absl::StrCat(paths[i], ": ", rows.status().message()));
       continue;
@@ -281,53 +244,35 @@ std::string ServerNode::RestoreFromCheckpoints(const std::string& dir, const std
 }
 
 absl::Status ServerNode::Serve(const proto::JobReady& ready, bool first) {
-  ServerCoreOptions core_options = core_options_;
-  core_options.node_id = session_.self().node_id();
-  core_options.pool = &pool_;
-  core_options.apply_after_ack = true;  // acks leave before the update work (see ServerCore)
-  auto core = std::make_unique<ServerCore>(core_options);
-  if (auto s = core->InstallShardMap(ready.shard_map(), session_.self().rank()); !s.ok()) {
-    return absl::Status(s.code(), "bad shard map from the coordinator: " + std::string(s.message()));
-  }
-  absl::flat_hash_map<uint32_t, uint32_t> workers;
-  for (const auto& n : ready.nodes())
-    if (n.role() == proto::WORKER) workers[n.node_id()] = n.rank();
-  core->SetWorkers(workers);
-  if (first && !checkpoints_.restore_from.empty()) {
-    // A new job from a checkpoint: every shard this server holds (primary
-    // or backup) starts from its newest checkpoint. Workers of a new job
-    // number their pushes afresh, so no de-duplication window is restored.
-    std::vector<uint32_t> held;
-    auto view = ShardMapView::Create(ready.shard_map());
-    for (uint32_t v = 0; view.ok() && v < view->num_vshards(); ++v)
-      if (view->Holds(session_.self().rank(), v)) held.push_back(v);
-    std::lock_guard lock(mu_);
-    core_ = std::move(core);  // (RestoreFromCheckpoints works on core_)
-    TLOG_INFO("{}", RestoreFromCheckpoints(checkpoints_.restore_from, held, false, {}));
-    core = std::move(core_);
-  }
-  std::vector<Outgoing> out;
+  std::string restored;
+  absl::StatusOr<ServerNodeCore::Output> out;
   {
     std::lock_guard lock(mu_);
-    for (Message& m : early_)
-      for (Outgoing& o : core->Step(std::move(m), MonotonicNow())) out.push_back(std::move(o));
-    early_.clear();
-    if (early_map_) {
-      if (early_map_->epoch() > ready.shard_map().epoch()) {
-        auto released = core->UpdateShardMap(*early_map_, MonotonicNow());
-        if (released.ok()) {
-          for (Outgoing& o : *released) out.push_back(std::move(o));
-        } else {
-          TLOG_ERROR("ignoring a bad shard map update from the coordinator: {}", released.status().message());
-        }
-      }
-      early_map_.reset();
+    // A new job from a checkpoint: every shard this server holds (primary
+    // or backup) starts from its newest checkpoint, at the first start only.
+    ServerNodeCore::RestoreFn held;
+    if (first && !checkpoints_.restore_from.empty()) {
+      held = [dir = checkpoints_.restore_from](ServerCore& core, const std::vector<uint32_t>& vs, bool with_windows,
+                                               const std::map<uint32_t, uint64_t>& last) {
+        return RestoreFromCheckpoints(core, dir, vs, with_windows, last);
+      };
     }
-    core->ApplyPending();
-    core_ = std::move(core);
+    ServerNodeCore::RestoreFn lost;
+    if (!checkpoints_.dir.empty()) {
+      lost = [dir = checkpoints_.dir](ServerCore& core, const std::vector<uint32_t>& vs, bool with_windows,
+                                      const std::map<uint32_t, uint64_t>& last) {
+        return RestoreFromCheckpoints(core, dir, vs, with_windows, last);
+      };
+    }
+    node_.SetRestore(std::move(held), std::move(lost));
+    out = node_.Start(ready, session_.self().node_id(), session_.self().rank(), MonotonicNow(), &restored);
   }
+  if (!out.ok()) return out.status();
+  if (!restored.empty()) TLOG_INFO("{}", restored);
   session_.set_map_epoch(ready.shard_map().epoch());
-  for (Outgoing& o : out) (void)transport_->Send(o.to, std::move(o.message));
+  Send(*out);
+  std::lock_guard lock(mu_);
+  node_.ApplyPending();
   return absl::OkStatus();
 }
 
@@ -365,8 +310,8 @@ absl::Status ServerNode::Run() {
       std::unique_lock lock(mu_, std::try_to_lock);
       if (!lock.owns_lock()) {
         hb->set_busy(true);
-      } else if (core_ != nullptr) {
-        core_->FillHeartbeat(hb);
+      } else if (core() != nullptr) {
+        core()->FillHeartbeat(hb);
       }
     }
     // The process's own use, for the coordinator's load view.
@@ -427,7 +372,7 @@ absl::Status ServerNode::Run() {
   std::vector<ServerCore::TableSummary> tables;
   {
     std::lock_guard lock(mu_);
-    if (core_) tables = core_->table_summaries();
+    if (core()) tables = core()->table_summaries();
   }
   for (const ServerCore::TableSummary& t : tables) {
     if (!t.disk_tier) continue;
@@ -446,8 +391,8 @@ std::string ServerNode::DescribeForwards(const ServerStats& st) const {
                                   st.forwards_gap_resent, " on a backup's gap notice, ", st.forwards_link_resent,
                                   " on a link made again), ", st.forward_gaps_reported,
                                   " gap notices sent as a backup");
-  if (core_ == nullptr) return text;
-  for (const auto& [rank, t] : core_->ForwardTimers()) {
+  if (core() == nullptr) return text;
+  for (const auto& [rank, t] : core()->ForwardTimers()) {
     absl::StrAppend(&text, "; backup ", rank, " timer ",
                     DescribeTimer(t.rto(), t.smoothed(), t.variation(), t.samples()), ")");
   }
@@ -456,7 +401,7 @@ std::string ServerNode::DescribeForwards(const ServerStats& st) const {
 
 std::string ServerNode::MetricsText() const {
   std::lock_guard lock(mu_);
-  const ServerStats s = core_ ? core_->stats() : ServerStats{};
+  const ServerStats s = core() ? core()->stats() : ServerStats{};
   metrics::TextWriter w;
   w.Counter("tessera_server_push_requests_total", "Push requests received", s.push_requests)
       .Counter("tessera_server_pull_requests_total", "Pull requests received", s.pull_requests)
@@ -477,9 +422,9 @@ std::string ServerNode::MetricsText() const {
       .Counter("tessera_server_compressed_pushes_total", "Pushes whose values arrived encoded", s.compressed_pushes)
       .Counter("tessera_server_received_bytes_total", "Data frame bytes received, as on the wire", s.bytes_in)
       .Counter("tessera_server_sent_bytes_total", "Data frame bytes sent, as on the wire", s.bytes_out)
-      .Gauge("tessera_server_held_requests", "Requests waiting for slower workers now", core_ ? core_->held_now() : 0)
-      .Gauge("tessera_server_queued_requests", "Requests queued before the shard map arrived", early_.size())
-      .Gauge("tessera_server_rows", "Rows held, over every table", core_ ? core_->rows() : 0)
+      .Gauge("tessera_server_held_requests", "Requests waiting for slower workers now", core() ? core()->held_now() : 0)
+      .Gauge("tessera_server_queued_requests", "Requests queued before the shard map arrived", node_.early_requests())
+      .Gauge("tessera_server_rows", "Rows held, over every table", core() ? core()->rows() : 0)
       .Counter("tessera_server_duplicate_pushes_total", "Sequenced pushes (or shards of them) already applied",
                s.duplicate_pushes)
       .Counter("tessera_server_forwards_sent_total", "Replicate messages sent to backups, resends included",
@@ -501,16 +446,16 @@ std::string ServerNode::MetricsText() const {
       .Counter("tessera_server_replies_held_for_moves_total",
                "Pull replies of a moving shard that waited for its destination to have what they read",
                s.replies_held_for_moves)
-      .Gauge("tessera_server_map_epoch", "Shard map epoch this server acts on", core_ ? core_->epoch() : 0)
+      .Gauge("tessera_server_map_epoch", "Shard map epoch this server acts on", core() ? core()->epoch() : 0)
       .Gauge("tessera_server_waiting_acks", "Pushes applied here and waiting for backups",
-             core_ ? core_->waiting_acks() : 0);
-  if (core_ && core_->min_clock() != ClockTable::kNoWorkers) {
-    w.Gauge("tessera_server_min_clock", "Clock of the slowest live worker", core_->min_clock());
+             core() ? core()->waiting_acks() : 0);
+  if (core() && core()->min_clock() != ClockTable::kNoWorkers) {
+    w.Gauge("tessera_server_min_clock", "Clock of the slowest live worker", core()->min_clock());
   }
-  if (core_) {
+  if (core()) {
     metrics::TextWriter::Series rows, bytes, admitted, dropped, evicted;
     metrics::TextWriter::Series on_disk, disk_bytes, moved, loaded, absent, disk_reads, disk_writes, store_memory;
-    for (const ServerCore::TableSummary& t : core_->table_summaries()) {
+    for (const ServerCore::TableSummary& t : core()->table_summaries()) {
       const metrics::Labels table = {{"table", std::to_string(t.id)}};
       if (t.disk_tier) {
         on_disk.emplace_back(table, t.rows_on_disk);
@@ -562,12 +507,12 @@ std::string ServerNode::MetricsText() const {
 
 std::string ServerNode::AuditDump() const {
   std::lock_guard lock(mu_);
-  return core_ ? core_->AuditDump() : std::string();
+  return core() ? core()->AuditDump() : std::string();
 }
 
 ServerStats ServerNode::stats() const {
   std::lock_guard lock(mu_);
-  return core_ ? core_->stats() : ServerStats{};
+  return core() ? core()->stats() : ServerStats{};
 }
 
 }  // namespace tessera

@@ -17,6 +17,7 @@
 #include "node/coordinator_session.h"
 #include "server/checkpoint.h"
 #include "server/server_core.h"
+#include "server/server_node_core.h"
 #include "transport/transport.h"
 
 namespace tessera {
@@ -72,6 +73,10 @@ class ServerNode {
   // backup's learned timer; empty when this server forwarded nothing.
   std::string DescribeForwards(const ServerStats& st) const;
   void OnMessage(Message m);
+  // Sends a step's messages and tells the coordinator its notices.
+  void Send(ServerNodeCore::Output& out);
+  // The core (null before serving); mu_ held.
+  ServerCore* core() const { return node_.core(); }
   // A link event from the transport: a backup's connection made again
   // resends its unacknowledged forwards (ServerCore::OnLinkRestored).
   void OnLink(const std::string& address, bool up);
@@ -87,10 +92,11 @@ class ServerNode {
   // Logs, once per table, a table whose disk tier's store takes its whole
   // memory budget (server/load_summary.h, StoreTakesBudget). Tick thread.
   void WarnOfStoresThatTakeTheBudget();
-  // Restores `vshards` from the newest checkpoints in `dir` that hold them
-  // (core_ locked by the caller). Returns a line for the log.
-  std::string RestoreFromCheckpoints(const std::string& dir, const std::vector<uint32_t>& vshards, bool with_windows,
-                                     const std::map<uint32_t, uint64_t>& last_applied);
+  // Restores `vshards` into `core` from the newest checkpoints in `dir`
+  // that hold them (mu_ held by the caller). Returns a line for the log.
+  static std::string RestoreFromCheckpoints(ServerCore& core, const std::string& dir,
+                                            const std::vector<uint32_t>& vshards, bool with_windows,
+                                            const std::map<uint32_t, uint64_t>& last_applied);
   void TickLoop();
 
   std::unique_ptr<Transport> transport_;
@@ -104,15 +110,12 @@ class ServerNode {
   bool rejoin_wanted_ = false;  // guarded by mu_: deposed by a map while the job runs
   bool session_ended_ = false;  // guarded by mu_
   std::condition_variable state_cv_;  // rejoin_wanted_ or session_ended_ changed
-  std::unique_ptr<ServerCore> core_;
+  mutable ServerNodeCore node_;  // guarded by mu_: the start sequence, map updates, the ServerCore
   CheckpointOptions checkpoints_;
   std::atomic<bool> checkpoint_requested_{false};
   Nanos next_checkpoint_ = 0;  // tick thread only
   Nanos next_budget_check_ = 0;                // tick thread only
   absl::flat_hash_set<uint32_t> budget_warned_;  // tick thread only: tables warned of
-  static constexpr size_t kMaxEarlyRequests = 100000;
-  std::deque<Message> early_;  // guarded by mu_: requests that arrived before core_ existed
-  std::optional<proto::ShardMap> early_map_;  // guarded by mu_: the newest map update before core_ existed
 };
 
 }  // namespace tessera

@@ -27,6 +27,7 @@
 #include "coordinator/coordinator_core.h"
 #include "node/session_core.h"
 #include "server/server_core.h"
+#include "server/server_node_core.h"
 #include "tests/consistency/consistency_checker.h"
 #include "worker/worker_core.h"
 
@@ -386,55 +387,51 @@ bool World::JobRunning() const { return !coordinator_->core().finished(); }
 class ServerProc final : public Proc {
  public:
   ServerProc(World* world, uint32_t rank, uint32_t incarnation, Nanos now)
-      : world_(world), rank_(rank), session_(MakeSession(proto::SERVER, rank, world->scenario(), now)) {
+      : world_(world),
+        rank_(rank),
+        session_(MakeSession(proto::SERVER, rank, world->scenario(), now)),
+        node_(ServerNodeCore::Options{.core = CoreOptions(world->scenario())}) {
     address = absl::StrCat("sim://server-", rank, ".", incarnation);
     session_.set_heartbeat_filler([this](proto::Heartbeat* hb) {
-      if (core_) core_->FillHeartbeat(hb);
+      if (node_.core()) node_.core()->FillHeartbeat(hb);
     });
   }
 
   void Deliver(Message m, Nanos now) override {
     if (m.header.has_shard_map_update()) {
       const proto::ShardMap& map = m.header.shard_map_update().shard_map();
-      if (!core_) {
-        if (!early_map_ || early_map_->epoch() < map.epoch()) early_map_ = map;
+      const uint64_t before = node_.core() ? node_.core()->epoch() : 0;
+      ServerNodeCore::MapChange change = node_.UpdateMap(m.header.shard_map_update(), rank_, now);
+      if (change.kept) return;
+      if (!change.error.ok()) {
+        world_->Violation(absl::StrCat(address, " refused a map from the coordinator: ", change.error.message()));
         return;
       }
-      const uint64_t before = core_->epoch();
-      auto out = core_->UpdateShardMap(map, now);
-      if (!out.ok()) {
-        world_->Violation(absl::StrCat(address, " refused a map from the coordinator: ", out.status().message()));
-        return;
-      }
-      if (core_->epoch() > before) world_->CheckTakeovers(rank_, before, map, *core_, now);
-      session_.set_map_epoch(core_->epoch());
-      After(*out, now);
+      if (change.newer) world_->CheckTakeovers(rank_, before, map, *node_.core(), now);
+      session_.set_map_epoch(node_.core()->epoch());
+      After(change.out, now);
       return;
     }
     if (session_.Handle(m, now)) {
-      if (session_.registered() && session_.ready() && !core_) Start(now);
+      if (session_.registered() && session_.ready() && !node_.core()) Start(now);
       if (session_.ended()) Exit();
       return;
     }
-    if (!core_) {
-      early_.push_back(std::move(m));
-      return;
-    }
-    std::vector<Outgoing> out = core_->Step(std::move(m), now);
-    After(out, now);
+    ServerNodeCore::Output out = node_.Receive(std::move(m), now);
+    if (node_.core()) After(out, now);
   }
 
   void Tick(Nanos now) override {
     if (!exited) SendSession(world_, address, session_.Tick(now), now);
     if (session_.register_error()) exited = true;
     if (session_.ended()) Exit();
-    if (core_) {
-      std::vector<Outgoing> out = core_->Tick(now);
+    if (node_.core()) {
+      ServerNodeCore::Output out = node_.Tick(now);
       After(out, now);
     }
   }
 
-  const ServerCore* core() const { return core_.get(); }
+  const ServerCore* core() const { return node_.core(); }
   uint32_t rank() const { return rank_; }
   bool TicksAfterExit() const override { return true; }
   // The coordinator told it to stop: the job ended, or it was drained and
@@ -445,10 +442,8 @@ class ServerProc final : public Proc {
   }
 
  private:
-  void Start(Nanos now) {
-    const Scenario& sc = world_->scenario();
+  static ServerCoreOptions CoreOptions(const Scenario& sc) {
     ServerCoreOptions o;
-    o.node_id = session_.self().node_id();
     o.apply_after_ack = sc.apply_after_ack;
     o.audit = true;
     o.testing.answer_early = sc.breakage == Breakage::kAnswerEarly;
@@ -462,50 +457,40 @@ class ServerProc final : public Proc {
         return std::make_unique<MemoryColdRows>(row_floats);
       };
     }
-    core_ = std::make_unique<ServerCore>(o);
-    if (auto s = core_->InstallShardMap(session_.ready()->shard_map(), session_.self().rank()); !s.ok()) {
-      world_->Violation(absl::StrCat(address, " refused its first map: ", s.message()));
+    return o;
+  }
+
+  void Start(Nanos now) {
+    auto out = node_.Start(*session_.ready(), session_.self().node_id(), session_.self().rank(), now);
+    if (!out.ok()) {
+      world_->Violation(absl::StrCat(address, " refused its first map: ", out.status().message()));
+      return;
     }
-    absl::flat_hash_map<uint32_t, uint32_t> workers;
-    for (const auto& n : session_.ready()->nodes())
-      if (n.role() == proto::WORKER) workers[n.node_id()] = n.rank();
-    core_->SetWorkers(workers);
-    std::vector<Outgoing> out;
-    for (Message& m : early_)
-      for (Outgoing& o2 : core_->Step(std::move(m), now)) out.push_back(std::move(o2));
-    early_.clear();
-    if (early_map_) {
-      auto released = core_->UpdateShardMap(*early_map_, now);
-      if (released.ok())
-        for (Outgoing& o2 : *released) out.push_back(std::move(o2));
-      early_map_.reset();
-    }
-    After(out, now);
+    After(*out, now);
   }
 
   // Sends `out`, tells the coordinator of finished state transfers, makes
   // pending updates, and checks that the epoch never went back.
-  void After(std::vector<Outgoing>& out, Nanos now) {
-    world_->SendAll(address, out, now);
-    for (proto::ShardsInSync& s : core_->TakeShardsInSync()) {
+  void After(ServerNodeCore::Output& out, Nanos now) {
+    world_->SendAll(address, out.sends, now);
+    for (proto::ShardsInSync& s : out.in_sync) {
       Message m;
       m.header.set_sender_id(session_.self().node_id());
       *m.header.mutable_shards_in_sync() = std::move(s);
       world_->Send(address, Outgoing{kCoordinator, std::move(m)}, now);
     }
-    core_->ApplyPending();
-    if (core_->epoch() < last_epoch_) {
-      world_->Violation(absl::StrCat(address, ": map epoch went back from ", last_epoch_, " to ", core_->epoch()));
+    node_.ApplyPending();
+    const uint64_t epoch = node_.core()->epoch();
+    if (epoch < last_epoch_) {
+      world_->Violation(absl::StrCat(address, ": map epoch went back from ", last_epoch_, " to ", epoch));
     }
-    last_epoch_ = core_->epoch();
+    last_epoch_ = epoch;
   }
 
   World* world_;
   const uint32_t rank_;
   SessionCore session_;
-  std::unique_ptr<ServerCore> core_;
-  std::deque<Message> early_;
-  std::optional<proto::ShardMap> early_map_;
+  ServerNodeCore node_;
   uint64_t last_epoch_ = 0;
 };
 
