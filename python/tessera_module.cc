@@ -43,362 +43,12 @@
 #include "common/sparse_batch.h"
 #include "worker/worker.h"
 #include "worker/worker_flags.h"
+#include "python/py_support.h"
 
 namespace py = pybind11;
 
 namespace tessera::python {
 namespace {
-
-// ---------------------------------------------------------------------------
-// Errors
-
-// A failed absl::Status on its way to Python (see the translator below).
-class StatusError : public std::exception {
- public:
-  explicit StatusError(absl::Status status) : status_(std::move(status)), text_(status_.ToString()) {}
-  const absl::Status& status() const { return status_; }
-  const char* what() const noexcept override { return text_.c_str(); }
-
- private:
-  absl::Status status_;
-  std::string text_;
-};
-
-void ThrowIfError(const absl::Status& s) {
-  if (!s.ok()) throw StatusError(s);
-}
-
-[[noreturn]] void ThrowInvalid(const std::string& message) { throw StatusError(absl::InvalidArgumentError(message)); }
-
-// The exception types, created once at import (module state lives for the
-// life of the process, as the module itself).
-struct ExceptionTypes {
-  PyObject* error = nullptr;             // tessera.Error(RuntimeError)
-  PyObject* invalid_argument = nullptr;  // tessera.InvalidArgumentError(Error, ValueError)
-  PyObject* deadline = nullptr;          // tessera.DeadlineExceededError(Error, TimeoutError)
-};
-ExceptionTypes exception_types;
-
-void RaiseStatus(const absl::Status& s) {
-  PyObject* type = exception_types.error;
-  std::string text(s.message());
-  switch (s.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange:
-      type = exception_types.invalid_argument;
-      break;
-    case absl::StatusCode::kDeadlineExceeded:
-      type = exception_types.deadline;
-      break;
-    default:
-      text = absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
-  }
-  py::object instance = py::reinterpret_borrow<py::object>(type)(text);
-  instance.attr("code") = absl::StatusCodeToString(s.code());
-  PyErr_SetObject(type, instance.ptr());
-}
-
-// ---------------------------------------------------------------------------
-// Logging: worker programs log to stderr (stdout carries the launcher's
-// TESSERA_PROGRESS / TESSERA_RESULT lines). Set up once per process, by the
-// first Worker; later ones can only raise the level to debug.
-
-void EnsureLogging(const std::string& name, bool debug) {
-  static std::once_flag once;
-  std::call_once(once, [&] { InitLogging(name.empty() ? "worker" : name, debug); });
-  if (debug) spdlog::default_logger()->set_level(spdlog::level::debug);
-}
-
-// ---------------------------------------------------------------------------
-// Arrays: NumPy arrays, torch tensors (CPU, contiguous) and other buffers
-
-std::string ShapeString(const py::array& a) {
-  std::vector<std::string> dims;
-  for (py::ssize_t i = 0; i < a.ndim(); ++i) dims.push_back(std::to_string(a.shape(i)));
-  return absl::StrCat("(", absl::StrJoin(dims, ", "), a.ndim() == 1 ? ",)" : ")");
-}
-
-std::string DtypeString(const py::array& a) { return py::str(a.dtype()).cast<std::string>(); }
-
-bool IsTorchTensor(py::handle obj) {
-  // torch can only have made the object if it is imported; never import it here.
-  py::dict modules = py::module_::import("sys").attr("modules");
-  if (!modules.contains("torch")) return false;
-  return py::isinstance(obj, modules["torch"].attr("Tensor"));
-}
-
-// `obj` as a NumPy array over the same memory. Torch tensors must be on the
-// CPU and contiguous; they are viewed through Tensor.numpy() (shared memory;
-// the array keeps the tensor alive). With `writable`, the memory must be
-// writable and shared with `obj` (a result array); otherwise any object
-// numpy.asarray takes is accepted (a list is converted).
-py::array AsArray(py::handle obj, const char* what, bool writable) {
-  if (obj.is_none()) ThrowInvalid(absl::StrCat(what, " is None"));
-  if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
-  if (IsTorchTensor(obj)) {
-    const std::string device = py::str(obj.attr("device").attr("type")).cast<std::string>();
-    if (device != "cpu") {
-      ThrowInvalid(absl::StrCat(what, " must be a CPU tensor, got one on ", device, " (call .cpu() first)"));
-    }
-    if (!obj.attr("is_contiguous")().cast<bool>()) {
-      ThrowInvalid(absl::StrCat(what, " must be a contiguous tensor (call .contiguous() first)"));
-    }
-    // detach(): a tensor that requires grad refuses numpy(); same memory.
-    return obj.attr("detach")().attr("numpy")().cast<py::array>();
-  }
-  if (writable) {
-    if (!PyObject_CheckBuffer(obj.ptr())) {
-      ThrowInvalid(absl::StrCat(what, " must be a NumPy array, a CPU torch tensor or a writable buffer, got ",
-                                py::str(py::type::of(obj)).cast<std::string>()));
-    }
-    return py::array(py::reinterpret_borrow<py::buffer>(obj));  // shares the buffer's memory
-  }
-  return py::module_::import("numpy").attr("asarray")(obj).cast<py::array>();
-}
-
-// Keys: a 1-D uint64 array, or a non-negative int64 one (torch's ids)
-// reinterpreted in place. Returns the span; `holder` keeps the memory alive.
-std::span<const Key> KeysOf(py::handle obj, py::array& holder) {
-  holder = AsArray(obj, "keys", /*writable=*/false);
-  const bool is_u64 = py::array_t<uint64_t>::check_(holder);
-  const bool is_i64 = py::array_t<int64_t>::check_(holder);
-  if (!is_u64 && !is_i64) {
-    ThrowInvalid(absl::StrCat("keys must be uint64 (or non-negative int64), got ", DtypeString(holder)));
-  }
-  if (holder.ndim() != 1) ThrowInvalid(absl::StrCat("keys must be 1-D, got shape ", ShapeString(holder)));
-  if (!(holder.flags() & py::array::c_style)) ThrowInvalid("keys must be C-contiguous");
-  const size_t n = static_cast<size_t>(holder.size());
-  if (is_i64) {
-    const int64_t* k = static_cast<const int64_t*>(holder.data());
-    for (size_t i = 0; i < n; ++i) {
-      if (k[i] < 0) ThrowInvalid(absl::StrCat("keys must be non-negative, got ", k[i], " at position ", i));
-    }
-  }
-  return {static_cast<const Key*>(holder.data()), n};
-}
-
-// Rows of `width` floats for `n` keys: float32, C-contiguous, shape (n, width)
-// or flat (n * width,).
-py::array RowsOf(py::handle obj, const char* what, size_t n, uint32_t width, bool writable) {
-  py::array a = AsArray(obj, what, writable);
-  auto expected = [&] {
-    return absl::StrCat(what, " must be float32 C-contiguous of shape (n, width) = (", n, ", ", width,
-                        ") or flat (", n * width, ",) for ", n, " keys of width ", width, ", got ",
-                        DtypeString(a), " of shape ", ShapeString(a));
-  };
-  if (!py::array_t<float>::check_(a)) ThrowInvalid(expected());
-  const bool flat = a.ndim() == 1 && static_cast<size_t>(a.shape(0)) == n * width;
-  const bool rows = a.ndim() == 2 && static_cast<size_t>(a.shape(0)) == n && static_cast<size_t>(a.shape(1)) == width;
-  if (!flat && !rows) ThrowInvalid(expected());
-  if (!(a.flags() & py::array::c_style)) ThrowInvalid(absl::StrCat(what, " must be C-contiguous"));
-  if (writable && !a.writeable()) ThrowInvalid(absl::StrCat(what, " must be writable"));
-  return a;
-}
-
-std::span<const float> ConstFloats(const py::array& a) {
-  return {static_cast<const float*>(a.data()), static_cast<size_t>(a.size())};
-}
-std::span<float> MutableFloats(py::array& a) {
-  return {static_cast<float*>(a.mutable_data()), static_cast<size_t>(a.size())};
-}
-
-py::array NewRows(size_t n, uint32_t width) {
-  return py::array_t<float>({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(width)});
-}
-
-// ---------------------------------------------------------------------------
-// TableOptions from keyword arguments: ONE table of fields. To expose a new
-// TableOptions field, add one line to TableFields(); enum names come from the
-// proto enum itself (lower-cased), so new enum values appear by themselves.
-
-struct TableField {
-  std::string name;
-  std::string type;  // for errors and docs, e.g. "int >= 0", "one of 'sgd', 'accumulate'"
-  std::function<void(TableOptions&, py::handle)> set;
-  std::function<py::object(const TableOptions&)> get;  // the default, for docs
-};
-
-template <typename T>
-T ParseUnsigned(py::handle v, const std::string& name, uint64_t max, uint64_t min) {
-  if (!PyLong_Check(v.ptr()) || PyBool_Check(v.ptr())) {
-    ThrowInvalid(absl::StrCat("table option ", name, " must be an int, got ", py::repr(v).cast<std::string>()));
-  }
-  const long long signed_value = PyLong_AsLongLong(v.ptr());
-  unsigned long long value = 0;
-  if (signed_value == -1 && PyErr_Occurred()) {  // too large for long long
-    PyErr_Clear();
-    value = PyLong_AsUnsignedLongLong(v.ptr());
-    if (PyErr_Occurred()) {
-      PyErr_Clear();
-      ThrowInvalid(absl::StrCat("table option ", name, " must be in [", min, ", ", max, "], got ",
-                                py::repr(v).cast<std::string>()));
-    }
-  } else if (signed_value < 0) {
-    ThrowInvalid(absl::StrCat("table option ", name, " must be in [", min, ", ", max, "], got ", signed_value));
-  } else {
-    value = static_cast<unsigned long long>(signed_value);
-  }
-  if (value < min || value > max) {
-    ThrowInvalid(absl::StrCat("table option ", name, " must be in [", min, ", ", max, "], got ", value));
-  }
-  return static_cast<T>(value);
-}
-
-template <typename T>
-TableField UnsignedField(const char* name, T TableOptions::*member, uint64_t min = 0) {
-  const uint64_t max = std::numeric_limits<T>::max();
-  return {name, min > 0 ? absl::StrCat("int >= ", min) : "int >= 0",
-          [=](TableOptions& o, py::handle v) { o.*member = ParseUnsigned<T>(v, name, max, min); },
-          [=](const TableOptions& o) { return py::int_(o.*member); }};
-}
-
-template <typename T>
-TableField FloatField(const char* name, T TableOptions::*member) {
-  return {name, "float",
-          [=](TableOptions& o, py::handle v) {
-            if (PyBool_Check(v.ptr()) || (!PyFloat_Check(v.ptr()) && !PyLong_Check(v.ptr()))) {
-              ThrowInvalid(absl::StrCat("table option ", name, " must be a number, got ",
-                                        py::repr(v).cast<std::string>()));
-            }
-            o.*member = static_cast<T>(v.cast<double>());
-          },
-          [=](const TableOptions& o) {  // as written in the header: 0.01, not 0.009999999776
-            return py::float_(std::stod(absl::StrFormat("%.7g", static_cast<double>(o.*member))));
-          }};
-}
-
-TableField BoolField(const char* name, bool TableOptions::*member) {
-  return {name, "bool",
-          [=](TableOptions& o, py::handle v) {
-            if (!PyBool_Check(v.ptr())) {
-              ThrowInvalid(absl::StrCat("table option ", name, " must be True or False, got ",
-                                        py::repr(v).cast<std::string>()));
-            }
-            o.*member = v.cast<bool>();
-          },
-          [=](const TableOptions& o) { return py::bool_(o.*member); }};
-}
-
-TableField StringField(const char* name, std::string TableOptions::*member) {
-  return {name, "str",
-          [=](TableOptions& o, py::handle v) {
-            if (!PyUnicode_Check(v.ptr())) {
-              ThrowInvalid(absl::StrCat("table option ", name, " must be a str, got ", py::repr(v).cast<std::string>()));
-            }
-            o.*member = v.cast<std::string>();
-          },
-          [=](const TableOptions& o) { return py::str(o.*member); }};
-}
-
-// A proto enum field, by the lower-cased names of the enum's values.
-template <typename E>
-TableField EnumField(const char* name, E TableOptions::*member) {
-  const google::protobuf::EnumDescriptor* d = google::protobuf::GetEnumDescriptor<E>();
-  std::vector<std::pair<std::string, E>> values;
-  for (int i = 0; i < d->value_count(); ++i) {
-    values.emplace_back(absl::AsciiStrToLower(d->value(i)->name()), static_cast<E>(d->value(i)->number()));
-  }
-  std::vector<std::string> quoted;
-  for (const auto& [n, e] : values) quoted.push_back(absl::StrCat("'", n, "'"));
-  const std::string valid = absl::StrJoin(quoted, ", ");
-  return {name, absl::StrCat("one of ", valid),
-          [=](TableOptions& o, py::handle v) {
-            if (PyUnicode_Check(v.ptr())) {
-              const std::string s = absl::AsciiStrToLower(v.cast<std::string>());
-              for (const auto& [n, e] : values) {
-                if (n == s) {
-                  o.*member = e;
-                  return;
-                }
-              }
-            }
-            ThrowInvalid(absl::StrCat("table option ", name, " must be one of ", valid, ", got ",
-                                      py::repr(v).cast<std::string>()));
-          },
-          [=](const TableOptions& o) {
-            for (const auto& [n, e] : values) {
-              if (e == o.*member) return py::object(py::str(n));
-            }
-            return py::object(py::int_(static_cast<int>(o.*member)));
-          }};
-}
-
-// Every TableOptions field a Python program may set, in the order of
-// worker/worker.h. Add new fields here (one line each).
-const std::vector<TableField>& TableFields() {
-  static const std::vector<TableField>* fields = new std::vector<TableField>{
-      UnsignedField("id", &TableOptions::id),
-      StringField("name", &TableOptions::name),
-      UnsignedField("width", &TableOptions::width, 1),
-      EnumField("kind", &TableOptions::kind),
-      UnsignedField("dense_rows", &TableOptions::dense_rows),
-      EnumField("optimizer", &TableOptions::optimizer),
-      FloatField("learning_rate", &TableOptions::learning_rate),
-      FloatField("momentum", &TableOptions::momentum),
-      FloatField("beta1", &TableOptions::beta1),
-      FloatField("beta2", &TableOptions::beta2),
-      FloatField("epsilon", &TableOptions::epsilon),
-      FloatField("initial_accumulator", &TableOptions::initial_accumulator),
-      FloatField("ftrl_beta", &TableOptions::ftrl_beta),
-      FloatField("l1", &TableOptions::l1),
-      FloatField("l2", &TableOptions::l2),
-      UnsignedField("admit_after", &TableOptions::admit_after),
-      UnsignedField("admission_sketch_width", &TableOptions::admission_sketch_width),
-      UnsignedField("evict_after_clocks", &TableOptions::evict_after_clocks),
-      UnsignedField("memory_budget_bytes", &TableOptions::memory_budget_bytes),
-      BoolField("disk_tier", &TableOptions::disk_tier),
-      EnumField("init", &TableOptions::init),
-      FloatField("init_scale", &TableOptions::init_scale),
-      UnsignedField("init_seed", &TableOptions::init_seed),
-      EnumField("consistency", &TableOptions::consistency),
-      UnsignedField("staleness", &TableOptions::staleness),
-      StringField("compression", &TableOptions::compression),
-      StringField("pull_compression", &TableOptions::pull_compression),
-  };
-  return *fields;
-}
-
-std::string TableFieldNames() {
-  std::vector<std::string> names;
-  for (const TableField& f : TableFields()) names.push_back(f.name);
-  return absl::StrJoin(names, ", ");
-}
-
-void SetTableOption(TableOptions& o, const std::string& name, py::handle value) {
-  for (const TableField& f : TableFields()) {
-    if (f.name == name) {
-      f.set(o, value);
-      return;
-    }
-  }
-  ThrowInvalid(absl::StrCat("unknown table option '", name, "'; valid options: ", TableFieldNames()));
-}
-
-TableOptions MakeTableOptions(py::handle id, py::handle width, const py::kwargs& options) {
-  TableOptions o;
-  SetTableOption(o, "id", id);
-  SetTableOption(o, "width", width);
-  for (const auto& [key, value] : options) {
-    const std::string name = py::str(key).cast<std::string>();
-    if (name == "id" || name == "width") ThrowInvalid(absl::StrCat("table option ", name, " given twice"));
-    SetTableOption(o, name, value);
-  }
-  return o;
-}
-
-std::string TableOptionsDoc() {
-  const TableOptions defaults;
-  std::string doc;
-  for (const TableField& f : TableFields()) {
-    if (f.name == "id" || f.name == "width") continue;
-    absl::StrAppend(&doc, "    ", f.name, " (", f.type, "): default ",
-                    py::repr(f.get(defaults)).cast<std::string>(), "\n");
-  }
-  return doc;
-}
-
-// ---------------------------------------------------------------------------
-// Future
 
 // One request in flight, with the Python objects whose memory it uses.
 class PyFuture {
@@ -663,21 +313,7 @@ py::array BatchRows(py::handle obj, const char* what, size_t rows, std::optional
   return RowsOf(a, what, rows, width, false);
 }
 
-}  // namespace
-}  // namespace tessera::python
-
-namespace tessera::python {
-void BindData(py::module_& m);  // data_bindings.cc
-}  // namespace tessera::python
-
-PYBIND11_MODULE(_tessera, m) {
-  using namespace tessera;          // NOLINT: the binding names every type of both
-  using namespace tessera::python;  // NOLINT
-  m.doc() =
-      "Tessera's worker library (the parameter-server client) for Python.\n\n"
-      "Use the `tessera` package, which re-exports this module: tessera.Worker.connect(...) or\n"
-      "tessera.Worker.from_args() in a program started by tessera-launch.";
-
+void BindErrors(py::module_& m) {
   exception_types.error = PyErr_NewExceptionWithDoc(
       "tessera.Error", "A Tessera request failed; `code` names the absl status code.", PyExc_RuntimeError, nullptr);
   py::tuple invalid_bases = py::make_tuple(py::handle(exception_types.error), py::handle(PyExc_ValueError));
@@ -699,6 +335,9 @@ PYBIND11_MODULE(_tessera, m) {
     }
   });
 
+}
+
+void BindFuture(py::module_& m) {
   py::class_<PyFuture>(m, "Future",
                        "The completion of one push or pull. Holds the arrays the request reads or writes until it "
                        "completes; dropping an unfinished Future waits for it.")
@@ -709,13 +348,11 @@ PYBIND11_MODULE(_tessera, m) {
            "May be called again: returns or raises the same.")
       .def("ready", &PyFuture::Ready, "True once the request completed (successfully or not).");
 
-  py::class_<PyWorker>(m, "Worker",
-                       "A worker process's connection to a Tessera job (worker/worker.h).\n\n"
-                       "Create with Worker.connect(...) or Worker.from_args(). All methods may be called from "
-                       "several threads; blocking calls release the GIL. Keys are 1-D uint64 arrays (non-negative "
-                       "int64, e.g. torch ids, are reinterpreted in place); values are float32, C-contiguous, of "
-                       "shape (n, width) or flat. NumPy arrays and CPU torch tensors are used in place, never "
-                       "copied. Usable as a context manager (close() at exit).")
+}
+
+// Worker: connecting and what it is; requests; the end and what it counted.
+void BindWorkerSetup(py::class_<PyWorker>& cls) {
+  cls
       .def_static(
           "connect",
           [](const std::string& coordinator, int rank, const std::string& name, const std::string& bind,
@@ -770,7 +407,11 @@ PYBIND11_MODULE(_tessera, m) {
            "answered. Keyword options (worker/worker.h TableOptions):\n" +
            TableOptionsDoc() +
            "Unknown options or values raise tessera.InvalidArgumentError listing the valid ones.")
-              .c_str())
+              .c_str());
+}
+
+void BindWorkerRequests(py::class_<PyWorker>& cls) {
+  cls
       .def("push", [](PyWorker& self, uint32_t table, py::handle keys, py::handle values,
                       int32_t priority) { self.PushAsync(table, keys, values, priority)->Wait(std::nullopt); },
            py::arg("table"), py::arg("keys"), py::arg("values"), py::kw_only(), py::arg("priority") = 0,
@@ -817,7 +458,11 @@ PYBIND11_MODULE(_tessera, m) {
       .def("push_aggregated_async", &PyWorker::PushAggregatedAsync, py::arg("table"), py::arg("keys"),
            py::arg("values"),
            "push_aggregated() without waiting: returns a Future. The sums are made before it returns, so "
-           "`keys` and `values` may change at once.")
+           "`keys` and `values` may change at once.");
+}
+
+void BindWorkerEnd(py::class_<PyWorker>& cls) {
+  cls
       .def(
           "clock", [](PyWorker& self) { self.Blocking([](Worker& w) { return w.Clock(); }); },
           "Ends this worker's current clock (after the pushes issued before it are acknowledged), and blocks "
@@ -864,7 +509,22 @@ PYBIND11_MODULE(_tessera, m) {
            "raise tessera.Error.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyWorker& self, py::args) { self.Close(); });
+}
 
+void BindWorker(py::module_& m) {
+  py::class_<PyWorker> cls(m, "Worker",
+                       "A worker process's connection to a Tessera job (worker/worker.h).\n\n"
+                       "Create with Worker.connect(...) or Worker.from_args(). All methods may be called from "
+                       "several threads; blocking calls release the GIL. Keys are 1-D uint64 arrays (non-negative "
+                       "int64, e.g. torch ids, are reinterpreted in place); values are float32, C-contiguous, of "
+                       "shape (n, width) or flat. NumPy arrays and CPU torch tensors are used in place, never "
+                       "copied. Usable as a context manager (close() at exit).");
+  BindWorkerSetup(cls);
+  BindWorkerRequests(cls);
+  BindWorkerEnd(cls);
+}
+
+void BindSparseBatch(py::module_& m) {
   py::class_<SparseBatch>(m, "SparseBatch",
                           "The distinct keys of a batch (first-occurrence order) and, per position, the index of "
                           "its key among them (common/sparse_batch.h). Dedups a lookup on the worker.")
@@ -925,6 +585,27 @@ PYBIND11_MODULE(_tessera, m) {
           py::arg("grads"), py::arg("width") = py::none(), py::arg("out") = py::none(),
           "Sums per-position rows (float32, (positions, width)) into one row per unique key: returns "
           "(len(unique), width), or overwrites `out`.");
+
+}
+
+}  // namespace
+
+void BindData(py::module_& m);  // data_bindings.cc
+
+}  // namespace tessera::python
+
+PYBIND11_MODULE(_tessera, m) {
+  using namespace tessera;          // NOLINT: the binding names every type of both
+  using namespace tessera::python;  // NOLINT
+  m.doc() =
+      "Tessera's worker library (the parameter-server client) for Python.\n\n"
+      "Use the `tessera` package, which re-exports this module: tessera.Worker.connect(...) or\n"
+      "tessera.Worker.from_args() in a program started by tessera-launch.";
+
+  BindErrors(m);
+  BindFuture(m);
+  BindWorker(m);
+  BindSparseBatch(m);
 
   py::dict defaults;
   const TableOptions d;
