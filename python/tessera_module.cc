@@ -238,12 +238,12 @@ class PyWorker {
 
 WorkerOptions OptionsFrom(const std::string& coordinator, int rank, const std::string& name, const std::string& bind,
                           double connect_timeout, double request_timeout, int metrics_port,
-                          const std::string& metrics_host, int64_t part_bytes, int64_t max_bytes_in_flight_per_server,
-                          const std::string& job_keys) {
+                          const std::string& metrics_host, int64_t part_bytes, int64_t row_piece_bytes,
+                          int64_t max_bytes_in_flight_per_server, const std::string& job_keys) {
   if (coordinator.empty()) ThrowInvalid("coordinator is empty (e.g. tcp://127.0.0.1:5000)");
   if (connect_timeout <= 0 || request_timeout <= 0) ThrowInvalid("timeouts must be positive");
-  if (part_bytes < 0 || max_bytes_in_flight_per_server < 0) {
-    ThrowInvalid("part_bytes and max_bytes_in_flight_per_server are bytes, 0 (off) or more");
+  if (part_bytes < 0 || row_piece_bytes < 0 || max_bytes_in_flight_per_server < 0) {
+    ThrowInvalid("part_bytes, row_piece_bytes and max_bytes_in_flight_per_server are bytes, 0 (off) or more");
   }
   WorkerProcessFlags flags;
   flags.coordinator = coordinator;
@@ -255,6 +255,7 @@ WorkerOptions OptionsFrom(const std::string& coordinator, int rank, const std::s
   flags.metrics_port = metrics_port;
   flags.metrics_host = metrics_host;
   flags.transfer_part_bytes = part_bytes;
+  flags.transfer_row_piece_bytes = row_piece_bytes;
   flags.transfer_max_bytes_in_flight_per_server = max_bytes_in_flight_per_server;
   WorkerOptions options = flags.ToOptions();
   options.transport.job_keys = job_keys;  // the other transport settings: their defaults
@@ -357,22 +358,26 @@ void BindWorkerSetup(py::class_<PyWorker>& cls) {
           "connect",
           [](const std::string& coordinator, int rank, const std::string& name, const std::string& bind,
              double connect_timeout, double request_timeout, int metrics_port, const std::string& metrics_host,
-             bool debug, int64_t part_bytes, int64_t max_bytes_in_flight_per_server, const std::string& job_keys) {
+             bool debug, int64_t part_bytes, int64_t row_piece_bytes, int64_t max_bytes_in_flight_per_server,
+             const std::string& job_keys) {
             return PyWorker::Connect(OptionsFrom(coordinator, rank, name, bind, connect_timeout, request_timeout,
-                                                 metrics_port, metrics_host, part_bytes, max_bytes_in_flight_per_server,
-                                                 job_keys),
+                                                 metrics_port, metrics_host, part_bytes, row_piece_bytes,
+                                                 max_bytes_in_flight_per_server, job_keys),
                                      debug);
           },
           py::arg("coordinator"), py::arg("rank") = -1, py::arg("name") = "", py::arg("bind") = "tcp://127.0.0.1:0",
           py::arg("connect_timeout") = 30.0, py::arg("request_timeout") = 60.0, py::arg("metrics_port") = -1,
           py::arg("metrics_host") = "127.0.0.1", py::arg("debug") = false, py::arg("part_bytes") = 0,
+          py::arg("row_piece_bytes") = static_cast<int64_t>(kDefaultRowPieceBytes),
           py::arg("max_bytes_in_flight_per_server") = 0, py::arg("job_keys") = "",
           "Joins the job whose coordinator is at `coordinator` (e.g. 'tcp://127.0.0.1:5000') and returns once the "
           "whole job has assembled. rank: the worker rank to take (-1: the coordinator assigns one). name: for log "
           "lines (default worker-RANK). bind: where replies arrive. Timeouts in seconds: connect_timeout for "
           "registration and assembly, request_timeout for every push, pull and table creation. metrics_port: serve "
           "Prometheus metrics (0: any free port, -1: off). Transfer scheduling (docs/design.md): part_bytes splits "
-          "each server's share of a push or pull into parts of at most that many value bytes, and "
+          "each server's share of a push or pull into parts of at most that many value bytes; with part_bytes 0, "
+          "a pushed row wider than row_piece_bytes goes in pieces of that size to a server reached over the "
+          "network (whole over the same-host path; 0: rows whole; --transfer_row_piece_bytes), and "
           "max_bytes_in_flight_per_server holds parts back, highest priority first (0: off). job_keys: the job's key "
           "file where the job authenticates (tessera-launch's RUN/job.keys; --job_keys). Logs go to stderr. "
           "Raises tessera.Error naming the coordinator if it does not answer.")

@@ -64,8 +64,10 @@ def test_priority_is_a_keyword_of_push_and_pull(worker, table_id):
 
 
 def test_transfer_options_are_checked_before_connecting():
-    with pytest.raises(tessera.InvalidArgumentError, match="part_bytes and max_bytes_in_flight_per_server"):
-        tessera.Worker.connect("tcp://127.0.0.1:1", part_bytes=-1)
+    for bad in ({"part_bytes": -1}, {"row_piece_bytes": -1}, {"max_bytes_in_flight_per_server": -1}):
+        with pytest.raises(tessera.InvalidArgumentError,
+                           match="part_bytes, row_piece_bytes and max_bytes_in_flight_per_server"):
+            tessera.Worker.connect("tcp://127.0.0.1:1", **bad)
 
 
 def test_a_table_with_a_disk_tier_keeps_every_row(worker, table_id):
