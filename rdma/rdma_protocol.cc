@@ -88,7 +88,7 @@ absl::Status EndpointCore::PeerError(const Connection& c, absl::StatusCode code,
 }
 
 void EndpointCore::Problem(const Connection& c, absl::Status status, Actions& out) {
-  out.push_back(ProblemAction{c.id, std::move(status)});
+  out.emplace_back(std::in_place_type<ProblemAction>, ProblemAction{c.id, std::move(status)});
 }
 
 void EndpointCore::Disconnect(Connection& c, absl::Status reason, Actions& out) {
