@@ -166,7 +166,10 @@ def read_exceptions():
         for raw in EXCEPTIONS.read_text().splitlines():
             line = raw.split("#", 1)[0].strip()
             if line:
-                entry, size = line.rsplit(None, 1)
+                entry, _, size = line.rpartition(" ")
+                if not entry or not size.isdigit():
+                    sys.exit(f"check_sizes: {EXCEPTIONS.name}: bad line {raw!r} (want `file PATH LINES` or "
+                             "`function PATH:NAME LINES`)")
                 listed[entry] = int(size)
     return listed
 

@@ -15,17 +15,8 @@
 #include "server/checkpoint_format.h"
 
 namespace tessera {
+namespace checkpoint_internal {
 namespace {
-
-using checkpoint_internal::GetU32;
-using checkpoint_internal::GetU64;
-using checkpoint_internal::IsKnownSectionType;
-using checkpoint_internal::kEndPayloadBytes;
-using checkpoint_internal::kHeaderBytes;
-using checkpoint_internal::kMinRowsPayloadBytes;
-using checkpoint_internal::kSectionHeaderBytes;
-using checkpoint_internal::PutU32;
-using checkpoint_internal::PutU64;
 
 // A file read by offset; reads past what it had at open are errors.
 class FileSource {
@@ -395,11 +386,12 @@ class CheckpointParser {
 };
 
 }  // namespace
+}  // namespace checkpoint_internal
 
 absl::StatusOr<CheckpointFile> ReadCheckpointFile(const std::string& path) {
-  auto file = FileSource::Open(path);
+  auto file = checkpoint_internal::FileSource::Open(path);
   if (!file.ok()) return file.status();
-  return CheckpointParser(path, *file).Parse();
+  return checkpoint_internal::CheckpointParser(path, *file).Parse();
 }
 
 }  // namespace tessera

@@ -14,18 +14,8 @@
 #include "server/checkpoint.h"
 #include "server/checkpoint_format.h"
 
-namespace tessera {
+namespace tessera::checkpoint_internal {
 namespace {
-
-using checkpoint_internal::GetU32;
-using checkpoint_internal::GetU64;
-using checkpoint_internal::IsKnownSectionType;
-using checkpoint_internal::kEndPayloadBytes;
-using checkpoint_internal::kHeaderBytes;
-using checkpoint_internal::kMinRowsPayloadBytes;
-using checkpoint_internal::kSectionHeaderBytes;
-using checkpoint_internal::PutU32;
-using checkpoint_internal::PutU64;
 
 
 // A file written through a buffer; small pieces are gathered, large ones go
@@ -214,7 +204,6 @@ absl::Status WriteSnapshot(FileSink& sink, const ShardSnapshot& snap, uint64_t s
 
 }  // namespace
 
-namespace checkpoint_internal {
 
 absl::Status WriteSnapshotFile(const std::string& path, const ShardSnapshot& snapshot, uint64_t sequence,
                                const CheckpointWriteOptions& options) {
@@ -224,5 +213,4 @@ absl::Status WriteSnapshotFile(const std::string& path, const ShardSnapshot& sna
   return sink->Finish();
 }
 
-}  // namespace checkpoint_internal
-}  // namespace tessera
+}  // namespace tessera::checkpoint_internal

@@ -269,6 +269,9 @@ absl::Status ServerNode::Serve(const proto::JobReady& ready, bool first) {
   }
   if (!out.ok()) return out.status();
   if (!restored.empty()) TLOG_INFO("{}", restored);
+  if (!out->refused_map.ok()) {
+    TLOG_ERROR("ignoring a bad shard map update from the coordinator: {}", out->refused_map.message());
+  }
   session_.set_map_epoch(ready.shard_map().epoch());
   Send(*out);
   std::lock_guard lock(mu_);

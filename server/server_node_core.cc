@@ -62,8 +62,11 @@ absl::StatusOr<ServerNodeCore::Output> ServerNodeCore::Start(const proto::JobRea
   if (early_map_) {
     if (early_map_->epoch() > ready.shard_map().epoch()) {
       auto released = core_->UpdateShardMap(*early_map_, now);
-      if (released.ok())
+      if (released.ok()) {
         for (Outgoing& o : *released) out.sends.push_back(std::move(o));
+      } else {
+        out.refused_map = released.status();
+      }
     }
     early_map_.reset();
   }

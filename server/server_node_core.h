@@ -63,6 +63,7 @@ class ServerNodeCore {
   struct Output {
     std::vector<Outgoing> sends;
     std::vector<proto::ShardsInSync> in_sync;  // for the coordinator
+    absl::Status refused_map;  // Start: the map kept before it, refused by the core (ignored; for the log)
   };
   // What a map update changed (for the shell's log).
   struct MapChange {

@@ -78,6 +78,17 @@ TEST(ServerNodeCoreTest, AMapThatCameBeforeTheStartIsAppliedAtItWhenNewer) {
   EXPECT_TRUE(again.error.ok());
 }
 
+TEST(ServerNodeCoreTest, AMapThatCameBeforeTheStartAndIsRefusedIsReported) {
+  ServerNodeCore node(ServerNodeCore::Options{});
+  proto::ShardMapUpdate update;  // fewer servers than the job has: a map never shrinks
+  *update.mutable_shard_map() = RoundRobinShardMap(3, 8, std::vector<proto::NodeInfo>{Server(0)});
+  EXPECT_TRUE(node.UpdateMap(update, 0, 0).kept);
+  auto out = node.Start(Ready(2), 1, 0, 0);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FALSE(out->refused_map.ok());
+  EXPECT_EQ(node.core()->epoch(), 2u);
+}
+
 TEST(ServerNodeCoreTest, ShardsThatLostEveryCopyAndThatThisServerLeadsAreRestored) {
   struct Call {
     std::vector<uint32_t> vshards;

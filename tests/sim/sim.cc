@@ -418,7 +418,11 @@ class ServerProc final : public Proc {
       return;
     }
     ServerNodeCore::Output out = node_.Receive(std::move(m), now);
-    if (node_.core()) After(out, now);
+    if (node_.core()) {
+      After(out, now);
+    } else {
+      world_->SendAll(address, out.sends, now);  // refused: the queue before the start is full
+    }
   }
 
   void Tick(Nanos now) override {
@@ -465,6 +469,9 @@ class ServerProc final : public Proc {
     if (!out.ok()) {
       world_->Violation(absl::StrCat(address, " refused its first map: ", out.status().message()));
       return;
+    }
+    if (!out->refused_map.ok()) {
+      world_->Violation(absl::StrCat(address, " refused a map from the coordinator: ", out->refused_map.message()));
     }
     After(*out, now);
   }
