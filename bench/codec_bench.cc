@@ -7,7 +7,10 @@
 // It measures; it never asserts.
 #include <benchmark/benchmark.h>
 
+#include <cstdio>
 #include <cstring>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "compress/codec.h"
@@ -202,7 +205,22 @@ const int kRegistered = Register();
 }  // namespace tessera::compress
 
 int main(int argc, char** argv) {
-  // Which kernel table ran (TESSERA_CPU_KERNELS caps it); the script prints it.
+  // --cpu-kernels=portable|avx2|avx512 caps the kernel table (to compare
+  // paths); the other flags are Google Benchmark's.
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (!arg.starts_with("--cpu-kernels=")) {
+      argv[kept++] = argv[i];
+      continue;
+    }
+    if (absl::Status s = tessera::compress::kernels::CapBest(arg.substr(arg.find('=') + 1)); !s.ok()) {
+      std::fprintf(stderr, "codec_bench: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
+  argc = kept;
+  // Which kernel table ran; the script prints it.
   benchmark::AddCustomContext("kernels", tessera::compress::kernels::Best().name);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -8,8 +8,9 @@
 # build-compress-rel) if needed, runs bench/codec_bench (16M floats per
 # tensor) REPEATS times with the benchmarks interleaved at random, and prints
 # one Markdown table of medians: benchmark, GB/s of fp32 input, ratio to the
-# read pass. Environment: TESSERA_CPU_KERNELS (portable, avx2 or avx512:
-# caps the kernel table; default the widest the CPU has), REPEATS (default 5), MIN_TIME (seconds per
+# read pass. Environment: KERNELS (portable, avx2 or avx512: caps the
+# kernel table, passed as codec_bench --cpu-kernels; default the widest the
+# CPU has), REPEATS (default 5), MIN_TIME (seconds per
 # benchmark and repetition, default 0.2), FILTER (a benchmark regex),
 # KEEP=1 keeps the JSON (path printed).
 set -euo pipefail
@@ -20,6 +21,8 @@ PYTHON=/usr/bin/python3
 REPEATS=${REPEATS:-5}
 MIN_TIME=${MIN_TIME:-0.2}
 FILTER=${FILTER:-.}
+KERNEL_FLAGS=()
+if [ -n "${KERNELS:-}" ]; then KERNEL_FLAGS=(--cpu-kernels="$KERNELS"); fi
 
 BUILD_LOG=$(mktemp --suffix=.log)
 # shellcheck source=bench/lib.sh
@@ -34,9 +37,11 @@ JSON=$(mktemp --suffix=.json)
 # Single core: pin to one CPU when taskset exists.
 PIN=()
 if command -v taskset >/dev/null; then PIN=(taskset -c 0); fi
-"${PIN[@]}" "$BIN" --benchmark_filter="$FILTER" --benchmark_min_time="$MIN_TIME" \
+"${PIN[@]}" "$BIN" "${KERNEL_FLAGS[@]}" --benchmark_filter="$FILTER" --benchmark_min_time="$MIN_TIME" \
   --benchmark_repetitions="$REPEATS" --benchmark_enable_random_interleaving=true \
-  --benchmark_format=json --benchmark_out="$JSON" --benchmark_out_format=json >/dev/null 2>&1
+  --benchmark_format=json --benchmark_out="$JSON" --benchmark_out_format=json >/dev/null 2>"$JSON.err" ||
+  { cat "$JSON.err" >&2; rm -f "$JSON" "$JSON.err"; exit 1; }
+rm -f "$JSON.err"
 
 ORDER=$("$BIN" --benchmark_filter="$FILTER" --benchmark_list_tests | tr '\n' ' ')
 "$PYTHON" - "$JSON" "$REPEATS" "$ORDER" <<'PY'

@@ -3,9 +3,9 @@
 // The portable table and the choice of table (Portable, Avx2, Avx512, Best);
 // the loop bodies are in cpu_kernel_bodies.h, the x86 tables and their CPU
 // checks in cpu_kernels_x86.cc.
-#include <cstdio>
-#include <cstdlib>
 #include <string>
+
+#include "absl/strings/str_cat.h"
 
 #include "compress/cpu_kernel_bodies.h"
 #include "compress/cpu_kernels_x86.h"
@@ -70,25 +70,15 @@ constexpr KernelTable kPortable = {
     portable::Collect,
 };
 
-// TESSERA_CPU_KERNELS caps the table Best() picks; anything else is an error.
-// A benchmark and test knob, not a job setting: every table gives
-// bit-identical results (cpu_kernels.h), so a process that does not get the
-// variable (a remote shell drops it) computes the same, only at another
-// speed; so it stays an environment variable rather than a flag of every
-// binary.
-const KernelTable& PickBest() {
-  const KernelTable* best = Avx512();
-  if (best == nullptr) best = Avx2();
-  if (best == nullptr) best = &kPortable;
-  const char* cap = std::getenv("TESSERA_CPU_KERNELS");
-  if (cap == nullptr || *cap == '\0') return *best;
-  const std::string want = cap;
-  if (want == "portable") return kPortable;
-  if (want == "avx2") return Avx2() != nullptr ? *Avx2() : kPortable;
-  if (want == "avx512") return *best;
-  std::fprintf(stderr, "TESSERA_CPU_KERNELS=%s: expected portable, avx2 or avx512\n", cap);
-  std::abort();
+const KernelTable& Widest() {
+  if (const KernelTable* t = Avx512()) return *t;
+  if (const KernelTable* t = Avx2()) return *t;
+  return kPortable;
 }
+
+// Set by CapBest before the first Best(); Best() fixes its choice once.
+const KernelTable* g_cap = nullptr;
+bool g_best_chosen = false;
 
 }  // namespace
 
@@ -112,9 +102,31 @@ const KernelTable* Avx512() {
 #endif
 }
 
+absl::StatusOr<const KernelTable*> CappedTable(std::string_view name) {
+  if (name == "portable") return &kPortable;
+  if (name == "avx2") return Avx2() != nullptr ? Avx2() : &kPortable;
+  if (name == "avx512") return &Widest();
+  return absl::InvalidArgumentError(
+      absl::StrCat("CPU kernels \"", std::string(name), "\": expected portable, avx2 or avx512"));
+}
+
 const KernelTable& Best() {
-  static const KernelTable& best = PickBest();
+  static const KernelTable& best = []() -> const KernelTable& {
+    g_best_chosen = true;
+    return g_cap != nullptr ? *g_cap : Widest();
+  }();
   return best;
+}
+
+absl::Status CapBest(std::string_view name) {
+  absl::StatusOr<const KernelTable*> table = CappedTable(name);
+  if (!table.ok()) return table.status();
+  if (g_best_chosen && *table != &Best()) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot cap the CPU kernels at ", std::string(name), ": the codecs use the ",
+                                                      Best().name, " table already"));
+  }
+  g_cap = *table;
+  return absl::OkStatus();
 }
 
 }  // namespace tessera::compress::kernels

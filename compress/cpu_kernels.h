@@ -10,15 +10,18 @@
 //   TernGrad and bf16 encoders, which are compute-bound). All give bit-identical
 //   results for every input; they differ only in speed. Avx2() is null when
 //   the CPU lacks AVX2 or F16C, Avx512() when it lacks AVX-512 F/BW/DQ/VL or
-//   BMI2. Best() picks the widest present, capped by the environment
-//   variable TESSERA_CPU_KERNELS=portable|avx2|avx512 (read once; any other
-//   value aborts with a message), which benchmarks use to compare paths.
+//   BMI2. Best() picks the widest present, capped by CapBest (a benchmark's
+//   --cpu-kernels flag, to compare paths; the library reads no environment).
 // - Pointers to wire bytes may have any alignment. Float and int pointers
 //   into caller arrays must be naturally aligned.
 // - `add` selects accumulate (dst[i] += alpha * v) instead of store (dst[i] = v).
 // - No kernel allocates; all are reentrant.
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace tessera::compress::kernels {
 
@@ -69,5 +72,15 @@ const KernelTable& Portable();
 const KernelTable* Avx2();
 const KernelTable* Avx512();
 const KernelTable& Best();
+
+// The table `name` ("portable", "avx2" or "avx512") caps the choice at:
+// the widest present at or below it (avx512 on a CPU without it is the
+// widest present). InvalidArgument naming the choices for any other name.
+absl::StatusOr<const KernelTable*> CappedTable(std::string_view name);
+// Caps what Best() returns from now on, for benchmarks comparing paths (every
+// table gives the same results). Must come before the first Best() (a codec's
+// first use): afterwards FailedPrecondition, unless the cap picks the table
+// Best() already returns. Not thread-safe with a concurrent first Best().
+absl::Status CapBest(std::string_view name);
 
 }  // namespace tessera::compress::kernels

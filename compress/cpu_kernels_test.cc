@@ -228,13 +228,35 @@ INSTANTIATE_TEST_SUITE_P(Tables, KernelsTest, ::testing::Values("avx2", "avx512"
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 TEST(KernelsPortableTest, BestIsTheWidestTableTheCpuHas) {
-  // TESSERA_CPU_KERNELS is unset under ctest; Best() is then the widest table.
-  if (std::getenv("TESSERA_CPU_KERNELS") != nullptr) GTEST_SKIP() << "TESSERA_CPU_KERNELS is set";
+  // Nothing in this test binary caps Best(): it is the widest table.
   const KernelTable* wide = Avx512() ? Avx512() : Avx2();
   EXPECT_EQ(&Best(), wide ? wide : &Portable());
   if (Avx512() != nullptr) {
     EXPECT_NE(Avx2(), nullptr) << "the AVX-512 table calls AVX2 kernels";
   }
+}
+
+TEST(KernelsPortableTest, ACapPicksTheWidestTablePresentAtOrBelowIt) {
+  EXPECT_EQ(*CappedTable("portable"), &Portable());
+  EXPECT_EQ(*CappedTable("avx2"), Avx2() ? Avx2() : &Portable());
+  const KernelTable* wide = Avx512() ? Avx512() : Avx2();
+  EXPECT_EQ(*CappedTable("avx512"), wide ? wide : &Portable());
+  absl::StatusOr<const KernelTable*> bad = CappedTable("sse");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("portable, avx2 or avx512"), std::string::npos) << bad.status();
+  EXPECT_FALSE(CapBest("sse").ok());
+}
+
+TEST(KernelsPortableTest, ACapAfterTheCodecsChoseATableIsRefusedUnlessItChangesNothing) {
+  const KernelTable& chosen = Best();
+  EXPECT_TRUE(CapBest(chosen.name).ok()) << "the same table";
+  if (&chosen != &Portable()) {
+    absl::Status late = CapBest("portable");
+    EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+    EXPECT_NE(late.message().find(chosen.name), std::string::npos) << late;
+  }
+  EXPECT_EQ(&Best(), &chosen);
 }
 
 }  // namespace

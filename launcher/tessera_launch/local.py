@@ -59,7 +59,8 @@ class LocalBackend(Backend):
             return
         for name in coordinator_names(job.config)[1:]:
             argv = process_argv(job.config, job.binaries, job.layout, name, "", job.debug)
-            if not sup.start(ProcessSpec(name, argv, env=process_env(job.config, job.layout, job.binaries), may_fail=True)):
+            if not sup.start(ProcessSpec(name, argv, env=process_env(job.config, job.layout, job.binaries),
+                                         may_fail=may_fail(job.config, name))):
                 return
         _start_cluster(sup, job, address)
 

@@ -388,7 +388,7 @@ def test_ssh_carries_every_setting_on_the_command_line(tmp_path, fake_build):
     hostfile.write_text("node1 roles=coordinator,server slots=4 addr=10.0.0.1\n"
                         "node2 roles=worker slots=2 addr=10.0.0.2\n")
     job = load_job(LocalOptions(config=str(REPO / "configs" / "local.yaml"), build_dir=str(fake_build),
-                                overrides=["message_faults.spec=seed=3,drop=0.01", "coordinator.standbys=1",
+                                overrides=["message_faults.spec=seed=3,drop=0.01", "coordinator.standbys=1", "coordinator.etcd=http://127.0.0.1:2379",
                                            "coordinator.etcd=http://10.0.0.1:2379", "cluster.servers=2"]))
     backend = SshBackend(str(hostfile))
     backend._place(job)
@@ -404,3 +404,19 @@ def test_ssh_carries_every_setting_on_the_command_line(tmp_path, fake_build):
     assert "--watch-stdin" in remote and "--probe tcp://10.0.0.1:5000" in remote, remote
     standby = backend.process_command(job, "coordinator-1", "tcp://10.0.0.1:5000")[-1]
     assert "--probe" not in standby and "--name coordinator-1" in standby, standby
+
+
+def test_who_may_fail_follows_the_config():
+    """The supervision policy every back-end shares: a process the
+    coordinator judges or replaces may die; others fail the job."""
+    from tessera_launch.policy import may_fail
+
+    def config(*overrides):
+        return load_config(REPO / "configs" / "local.yaml", ["security.curve=false", *overrides])
+
+    plain = config("cluster.replication=1", "coordinator.standbys=0")
+    assert not may_fail(plain, "coordinator") and not may_fail(plain, "server-0") and not may_fail(plain, "worker-0")
+    ha = config("cluster.servers=2", "cluster.replication=2", "coordinator.standbys=1", "coordinator.etcd=http://127.0.0.1:2379",
+                "cluster.on_worker_loss=wait")
+    assert may_fail(ha, "coordinator") and may_fail(ha, "coordinator-1")
+    assert may_fail(ha, "server-1") and may_fail(ha, "worker-0")
