@@ -264,6 +264,14 @@ void BucketFileColdRows::ForEach(absl::FunctionRef<void(Key, std::span<const flo
   }
 }
 
+void BucketFileColdRows::ForEachKey(absl::FunctionRef<void(Key)> fn) {
+  for (uint64_t b = 0; b < buckets_; ++b) {
+    for (Header* h = Primary(b); h != nullptr; h = Next(h)) {
+      for (uint32_t i = 0; i < h->count; ++i) fn(Keys(h)[i]);
+    }
+  }
+}
+
 ColdRowStats BucketFileColdRows::stats() const {
   ColdRowStats s = stats_;
   s.bytes_on_disk = primary_.mapped + overflow_.mapped;

@@ -68,6 +68,7 @@ class BucketFileColdRows final : public ColdRows {
   bool Contains(Key key) override;
   void Erase(Key key) override;
   void ForEach(absl::FunctionRef<void(Key, std::span<const float>)> fn) override;
+  void ForEachKey(absl::FunctionRef<void(Key)> fn) override;
   uint64_t memory_bytes(uint64_t) const override { return kMemoryBytes; }
   ColdRowStats stats() const override;
   void KeepAlive(std::shared_ptr<const void> owner) { owner_ = std::move(owner); }

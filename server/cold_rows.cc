@@ -53,4 +53,8 @@ void MemoryColdRows::ForEach(absl::FunctionRef<void(Key, std::span<const float>)
   for (const auto& [key, row] : rows_) fn(key, row);
 }
 
+void MemoryColdRows::ForEachKey(absl::FunctionRef<void(Key)> fn) {
+  for (const auto& [key, row] : rows_) fn(key);
+}
+
 }  // namespace tessera

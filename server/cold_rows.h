@@ -78,6 +78,12 @@ class ColdRows {
   // Calls fn(key, row) once for every row held, in no particular order. The
   // span is valid during the call only; fn must not change the store.
   virtual void ForEach(absl::FunctionRef<void(Key, std::span<const float>)> fn) = 0;
+  // Calls fn(key) once for every key held, in no particular order, reading
+  // no row where the store can (the default walks ForEach). fn must not
+  // change the store.
+  virtual void ForEachKey(absl::FunctionRef<void(Key)> fn) {
+    ForEach([&](Key key, std::span<const float>) { fn(key); });
+  }
   // The most memory the store holds while it holds `rows` rows (see above).
   virtual uint64_t memory_bytes(uint64_t rows) const = 0;
   virtual ColdRowStats stats() const = 0;
@@ -101,6 +107,7 @@ class MemoryColdRows : public ColdRows {
   bool Contains(Key key) override { return rows_.contains(key); }
   void Erase(Key key) override;
   void ForEach(absl::FunctionRef<void(Key, std::span<const float>)> fn) override;
+  void ForEachKey(absl::FunctionRef<void(Key)> fn) override;
   uint64_t memory_bytes(uint64_t) const override { return 0; }
   ColdRowStats stats() const override { return stats_; }
   size_t size() const { return rows_.size(); }

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 
 #include "server/bucket_file_cold_rows.h"
 #include "server/disk_tier.h"
@@ -146,6 +147,10 @@ TEST_P(ColdRowsTest, EraseForgetsAndForEachVisitsEveryRowOnce) {
   }
   EXPECT_FALSE(store->Contains(0));
   EXPECT_TRUE(store->Contains(1 * 0x9e3779b97f4a7c15ULL));
+  std::set<Key> keys;
+  store->ForEachKey([&](Key k) { EXPECT_TRUE(keys.insert(k).second) << "twice: " << k; });
+  EXPECT_EQ(keys.size(), expected.size());
+  for (const auto& [k, row] : expected) EXPECT_TRUE(keys.contains(k)) << k;
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, ColdRowsTest,

@@ -212,6 +212,10 @@ void LogColdRows::ForEach(absl::FunctionRef<void(Key, std::span<const float>)> f
   });
 }
 
+void LogColdRows::ForEachKey(absl::FunctionRef<void(Key)> fn) {
+  index_.ForEach([&](uint32_t slot) { fn(KeyAt(slot)); });
+}
+
 void LogColdRows::CompactIfNeeded() {
   if (compacting_) return;  // (compaction appends, and appends call nothing that compacts)
   compacting_ = true;

@@ -81,6 +81,7 @@ class LogColdRows final : public ColdRows {
   Key KeyAt(uint32_t slot) const;
   void Erase(Key key) override;
   void ForEach(absl::FunctionRef<void(Key, std::span<const float>)> fn) override;
+  void ForEachKey(absl::FunctionRef<void(Key)> fn) override;
   // The index's memory (server/log_index.h: what it holds, a page for its
   // next split, and MemoryFor the rows beyond those it holds), plus
   // kFixedMemoryBytes.

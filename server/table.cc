@@ -589,8 +589,13 @@ void Table::ForEachRow(absl::FunctionRef<void(Key, std::span<const float>)> fn) 
 
 size_t Table::EraseRows(absl::FunctionRef<bool(Key)> which) {
   if (config_.kind() != proto::SPARSE) return 0;
-  std::vector<Key> keys;
-  ForEachRow([&](Key k, std::span<const float>) {
+  std::vector<Key> keys;  // chosen first: erasing changes what the walks walk
+  if (rows_on_disk_ > 0) {
+    cold_->ForEachKey([&](Key k) {  // no row read from disk
+      if (which(k)) keys.push_back(k);
+    });
+  }
+  index_.ForEach([&](Key k, uint32_t) {
     if (which(k)) keys.push_back(k);
   });
   for (Key k : keys) {
