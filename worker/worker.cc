@@ -32,15 +32,39 @@
 #include "worker/table_config.h"
 #include "worker/worker_metrics.h"
 #include "worker/worker_core.h"
+#include "worker/worker_node_core.h"
 
 namespace tessera {
 
 namespace {
 
+// The core's options from the worker's (WorkerNodeCore::Start adds the
+// node id, incarnation and address).
+WorkerCoreOptions CoreOptions(const WorkerOptions& options, std::weak_ptr<Transport> transport) {
+  WorkerCoreOptions co;
+  co.request_timeout = options.request_timeout;
+  co.hold_timeout = options.hold_timeout;
+  co.resend_after = options.resend_after;
+  co.resend_floor = options.resend_floor;
+  co.resend_ceiling = options.resend_ceiling;
+  co.resend_bytes_per_second = options.resend_bytes_per_second;
+  co.part_bytes = options.part_bytes;
+  co.row_piece_bytes = options.row_piece_bytes;
+  // Wide rows go whole over the same-host path (pieces measured slower
+  // there), in pieces over the network.
+  co.whole_rows_to = [t = std::move(transport)](const std::string& address) {
+    std::shared_ptr<Transport> transport = t.lock();
+    return transport != nullptr && transport->SameHostPath(address);
+  };
+  co.max_bytes_in_flight_per_server = options.max_bytes_in_flight_per_server;
+  co.max_message_bytes = options.max_message_bytes;
+  return co;
+}
+
 class WorkerImpl final : public Worker {
  public:
   WorkerImpl(const WorkerOptions& options, std::unique_ptr<Transport> transport)
-      : options_(options), transport_(std::move(transport)) {}
+      : options_(options), transport_(std::move(transport)), node_(CoreOptions(options_, transport_)) {}
 
   ~WorkerImpl() override { Close(absl::CancelledError("worker closed")); }
 
@@ -70,37 +94,17 @@ class WorkerImpl final : public Worker {
     if (auto s = transport_->Start([this](Message m) { OnMessage(std::move(m)); }); !s.ok()) return s;
     auto ready = session_->Join();
     if (!ready.ok()) return ready.status();
-    WorkerCoreOptions co;
-    co.node_id = session_->self().node_id();
-    co.incarnation = session_->self().incarnation();
-    co.address = transport_->address();
-    co.request_timeout = options_.request_timeout;
-    co.hold_timeout = options_.hold_timeout;
-    co.resend_after = options_.resend_after;
-    co.resend_floor = options_.resend_floor;
-    co.resend_ceiling = options_.resend_ceiling;
-    co.resend_bytes_per_second = options_.resend_bytes_per_second;
-    co.part_bytes = options_.part_bytes;
-    co.row_piece_bytes = options_.row_piece_bytes;
-    // Wide rows go whole over the same-host path (pieces measured slower
-    // there), in pieces over the network.
-    co.whole_rows_to = [t = std::weak_ptr<Transport>(transport_)](const std::string& address) {
-      std::shared_ptr<Transport> transport = t.lock();
-      return transport != nullptr && transport->SameHostPath(address);
-    };
-    co.max_bytes_in_flight_per_server = options_.max_bytes_in_flight_per_server;
-    co.max_message_bytes = options_.max_message_bytes;
-    auto core = WorkerCore::Create(std::move(co), ready->shard_map());
-    if (!core.ok()) return core.status();
-    const std::string joined_map = absl::StrCat("shard map epoch ", ready->shard_map().epoch(), " (map ",
-                                                ShardMapDigest(ready->shard_map()), ")");
-    num_workers_ = 0;
-    for (const auto& n : ready->nodes())
-      if (n.role() == proto::WORKER) ++num_workers_;
+    WorkerNodeCore::StartKind kind;
     {
       std::lock_guard lock(mu_);
-      core_ = std::move(*core);
+      absl::Status s = node_.Start(*ready, session_->self(), session_->joined_running_job(), transport_->address());
+      if (!s.ok()) return s;
+      core_ = node_.core();
+      num_workers_ = node_.num_workers();
+      kind = node_.start_kind();
     }
+    const std::string joined_map = absl::StrCat("shard map epoch ", ready->shard_map().epoch(), " (map ",
+                                                ShardMapDigest(ready->shard_map()), ")");
     ticker_ = std::thread([this] { TickLoop(); });
     if (options_.metrics_port >= 0) {
       auto m = metrics::MetricsHttpServer::Start(options_.metrics_host, static_cast<uint16_t>(options_.metrics_port),
@@ -109,48 +113,38 @@ class WorkerImpl final : public Worker {
       metrics_ = std::move(*m);
       TLOG_INFO("metrics at http://{}:{}/metrics", options_.metrics_host, metrics_->port());
     }
-    if (session_->joined_running_job()) {
-      if (absl::Status s = ResumeClock(/*join=*/true); !s.ok()) return s;
-      TLOG_INFO("worker {} joined the running job from {} at clock {}: {} servers, {} workers; {}", rank(),
-                transport_->address(), clock(), num_servers(), num_workers_, joined_map);
-      return absl::OkStatus();
+    if (kind != WorkerNodeCore::StartKind::kFresh) {
+      if (absl::Status s = ResumeClock(kind); !s.ok()) return s;
     }
-    if (incarnation() > 0) {
-      if (absl::Status s = ResumeClock(); !s.ok()) return s;
-      TLOG_INFO("worker {} rejoined from {} as incarnation {} at clock {}: {} servers, {} workers; {}", rank(),
-                transport_->address(), incarnation(), clock(), num_servers(), num_workers_, joined_map);
-      return absl::OkStatus();
+    const std::string from = transport_->address();
+    std::string how = absl::StrCat("joined from ", from);
+    if (kind == WorkerNodeCore::StartKind::kJoin) {
+      how = absl::StrCat("joined the running job from ", from, " at clock ", clock());
+    } else if (kind == WorkerNodeCore::StartKind::kReplacement) {
+      how = absl::StrCat("rejoined from ", from, " as incarnation ", incarnation(), " at clock ", clock());
     }
-    TLOG_INFO("worker {} joined from {}: {} servers, {} workers; {}", rank(), transport_->address(), num_servers(),
-              num_workers_, joined_map);
+    TLOG_INFO("worker {} {}: {} servers, {} workers; {}", rank(), how, num_servers(), num_workers_, joined_map);
     return absl::OkStatus();
   }
 
-  // A replacement continues at the clock its predecessor announced: the
-  // highest any server knows. A predecessor that died inside Clock() may
-  // have reached only some servers, and the others would wait for it
-  // forever, so that clock is announced again to every server (found by
-  // the cluster simulator).
-  // A worker that joined the running job (`join`) starts the same way: at
-  // the highest clock the servers start it at (their fastest worker's),
-  // announced to every server.
-  absl::Status ResumeClock(bool join = false) {
-    const char* who = join ? "a worker that joined the running job" : "a replaced worker";
-    absl::Status s = Issue(nullptr, [&](const WorkerCore::Handle& h, Nanos now) {
-                       return join ? core_->JoinClock(h, rank(), now) : core_->ClockQuery(h, now);
-                     }).Wait();
+  // A replacement, or a worker that joined the running job, continues at
+  // the clock the servers know for it, announced again to every server
+  // (worker/worker_node_core.h, "The clock resume").
+  absl::Status ResumeClock(WorkerNodeCore::StartKind kind) {
+    const char* who =
+        kind == WorkerNodeCore::StartKind::kJoin ? "a worker that joined the running job" : "a replaced worker";
+    absl::Status s =
+        Issue(nullptr, [&](const WorkerCore::Handle& h, Nanos now) { return node_.QueryClock(h, now); }).Wait();
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("resuming the clock of ", who, ": ", s.message()));
     }
     uint64_t known = 0;
     {
       std::lock_guard lock(mu_);
-      known = core_->known_clock();
+      known = node_.resume_clock();
       clock_.store(known);
     }
-    if (known == 0) return absl::OkStatus();
-    s = Issue(nullptr, [&](const WorkerCore::Handle& h, Nanos now) { return core_->ClockAdvance(h, known, now); })
-            .Wait();
+    s = Issue(nullptr, [&](const WorkerCore::Handle& h, Nanos now) { return node_.AnnounceClock(h, now); }).Wait();
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("announcing clock ", known, " for ", who, ": ", s.message()));
     }
@@ -651,22 +645,21 @@ class WorkerImpl final : public Worker {
   // A newer shard map from the coordinator (a server was lost): the core
   // resends what went to it, and what waited for this map.
   void OnMapUpdate(const proto::ShardMapUpdate& update) {
-    bool changed = false;
     std::unique_lock lock(mu_);
-    if (closed_ || !core_) return;
-    WorkerCore::Effects effects = core_->OnMapUpdate(update.shard_map(), MonotonicNow(), &changed);
-    if (!changed) {  // older, or bad
+    if (closed_) return;
+    WorkerNodeCore::MapChange change = node_.UpdateMap(update, MonotonicNow());
+    if (!change.newer) {  // older, bad, or before the start
       lock.unlock();
-      if (auto view = ShardMapView::Create(update.shard_map()); !view.ok()) {
-        TLOG_ERROR("ignoring a bad shard map update from the coordinator: {}", view.status().message());
+      if (!change.error.ok()) {
+        TLOG_ERROR("ignoring a bad shard map update from the coordinator: {}", change.error.message());
       }
       return;
     }
-    failover_epoch_ = core_->map()->epoch();
+    failover_epoch_ = change.epoch;
     failover_seen_at_ = MonotonicNow();
-    stats_.resends += effects.resent_parts;
-    Deliver(lock, std::move(effects));  // releases mu_
-    session_->set_map_epoch(update.shard_map().epoch());
+    stats_.resends += change.effects.resent_parts;
+    Deliver(lock, std::move(change.effects));  // releases mu_
+    session_->set_map_epoch(change.epoch);
     TLOG_INFO("shard map epoch {} (map {}): {}", update.shard_map().epoch(), ShardMapDigest(update.shard_map()),
               update.reason());
   }
@@ -717,9 +710,12 @@ class WorkerImpl final : public Worker {
   std::mutex send_mu_;
   std::condition_variable tick_cv_;
   WorkerStats stats_;                                  // guarded by mu_: clock and pull-hold figures
-  // guarded by mu_: the protocol (slicing, numbering, the tracker, the map;
-  // map() takes a snapshot); set once in Start()
-  std::unique_ptr<WorkerCore> core_;
+  // guarded by mu_: the process's start, clock resume and map updates
+  // around the core (worker/worker_node_core.h)
+  WorkerNodeCore node_;
+  // guarded by mu_: node_'s core, the protocol (slicing, numbering, the
+  // tracker, the map; map() takes a snapshot); set once in Start()
+  WorkerCore* core_ = nullptr;
   absl::flat_hash_map<uint32_t, uint32_t> widths_;     // guarded by mu_: table -> width
   absl::flat_hash_set<uint32_t> whole_row_tables_;     // guarded by mu_: tables that refuse pieces of rows (ADAM)
   uint32_t synchronous_tables_ = 0;                     // guarded by mu_: open BSP or SSP tables
