@@ -438,6 +438,33 @@ PeerBacklog CoalescingTransport::Backlog(const std::string& to) const {
   return b;
 }
 
+ForgetResult CoalescingTransport::Forget(const std::string& to, std::chrono::milliseconds max_wait) {
+  std::vector<Message> dropped;  // let go outside the lock
+  if (Peer* peer = FindPeer(to); peer != nullptr) {
+    std::lock_guard lock(peer->mu);
+    if (!peer->held.empty()) {
+      dropped = std::move(peer->held);
+      peer->held.clear();
+      peer->held_bytes = 0;
+      peer->held_raw_bytes = 0;
+      peer->first_held.store(0, std::memory_order_relaxed);
+      held_peers_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    peer->owes.store(false, std::memory_order_relaxed);
+    peer->answer_bytes.store(0, std::memory_order_relaxed);
+  }
+  uint64_t frames = 0;
+  for (const Message& m : dropped) {
+    for (const Buffer& f : m.frames) frames += f.empty() ? 0 : 1;
+  }
+  const uint64_t messages = dropped.size();
+  dropped.clear();
+  ForgetResult result = inner_->Forget(to, max_wait);
+  result.messages_dropped += messages;
+  result.frames_pending += frames;
+  return result;
+}
+
 void CoalescingTransport::SetLinkHandler(LinkHandler handler) { inner_->SetLinkHandler(std::move(handler)); }
 
 bool CoalescingTransport::DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait) {

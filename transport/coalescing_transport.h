@@ -72,6 +72,11 @@
 //   count); TransportStats counts what the inner transport moved (a batch is
 //   one message) plus the coalescing counters below.
 // - Backlog(to): the inner transport's plus what is held for `to`.
+// - Forget(to): drops what is held for `to` (never sent: a held message may
+//   view a caller's borrowed memory, so it must not go later; counted in
+//   messages_dropped and frames_pending), forgets that `to` owes an answer
+//   and how large its answers are (a new process at that address starts
+//   afresh), then the inner transport's Forget.
 // - Stop(): hands what is held to the inner transport, stops the timer and
 //   the inner transport. Idempotent; callable from the handler.
 // - Everything else (LendsTo, link events, posted destinations, caller
@@ -146,6 +151,7 @@ class CoalescingTransport final : public Transport {
   bool LendsTo(const std::string& to, size_t bytes) const override;
   bool SameHostPath(const std::string& peer) const override;
   PeerBacklog Backlog(const std::string& to) const override;
+  ForgetResult Forget(const std::string& peer, std::chrono::milliseconds max_wait) override;
   void SetLinkHandler(LinkHandler handler) override;
   bool DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait) override;
   void WakeCallerDelivery() override;

@@ -9,6 +9,7 @@
 // never fail wrongly).
 #include "transport/coalescing_transport.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -449,6 +450,43 @@ TEST_F(CoalescingTransportTest, StopSendsWhatIsHeld) {
   client->Stop();
   ASSERT_TRUE(inbox.WaitForCount(6));
   EXPECT_EQ(client->Send(server->address(), Request(7)).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Forget drops what is held for the peer (a held message may view a
+// caller's borrowed memory: it must not go later), lets its frames go, and
+// forgets that the peer owes an answer: the next request goes at once.
+TEST_F(CoalescingTransportTest, ForgetDropsWhatIsHeldForThePeer) {
+  Inbox inbox;
+  auto [server, client] = StartPair(Client(), inbox.handler(), [](Message) {});
+  ASSERT_TRUE(server && client);
+  ASSERT_OK(client->Send(server->address(), Request(1)));
+  auto owned = std::make_shared<std::vector<std::byte>>(64, std::byte{0x5a});
+  std::vector<std::byte> borrowed(64, std::byte{0x11});
+  ASSERT_OK(client->Send(server->address(), Request(2, {Buffer::Adopt(owned, owned->data(), owned->size())})));
+  for (uint64_t id = 3; id <= 4; ++id) {
+    ASSERT_OK(client->Send(server->address(), Request(id, {Buffer::Borrow(borrowed.data(), borrowed.size())})));
+  }
+  ASSERT_EQ(client->Backlog(server->address()).messages, 3u) << "requests 2-4 should be held";
+  const ForgetResult forgot = client->Forget(server->address(), kDeadline);
+  EXPECT_EQ(forgot.messages_dropped, 3u);
+  EXPECT_EQ(forgot.frames_pending, 3u);
+  EXPECT_EQ(forgot.frames_still_held, 0u);
+  EXPECT_EQ(owned.use_count(), 1) << "a dropped message's frame is still referenced";
+  EXPECT_EQ(client->Backlog(server->address()).messages, 0u);
+  std::fill(borrowed.begin(), borrowed.end(), std::byte{0xee});  // the caller reuses its memory
+  client->Flush();
+  // Nothing owed any more: request 5 goes at once (no Flush, and the timer
+  // waits 100 s); an at_once 6 would go after anything still held.
+  ASSERT_OK(client->Send(server->address(), Request(5)));
+  ASSERT_TRUE(inbox.WaitForCount(2)) << "request 5 was held";
+  Message last = Request(6);
+  last.at_once = true;
+  ASSERT_OK(client->Send(server->address(), std::move(last)));
+  ASSERT_TRUE(inbox.WaitForCount(3));
+  std::vector<uint64_t> ids;
+  for (const Message& m : inbox.Snapshot()) ids.push_back(m.header.request_id());
+  EXPECT_EQ(ids, (std::vector<uint64_t>{1, 5, 6})) << "a dropped request was sent";
+  EXPECT_EQ(client->Forget("inproc://nobody", kDeadline).messages_dropped, 0u);
 }
 
 TEST_F(CoalescingTransportTest, HeldMessagesAreCountedInTheirSentBytes) {

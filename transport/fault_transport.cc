@@ -246,6 +246,7 @@ class FaultTransport::Impl : public std::enable_shared_from_this<Impl> {
   bool SameHostPath(const std::string& peer) const { return inner_->SameHostPath(peer); }
   void Flush() { inner_->Flush(); }
   PeerBacklog Backlog(const std::string& to) const { return inner_->Backlog(to); }
+  ForgetResult Forget(const std::string& to, std::chrono::milliseconds max_wait);
   Transport& inner() const { return *inner_; }
   FaultStats fault_stats() const {
     std::lock_guard lock(mu_);
@@ -467,6 +468,35 @@ void FaultTransport::Impl::DeliveryLoop() {
   cv_.notify_all();
 }
 
+ForgetResult FaultTransport::Impl::Forget(const std::string& to, std::chrono::milliseconds max_wait) {
+  std::vector<Held> dropped;  // let go outside the lock
+  {
+    std::lock_guard lock(mu_);
+    auto& links = links_[static_cast<int>(FaultStage::kSend)];
+    auto link = links.find(to);
+    for (auto it = held_.begin(); it != held_.end();) {
+      Held& held = it->second;
+      if (held.stage != FaultStage::kSend || held.peer != to) {
+        ++it;
+        continue;
+      }
+      if (held.in_order && link != links.end() && link->second.held_in_order > 0) link->second.held_in_order--;
+      dropped.push_back(std::move(held));
+      it = held_.erase(it);
+    }
+  }
+  uint64_t frames = 0;
+  for (const Held& held : dropped) {
+    for (const Buffer& f : held.message.frames) frames += f.empty() ? 0 : 1;
+  }
+  const uint64_t messages = dropped.size();
+  dropped.clear();
+  ForgetResult result = inner_->Forget(to, max_wait);
+  result.messages_dropped += messages;
+  result.frames_pending += frames;
+  return result;
+}
+
 void FaultTransport::Impl::Stop() {
   std::thread to_join;
   bool stop_inner = false;
@@ -523,6 +553,9 @@ void FaultTransport::Flush() { impl_->Flush(); }
 bool FaultTransport::LendsTo(const std::string& to, size_t bytes) const { return impl_->LendsTo(to, bytes); }
 bool FaultTransport::SameHostPath(const std::string& peer) const { return impl_->SameHostPath(peer); }
 PeerBacklog FaultTransport::Backlog(const std::string& to) const { return impl_->Backlog(to); }
+ForgetResult FaultTransport::Forget(const std::string& peer, std::chrono::milliseconds max_wait) {
+  return impl_->Forget(peer, max_wait);
+}
 void FaultTransport::SetLinkHandler(LinkHandler handler) { impl_->SetLinkHandler(std::move(handler)); }
 bool FaultTransport::PlacesInto(const std::string& from) const { return impl_->inner().PlacesInto(from); }
 absl::Status FaultTransport::PostDestination(const std::string& from, uint64_t request_id, uint32_t frame_index,

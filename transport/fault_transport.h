@@ -181,6 +181,11 @@ class FaultDecider {
 //   the faults did.
 // - Zero copy: a duplicate shares the frames of its original; held messages
 //   keep their Buffers alive until they are sent, delivered or dropped.
+// - Forget(to): drops the messages to `to` still waiting here (delayed or
+//   held back; they hold copies of borrowed frames, but must not reach a
+//   new process at that address either: counted in messages_dropped and
+//   frames_pending, not in fault_stats()), then the inner transport's
+//   Forget. One the delivery thread is sending right now overlaps it.
 // Thread safety: every method may be called from any thread.
 class FaultTransport final : public Transport {
  public:
@@ -199,6 +204,7 @@ class FaultTransport final : public Transport {
   bool LendsTo(const std::string& to, size_t bytes) const override;
   bool SameHostPath(const std::string& peer) const override;
   PeerBacklog Backlog(const std::string& to) const override;  // the wrapped transport's
+  ForgetResult Forget(const std::string& peer, std::chrono::milliseconds max_wait) override;
   void SetLinkHandler(LinkHandler handler) override;  // the wrapped transport's events
   // Posted destinations are the wrapped transport's: a frame it placed
   // stays placed whatever this wrapper then does to its message (a dropped

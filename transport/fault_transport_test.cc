@@ -721,6 +721,37 @@ TEST_P(FaultTransportTest, StopDoesNotWaitForDelayedMessagesAndDropsThem) {
   }
 }
 
+// Forget drops the messages to that peer still waiting for their time
+// (they must not reach a new process at its address), and only those.
+TEST_P(FaultTransportTest, ForgetDropsTheDelayedMessagesToThePeer) {
+  constexpr size_t kCount = 5;
+  Inbox at_a, at_b;
+  auto a = Plain(NewAddress());
+  auto b = Plain(NewAddress());
+  ASSERT_OK(StartWithRetry(*a, at_a.handler()));
+  ASSERT_OK(StartWithRetry(*b, at_b.handler()));
+  // Delays only toward a, and long: nothing toward it leaves during the test.
+  auto sender = Faulty(NewAddress(), absl::StrCat("delay_ms=30000,side=send,only=", Endpoint(a->address())));
+  ASSERT_OK(StartWithRetry(*sender, IgnoreMessage));
+  for (uint64_t id = 1; id <= kCount; ++id) {
+    ASSERT_OK(sender->Send(a->address(), MakeMessage(id, {Buffer::CopyOf(&id, sizeof(id))})));
+  }
+  ASSERT_OK(sender->Send(b->address(), MakeMessage(100)));
+  ASSERT_TRUE(at_b.WaitForCount(1));
+  EXPECT_EQ(sender->fault_stats().delayed, kCount);
+
+  const ForgetResult forgot = sender->Forget(a->address(), kDeadline);
+  EXPECT_EQ(forgot.messages_dropped, kCount);
+  EXPECT_EQ(forgot.frames_pending, kCount);
+  EXPECT_EQ(forgot.frames_still_held, 0u);
+  EXPECT_EQ(sender->Forget(a->address(), kDeadline).messages_dropped, 0u) << "nothing left to drop";
+  EXPECT_EQ(sender->Forget(b->address(), kDeadline).messages_dropped, 0u) << "b had nothing waiting";
+  EXPECT_EQ(sender->fault_stats().dropped, 0u) << "Forget is no fault";
+  ASSERT_OK(sender->Send(b->address(), MakeMessage(101)));  // b, forgotten, is reached again
+  ASSERT_TRUE(at_b.WaitForCount(2));
+  EXPECT_EQ(sender->stats().messages_sent, 2u) << "only b's messages went";
+}
+
 TEST_P(FaultTransportTest, HandlerMayStopOrDestroyTheTransport) {
   std::atomic<int> calls{0};
   std::unique_ptr<FaultTransport> receiver = Faulty(NewAddress(), "dup=1");

@@ -275,6 +275,9 @@ class ShmTransport::Impl {
 
   void SetLinkHandler(Transport::LinkHandler handler) { inner_->SetLinkHandler(std::move(handler)); }
   PeerBacklog Backlog(const std::string& to) const { return inner_->Backlog(to); }
+  ForgetResult Forget(const std::string& to, std::chrono::milliseconds max_wait) {
+    return inner_->Forget(to, max_wait);
+  }
   bool LendsTo(const std::string& to, size_t bytes) const {
     if (!options_.cross_memory || bytes < options_.min_lend_bytes || stopped_.load(std::memory_order_acquire)) {
       return false;
@@ -644,6 +647,9 @@ void ShmTransport::Flush() { impl_->Flush(); }
 bool ShmTransport::LendsTo(const std::string& to, size_t bytes) const { return impl_->LendsTo(to, bytes); }
 bool ShmTransport::SameHostPath(const std::string& peer) const { return impl_->PlacesInto(peer); }
 PeerBacklog ShmTransport::Backlog(const std::string& to) const { return impl_->Backlog(to); }
+ForgetResult ShmTransport::Forget(const std::string& peer, std::chrono::milliseconds max_wait) {
+  return impl_->Forget(peer, max_wait);
+}
 void ShmTransport::SetLinkHandler(LinkHandler handler) { impl_->SetLinkHandler(std::move(handler)); }
 bool ShmTransport::DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait) {
   return impl_->DeliverUntil(done, max_wait);

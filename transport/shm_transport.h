@@ -64,6 +64,12 @@
 //   a message with a bad one is logged (rate-limited), counted in
 //   malformed_received and dropped. The shm fields are removed from every
 //   header before the handler sees it.
+// - Forget(to) is the inner transport's: what this class keeps of a
+//   message sent to `to` is either a copy (ring frames) or a lent frame
+//   (Message::lendable, memory its sender owns), and a lend ends only at the
+//   reader's release or when its process ended, never at Forget: the reader
+//   may be reading it. (Lends whose message Forget dropped are therefore
+//   kept until that process ends.)
 // - Lifetime: Stop() stops the inner transport, then removes the ring files
 //   this transport made (peers' mappings stay valid, so Buffers they hold
 //   stay readable). Files left by a crashed process are removed by the next
@@ -116,6 +122,7 @@ class ShmTransport final : public Transport {
   bool LendsTo(const std::string& to, size_t bytes) const override;
   bool SameHostPath(const std::string& peer) const override;  // PlacesInto's test: the peer's host is ours
   PeerBacklog Backlog(const std::string& to) const override;  // the wrapped transport's
+  ForgetResult Forget(const std::string& peer, std::chrono::milliseconds max_wait) override;  // the wrapped transport's
   void SetLinkHandler(LinkHandler handler) override;  // the wrapped transport's events
   // Caller delivery through the inner transport (transport/transport.h).
   bool DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait) override;

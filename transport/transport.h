@@ -94,6 +94,26 @@ struct TransportStats {
   uint64_t coalesce_messages_held = 0;        // messages held to go with later ones (batched or not)
 };
 
+// What Transport::Forget did. A caller logs it, naming the peer; where
+// frames_still_held is not zero it must keep the memory those frames view.
+struct ForgetResult {
+  // Messages to the peer held back by a wrapper (not yet handed to the
+  // medium: CoalescingTransport's held messages, FaultTransport's delayed
+  // ones) and dropped. Messages a ZeroMQ DEALER had queued are not counted
+  // here: libzmq does not say which it had written (see frames_pending).
+  uint64_t messages_dropped = 0;
+  // Data frames of messages to the peer that the transport (and its
+  // wrappers) still referenced when Forget began: ZeroMQ's zero-copy holds
+  // (frames of at least send_copy_below_bytes, queued or being written) and
+  // the frames of the messages counted above. Zero: nothing was pending.
+  uint64_t frames_pending = 0;
+  // Frames of messages to the peer still referenced when Forget returned
+  // (max_wait ran out). Zero: no frame of a message whose Send returned
+  // before Forget began is referenced any more, and borrowed memory
+  // (common/buffer.h) may be reused or freed.
+  uint64_t frames_still_held = 0;
+};
+
 class Transport {
  public:
   using Handler = std::function<void(Message)>;
@@ -124,6 +144,43 @@ class Transport {
   // Transports that hand a message over during Send report zero (the
   // default); wrappers report the transport they wrap. Thread-safe, cheap.
   virtual PeerBacklog Backlog(const std::string& /*to*/) const { return {}; }
+
+  // Forgets `peer` (an address this transport sent to), for a caller that
+  // learned that the process there is gone (a server dropped from the shard
+  // map) and is about to reuse memory it lent to sends (Buffer::Borrow
+  // frames, whose contract ends when the operation completes):
+  // - Every message to `peer` that this transport (or a wrapper) still holds
+  //   and has not written to the network is dropped: it reaches neither
+  //   `peer` nor a process that listens at that address later. (Without it
+  //   a ZeroMQ DEALER keeps what it queued for a peer that went away and
+  //   sends it to whichever process binds the address next, reading the
+  //   frames' memory as it is then.) A message already written may still
+  //   arrive, as on any connection loss.
+  // - Returns once this transport holds no reference to a data frame of any
+  //   message to `peer` whose Send returned before Forget began, or when
+  //   `max_wait` ran out: ForgetResult::frames_still_held then counts the
+  //   frames still referenced (their memory must not be reused yet).
+  // - A later Send to `peer` works as a first one does (a new connection).
+  //   A Send to `peer` that overlaps Forget (running on another thread
+  //   meanwhile) is either dropped by it or goes on the new connection, as
+  //   if it came before or after it; Forget need not wait for its frames.
+  // - Not touched: frames lent to a same-host reader (Message::lendable,
+  //   ShmTransport) stay lent until the reader releases them or its process
+  //   ends (it may be reading them now); lendable messages lend memory their
+  //   sender owns, never a caller's borrowed memory. Posted destinations
+  //   (below) are the caller's to cancel.
+  // - Default: returns at once with nothing pending, for transports that
+  //   copy what they keep or hand messages over during Send (in-process).
+  //   ZmqTransport implements it; wrappers drop what they hold for `peer`
+  //   and pass it on. RdmaTransport keeps the default: it never carries a
+  //   queued message over to a new connection (a lost connection drops its
+  //   queue), but may reference a frame to a dead peer until it sees the
+  //   connection lost (rdma/rdma_transport.h).
+  // - Thread-safe. It waits only for the transport's own threads, so it may
+  //   be called from the handler (which then waits up to max_wait). Before
+  //   Start, after Stop, or for an address never sent to: returns at once,
+  //   nothing pending.
+  virtual ForgetResult Forget(const std::string& /*peer*/, std::chrono::milliseconds /*max_wait*/) { return {}; }
 
   // Sends now whatever this transport holds back to send together with
   // later messages (CoalescingTransport). A caller about to wait for answers

@@ -3,6 +3,7 @@
 // ZeroMQ-specific promises (transport/zmq_transport.h) and the factory.
 //
 // Every wait has a deadline and fails with a message; no test asserts a time.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -171,6 +172,18 @@ std::string VacantTcpAddress() {
   return address;
 }
 
+// Starts `t`, retrying briefly: a tcp port just released may be busy for a
+// moment.
+absl::Status StartAt(Transport& t, Transport::Handler handler) {
+  absl::Status status;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    status = t.Start(handler);
+    if (status.ok() || status.code() != absl::StatusCode::kUnavailable) return status;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  return status;
+}
+
 // kShm*: ZeroMQ wrapped in a ShmTransport that sends every frame of at least
 // one byte through shared-memory rings (peers assumed on this host). kRdma:
 // the verbs transport, skipped with the reason where no device is usable.
@@ -248,16 +261,8 @@ class TransportConformanceTest : public ::testing::TestWithParam<Kind> {
     }
   }
 
-  // Starts `t`, retrying briefly: a tcp port just released may be busy for a
-  // moment.
   static absl::Status StartWithRetry(Transport& t, Transport::Handler handler) {
-    absl::Status status;
-    for (int attempt = 0; attempt < 50; ++attempt) {
-      status = t.Start(handler);
-      if (status.ok() || status.code() != absl::StatusCode::kUnavailable) return status;
-      std::this_thread::sleep_for(milliseconds(100));
-    }
-    return status;
+    return StartAt(t, std::move(handler));
   }
 
   std::unique_ptr<Transport> MakeOrNull(const std::string& bind) const {
@@ -497,6 +502,52 @@ TEST_P(TransportConformanceTest, PeerDeathAndRestart) {
       EXPECT_GE(m.header.request_id(), 2000u) << "a message meant for the first peer was delivered again";
     }
   }
+}
+
+// (e2) Forget (Transport::Forget): what is queued for a peer nobody listens
+// on is dropped and let go, so a process that listens at the address later
+// gets only what is sent after; a peer never sent to needs nothing; a
+// forgotten live peer is reached again by the next Send.
+TEST_P(TransportConformanceTest, ForgetDropsWhatIsQueuedForAPeer) {
+  auto sender = NewTransport();
+  ASSERT_TRUE(sender);
+  ASSERT_OK(sender->Start(IgnoreMessage));
+  const ForgetResult never = sender->Forget(VacantAddress(), kDeadline);
+  EXPECT_EQ(never.messages_dropped, 0u) << "a peer never sent to";
+  EXPECT_EQ(never.frames_pending, 0u);
+  EXPECT_EQ(never.frames_still_held, 0u);
+
+  // A large frame the caller owns, then small ones borrowed from it (which
+  // a transport that holds requests keeps until the first is answered).
+  const std::string address = VacantAddress();
+  auto owned = std::make_shared<std::vector<std::byte>>(64 << 10, std::byte{0x5a});
+  ASSERT_OK(sender->Send(address, MakeMessage(1, {Buffer::Adopt(owned, owned->data(), owned->size())})));
+  std::vector<std::byte> borrowed(256, std::byte{0x11});
+  constexpr int kSmall = 10;
+  for (int i = 0; i < kSmall; ++i) {
+    ASSERT_OK(sender->Send(address, MakeMessage(2 + i, {Buffer::Borrow(borrowed.data(), borrowed.size())})));
+  }
+  const ForgetResult forgot = sender->Forget(address, kDeadline);
+  EXPECT_EQ(forgot.frames_still_held, 0u);
+  EXPECT_EQ(owned.use_count(), 1) << "a frame sent to the forgotten peer is still referenced";
+  if (Holds()) {
+    EXPECT_EQ(forgot.messages_dropped, static_cast<uint64_t>(kSmall)) << "the held requests";
+  }
+  std::fill(borrowed.begin(), borrowed.end(), std::byte{0xee});  // the caller reuses its memory
+
+  Inbox inbox;
+  auto peer = TransportAt(address);
+  ASSERT_TRUE(peer);
+  ASSERT_OK(StartWithRetry(*peer, inbox.handler()));
+  ASSERT_OK(sender->Send(address, MakeMessage(100)));
+  ASSERT_TRUE(inbox.WaitForRequest(100)) << "the peer never got message 100";
+  // Forgetting a live peer: the next Send reaches it on a new connection.
+  EXPECT_EQ(sender->Forget(address, kDeadline).frames_still_held, 0u);
+  ASSERT_OK(sender->Send(address, MakeMessage(101)));
+  ASSERT_TRUE(inbox.WaitForRequest(101)) << "the peer never got message 101, sent after Forget";
+  std::vector<uint64_t> ids;
+  for (const Message& m : inbox.Snapshot()) ids.push_back(m.header.request_id());
+  EXPECT_THAT(ids, ::testing::ElementsAre(100u, 101u)) << "a message queued before Forget was delivered";
 }
 
 // Link events (Transport::SetLinkHandler): a sender hears that its
@@ -1039,6 +1090,93 @@ TEST(ZmqTransportConformanceTest, SentBuffersAreReleased) {
     sender.Stop();
     EXPECT_EQ(released->load(), 2) << "an undeliverable frame was still held after Stop";
   }
+}
+
+// Forget: a message queued for an address nobody listens on is dropped and
+// its held frames are let go before Forget returns, so a process that binds
+// the address later gets only what is sent after (a stale queued message
+// would come first: ZeroMQ keeps the order of a connection). Without it the
+// DEALER keeps the message and sends it there, reading the borrowed memory
+// as the caller left it. Then the link events of the new connection are
+// the first connection's (none), and closing the old one is no event.
+TEST(ZmqTransportConformanceTest, ForgetDropsQueuedMessagesAndLetsTheirFramesGo) {
+  for (const bool count_backlog : {false, true}) {
+    SCOPED_TRACE(count_backlog ? "counting backlogs" : "not counting backlogs");
+    LinkLog links;
+    ZmqTransport sender(ZmqTransport::Options{.count_backlog = count_backlog});
+    sender.SetLinkHandler(links.handler());
+    ASSERT_OK(sender.Start(IgnoreMessage));
+    const std::string address = VacantTcpAddress();
+    auto owned = std::make_shared<std::vector<std::byte>>(64 << 10, std::byte{0x5a});
+    std::vector<std::byte> borrowed(64 << 10, std::byte{0x11});
+    ASSERT_OK(sender.Send(address, MakeMessage(1, {Buffer::Adopt(owned, owned->data(), owned->size()),
+                                                   Buffer::Borrow(borrowed.data(), borrowed.size())})));
+    ASSERT_OK(sender.Send(address, MakeMessage(2, {PatternFrame(100, 2)})));  // copied
+    EXPECT_EQ(owned.use_count(), 2) << "the queued frame is not held by reference";
+    if (count_backlog) {
+      EXPECT_EQ(sender.Backlog(address).messages, 2u);
+    }
+
+    const ForgetResult forgot = sender.Forget(address, kDeadline);
+    EXPECT_EQ(owned.use_count(), 1) << "Forget returned with the queued frame still held";
+    EXPECT_EQ(forgot.frames_still_held, 0u);
+    // Held: both large frames; counting backlogs, also message 2's last frame.
+    EXPECT_EQ(forgot.frames_pending, count_backlog ? 3u : 2u);
+    EXPECT_EQ(forgot.messages_dropped, 0u);
+    EXPECT_EQ(sender.Backlog(address).messages, 0u);
+    std::fill(borrowed.begin(), borrowed.end(), std::byte{0xee});  // the caller reuses its memory
+
+    Inbox inbox;
+    ZmqTransport receiver(ZmqTransport::Options{.bind = address});
+    ASSERT_OK(StartAt(receiver, inbox.handler()));
+    ASSERT_OK(sender.Send(address, MakeMessage(3)));
+    ASSERT_TRUE(inbox.WaitForRequest(3)) << "the new process never got message 3";
+    ASSERT_OK(sender.Send(address, MakeMessage(4)));
+    ASSERT_TRUE(inbox.WaitForRequest(4));
+    std::vector<uint64_t> ids;
+    for (const Message& m : inbox.Snapshot()) ids.push_back(m.header.request_id());
+    EXPECT_THAT(ids, ::testing::ElementsAre(3u, 4u)) << "a message queued before Forget reached the new process";
+
+    // The link to a forgotten and re-made peer: only its own events.
+    EXPECT_EQ(sender.Forget(address, kDeadline).frames_still_held, 0u);
+    ASSERT_OK(sender.Send(address, MakeMessage(5)));
+    ASSERT_TRUE(inbox.WaitForRequest(5));
+    receiver.Stop();
+    ASSERT_TRUE(links.WaitFor(1)) << "no word that the connection went down";
+    const auto events = links.Snapshot();
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events[0], std::make_pair(address, false));
+  }
+}
+
+// Sends racing Forgets of their destination: each is dropped by one or goes
+// on a new connection; once the senders are done, one more Forget lets go
+// of every frame.
+TEST(ZmqTransportConformanceTest, SendsRacingForgetAreDroppedOrGoOnANewConnection) {
+  LinkLog links;
+  ZmqTransport sender(ZmqTransport::Options{.count_backlog = true});
+  sender.SetLinkHandler(links.handler());
+  ASSERT_OK(sender.Start(IgnoreMessage));
+  const std::string address = VacantTcpAddress();
+  auto owned = std::make_shared<std::vector<std::byte>>(4 << 10, std::byte{0x5a});
+  std::atomic<bool> done{false};
+  std::vector<std::thread> senders;
+  for (int t = 0; t < 2; ++t) {
+    senders.emplace_back([&] {
+      for (int i = 0; i < 500; ++i) {
+        EXPECT_OK(sender.Send(address, MakeMessage(i, {Buffer::Adopt(owned, owned->data(), owned->size())})));
+      }
+    });
+  }
+  std::thread forgetter([&] {
+    while (!done.load()) EXPECT_EQ(sender.Forget(address, kDeadline).frames_still_held, 0u);
+  });
+  for (std::thread& t : senders) t.join();
+  done.store(true);
+  forgetter.join();
+  EXPECT_EQ(sender.Forget(address, kDeadline).frames_still_held, 0u);
+  EXPECT_EQ(owned.use_count(), 1) << "a frame is still referenced after the last Forget";
+  EXPECT_EQ(sender.Backlog(address).messages, 0u);
 }
 
 // Backlog: messages to a peer count from Send until libzmq wrote their last

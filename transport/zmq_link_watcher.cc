@@ -1,5 +1,6 @@
 #include "transport/zmq_link_watcher.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -21,24 +22,45 @@ void LinkWatcher::Join() {
   std::lock_guard monitors_lock(mu_);
   for (auto& m : new_monitors_) m->events.close();  // made after the link thread left
   new_monitors_.clear();
+  unwatched_.clear();
 }
 
-void LinkWatcher::Watch(zmq::context_t& ctx, zmq::socket_t& socket, const std::string& to) {
-  if (!handler_) return;
+uint64_t LinkWatcher::Watch(zmq::context_t& ctx, zmq::socket_t& socket, const std::string& to) {
+  if (!handler_) return 0;
   std::lock_guard lock(mu_);
-  const std::string endpoint =
-      absl::StrCat("inproc://tessera-link-", reinterpret_cast<uintptr_t>(this), "-", monitors_made_++);
+  const uint64_t id = ++monitors_made_;
+  const std::string endpoint = absl::StrCat("inproc://tessera-link-", reinterpret_cast<uintptr_t>(this), "-", id);
   if (zmq_socket_monitor(socket.handle(), endpoint.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
     TLOG_WARN("{}: cannot watch the connection to {} ({}); a broken link is found by timeouts only", name_, to,
               zmq_strerror(zmq_errno()));
-    return;
+    return 0;
   }
   auto monitor = std::make_unique<Monitor>();
+  monitor->id = id;
   monitor->address = to;
   monitor->events = zmq::socket_t(ctx, zmq::socket_type::pair);
   monitor->events.set(zmq::sockopt::linger, 0);
   monitor->events.connect(endpoint);
   new_monitors_.push_back(std::move(monitor));
+  return id;
+}
+
+void LinkWatcher::Unwatch(uint64_t id) {
+  if (id == 0) return;
+  std::lock_guard lock(mu_);
+  for (auto it = new_monitors_.begin(); it != new_monitors_.end(); ++it) {
+    if ((*it)->id == id) {  // the link thread never took it: close it here
+      (*it)->events.close();
+      new_monitors_.erase(it);
+      return;
+    }
+  }
+  unwatched_.push_back(id);  // ids are made only while the link thread runs (or ran: Join clears)
+}
+
+bool LinkWatcher::Unwatched(uint64_t id) {
+  std::lock_guard lock(mu_);
+  return std::find(unwatched_.begin(), unwatched_.end(), id) != unwatched_.end();
 }
 
 void LinkWatcher::Loop() {
@@ -49,6 +71,13 @@ void LinkWatcher::Loop() {
       std::lock_guard lock(mu_);
       for (auto& m : new_monitors_) monitors.push_back(std::move(m));
       new_monitors_.clear();
+      for (uint64_t id : unwatched_) {
+        auto it = std::find_if(monitors.begin(), monitors.end(), [id](const auto& m) { return m->id == id; });
+        if (it == monitors.end()) continue;
+        (*it)->events.close();
+        monitors.erase(it);
+      }
+      unwatched_.clear();
     }
     items.clear();
     for (auto& m : monitors) items.push_back(zmq::pollitem_t{m->events.handle(), 0, ZMQ_POLLIN, 0});
@@ -72,7 +101,7 @@ void LinkWatcher::Loop() {
         const bool up = id == ZMQ_EVENT_CONNECTED;
         if (up == !m.down) continue;  // the first connection, or a repeat
         m.down = !up;
-        if (!running_()) continue;
+        if (!running_() || Unwatched(m.id)) continue;
         TLOG_DEBUG("{}: connection to {} {}", name_, m.address, up ? "made again" : "down");
         try {
           handler_(m.address, up);

@@ -48,7 +48,6 @@ extern "C" const char* __tsan_default_suppressions() { return "called_from_lib:l
 
 namespace tessera {
 
-using zmq_internal::BacklogCount;
 using zmq_internal::CountedToZmq;
 using zmq_internal::ErrorText;
 using zmq_internal::FrameToZmq;
@@ -86,10 +85,11 @@ class ZmqTransport::Impl {
     std::lock_guard lock(peers_mu_);
     auto it = peers_.find(to);
     if (it == peers_.end()) return {};
-    const BacklogCount& count = *it->second->backlog;
-    return PeerBacklog{.messages = count.messages.load(std::memory_order_acquire),
-                       .bytes = count.bytes.load(std::memory_order_relaxed)};
+    const zmq_internal::PeerHolds& holds = *it->second->holds;
+    return PeerBacklog{.messages = holds.backlog_messages.load(std::memory_order_acquire),
+                       .bytes = holds.backlog_bytes.load(std::memory_order_relaxed)};
   }
+  ForgetResult Forget(const std::string& to, std::chrono::milliseconds max_wait);
   void Stop();
   TransportStats stats() const;
   bool DeliverUntil(const std::function<bool()>& done, std::chrono::milliseconds max_wait);
@@ -102,10 +102,16 @@ class ZmqTransport::Impl {
   // One outgoing connection. The socket is used by whoever holds `mu`
   // (ZeroMQ sockets may move between threads across a memory barrier).
   struct Peer {
+    Peer() = default;
+    Peer(const Peer&) = delete;
+    Peer& operator=(const Peer&) = delete;
+    ~Peer() { holds->Drop(); }
     std::mutex mu;
-    zmq::socket_t socket ABSL_GUARDED_BY(mu);  // closed (null) after Stop
-    // Shared with the holds of messages libzmq has not released yet.
-    const std::shared_ptr<BacklogCount> backlog = std::make_shared<BacklogCount>();
+    zmq::socket_t socket ABSL_GUARDED_BY(mu);  // closed (null) after Stop or Forget
+    bool forgotten ABSL_GUARDED_BY(mu) = false;  // closed by Forget
+    uint64_t watch = 0;  // its monitor's id (links_), 0: none; set before it is shared
+    // Shared with the holds of its frames libzmq has not released yet.
+    zmq_internal::PeerHolds* const holds = zmq_internal::PeerHolds::New();
   };
   // A message as read off the ROUTER, before validation.
   struct Incoming {
@@ -282,12 +288,13 @@ absl::StatusOr<std::shared_ptr<ZmqTransport::Impl::Peer>> ZmqTransport::Impl::Pe
     if (options_.link_timeout_ms > 0) socket.set(zmq::sockopt::tcp_maxrt, options_.link_timeout_ms);
     if (options_.connect_timeout_ms > 0) socket.set(zmq::sockopt::connect_timeout, options_.connect_timeout_ms);
     if (options_.reconnect_ms > 0) socket.set(zmq::sockopt::reconnect_ivl, options_.reconnect_ms);
-    links_.Watch(*ctx_, socket, to);
+    peer->watch = links_.Watch(*ctx_, socket, to);
     if (curve()) zmq_internal::SetCurveClientOptions(socket, options_.curve_public_key, options_.curve_secret_key);
     socket.connect(to);
     std::lock_guard peer_lock(peer->mu);
     peer->socket = std::move(socket);
   } catch (const zmq::error_t& e) {
+    links_.Unwatch(peer->watch);  // its DEALER is gone
     if (e.num() == ETERM) return absl::FailedPreconditionError("transport was stopped");
     if (e.num() == EINVAL || e.num() == EPROTONOSUPPORT || e.num() == ENOCOMPATPROTO) {
       return absl::InvalidArgumentError(absl::StrCat("cannot connect to '", to, "': ", ErrorText(e)));
@@ -326,13 +333,13 @@ absl::Status ZmqTransport::Impl::Send(const std::string& to, Message message) {
       message.header.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(to));
     };
     if (options_.count_backlog && message.frames.empty()) {
-      parts.push_back(CountedToZmq(header_bytes, write_header, Buffer(), (*peer)->backlog, total_bytes));
+      parts.push_back(CountedToZmq(header_bytes, write_header, Buffer(), (*peer)->holds, total_bytes));
     } else {
       parts.emplace_back(header_bytes);
       write_header(static_cast<std::byte*>(parts.back().data()));
       const size_t last = options_.count_backlog ? message.frames.size() - 1 : message.frames.size();
       for (size_t i = 0; i < last; ++i) {
-        parts.push_back(FrameToZmq(std::move(message.frames[i]), options_.send_copy_below_bytes));
+        parts.push_back(FrameToZmq(std::move(message.frames[i]), options_.send_copy_below_bytes, (*peer)->holds));
       }
       if (last < message.frames.size()) {
         Buffer& frame = message.frames.back();
@@ -342,7 +349,7 @@ absl::Status ZmqTransport::Impl::Send(const std::string& to, Message message) {
         };
         // A small one is copied (no large buffer kept alive for a few bytes of it).
         parts.push_back(CountedToZmq(size, copy, size < options_.send_copy_below_bytes ? Buffer() : std::move(frame),
-                                     (*peer)->backlog, total_bytes));
+                                     (*peer)->holds, total_bytes));
       }
     }
   } catch (const zmq::error_t& e) {
@@ -351,6 +358,8 @@ absl::Status ZmqTransport::Impl::Send(const std::string& to, Message message) {
   {
     std::lock_guard lock((*peer)->mu);
     zmq::socket_t& socket = (*peer)->socket;
+    // Closed by a Forget this Send overlapped: dropped as if sent before it.
+    if (!socket && (*peer)->forgotten) return absl::OkStatus();
     if (!socket) return absl::FailedPreconditionError("transport was stopped");
     try {
       for (size_t i = 0; i < parts.size(); ++i) {
@@ -624,6 +633,41 @@ void ZmqTransport::Impl::CloseDealers() {
   }
 }
 
+// The peer leaves peers_ first, so that a Send from now on makes a new one;
+// its DEALER closes with linger 0 (libzmq drops what it queued and releases
+// the holds from its own threads), and its monitor goes with it.
+ForgetResult ZmqTransport::Impl::Forget(const std::string& to, std::chrono::milliseconds max_wait) {
+  std::shared_ptr<Peer> peer;
+  {
+    std::lock_guard lock(peers_mu_);
+    auto it = peers_.find(to);
+    if (it == peers_.end()) return {};
+    peer = std::move(it->second);
+    peers_.erase(it);
+  }
+  ForgetResult result;
+  result.frames_pending = peer->holds->held_frames();
+  links_.Unwatch(peer->watch);  // its close is no link event
+  {
+    std::lock_guard lock(peer->mu);
+    peer->forgotten = true;
+    if (peer->socket) {
+      try {
+        peer->socket.set(zmq::sockopt::linger, 0);
+      } catch (const zmq::error_t&) {
+        // ETERM: the transport is stopping; the context's end drops it all.
+      }
+      peer->socket.close();
+    }
+  }
+  result.frames_still_held = peer->holds->WaitForRelease(max_wait);
+  if (result.frames_still_held > 0) {
+    TLOG_WARN("{}: forgetting {}: {} of {} frames sent to it still held after {} ms", address_, to,
+              result.frames_still_held, result.frames_pending, max_wait.count());
+  }
+  return result;
+}
+
 void ZmqTransport::Impl::Stop() {
   state_.store(kStopping, std::memory_order_release);
   if (tls_delivering_transport == this) {
@@ -684,6 +728,10 @@ absl::Status ZmqTransport::Start(Handler handler) { return impl_->Start(impl_, s
 const std::string& ZmqTransport::address() const { return impl_->address(); }
 
 PeerBacklog ZmqTransport::Backlog(const std::string& to) const { return impl_->Backlog(to); }
+
+ForgetResult ZmqTransport::Forget(const std::string& peer, std::chrono::milliseconds max_wait) {
+  return impl_->Forget(peer, max_wait);
+}
 
 absl::Status ZmqTransport::Send(const std::string& to, Message message) {
   return impl_->Send(to, std::move(message));

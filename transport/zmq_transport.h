@@ -28,8 +28,9 @@
 //   different destinations proceed in parallel (one mutex per destination).
 //   It never waits for the peer: each DEALER queues without bound
 //   (ZMQ_SNDHWM = 0, ZMQ_IMMEDIATE off), so a message to a peer that is down or
-//   not yet listening is queued and delivered if the peer comes up, and lost
-//   if it never does or if the transport stops first (see linger_ms). Queued
+//   not yet listening is queued and delivered if the peer comes up (or any
+//   process that binds its address), and lost if it never does, if the
+//   transport stops first (see linger_ms) or if Forget(to) drops it. Queued
 //   memory toward a dead or slow peer is therefore not bounded by this
 //   class; Backlog(to) tells how much it is, for the caller to bound.
 //   Errors: FailedPrecondition before Start() or after Stop();
@@ -39,10 +40,23 @@
 //   Ownership: frames of at least options.send_copy_below_bytes are not
 //   copied; the transport keeps a reference to each such Buffer until libzmq
 //   has written its bytes (or dropped the message). Borrowed Buffers must stay
-//   valid that long, which may be after Send() returns; smaller frames are
-//   copied during Send() (with options.count_backlog, a message's last
-//   frame is always held, copied or not: its release marks the message
-//   written, see Backlog).
+//   valid that long, which may be after Send() returns, and for a peer that
+//   is down until Forget(to) returned; smaller frames are copied during
+//   Send() (with options.count_backlog, a message's last frame is always
+//   held, copied or not: its release marks the message written, see
+//   Backlog).
+// - Forget(to, max_wait) (Transport::Forget): takes `to`'s DEALER out of the
+//   table (a later Send makes a new one, with a new connection), stops
+//   watching its link (no link event for it from then on), closes it with
+//   linger 0, so that libzmq drops every message it had queued for `to`
+//   (also a message it was writing: the peer drops the torn frame), and
+//   waits until libzmq has released every held frame sent to `to` (each
+//   peer counts its holds: every frame of at least send_copy_below_bytes,
+//   and with count_backlog every last frame). frames_pending: the holds
+//   when it began; messages_dropped: always 0 (libzmq does not say which
+//   queued messages it had written). A Send that overlaps it and finds the
+//   DEALER closed drops its message and returns OK. Logs a warning when
+//   max_wait runs out with frames still held.
 // - Receiving: one thread (started by Start) reads the ROUTER and calls the
 //   handler once per whole message, in arrival order; a thread inside
 //   DeliverUntil takes its place while it waits (never both at once). A data frame of at
@@ -159,6 +173,7 @@ class ZmqTransport final : public Transport {
   // not yet written to the kernel, or waiting for a connection. Without it,
   // zero.
   PeerBacklog Backlog(const std::string& to) const override;
+  ForgetResult Forget(const std::string& peer, std::chrono::milliseconds max_wait) override;
   void Stop() override;
   TransportStats stats() const override;
   // Caller delivery (transport/transport.h): while a thread waits in

@@ -8,6 +8,7 @@
 #include "worker/worker.h"
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -445,13 +446,17 @@ class WorkerImpl final : public Worker {
   // that the transport gets the messages in the order the core made them,
   // whichever thread made them (a queued push part released by a reply on
   // the receive thread goes out ahead of a pull the caller issues next).
-  void Deliver(std::unique_lock<std::mutex>& lock, WorkerCore::Effects effects) {
+  // `forget`: servers gone from the shard map, whose queued messages the
+  // transport drops before the effects (resends of what went to them) leave.
+  void Deliver(std::unique_lock<std::mutex>& lock, WorkerCore::Effects effects,
+               const std::vector<std::string>& forget = {}) {
     // Postings of what completed or went again are withdrawn; new pull
     // requests get theirs before they are sent.
     std::vector<PostedPulls::Posting> cancels = posted_pulls_.Withdraw(effects.done, effects.resent_parts, *core_);
     PostPullDestinations(effects.sends);
     std::unique_lock send_lock(send_mu_);
     lock.unlock();
+    for (const std::string& address : forget) ForgetServer(address);
     for (Outgoing& o : effects.sends) {
       CountWire(o.message);
       (void)transport_->Send(o.to, std::move(o.message));
@@ -459,6 +464,23 @@ class WorkerImpl final : public Worker {
     send_lock.unlock();
     CancelPulls(cancels);  // before the callers get their memory back
     Complete(std::move(effects.done));
+  }
+
+  // A message queued for a server that went away must not reach a later
+  // process at its address: it may view the caller's memory, which the
+  // caller gets back once the resent operation completes
+  // (Transport::Forget). Called before the resends leave, so before any of
+  // them can complete.
+  void ForgetServer(const std::string& address) {
+    const ForgetResult r = transport_->Forget(address, std::chrono::seconds(1));
+    if (r.frames_still_held > 0) {
+      TLOG_ERROR("{} frames of messages to the lost server at {} are still held by the transport after 1 s; a "
+                 "later process at that address may receive them, viewing memory their operations gave back",
+                 r.frames_still_held, address);
+    } else if (r.frames_pending > 0 || r.messages_dropped > 0) {
+      TLOG_INFO("dropped what was queued for the lost server at {} ({} frames, {} messages held back)", address,
+                r.frames_pending, r.messages_dropped);
+    }
   }
 
   void Complete(std::vector<RequestTracker::Completion> done) {
@@ -658,7 +680,7 @@ class WorkerImpl final : public Worker {
     failover_epoch_ = change.epoch;
     failover_seen_at_ = MonotonicNow();
     stats_.resends += change.effects.resent_parts;
-    Deliver(lock, std::move(change.effects));  // releases mu_
+    Deliver(lock, std::move(change.effects), change.gone_servers);  // releases mu_
     session_->set_map_epoch(change.epoch);
     TLOG_INFO("shard map epoch {} (map {}): {}", update.shard_map().epoch(), ShardMapDigest(update.shard_map()),
               update.reason());

@@ -54,10 +54,21 @@ WorkerCore::Effects WorkerNodeCore::AnnounceClock(WorkerCore::Handle handle, Nan
 WorkerNodeCore::MapChange WorkerNodeCore::UpdateMap(const proto::ShardMapUpdate& update, Nanos now) {
   MapChange change;
   if (core_ == nullptr) return change;
+  const std::shared_ptr<const ShardMapView> before = core_->map();
   change.effects = core_->OnMapUpdate(update.shard_map(), now, &change.newer);
   change.epoch = core_->map()->epoch();
   if (!change.newer) {  // older, or invalid
     if (auto view = ShardMapView::Create(update.shard_map()); !view.ok()) change.error = view.status();
+    return change;
+  }
+  const ShardMapView& after = *core_->map();
+  for (uint32_t rank : before->LiveServers()) {
+    const proto::NodeInfo& was = before->server(rank);
+    const bool same = rank < after.num_servers() && !after.IsDead(rank) &&
+                      after.server(rank).address() == was.address() &&
+                      after.server(rank).incarnation() == was.incarnation() &&
+                      after.server(rank).node_id() == was.node_id();
+    if (!same) change.gone_servers.push_back(was.address());
   }
   return change;
 }

@@ -33,7 +33,13 @@
 // - UpdateMap: before Start, nothing. A map newer than the core's goes to
 //   the core (what went to lost servers, and what waited for this map,
 //   goes again): `newer`, with the effects and the new epoch, which the
-//   caller gives its session (heartbeats carry it). An older or equal map
+//   caller gives its session (heartbeats carry it), and `gone_servers`: the
+//   addresses of the processes the old map had live that the new one does
+//   not (a rank now dead, or at another address or incarnation), for the
+//   caller's Transport::Forget before it sends the effects (a message still
+//   queued for a process that went away must not reach a later process at
+//   its address: it may view memory the caller gets back once the resent
+//   operation completes). An older or equal map
 //   changes nothing; an invalid one changes nothing and says why in
 //   `error` (for the log).
 // - Not thread-safe: the shell calls it under its lock.
@@ -41,6 +47,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/clock.h"
@@ -62,6 +69,7 @@ class WorkerNodeCore {
     bool newer = false;  // the map was newer than the core's (else nothing changed)
     absl::Status error;  // an invalid map (nothing changed)
     uint64_t epoch = 0;  // the core's epoch after the update (when newer: for the session)
+    std::vector<std::string> gone_servers;  // when newer: addresses to forget (see the contract)
   };
 
   // `options`: the core's options but node_id, incarnation and address

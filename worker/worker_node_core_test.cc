@@ -261,6 +261,22 @@ TEST(WorkerNodeCore, ANewerMapIsAppliedAndGivesTheEpoch) {
   EXPECT_GT(change.effects.resent_parts, 0u);
   EXPECT_FALSE(change.effects.sends.empty());
   EXPECT_FALSE(Destinations(change.effects.sends).contains(ServerAddress(2)));
+  EXPECT_EQ(change.gone_servers, std::vector<std::string>{ServerAddress(2)});
+}
+
+TEST(WorkerNodeCore, AServerReplacedAtItsAddressIsGoneAndOneThatStaysIsNot) {
+  auto node = Started(0, false, MakeMap(3));
+  proto::ShardMap map = MakeMap(4);
+  map.mutable_servers(1)->set_incarnation(1);  // a new process for rank 1, same address
+  WorkerNodeCore::MapChange change = node->UpdateMap(Update(map), 0);
+  ASSERT_TRUE(change.newer);
+  EXPECT_EQ(change.gone_servers, std::vector<std::string>{ServerAddress(1)});
+  change = node->UpdateMap(Update(MakeMap(5)), 0);  // the same servers again (rank 1 as incarnation 0)
+  ASSERT_TRUE(change.newer);
+  EXPECT_EQ(change.gone_servers, std::vector<std::string>{ServerAddress(1)});
+  change = node->UpdateMap(Update(MakeMap(6)), 0);  // nothing changed but the epoch
+  ASSERT_TRUE(change.newer);
+  EXPECT_TRUE(change.gone_servers.empty());
 }
 
 TEST(WorkerNodeCore, AnOlderOrEqualMapChangesNothing) {
@@ -270,6 +286,7 @@ TEST(WorkerNodeCore, AnOlderOrEqualMapChangesNothing) {
     EXPECT_FALSE(change.newer) << epoch;
     EXPECT_TRUE(change.error.ok()) << epoch;
     EXPECT_TRUE(change.effects.sends.empty()) << epoch;
+    EXPECT_TRUE(change.gone_servers.empty()) << epoch;
     EXPECT_EQ(change.epoch, 3u);
     EXPECT_EQ(node->core()->map()->epoch(), 3u);
     EXPECT_EQ(node->core()->map()->LiveServers().size(), kServers);
