@@ -238,45 +238,6 @@ absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir, ui
       absl::StrJoin(out.skipped, "; ", [](std::string* o, const absl::Status& s) { absl::StrAppend(o, s.message()); })));
 }
 
-std::vector<std::pair<size_t, std::vector<uint32_t>>> ChooseNewestCopies(std::span<const ShardSnapshot> snapshots,
-                                                                         std::span<const uint64_t> sequences,
-                                                                         std::span<const uint32_t> vshards,
-                                                                         std::vector<uint32_t>* none) {
-  std::map<size_t, std::vector<uint32_t>> by_snapshot;
-  std::vector<uint32_t> wanted(vshards.begin(), vshards.end());
-  std::sort(wanted.begin(), wanted.end());
-  for (uint32_t v : wanted) {
-    size_t best = snapshots.size();
-    for (size_t i = 0; i < snapshots.size(); ++i) {
-      const ShardSnapshot& s = snapshots[i];
-      if (!std::binary_search(s.vshards.begin(), s.vshards.end(), v)) continue;
-      if (best == snapshots.size() ||
-          std::make_pair(s.epoch, sequences[i]) > std::make_pair(snapshots[best].epoch, sequences[best])) {
-        best = i;
-      }
-    }
-    if (best == snapshots.size()) {
-      if (none != nullptr) none->push_back(v);
-    } else {
-      by_snapshot[best].push_back(v);
-    }
-  }
-  return {by_snapshot.begin(), by_snapshot.end()};
-}
-
-uint64_t MissedApplications(const ShardSnapshot& snapshot, std::span<const uint32_t> vshards,
-                            const std::map<uint32_t, uint64_t>& last_applied) {
-  uint64_t missed = 0;
-  for (uint32_t v : vshards) {
-    auto had = snapshot.applied_pushes_by_vshard.find(v);
-    auto last = last_applied.find(v);
-    const uint64_t h = had == snapshot.applied_pushes_by_vshard.end() ? 0 : had->second;
-    const uint64_t l = last == last_applied.end() ? 0 : last->second;
-    if (l > h) missed += l - h;
-  }
-  return missed;
-}
-
 absl::Status PruneCheckpoints(const std::string& dir, uint32_t server_rank, uint32_t keep_last) {
   if (keep_last == 0)
     return absl::InvalidArgumentError("PruneCheckpoints: keep_last must be at least 1 (it would remove every checkpoint)");

@@ -161,21 +161,8 @@ absl::StatusOr<LoadedCheckpoint> LoadLatestCheckpoint(const std::string& dir, ui
 absl::Status PruneCheckpoints(const std::string& dir, uint32_t server_rank, uint32_t keep_last);
 
 // ---- restoring shards (pure) ----
-
-// Of `snapshots` (read from one directory; sequences[i] is snapshot i's
-// file sequence), the one holding the newest copy of each of `vshards`: by
-// map epoch, then sequence (a shard has one primary per epoch). Returns
-// (snapshot index, its shards ascending) pairs by index; shards that no
-// snapshot holds go to *none.
-std::vector<std::pair<size_t, std::vector<uint32_t>>> ChooseNewestCopies(std::span<const ShardSnapshot> snapshots,
-                                                                         std::span<const uint64_t> sequences,
-                                                                         std::span<const uint32_t> vshards,
-                                                                         std::vector<uint32_t>* none);
-// Push applications to `vshards` the snapshot misses: for each, what its
-// primary last reported applied (last_applied) minus what the snapshot
-// recorded, never below 0.
-uint64_t MissedApplications(const ShardSnapshot& snapshot, std::span<const uint32_t> vshards,
-                            const std::map<uint32_t, uint64_t>& last_applied);
+// Choosing the newest copy of each shard among checkpoints read, restoring
+// it and the report: server/checkpoint_restore.h (in the pure core).
 
 // ---- CRC32C ----
 

@@ -896,36 +896,5 @@ TEST_F(CheckpointTest, ToolInspectsVerifiesAndLists) {
 }
 #endif
 
-TEST(RestoreChoiceTest, EachShardComesFromItsNewestCopyByEpochThenSequence) {
-  auto snap = [](uint64_t epoch, std::vector<uint32_t> vshards) {
-    ShardSnapshot s;
-    s.epoch = epoch;
-    s.vshards = std::move(vshards);
-    return s;
-  };
-  // Shard 1 is in all three: epoch 3 wins over epoch 2 even at a lower
-  // sequence; shard 2 is in two of epoch 3: the higher sequence wins.
-  const std::vector<ShardSnapshot> snaps = {snap(2, {1, 4}), snap(3, {1, 2}), snap(3, {2})};
-  const std::vector<uint64_t> sequences = {9, 1, 2};
-  std::vector<uint32_t> none;
-  const std::vector<uint32_t> wanted = {7, 2, 1, 4};
-  auto chosen = ChooseNewestCopies(snaps, sequences, wanted, &none);
-  ASSERT_EQ(chosen.size(), 3u);
-  EXPECT_EQ(chosen[0], (std::pair<size_t, std::vector<uint32_t>>{0, {4}}));
-  EXPECT_EQ(chosen[1], (std::pair<size_t, std::vector<uint32_t>>{1, {1}}));
-  EXPECT_EQ(chosen[2], (std::pair<size_t, std::vector<uint32_t>>{2, {2}}));
-  EXPECT_EQ(none, std::vector<uint32_t>{7});
-}
-
-TEST(RestoreChoiceTest, MissedApplicationsAreWhatTheLastReportHasBeyondTheSnapshot) {
-  ShardSnapshot s;
-  s.vshards = {1, 2, 3};
-  s.applied_pushes_by_vshard = {{1, 10}, {2, 20}, {3, 30}};
-  const std::map<uint32_t, uint64_t> last = {{1, 15}, {2, 20}, {3, 25}};  // shard 3 reported less: counts 0
-  const std::vector<uint32_t> vs = {1, 2, 3, 4};                           // shard 4: neither knows it
-  EXPECT_EQ(MissedApplications(s, vs, last), 5u);
-  EXPECT_EQ(MissedApplications(s, vs, {}), 0u);
-}
-
 }  // namespace
 }  // namespace tessera

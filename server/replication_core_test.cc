@@ -698,6 +698,45 @@ TEST_F(ReplicationTest, ACheckpointRestoresRowsWindowsAndAppliedCounts) {
   EXPECT_EQ(job.stats().duplicate_pushes, 0u);
 }
 
+TEST_F(ReplicationTest, ARestoreInsideTheJobReplacesTheCopyTheServerHad) {
+  // Two keys of one shard of server 0; the checkpoint holds only the first
+  // push. Two more pushes reach the shard's backup as forwards; then the
+  // backup leads the shard and restores it from the checkpoint (the
+  // simulator found this: a move's destination held part of a shard the
+  // coordinator counted as lost). The restore must replace that copy: its
+  // rows and its windows, or a resend of a push the checkpoint lacks is
+  // taken for a duplicate, acknowledged and never applied.
+  const ShardMapView view = *ShardMapView::Create(map_);
+  std::vector<Key> keys = KeysOf(0, 40, map_);
+  Key k1 = keys[0], k2 = keys[0];
+  for (Key k : keys)
+    if (k != k1 && view.VShardOfKey(kTable, k) == view.VShardOfKey(kTable, k1)) k2 = k;
+  ASSERT_NE(k1, k2);
+  const uint32_t v = view.VShardOfKey(kTable, k1);
+  uint64_t seq = 0;
+  PushEach({k1}, 1.0f, &seq);  // seq 1
+  const ShardSnapshot snap = cores_[0]->SnapshotPrimaryShards();
+  PushEach({k1, k2}, 1.0f, &seq);  // seqs 2 and 3, forwarded to the backup
+  Fail(0);
+  DeliverAll();
+  const uint32_t b = ShardMapView::Create(map_)->ServerRankOf(v);
+  ASSERT_NE(b, 0u);
+  ASSERT_EQ(RowsAt(b)[k1], (std::vector<float>{2.0f, 2.0f}));
+  const std::vector<uint32_t> vs = {v};
+  ASSERT_TRUE(cores_[b]->RestoreShards(snap, vs, /*with_windows=*/true).ok());
+  EXPECT_EQ(RowsAt(b)[k1], (std::vector<float>{1.0f, 1.0f}));
+  EXPECT_FALSE(RowsAt(b).contains(k2)) << "a row the checkpoint lacks goes";
+  // The worker sends the pushes the checkpoint lacks again: both are applied.
+  Send(ServerAddress(b), Push(2000, {k1}, 1.0f, 2, /*resend=*/true));
+  Send(ServerAddress(b), Push(2001, {k2}, 1.0f, 3, /*resend=*/true));
+  DeliverAll();
+  ASSERT_EQ(inbox_.size(), 2u);
+  for (const Message& m : inbox_) EXPECT_TRUE(m.header.has_ack()) << m.header.ShortDebugString();
+  EXPECT_EQ(RowsAt(b)[k1], (std::vector<float>{2.0f, 2.0f}));
+  EXPECT_EQ(RowsAt(b)[k2], (std::vector<float>{1.0f, 1.0f}));
+  EXPECT_EQ(cores_[b]->stats().duplicate_pushes, 0u);
+}
+
 TEST_F(ReplicationTest, AnAuditedRestoreListsThePushesTheCheckpointHeldByWriterAndSequence) {
   const auto keys = KeysOf(0, 6, map_);
   uint64_t seq = 0;

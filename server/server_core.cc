@@ -464,6 +464,8 @@ absl::StatusOr<uint64_t> ServerCore::RestoreShards(const ShardSnapshot& snapshot
   // Checks first.
   if (auto s = CheckTablesFit(snapshot, tables_); !s.ok()) return s;
   auto create = [&](const proto::TableConfig& config) { return CreateTable(config); };
+  // In a running job it replaces this server's copy of them (a move's destination may hold part), as a transfer does.
+  if (with_windows) ForgetShards(absl::flat_hash_set<uint32_t>(wanted.begin(), wanted.end()));
   absl::StatusOr<uint64_t> rows = RestoreShardRows(snapshot, wanted, *map_, tables_, create);
   if (!rows.ok() || !with_windows) return rows;
   ImportShardState(state, [&](uint32_t v) { return std::binary_search(wanted.begin(), wanted.end(), v); });

@@ -350,6 +350,9 @@ class ServerCore {
   // snapshot has and this server lacks are created); with_windows also their
   // de-duplication windows and applied counts (a shard restored inside a
   // running job; not for a new job, whose workers number pushes afresh).
+  // With windows the checkpoint replaces whatever copy of those shards this
+  // server had (rows, windows, audit records: e.g. a move's destination
+  // holding part of a shard that lost every other copy), as a transfer does.
   // Returns the rows restored. Checks everything before changing anything.
   absl::StatusOr<uint64_t> RestoreShards(const ShardSnapshot& snapshot, std::span<const uint32_t> vshards,
                                          bool with_windows);

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "server/checkpoint_restore.h"
 #include "transport/transport_metrics.h"
 
 namespace tessera {
@@ -202,9 +203,11 @@ std::string ServerNode::RestoreFromCheckpoints(ServerCore& core, const std::stri
                                                const std::map<uint32_t, uint64_t>& last_applied) {
   auto listed = ListCheckpoints(dir);
   if (!listed.ok()) return absl::StrCat("cannot list checkpoints in ", dir, ": ", listed.status().message());
+  // Read every checkpoint; the choice, the restore and the line are pure
+  // (server/checkpoint_restore.h).
   std::vector<ShardSnapshot> snapshots;
-  std::vector<uint64_t> sequences;
-  std::vector<std::string> paths, problems;
+  std::vector<const CheckpointInfo*> read;
+  std::vector<std::string> problems;
   for (const CheckpointInfo& info : *listed) {
     auto snap = ReadCheckpoint(info.path);
     if (!snap.ok()) {
@@ -212,35 +215,13 @@ std::string ServerNode::RestoreFromCheckpoints(ServerCore& core, const std::stri
       continue;
     }
     snapshots.push_back(std::move(*snap));
-    sequences.push_back(info.sequence);
-    paths.push_back(info.path);
+    read.push_back(&info);
   }
-  std::vector<uint32_t> none;
-  std::string report;
-  uint64_t restored_rows = 0, missed = 0;
-  for (const auto& [i, vs] : ChooseNewestCopies(snapshots, sequences, vshards, &none)) {
-    auto rows = core.RestoreShards(snapshots[i], vs, with_windows);
-    if (!rows.ok()) {
-      problems.push_back(absl::StrCat(paths[i], ": ", rows.status().message()));
-      continue;
-    }
-    restored_rows += *rows;
-    missed += MissedApplications(snapshots[i], vs, last_applied);
-    absl::StrAppend(&report, report.empty() ? "" : "; ", "shards ", absl::StrJoin(vs, ","), " from ", paths[i]);
+  std::vector<CheckpointCopy> copies;
+  for (size_t i = 0; i < snapshots.size(); ++i) {
+    copies.push_back(CheckpointCopy{.snapshot = &snapshots[i], .sequence = read[i]->sequence, .name = read[i]->path});
   }
-  std::string line = absl::StrCat("restored ", vshards.size() - none.size(), " of ", vshards.size(), " shards (",
-                                  restored_rows, " rows) from checkpoints: ", report.empty() ? "none" : report);
-  if (with_windows) {
-    absl::StrAppend(&line, "; the checkpoints miss at least ", missed,
-                    " push applications to these shards (a push counts once per shard it touched) made, and "
-                    "possibly acknowledged, after them");
-  }
-  if (!none.empty()) {
-    absl::StrAppend(&line, "; no checkpoint holds shards ", absl::StrJoin(none, ","),
-                    ": they start from their initial values");
-  }
-  if (!problems.empty()) absl::StrAppend(&line, "; unreadable: ", absl::StrJoin(problems, "; "));
-  return line;
+  return RestoreNewestCopies(core, copies, vshards, with_windows, last_applied, std::move(problems)).line;
 }
 
 absl::Status ServerNode::Serve(const proto::JobReady& ready, bool first) {

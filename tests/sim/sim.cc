@@ -29,7 +29,9 @@
 #include "server/server_core.h"
 #include "server/server_node_core.h"
 #include "tests/consistency/consistency_checker.h"
+#include "tests/sim/sim_checkpoints.h"
 #include "worker/worker_core.h"
+#include "worker/worker_node_core.h"
 
 namespace tessera::sim {
 
@@ -43,6 +45,7 @@ const char* BreakageName(Breakage b) {
     case Breakage::kSwitchBeforeSync: return "switch-before-sync";
     case Breakage::kReadDuringMove: return "read-during-move";
     case Breakage::kJoinAtZero: return "join-at-zero";
+    case Breakage::kRestoreOldest: return "restore-oldest";
   }
   return "?";
 }
@@ -50,7 +53,7 @@ const char* BreakageName(Breakage b) {
 bool ParseBreakage(const std::string& name, Breakage* out) {
   for (Breakage b : {Breakage::kNone, Breakage::kApplyDuplicates, Breakage::kAckBeforeReplication,
                      Breakage::kAnswerEarly, Breakage::kAcceptOldEpoch, Breakage::kSwitchBeforeSync,
-                     Breakage::kReadDuringMove, Breakage::kJoinAtZero}) {
+                     Breakage::kReadDuringMove, Breakage::kJoinAtZero, Breakage::kRestoreOldest}) {
     if (name == BreakageName(b)) {
       *out = b;
       return true;
@@ -209,6 +212,9 @@ class World {
   const Scenario& scenario() const { return sc_; }
   consistency::Recorder& recorder() { return recorder_; }
   std::vector<IssuedPush>& pushes() { return pushes_; }
+  // The servers' checkpoints (Scenario::checkpoint_every_ns): one store, as
+  // a shared directory is, that outlives every server process.
+  CheckpointStore& checkpoints() { return checkpoints_; }
   ScaleResult Scale();  // a scale-mode run
 
   // What scale mode measures.
@@ -248,6 +254,14 @@ class World {
   bool Cut(const std::string& a, const std::string& b, Nanos now) const;
   void CheckEnd(RunResult& r);
   void CheckAudit(RunResult& r);
+  // Whether a checkpoint restore may have lost push `p` to key `k`
+  // (CheckpointStore::MayHaveLost): the only acknowledged pushes allowed
+  // to be missing.
+  bool LostToRestore(const IssuedPush& p, Key k) const {
+    return checkpoints_.MayHaveLost(VirtualShardOf(kTable, k, sc_.vshards), k,
+                                    {.worker = p.worker_node, .incarnation = p.incarnation, .first = p.seq,
+                                     .last = p.seq_last});
+  }
   // Pulls never go backwards: a pull issued after another completed sees
   // at least what it saw, per key and column (only in runs without
   // failovers: there an unacknowledged push a pull saw may be lost).
@@ -262,6 +276,8 @@ class World {
   // Server `rank` crashes now; a new process takes the rank at `restart`
   // (if the scenario restarts crashed servers).
   void CrashServer(uint32_t rank, Nanos restart, Nanos now);
+  // Scenario::crash_together: that many distinct servers crash within 100 ms of `at`.
+  void ScheduleCrashTogether(Nanos at);
   void StartServer(uint32_t rank, Nanos now);
   void StartWorker(uint32_t rank, Nanos now);
 
@@ -293,6 +309,7 @@ class World {
   std::vector<std::string> violations_;
   consistency::Recorder recorder_;
   std::vector<IssuedPush> pushes_;
+  CheckpointStore checkpoints_;
   uint64_t delivered_ = 0, dropped_ = 0;
   Nanos job_end_at_ = 0;
   uint64_t moves_started_ = 0, moves_finished_ = 0;  // by the maps published
@@ -390,7 +407,7 @@ class ServerProc final : public Proc {
       : world_(world),
         rank_(rank),
         session_(MakeSession(proto::SERVER, rank, world->scenario(), now)),
-        node_(ServerNodeCore::Options{.core = CoreOptions(world->scenario())}) {
+        node_(ServerNodeCore::Options{.core = CoreOptions(world->scenario()), .restore_lost = RestoreLost()}) {
     address = absl::StrCat("sim://server-", rank, ".", incarnation);
     session_.set_heartbeat_filler([this](proto::Heartbeat* hb) {
       if (node_.core()) node_.core()->FillHeartbeat(hb);
@@ -398,6 +415,7 @@ class ServerProc final : public Proc {
   }
 
   void Deliver(Message m, Nanos now) override {
+    now_ = now;
     if (m.header.has_shard_map_update()) {
       const proto::ShardMap& map = m.header.shard_map_update().shard_map();
       const uint64_t before = node_.core() ? node_.core()->epoch() : 0;
@@ -433,6 +451,11 @@ class ServerProc final : public Proc {
       ServerNodeCore::Output out = node_.Tick(now);
       After(out, now);
     }
+    const Nanos every = world_->scenario().checkpoint_every_ns;
+    if (every > 0 && !exited && node_.core() && now >= next_checkpoint_) {
+      next_checkpoint_ = now + every;
+      WriteCheckpoint(now);
+    }
   }
 
   const ServerCore* core() const { return node_.core(); }
@@ -462,6 +485,33 @@ class ServerProc final : public Proc {
       };
     }
     return o;
+  }
+
+  // As ServerNode::WriteCheckpointNow: the pending updates made, then the
+  // shards it leads (none when deposed or a fresh backup: nothing written).
+  void WriteCheckpoint(Nanos now) {
+    ServerCore* core = node_.core();
+    if (core->deposed()) return;
+    node_.ApplyPending();
+    ShardSnapshot snapshot = core->SnapshotPrimaryShards();
+    if (snapshot.vshards.empty()) return;
+    const std::string shards = absl::StrJoin(snapshot.vshards, ",");
+    const uint64_t epoch = snapshot.epoch;
+    const std::string name = world_->checkpoints().Write(std::move(snapshot), now);
+    world_->Trace(now, absl::StrCat(address, " wrote ", name, ": shards ", shards, ", map epoch ", epoch));
+  }
+
+  // ServerNodeCore's restore_lost with checkpoints: the newest copies in the
+  // World's store, as the shell reads them from its directory.
+  ServerNodeCore::RestoreFn RestoreLost() {
+    if (world_->scenario().checkpoint_every_ns == 0) return nullptr;
+    return [this](ServerCore& core, const std::vector<uint32_t>& vshards, bool with_windows,
+                  const std::map<uint32_t, uint64_t>& last) {
+      const bool oldest = world_->scenario().breakage == Breakage::kRestoreOldest;
+      CheckpointRestore r = world_->checkpoints().Restore(core, vshards, with_windows, last, now_, oldest);
+      world_->Trace(now_, absl::StrCat(address, " ", r.line));
+      return r.line;
+    };
   }
 
   void Start(Nanos now) {
@@ -499,12 +549,19 @@ class ServerProc final : public Proc {
   SessionCore session_;
   ServerNodeCore node_;
   uint64_t last_epoch_ = 0;
+  Nanos now_ = 0;              // of the step being delivered (for restore_lost)
+  Nanos next_checkpoint_ = 0;  // as the shell's tick thread: the first tick after the start writes one
 };
 
 class WorkerProc final : public Proc {
  public:
   WorkerProc(World* world, uint32_t rank, uint32_t process, Nanos now)
-      : world_(world), rank_(rank), session_(MakeSession(proto::WORKER, rank, world->scenario(), now)) {
+      : world_(world),
+        rank_(rank),
+        session_(MakeSession(proto::WORKER, rank, world->scenario(), now)),
+        node_(WorkerCoreOptions{.request_timeout = 60 * kSeconds, .hold_timeout = 120 * kSeconds,
+                                .resend_after = kResendAfter, .part_bytes = world->scenario().part_bytes,
+                                .max_bytes_in_flight_per_server = world->scenario().max_bytes_in_flight}) {
     address = process == 0 ? absl::StrCat("sim://worker-", rank) : absl::StrCat("sim://worker-", rank, ".", process);
   }
 
@@ -512,9 +569,10 @@ class WorkerProc final : public Proc {
     if (m.header.has_shard_map_update()) {
       if (!core_) return;
       const uint64_t before = core_->map()->epoch();
-      Apply(core_->OnMapUpdate(m.header.shard_map_update().shard_map(), now), now);
+      WorkerNodeCore::MapChange change = node_.UpdateMap(m.header.shard_map_update(), now);
+      Apply(std::move(change.effects), now);
       if (core_->map()->epoch() < before) world_->Violation(address + ": map epoch went back");
-      session_.set_map_epoch(core_->map()->epoch());
+      if (change.newer) session_.set_map_epoch(change.epoch);
       return;
     }
     if (session_.Handle(m, now)) {
@@ -574,30 +632,21 @@ class WorkerProc final : public Proc {
   };
 
   void Start(Nanos now) {
-    auto created = WorkerCore::Create(
-        WorkerCoreOptions{.node_id = session_.self().node_id(), .incarnation = session_.self().incarnation(),
-                          .address = address, .request_timeout = 60 * kSeconds, .hold_timeout = 120 * kSeconds,
-                          .resend_after = kResendAfter, .part_bytes = world_->scenario().part_bytes,
-                          .max_bytes_in_flight_per_server = world_->scenario().max_bytes_in_flight},
-        session_.ready()->shard_map());
-    if (!created.ok()) {
-      world_->Violation(absl::StrCat(address, ": bad first map: ", created.status().message()));
+    const absl::Status started =
+        node_.Start(*session_.ready(), session_.self(), session_.joined_running_job(), address);
+    if (!started.ok()) {
+      world_->Violation(absl::StrCat(address, ": bad first map: ", started.message()));
       return;
     }
-    core_ = std::move(*created);
+    core_ = node_.core();
     if (world_->scenario().scale_crash_at_ns > 0) return;  // scale mode: membership only
-    if (session_.joined_running_job()) {
-      // A worker that joined the running job: the servers start it at their
-      // fastest worker's clock; it starts at the highest (as the Worker shell does).
-      joining_ = true;
-      auto op = NewOp(Kind::kClockQuery, "clock query (joining)", now);
-      Apply(core_->JoinClock(op, rank_, now), now);
-      return;
-    }
-    if (session_.self().incarnation() > 0) {
-      // A replacement: resume at the clock the servers know for this rank.
-      auto op = NewOp(Kind::kClockQuery, "clock query", now);
-      Apply(core_->ClockQuery(op, now), now);
+    if (node_.start_kind() != WorkerNodeCore::StartKind::kFresh) {
+      // A worker that joined the running job (the servers start it at their
+      // fastest worker's clock) or a replacement (the clock the servers know
+      // for this rank) resumes there, as the Worker shell does.
+      joining_ = node_.start_kind() == WorkerNodeCore::StartKind::kJoin;
+      auto op = NewOp(Kind::kClockQuery, joining_ ? "clock query (joining)" : "clock query", now);
+      Apply(node_.QueryClock(op, now), now);
       return;
     }
     CreateTable(now);
@@ -748,16 +797,11 @@ class WorkerProc final : public Proc {
     if (exited) return;
     switch (op->kind) {
       case Kind::kClockQuery: {
-        // Resume at the predecessor's clock, announced again everywhere
-        // (as the Worker shell does).
-        clock_ = core_->known_clock();
-        if (clock_ == 0) {
-          Joined(now);
-          CreateTable(now);
-          return;
-        }
+        // Resume at the servers' clock, announced again everywhere (at 0
+        // there is nothing to announce: the announcement completes at once).
+        clock_ = node_.resume_clock();
         auto again = NewOp(Kind::kReannounce, absl::StrCat("clock ", clock_, " again"), now);
-        Apply(core_->ClockAdvance(again, clock_, now), now);
+        Apply(node_.AnnounceClock(again, now), now);
         return;
       }
       case Kind::kReannounce:
@@ -802,7 +846,8 @@ class WorkerProc final : public Proc {
   World* world_;
   const uint32_t rank_;
   SessionCore session_;
-  std::unique_ptr<WorkerCore> core_;
+  WorkerNodeCore node_;         // start, clock resume, map updates (worker/worker_node_core.h)
+  WorkerCore* core_ = nullptr;  // node_'s core, once started
   std::map<uint64_t, std::shared_ptr<Op>> ops_;
   uint64_t next_serial_ = 1;
   uint64_t clock_ = 0;
@@ -904,6 +949,7 @@ bool World::Cut(const std::string& a, const std::string& b, Nanos now) const {
 
 void World::Send(const std::string& from, Outgoing o, Nanos now) {
   o.message.header.set_sender_address(from);
+  if (sc_.checkpoint_every_ns > 0) checkpoints_.NoteSend(from, o.to, o.message, now);  // pushes and their acks
   // A wire copy: the receiver never sees the sender's memory.
   for (Buffer& f : o.message.frames) {
     Buffer copy = Buffer::Allocate(f.size());
@@ -1115,6 +1161,22 @@ void World::ScheduleFaults() {
       }
     });
   }
+  // (Last: the draws above stay those of runs without it.)
+  if (sc_.crash_together > 0) ScheduleCrashTogether(when());
+}
+
+void World::ScheduleCrashTogether(Nanos at) {
+  // A random set of crash_together servers, each crashing within 100 ms of
+  // `at`: all of them are down before the coordinator's lease notices the
+  // first, so a shard whose every copy was on them has none left.
+  std::vector<uint32_t> ranks(sc_.servers);
+  for (uint32_t i = 0; i < sc_.servers; ++i) ranks[i] = i;
+  for (uint32_t i = 0; i < sc_.crash_together && i < sc_.servers; ++i) {
+    std::swap(ranks[i], ranks[i + rng_.Below(sc_.servers - i)]);
+    const Nanos when = at + static_cast<Nanos>(rng_.Below(100 * kMs));
+    const Nanos restart = when + sc_.lease_ns + 100 * kMs + static_cast<Nanos>(rng_.Below(2 * sc_.lease_ns));
+    At(when, [this, rank = ranks[i], restart](Nanos now) { CrashServer(rank, restart, now); });
+  }
 }
 
 void World::CrashServer(uint32_t rank, Nanos restart, Nanos now) {
@@ -1130,8 +1192,8 @@ void World::CrashServer(uint32_t rank, Nanos restart, Nanos now) {
 }
 
 bool World::NoFailovers() const {
-  return sc_.server_crashes == 0 && !sc_.crash_mid_move && sc_.pauses == 0 && sc_.partitions == 0 &&
-         sc_.coordinator_crashes == 0;
+  return sc_.server_crashes == 0 && sc_.crash_together == 0 && !sc_.crash_mid_move && sc_.pauses == 0 &&
+         sc_.partitions == 0 && sc_.coordinator_crashes == 0;
 }
 
 void World::CheckTakeovers(uint32_t rank, uint64_t old_epoch, const proto::ShardMap& map, const ServerCore& core,
@@ -1226,6 +1288,7 @@ RunResult World::Run() {
   co.rejoin_timeout = 10 * kSeconds;
   co.move_timeout = 3 * kSeconds;
   co.test_switch_before_sync = sc_.breakage == Breakage::kSwitchBeforeSync;
+  co.restore_lost_shards = sc_.checkpoint_every_ns > 0;  // on_shard_loss: restore (from the servers' checkpoints)
   if (sc_.rebalance_threshold > 0) {
     co.rebalance.threshold = sc_.rebalance_threshold;
     co.rebalance.interval = 200 * kMs;
@@ -1318,8 +1381,16 @@ RunResult World::Run() {
   if (sc_.scale_crash_at_ns == 0) {  // (scale mode has no workload to check)
     for (WorkerProc* w : workers_) w->RecordUnreturnedClock();
     for (const IssuedPush& p : pushes_) {
-      std::vector<uint32_t> keys32(p.keys.begin(), p.keys.end());
-      recorder_.Add(consistency::PushEvent{p.worker_rank, p.clock, std::move(keys32), p.issued, !p.acked});
+      // The keys a checkpoint restore may have lost it from count as never
+      // acknowledged: no pull must reflect it there (sim.h).
+      std::vector<uint32_t> keys32, lost32;
+      for (Key k : p.keys) (p.acked && LostToRestore(p, k) ? lost32 : keys32).push_back(static_cast<uint32_t>(k));
+      if (!keys32.empty() || lost32.empty()) {
+        recorder_.Add(consistency::PushEvent{p.worker_rank, p.clock, std::move(keys32), p.issued, !p.acked});
+      }
+      if (!lost32.empty()) {
+        recorder_.Add(consistency::PushEvent{p.worker_rank, p.clock, std::move(lost32), p.issued, true});
+      }
     }
     CheckEnd(r);
     CheckAudit(r);
@@ -1333,6 +1404,10 @@ RunResult World::Run() {
     for (std::string& v : checked.violations) Violation(std::move(v));
   }
   for (const IssuedPush& p : pushes_) r.pushes_acked += p.acked;
+  r.checkpoints_written = checkpoints_.written();
+  r.shards_lost = checkpoints_.shards_lost();
+  r.shards_restored = checkpoints_.shards_restored();
+  r.missed_reported = checkpoints_.missed_reported();
   r.violations = violations_;
   r.digest = digest_;
   return r;
@@ -1384,10 +1459,11 @@ void World::CheckEnd(RunResult& r) {
   // A run with no fault that may end a job must end it well. A crashed
   // worker ends it only under the stop policy, and then the reason names it.
   const bool stop_on_worker_loss = sc_.worker_loss == WorkerLossPolicy::kStopJob;
-  const bool may_fail = sc_.server_crashes > 0 || sc_.pauses > 0 || sc_.partitions > 0 ||
+  const bool may_fail = sc_.server_crashes > 0 || sc_.crash_together > 0 || sc_.pauses > 0 || sc_.partitions > 0 ||
                         (sc_.worker_crashes > 0 && stop_on_worker_loss) || worker_crashed_assembling_;
   if (!r.job_ok && !may_fail) Violation("the job failed without a fault that could fail it: " + r.job_end);
-  const bool only_worker_crashes = sc_.server_crashes == 0 && sc_.pauses == 0 && sc_.partitions == 0;
+  const bool only_worker_crashes =
+      sc_.server_crashes == 0 && sc_.crash_together == 0 && sc_.pauses == 0 && sc_.partitions == 0;
   for (WorkerProc* w : workers_) {
     if (only_worker_crashes && w->crashed && stop_on_worker_loss && !worker_crashed_assembling_) {
       const std::string name = CoordinatorCore::NodeName(proto::WORKER, w->rank());
@@ -1433,7 +1509,8 @@ void World::CheckAudit(RunResult& r) {
     const std::string dump = s->core()->AuditDump();
     if (trace_) *trace_ << "# final rows of " << s->address << ":\n" << dump;
     for (absl::string_view line : absl::StrSplit(dump, '\n', absl::SkipEmpty())) {
-      if (absl::StartsWith(line, "#")) continue;
+      // (A "restored" line: the windows of a checkpoint this server restored; the store knows them.)
+      if (absl::StartsWith(line, "#") || absl::StartsWith(line, "restored ")) continue;
       std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
       uint64_t key = 0;
       if (f.size() < 5 || f[0] != "row" || !absl::SimpleAtoi(f[2], &key)) {
@@ -1499,6 +1576,7 @@ void World::CheckAudit(RunResult& r) {
     Violation(absl::StrCat("the coordinator's last map is invalid: ", final_map.status().message()));
     return;
   }
+  std::set<const IssuedPush*> lost;  // acknowledged pushes lost to restores
   for (const IssuedPush& p : pushes_) {
     if (!p.acked) continue;
     for (Key k : p.keys) {
@@ -1511,12 +1589,19 @@ void World::CheckAudit(RunResult& r) {
       bool found = false;
       for (uint64_t seq = p.seq; it != rows[primary].end() && seq <= p.seq_last && !found; ++seq)
         found = it->second.pushes.count(absl::StrCat(p.worker_node, ":", p.incarnation, ":", seq)) > 0;
-      if (!found) {
+      if (!found && LostToRestore(p, k)) {
+        ++r.push_keys_lost;  // a loss a checkpoint restore allows (sim_checkpoints.h)
+        lost.insert(&p);
+      } else if (!found) {
         Violation(absl::StrCat("acknowledged push ", entry, " (worker ", p.worker_rank, ") is missing from key ", k,
-                               " at its primary, server ", primary));
+                               " at its primary, server ", primary,
+                               checkpoints_.WasRestored(VirtualShardOf(kTable, k, sc_.vshards))
+                                   ? " (its shard was restored from a checkpoint, but no restore may have lost it)"
+                                   : ""));
       }
     }
   }
+  r.pushes_lost = lost.size();
   // (Copies compared only where both sides have the final map: a map
   // published as the job ended may not have reached them.)
   for (uint32_t v = 0; v < final_map->num_vshards(); ++v) {
@@ -1606,6 +1691,14 @@ Scenario Scenario::FromSeed(uint64_t seed) {
   }
   // (Drawn after everything else, so that older seeds keep their runs.)
   if (rng.Chance(0.3)) s.disk_tier_rows = static_cast<uint32_t>(rng.Between(1, 4));
+  // Checkpoints every 20-100 ms and shards restored from them when they
+  // lose every copy (on_shard_loss: restore); in most of those runs as many
+  // servers as there are copies crash together, so that some shards do.
+  // (Drawn last, as above.)
+  if (rng.Chance(0.25)) {
+    s.checkpoint_every_ns = rng.Between(20, 100) * kMs;
+    if (s.servers > s.replication && rng.Chance(0.7)) s.crash_together = s.replication;
+  }
   return s;
 }
 
@@ -1625,6 +1718,11 @@ std::string Scenario::Describe() const {
       coordinator_crashes, moves, crash_mid_move ? " (a crash mid-move)" : "", servers_added, drains, workers_added,
       static_cast<unsigned long long>(part_bytes), static_cast<unsigned long long>(max_bytes_in_flight),
       absl::StrCat(disk_tier_rows > 0 ? absl::StrCat("; disk tier, ", disk_tier_rows, " rows in memory") : "",
+                   checkpoint_every_ns > 0
+                       ? absl::StrCat("; checkpoints every ", checkpoint_every_ns / kMs,
+                                      " ms, lost shards restored from them")
+                       : "",
+                   crash_together > 0 ? absl::StrCat("; ", crash_together, " servers crash together") : "",
                    breakage == Breakage::kNone ? "" : absl::StrCat("; BROKEN: ", BreakageName(breakage))));
 }
 
@@ -1663,6 +1761,8 @@ Scenario RebalanceScenario(uint64_t seed, double threshold) {
   s.rebalance_threshold = threshold;
   s.drop = s.duplicate = s.reorder = 0;
   s.server_crashes = s.pauses = s.partitions = s.worker_crashes = s.coordinator_crashes = s.moves = 0;
+  s.crash_together = 0;
+  s.checkpoint_every_ns = 0;
   s.crash_mid_move = false;
   s.servers_added = static_cast<uint32_t>(seed % 2);  // odd seeds: a fourth server joins, empty
   return s;

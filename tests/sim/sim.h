@@ -28,12 +28,31 @@
 //   announced as left is not waited for from then on);
 //   per row: no push applied twice, values equal to the pushes applied,
 //   nothing applied that was not issued, every acknowledged push applied
-//   (when the job ended well), replicas equal to their primary; map epochs
+//   (when the job ended well) but those a checkpoint restore may lose (see
+//   below), replicas equal to their primary; map epochs
 //   only increase at every node; one map per epoch (so one primary per shard
 //   per epoch); in runs without failovers, pulls never go backwards and a
 //   server that takes a shard over by a move has every value a pull saw; every operation a live worker started completed, OK or
 //   with an error (no hang), and the job ended; it ended well unless a fault
 //   could end it (a worker crash under the stop policy must, naming it).
+// - Checkpoint restores (Scenario::checkpoint_every_ns; tests/sim/
+//   sim_checkpoints.h): a shard that lost every copy is restored by the
+//   server the coordinator gives it to, from the newest checkpoint holding
+//   it in the World's store (by map epoch, then sequence), through the
+//   shell's pure RestoreNewestCopies. An acknowledged push may then be
+//   missing from a key, and only then: a part of it that carried the key was
+//   first acknowledged (by a server, as the network saw it) before a restore
+//   of the key's shard, and the newest checkpoint holding that shard at that
+//   moment did not hold that part (its number is neither below its writer's
+//   window floor there nor in that window). So every push that checkpoint
+//   held is in the restored rows, every push first acknowledged after the
+//   restore is too, and a restore from an older checkpoint than the newest
+//   is caught. The per-row checks stay
+//   whole: a restored row's values equal the pushes it lists (the
+//   checkpoint's, then those applied since) and none is listed twice. For
+//   I1-I4, a push a restore may have lost counts as unacknowledged for
+//   those keys (no pull must reflect it). The restore line's count of missed
+//   applications is a lower bound from heartbeats and is not checked.
 // - A violation is reported with the seed; `tessera-sim --seed N --trace F`
 //   replays the run and writes every message and fault.
 #include <cstdint>
@@ -57,6 +76,7 @@ enum class Breakage {
   kSwitchBeforeSync,      // the coordinator makes a moving shard's destination primary at once
   kReadDuringMove,        // primaries answer pulls of a moving shard without waiting for its destination
   kJoinAtZero,            // servers start a worker that joins the running job at clock 0
+  kRestoreOldest,         // a server restoring lost shards gets only the oldest checkpoint each rank kept
 };
 const char* BreakageName(Breakage b);
 bool ParseBreakage(const std::string& name, Breakage* out);
@@ -136,6 +156,18 @@ struct Scenario {
   int64_t server_heartbeat_ns = 0;     // servers' own interval (0: heartbeat_ns)
   int64_t server_lease_ns = 0;         // under replication, a server's lease (the coordinator's server_lease; 0: lease_ns)
   int64_t node_lease_ns = 0;           // a node's lease on the coordinator (0: 4 * lease_ns)
+  // Checkpoints (0: none): every live server checkpoints the shards it
+  // leads this often (simulated time; at its 20 ms timer), as
+  // tessera-server --checkpoint-every does, into one store the World keeps
+  // (a shared checkpoint directory: it survives crashes; the newest 3 of
+  // each rank kept). The coordinator then restores a shard that lost every
+  // copy (on_shard_loss: restore) instead of failing the job.
+  int64_t checkpoint_every_ns = 0;
+  // Whole-shard loss: this many distinct servers (a random set) crash
+  // within 100 ms of each other at a random time, before the coordinator
+  // can notice the first (its lease), so the shards whose every copy was
+  // on them lose every copy. Restarted as server crashes are.
+  uint32_t crash_together = 0;
   // Scale mode (RunScale): no workload; server 0 crashes at this time and
   // the run ends once every live node has the next map.
   int64_t scale_crash_at_ns = 0;
@@ -167,6 +199,13 @@ struct RunResult {
   uint64_t servers_drained = 0;     // drained and removed
   uint64_t workers_joined = 0;      // joined the running job (their start clock announced)
   uint64_t rows_to_disk = 0;        // rows the servers' budgets moved to their disk tiers (live processes at the end)
+  // Checkpoints (Scenario::checkpoint_every_ns).
+  uint64_t checkpoints_written = 0;
+  uint64_t shards_lost = 0;          // shards that lost every copy, given to a server to restore
+  uint64_t shards_restored = 0;      // of those, restored from a checkpoint
+  uint64_t missed_reported = 0;      // the restore lines' "the checkpoints miss at least N push applications", summed
+  uint64_t pushes_lost = 0;          // acknowledged pushes missing at a final primary, every one allowed by a restore
+  uint64_t push_keys_lost = 0;       // the same as (push, key) pairs
   // The shards' costs as the coordinator saw them last (ShardCosts), and
   // the imbalance (coordinator/rebalancer.h) they give under the first map
   // and under the last.

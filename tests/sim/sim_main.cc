@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   app.add_option("--trace", trace, "With --seed: write every message and fault of the run to this file");
   app.add_option("--break", breakage_name,
                  "Negative control: break one rule in the servers (apply-duplicates, ack-before-replication, "
-                 "answer-early, accept-old-epoch, switch-before-sync, read-during-move, join-at-zero)");
+                 "answer-early, accept-old-epoch, switch-before-sync, read-during-move, join-at-zero, restore-oldest)");
   app.add_flag("--expect-violation", expect_violation,
                "Succeed only if some run fails its checks (for negative controls); stops at the first");
   app.add_flag("--digests", digests, "Print each run's digest (for replay checks)");
@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
   tessera::sim::Breakage breakage;
   if (!tessera::sim::ParseBreakage(breakage_name, &breakage)) {
     std::fprintf(stderr, "tessera-sim: unknown --break '%s' (apply-duplicates, ack-before-replication, answer-early, "
-                         "accept-old-epoch, switch-before-sync, read-during-move, join-at-zero)\n", breakage_name.c_str());
+                         "accept-old-epoch, switch-before-sync, read-during-move, join-at-zero, restore-oldest)\n",
+                 breakage_name.c_str());
     return 2;
   }
   if (!trace.empty() && seed == 0) {
@@ -119,6 +120,8 @@ int main(int argc, char** argv) {
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   uint64_t runs = 0, failed = 0, job_failures = 0, failovers = 0, messages = 0, pulls = 0, acked = 0;
   uint64_t moves_started = 0, moves_finished = 0, drained = 0, joined = 0, to_disk = 0;
+  uint64_t checkpoints = 0, runs_restoring = 0, shards_lost = 0, shards_restored = 0, pushes_lost = 0,
+           push_keys_lost = 0, missed_reported = 0;
   uint64_t first_failed = 0;
   for (uint64_t s = first_seed;; ++s) {
     if (minutes > 0 ? elapsed() >= minutes * 60 : s >= first_seed + seeds) break;
@@ -151,6 +154,13 @@ int main(int argc, char** argv) {
     drained += r.servers_drained;
     joined += r.workers_joined;
     to_disk += r.rows_to_disk;
+    checkpoints += r.checkpoints_written;
+    runs_restoring += r.shards_lost > 0;
+    shards_lost += r.shards_lost;
+    shards_restored += r.shards_restored;
+    pushes_lost += r.pushes_lost;
+    push_keys_lost += r.push_keys_lost;
+    missed_reported += r.missed_reported;
     messages += r.messages;
     pulls += r.pulls_checked;
     acked += r.pushes_acked;
@@ -161,6 +171,15 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(r.failovers), static_cast<double>(r.sim_time_ns) / 1e6,
                   digests ? (" digest " + std::to_string(r.digest)).c_str() : "");
       if (verbose || !r.ok()) std::printf("  scenario: %s\n", sc.Describe().c_str());
+      if ((verbose || !r.ok()) && r.shards_lost > 0) {
+        std::printf("  restores: %llu shards lost every copy, %llu restored from checkpoints (%llu written); "
+                    "%llu acknowledged pushes lost to them (%llu push-keys), the restore lines said at least %llu "
+                    "push applications\n",
+                    static_cast<unsigned long long>(r.shards_lost), static_cast<unsigned long long>(r.shards_restored),
+                    static_cast<unsigned long long>(r.checkpoints_written),
+                    static_cast<unsigned long long>(r.pushes_lost), static_cast<unsigned long long>(r.push_keys_lost),
+                    static_cast<unsigned long long>(r.missed_reported));
+      }
     }
     if (!r.ok()) {
       ++failed;
@@ -183,6 +202,16 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(messages), static_cast<unsigned long long>(pulls),
               static_cast<unsigned long long>(acked), static_cast<unsigned long long>(to_disk),
               breakage == tessera::sim::Breakage::kNone ? "" : (" (broken: " + breakage_name + ")").c_str());
+  if (checkpoints > 0) {
+    std::printf("checkpoints: %llu written; %llu runs lost shards and restored them: %llu shards lost every copy, "
+                "%llu restored from a checkpoint; %llu acknowledged pushes lost to restores (%llu push-keys), every "
+                "one a push the newest checkpoint did not hold; the restore lines said at least %llu push "
+                "applications missed\n",
+                static_cast<unsigned long long>(checkpoints), static_cast<unsigned long long>(runs_restoring),
+                static_cast<unsigned long long>(shards_lost), static_cast<unsigned long long>(shards_restored),
+                static_cast<unsigned long long>(pushes_lost), static_cast<unsigned long long>(push_keys_lost),
+                static_cast<unsigned long long>(missed_reported));
+  }
   if (expect_violation) {
     if (failed == 0) std::printf("expected a violation with --break %s and found none\n", breakage_name.c_str());
     return failed > 0 ? 0 : 1;
