@@ -203,7 +203,7 @@ class WorkerImpl final : public Worker {
       std::lock_guard lock(mu_);
       widths_[options.id] = options.width;
       if (options.optimizer == proto::ADAM) whole_row_tables_.insert(options.id);  // one step count per row and push
-      if (options.consistency != proto::ASP) synchronous_tables_++;
+      node_.TableCreated(options.consistency);
       if (compressor) compressors_.try_emplace(options.id, std::move(compressor));  // keep residuals on a repeat
     }
     return s;
@@ -366,7 +366,7 @@ class WorkerImpl final : public Worker {
 
   bool HasSynchronousTables() const {
     std::lock_guard lock(mu_);
-    return synchronous_tables_ > 0;
+    return node_.ClockWaits();
   }
 
   // Clock() when every open table is ASP: a notice to each server, no wait.
@@ -740,7 +740,6 @@ class WorkerImpl final : public Worker {
   WorkerCore* core_ = nullptr;
   absl::flat_hash_map<uint32_t, uint32_t> widths_;     // guarded by mu_: table -> width
   absl::flat_hash_set<uint32_t> whole_row_tables_;     // guarded by mu_: tables that refuse pieces of rows (ADAM)
-  uint32_t synchronous_tables_ = 0;                     // guarded by mu_: open BSP or SSP tables
   // guarded by mu_ (the map; a compressor serializes its own calls): tables with compressed pushes
   absl::flat_hash_map<uint32_t, std::unique_ptr<compress::RowCompressor>> compressors_;
   std::condition_variable push_cv_;                     // operations completed (pushes among them)

@@ -42,6 +42,11 @@
 //   operation completes). An older or equal map
 //   changes nothing; an invalid one changes nothing and says why in
 //   `error` (for the log).
+// - Clock: ClockWaits() says whether Clock() waits for the servers
+//   (ClockAdvance, an operation) or only tells them (ClockNotice, no
+//   answer): it waits once a BSP or SSP table was created by this process
+//   (TableCreated, called when a CreateTable completed OK), and only tells
+//   while every table it created is ASP (or none was).
 // - Not thread-safe: the shell calls it under its lock.
 #include <cstdint>
 #include <memory>
@@ -93,12 +98,19 @@ class WorkerNodeCore {
 
   MapChange UpdateMap(const proto::ShardMapUpdate& update, Nanos now);
 
+  // --- Clock (see the contract) ---
+  void TableCreated(proto::ConsistencyKind consistency) {
+    if (consistency != proto::ASP) ++synchronous_tables_;
+  }
+  bool ClockWaits() const { return synchronous_tables_ > 0; }
+
  private:
   const WorkerCoreOptions options_;
   std::unique_ptr<WorkerCore> core_;
   StartKind kind_ = StartKind::kFresh;
   uint32_t rank_ = 0;
   uint32_t num_workers_ = 0;
+  uint32_t synchronous_tables_ = 0;  // BSP or SSP tables created (TableCreated)
 };
 
 }  // namespace tessera

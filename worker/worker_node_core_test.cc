@@ -238,6 +238,18 @@ proto::ShardMapUpdate Update(const proto::ShardMap& map) {
   return u;
 }
 
+TEST(WorkerNodeCore, ClockWaitsOnceABspOrSspTableWasCreated) {
+  WorkerNodeCore node(Options());
+  EXPECT_FALSE(node.ClockWaits()) << "no table yet";
+  node.TableCreated(proto::ASP);
+  EXPECT_FALSE(node.ClockWaits()) << "ASP tables only";
+  node.TableCreated(proto::SSP);
+  EXPECT_TRUE(node.ClockWaits());
+  WorkerNodeCore bsp(Options());
+  bsp.TableCreated(proto::BSP);
+  EXPECT_TRUE(bsp.ClockWaits());
+}
+
 TEST(WorkerNodeCore, AMapBeforeTheStartChangesNothing) {
   WorkerNodeCore node(Options());
   WorkerNodeCore::MapChange change = node.UpdateMap(Update(MakeMap(2)), 0);

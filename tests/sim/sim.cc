@@ -743,7 +743,7 @@ class WorkerProc final : public Proc {
   }
 
   void IssueClock(Nanos now) {
-    if (world_->scenario().consistency == proto::ASP) {
+    if (!node_.ClockWaits()) {  // every table ASP: a notice, no answer
       clock_called_ = now;
       std::vector<Outgoing> out = core_->ClockNotice(clock_ + 1);
       world_->SendAll(address, out, now);
@@ -809,6 +809,7 @@ class WorkerProc final : public Proc {
         CreateTable(now);
         return;
       case Kind::kCreate:
+        node_.TableCreated(world_->scenario().consistency);
         IssueStep(now);
         return;
       case Kind::kPush:
