@@ -143,7 +143,8 @@ if [ "$WHICH" = ci ]; then
   TSAN_TESTS=(transport/transport_conformance_test transport/fault_transport_test transport/caller_delivery_test
     transport/curve_test transport/coalescing_transport_test tests/cluster/inproc_cluster_test
     tests/cluster/bad_requests_test tests/cluster/auth_test tests/cluster/coalescing_test
-    tests/cluster/transfer_priority_test tests/consistency/consistency_test worker/device_staging_test
+    tests/cluster/transfer_priority_test tests/cluster/lost_server_queue_test tests/consistency/consistency_test
+    worker/device_staging_test
     common/common_test coordinator/etcd_leadership_test)
   cmake --build "$TDIR" -j "$JOBS" --target $(targets "${TSAN_TESTS[@]}") shm_transport_test
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/scripts/tsan.supp"
