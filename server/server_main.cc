@@ -6,7 +6,9 @@
 #include <chrono>
 #include <csignal>
 #include <thread>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -30,6 +32,21 @@ int main(int argc, char** argv) {
   flags.AddTo(app);
   CLI11_PARSE(app, argc, argv);
   flags.Finish();
+  if (!flags.checkpoints.restore_from.empty() && !flags.checkpoints.dir.empty()) {
+    auto place = [](std::string dir) {  // the same directory however it is written
+      while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+      std::error_code e;
+      return std::filesystem::weakly_canonical(dir, e);
+    };
+    if (place(flags.checkpoints.restore_from) == place(flags.checkpoints.dir)) {
+      std::fprintf(stderr,
+                   "tessera-server: --checkpoint-dir is --restore-from (%s): give the new job a directory of its own "
+                   "(a new job numbers its shard map epochs from 1 again, so a restore would take the old job's "
+                   "checkpoints for newer than the new job's)\n",
+                   flags.checkpoints.dir.c_str());
+      return 2;
+    }
+  }
   tessera::ServerCoreOptions core = flags.core;
   tessera::InitLogging(flags.name, flags.debug);
   tessera::WarnAboutOldTransportVariables({{"TESSERA_AUDIT_DIR", "--audit-dir"}});

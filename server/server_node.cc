@@ -253,6 +253,7 @@ absl::Status ServerNode::Serve(const proto::JobReady& ready, bool first) {
   if (!out->refused_map.ok()) {
     TLOG_ERROR("ignoring a bad shard map update from the coordinator: {}", out->refused_map.message());
   }
+  if (!out->restore_line.empty()) TLOG_WARN("{}", out->restore_line);
   session_.set_map_epoch(ready.shard_map().epoch());
   Send(*out);
   std::lock_guard lock(mu_);

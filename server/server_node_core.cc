@@ -59,16 +59,16 @@ absl::StatusOr<ServerNodeCore::Output> ServerNodeCore::Start(const proto::JobRea
   for (Message& m : early_)
     for (Outgoing& o : core_->Step(std::move(m), now)) out.sends.push_back(std::move(o));
   early_.clear();
-  if (early_map_) {
-    if (early_map_->epoch() > ready.shard_map().epoch()) {
-      auto released = core_->UpdateShardMap(*early_map_, now);
-      if (released.ok()) {
-        for (Outgoing& o : *released) out.sends.push_back(std::move(o));
-      } else {
-        out.refused_map = released.status();
-      }
+  if (early_update_) {
+    const proto::ShardMapUpdate update = std::move(*early_update_);
+    early_update_.reset();
+    if (update.shard_map().epoch() > ready.shard_map().epoch()) {
+      MapChange change = UpdateMap(update, rank, now);
+      for (Outgoing& o : change.out.sends) out.sends.push_back(std::move(o));
+      for (proto::ShardsInSync& s : change.out.in_sync) out.in_sync.push_back(std::move(s));
+      out.refused_map = change.error;
+      out.restore_line = std::move(change.restore_line);
     }
-    early_map_.reset();
   }
   TakeNotices(out);
   return out;
@@ -78,7 +78,7 @@ ServerNodeCore::MapChange ServerNodeCore::UpdateMap(const proto::ShardMapUpdate&
   MapChange change;
   const proto::ShardMap& map = update.shard_map();
   if (core_ == nullptr) {  // installed once the core exists
-    if (!early_map_ || early_map_->epoch() < map.epoch()) early_map_ = map;
+    if (!early_update_ || early_update_->shard_map().epoch() < map.epoch()) early_update_ = update;
     change.kept = true;
     return change;
   }

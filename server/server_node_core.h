@@ -11,14 +11,16 @@
 // Contract:
 // - Before Start, Receive keeps requests in arrival order, at most
 //   `max_early` of them; past that a request that wants a reply is answered
-//   Unavailable and others are dropped. UpdateMap keeps the newest map.
+//   Unavailable and others are dropped. UpdateMap keeps the newest update
+//   (its map and the shards it gives this server to restore).
 // - Start(ready, ...) makes a ServerCore from `options.core` (node id set),
 //   installs ready's map for `rank`, learns the job's workers, restores the
 //   shards this server holds through `restore_held` when set (a new job
 //   from a checkpoint; no de-duplication windows: workers number pushes
 //   afresh),
-//   then steps the kept requests in order and applies the kept map when it
-//   is newer than ready's. Start again (a rejoin) replaces the core: the
+//   then steps the kept requests in order and applies the kept update when
+//   its map is newer than ready's, as UpdateMap does (restores included:
+//   Output::restore_line reports them). Start again (a rejoin) replaces the core: the
 //   old one's state is dropped.
 // - Receive, Tick and UpdateMap return what to send and the coordinator
 //   notices (ShardsInSync) the step made; pending updates (apply_after_ack)
@@ -64,6 +66,7 @@ class ServerNodeCore {
     std::vector<Outgoing> sends;
     std::vector<proto::ShardsInSync> in_sync;  // for the coordinator
     absl::Status refused_map;  // Start: the map kept before it, refused by the core (ignored; for the log)
+    std::string restore_line;  // Start: shards that lost every copy, restored by the update kept before it
   };
   // What a map update changed (for the shell's log).
   struct MapChange {
@@ -110,7 +113,7 @@ class ServerNodeCore {
   Options options_;
   std::unique_ptr<ServerCore> core_;
   std::deque<Message> early_;                 // requests before Start
-  std::optional<proto::ShardMap> early_map_;  // the newest map before Start
+  std::optional<proto::ShardMapUpdate> early_update_;  // the newest map update before Start
 };
 
 }  // namespace tessera

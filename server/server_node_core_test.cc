@@ -131,6 +131,33 @@ TEST(ServerNodeCoreTest, ShardsThatLostEveryCopyAndThatThisServerLeadsAreRestore
   EXPECT_NE(none.restore_line.find("start from their initial values"), std::string::npos) << none.restore_line;
 }
 
+TEST(ServerNodeCoreTest, ShardsToRestoreInAnUpdateThatCameBeforeTheStartAreRestoredAtIt) {
+  std::vector<uint32_t> restored;
+  ServerNodeCore::Options options;
+  options.restore_lost = [&](ServerCore&, const std::vector<uint32_t>& vs, bool with_windows,
+                             const std::map<uint32_t, uint64_t>&) {
+    EXPECT_TRUE(with_windows);
+    restored = vs;
+    return std::string("restored from a checkpoint");
+  };
+  ServerNodeCore node(options);
+  proto::ShardMapUpdate update;
+  *update.mutable_shard_map() = Ready(3).shard_map();
+  const ShardMapView view = *ShardMapView::Create(update.shard_map());
+  uint32_t led = view.num_vshards();
+  for (uint32_t v = 0; v < view.num_vshards() && led == view.num_vshards(); ++v)
+    if (view.ServerRankOf(v) == 0) led = v;
+  ASSERT_LT(led, view.num_vshards());
+  update.add_restores()->set_vshard(led);
+  EXPECT_TRUE(node.UpdateMap(update, 0, 0).kept);
+  EXPECT_TRUE(restored.empty()) << "no core yet";
+  auto out = node.Start(Ready(2), 1, 0, 0);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(node.core()->epoch(), 3u);
+  EXPECT_EQ(restored, std::vector<uint32_t>{led});
+  EXPECT_EQ(out->restore_line, "restored from a checkpoint");
+}
+
 TEST(ServerNodeCoreTest, AStartFromACheckpointRestoresEveryShardThisServerHolds) {
   std::vector<uint32_t> restored;
   ServerNodeCore::Options options;

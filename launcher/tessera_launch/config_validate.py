@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+from pathlib import Path
 from typing import Any, Optional
 
 from .config_schema import (_ARG_KEY_RE, _REQUIRED, CODEC_OPTION_ALIASES, LIST_KEYS, RESERVED_WORKER_FLAGS,
@@ -250,6 +251,13 @@ def validate(data: Any, source: str, overrides: list = ()) -> JobConfig:
     if sections["coordinator"].get("standbys") and not sections["coordinator"].get("etcd"):
         checker.error(("coordinator", "standbys"),
                       "coordinator.standbys needs coordinator.etcd (standbys are elected through etcd)")
+    checkpoints = sections["checkpoints"]
+    if (checkpoints.get("restore_from") and checkpoints.get("dir") and Path(checkpoints["dir"]).is_absolute()
+            and Path(checkpoints["dir"]).resolve() == Path(checkpoints["restore_from"]).resolve()):
+        checker.error(("checkpoints", "dir"),
+                      "checkpoints.dir is checkpoints.restore_from: give the new job a directory of its own (a new "
+                      "job numbers its shard map epochs from 1 again, so a restore would take the old job's "
+                      "checkpoints for newer than the new job's)")
     faults = validate_faults(data.get("faults"), sections["cluster"], checker.error)
     if checker.errors:
         raise ConfigError("\n".join(checker.errors))

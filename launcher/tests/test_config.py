@@ -540,3 +540,14 @@ def test_table_memory_limit_is_auto_unless_set(tmp_path):
     for bad in ("lots", "-1", "2.5"):
         message = error_of(path, [f"limits.max_table_mb={bad}"])
         assert "limits.max_table_mb" in message and "auto" in message, message
+
+
+def test_a_new_job_may_not_write_its_checkpoints_where_it_restores_from(tmp_path):
+    """A new job's shard map epochs start at 1 again, so its checkpoints
+    would rank below the old job's on a later restore."""
+    old = tmp_path / "old"
+    path = write(tmp_path, MINIMAL)
+    message = error_of(path, [f"checkpoints.restore_from={old}", f"checkpoints.dir={old}/"])
+    assert "checkpoints.dir is checkpoints.restore_from" in message
+    config = load_config(path, [f"checkpoints.restore_from={old}", "checkpoints.dir=checkpoints"])
+    assert config.checkpoints.dir == "checkpoints"  # relative: in the new run's directory
