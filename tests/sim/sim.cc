@@ -46,6 +46,7 @@ const char* BreakageName(Breakage b) {
     case Breakage::kReadDuringMove: return "read-during-move";
     case Breakage::kJoinAtZero: return "join-at-zero";
     case Breakage::kRestoreOldest: return "restore-oldest";
+    case Breakage::kRestoreHeldOldest: return "restore-held-oldest";
   }
   return "?";
 }
@@ -53,7 +54,8 @@ const char* BreakageName(Breakage b) {
 bool ParseBreakage(const std::string& name, Breakage* out) {
   for (Breakage b : {Breakage::kNone, Breakage::kApplyDuplicates, Breakage::kAckBeforeReplication,
                      Breakage::kAnswerEarly, Breakage::kAcceptOldEpoch, Breakage::kSwitchBeforeSync,
-                     Breakage::kReadDuringMove, Breakage::kJoinAtZero, Breakage::kRestoreOldest}) {
+                     Breakage::kReadDuringMove, Breakage::kJoinAtZero, Breakage::kRestoreOldest,
+                     Breakage::kRestoreHeldOldest}) {
     if (name == BreakageName(b)) {
       *out = b;
       return true;
@@ -216,6 +218,12 @@ class World {
   // a shared directory is, that outlives every server process.
   CheckpointStore& checkpoints() { return checkpoints_; }
   ScaleResult Scale();  // a scale-mode run
+  // The new job from the checkpoints runs (Scenario::restart_from_checkpoints).
+  bool second_job() const { return second_job_; }
+  // A server of the new job started: what its start restore did (`restore`:
+  // null when restore_held was not called) against the store (sim.h).
+  void CheckHeldRestore(const std::string& address, uint32_t rank, const proto::ShardMap& map, const ServerCore& core,
+                        const std::vector<uint32_t>* asked, const CheckpointRestore* restore);
 
   // What scale mode measures.
   struct ScaleCounters {
@@ -280,6 +288,11 @@ class World {
   void ScheduleCrashTogether(Nanos at);
   void StartServer(uint32_t rank, Nanos now);
   void StartWorker(uint32_t rank, Nanos now);
+  // Delivers events from `now` until the job has ended and drained, the
+  // queue is empty or `limit` passes; empties the queue; returns the time.
+  Nanos RunEvents(Nanos now, Nanos limit);
+  // Scenario::restart_from_checkpoints: the new job, its checks, into `r`.
+  void RunSecondJob(RunResult& r, Nanos now);
 
   const uint64_t seed_;
   const Scenario sc_;
@@ -316,6 +329,8 @@ class World {
   uint64_t servers_drained_ = 0;                     // by the maps published
   bool crashed_mid_move_ = false;
   bool worker_crashed_assembling_ = false;
+  bool second_job_ = false;
+  std::set<uint32_t> second_job_started_;  // server ranks of the new job that started
   CoordinatorOptions coordinator_options_;
   std::vector<std::unique_ptr<Proc>> graveyard_;  // replaced processes (timers may still point at them)
 
@@ -407,7 +422,9 @@ class ServerProc final : public Proc {
       : world_(world),
         rank_(rank),
         session_(MakeSession(proto::SERVER, rank, world->scenario(), now)),
-        node_(ServerNodeCore::Options{.core = CoreOptions(world->scenario()), .restore_lost = RestoreLost()}) {
+        node_(ServerNodeCore::Options{.core = CoreOptions(world->scenario()),
+                                      .restore_held = world->second_job() ? RestoreHeld() : nullptr,
+                                      .restore_lost = RestoreLost()}) {
     address = absl::StrCat("sim://server-", rank, ".", incarnation);
     session_.set_heartbeat_filler([this](proto::Heartbeat* hb) {
       if (node_.core()) node_.core()->FillHeartbeat(hb);
@@ -452,7 +469,7 @@ class ServerProc final : public Proc {
       After(out, now);
     }
     const Nanos every = world_->scenario().checkpoint_every_ns;
-    if (every > 0 && !exited && node_.core() && now >= next_checkpoint_) {
+    if (every > 0 && !exited && node_.core() && now >= next_checkpoint_ && !world_->second_job()) {
       next_checkpoint_ = now + every;
       WriteCheckpoint(now);
     }
@@ -514,11 +531,33 @@ class ServerProc final : public Proc {
     };
   }
 
+  // A new job's restore_held with checkpoints, as ServerNode::Serve sets it
+  // for --restore-from at the first start: the newest copies in the World's
+  // store (the results kept for CheckHeldRestore).
+  ServerNodeCore::RestoreFn RestoreHeld() {
+    return [this](ServerCore& core, const std::vector<uint32_t>& vshards, bool with_windows,
+                  const std::map<uint32_t, uint64_t>&) {
+      if (with_windows) world_->Violation(address + ": the start restore asked for de-duplication windows");
+      const bool oldest = world_->scenario().breakage == Breakage::kRestoreHeldOldest;
+      held_asked_ = vshards;
+      held_ = world_->checkpoints().RestoreHeld(core, vshards, oldest);
+      world_->Trace(now_, absl::StrCat(address, " ", held_->line));
+      return held_->line;
+    };
+  }
+
   void Start(Nanos now) {
-    auto out = node_.Start(*session_.ready(), session_.self().node_id(), session_.self().rank(), now);
+    now_ = now;
+    std::string line;
+    auto out = node_.Start(*session_.ready(), session_.self().node_id(), session_.self().rank(), now, &line);
     if (!out.ok()) {
       world_->Violation(absl::StrCat(address, " refused its first map: ", out.status().message()));
       return;
+    }
+    if (world_->second_job()) {
+      world_->CheckHeldRestore(address, rank_, session_.ready()->shard_map(), *node_.core(),
+                               held_ ? &held_asked_ : nullptr, held_ ? &*held_ : nullptr);
+      if (held_ && line != held_->line) world_->Violation(address + ": Start reported another restore line");
     }
     if (!out->refused_map.ok()) {
       world_->Violation(absl::StrCat(address, " refused a map from the coordinator: ", out->refused_map.message()));
@@ -550,6 +589,8 @@ class ServerProc final : public Proc {
   ServerNodeCore node_;
   uint64_t last_epoch_ = 0;
   Nanos now_ = 0;              // of the step being delivered (for restore_lost)
+  std::vector<uint32_t> held_asked_;        // the start restore: the shards asked for
+  std::optional<CheckpointRestore> held_;   // and what it did
   Nanos next_checkpoint_ = 0;  // as the shell's tick thread: the first tick after the start writes one
 };
 
@@ -588,6 +629,11 @@ class WorkerProc final : public Proc {
     if (session_.ended() || session_.register_error()) End(now);
     if (exited) return;
     if (core_) Apply(core_->Tick(now), now);
+    if (done_at_ != 0 && now >= done_at_) {
+      done_at_ = 0;
+      finished_ = true;
+      SendSession(world_, address, {session_.ReportDone(proto::WorkerDone{}, now, now + 60 * kSeconds)}, now);
+    }
     if (think_until_ != 0 && now >= think_until_) {
       think_until_ = 0;
       IssueClock(now);
@@ -640,6 +686,10 @@ class WorkerProc final : public Proc {
     }
     core_ = node_.core();
     if (world_->scenario().scale_crash_at_ns > 0) return;  // scale mode: membership only
+    if (world_->second_job()) {  // the new job from checkpoints: done a second later (every server started)
+      done_at_ = now + kSeconds;
+      return;
+    }
     if (node_.start_kind() != WorkerNodeCore::StartKind::kFresh) {
       // A worker that joined the running job (the servers start it at their
       // fastest worker's clock) or a replacement (the clock the servers know
@@ -854,6 +904,7 @@ class WorkerProc final : public Proc {
   uint64_t clock_ = 0;
   Nanos clock_called_ = 0;
   Nanos think_until_ = 0;
+  Nanos done_at_ = 0;  // the new job from checkpoints: report done then
   bool clock_pending_ = false;
   bool finished_ = false;
   bool joining_ = false;  // joined the running job; its start clock not yet announced
@@ -1269,51 +1320,12 @@ void World::CheckMonotonicReads() {
   }
 }
 
-RunResult World::Run() {
-  RunResult r;
-  r.seed = seed_;
-  r.scenario = sc_;
-  CoordinatorOptions co;
-  co.servers = sc_.servers;
-  co.max_servers = sc_.servers + sc_.servers_added;
-  co.workers = sc_.workers;
-  co.max_workers = sc_.workers + sc_.workers_added;
-  co.vshards = sc_.vshards;
-  co.assemble_timeout = 30 * kSeconds;
-  co.lease = sc_.lease_ns;
-  co.server_lease = sc_.server_lease_ns;
-  co.address = kCoordinator;
-  co.replication = sc_.replication;
-  co.heartbeat_interval = sc_.heartbeat_ns;
-  co.on_worker_loss = sc_.worker_loss;
-  co.rejoin_timeout = 10 * kSeconds;
-  co.move_timeout = 3 * kSeconds;
-  co.test_switch_before_sync = sc_.breakage == Breakage::kSwitchBeforeSync;
-  co.restore_lost_shards = sc_.checkpoint_every_ns > 0;  // on_shard_loss: restore (from the servers' checkpoints)
-  if (sc_.rebalance_threshold > 0) {
-    co.rebalance.threshold = sc_.rebalance_threshold;
-    co.rebalance.interval = 200 * kMs;
-    co.load_tau = 500 * kMs;
-  }
-  coordinator_options_ = co;
-  auto coordinator = std::make_unique<CoordProc>(this, co);
-  coordinator_ = coordinator.get();
-  procs_[kCoordinator] = std::move(coordinator);
-  ScheduleTick(coordinator_, kTickEvery);
-  servers_.resize(sc_.servers + sc_.servers_added);
-  server_incarnations_.assign(sc_.servers + sc_.servers_added, 0);
-  for (uint32_t s = 0; s < sc_.servers; ++s) StartServer(s, 0);
-  workers_.resize(sc_.workers);
-  worker_incarnations_.assign(sc_.workers + sc_.workers_added, 0);
-  for (uint32_t w = 0; w < sc_.workers; ++w) StartWorker(w, 0);
-  ScheduleFaults();
-
-  Nanos now = 0;
+Nanos World::RunEvents(Nanos now, Nanos limit) {
   while (!queue_.empty()) {
     std::unique_ptr<Event> e(queue_.top());
     queue_.pop();
     now = e->at;
-    if (now > options_.time_limit_ns) break;
+    if (now > limit) break;
     if (job_end_at_ == 0 && coordinator_->core().finished()) {
       bool all_out = true;
       for (WorkerProc* w : workers_) all_out &= w->exited || w->crashed;
@@ -1357,6 +1369,49 @@ RunResult World::Run() {
     delete queue_.top();
     queue_.pop();
   }
+  return now;
+}
+
+RunResult World::Run() {
+  RunResult r;
+  r.seed = seed_;
+  r.scenario = sc_;
+  CoordinatorOptions co;
+  co.servers = sc_.servers;
+  co.max_servers = sc_.servers + sc_.servers_added;
+  co.workers = sc_.workers;
+  co.max_workers = sc_.workers + sc_.workers_added;
+  co.vshards = sc_.vshards;
+  co.assemble_timeout = 30 * kSeconds;
+  co.lease = sc_.lease_ns;
+  co.server_lease = sc_.server_lease_ns;
+  co.address = kCoordinator;
+  co.replication = sc_.replication;
+  co.heartbeat_interval = sc_.heartbeat_ns;
+  co.on_worker_loss = sc_.worker_loss;
+  co.rejoin_timeout = 10 * kSeconds;
+  co.move_timeout = 3 * kSeconds;
+  co.test_switch_before_sync = sc_.breakage == Breakage::kSwitchBeforeSync;
+  co.restore_lost_shards = sc_.checkpoint_every_ns > 0;  // on_shard_loss: restore (from the servers' checkpoints)
+  if (sc_.rebalance_threshold > 0) {
+    co.rebalance.threshold = sc_.rebalance_threshold;
+    co.rebalance.interval = 200 * kMs;
+    co.load_tau = 500 * kMs;
+  }
+  coordinator_options_ = co;
+  auto coordinator = std::make_unique<CoordProc>(this, co);
+  coordinator_ = coordinator.get();
+  procs_[kCoordinator] = std::move(coordinator);
+  ScheduleTick(coordinator_, kTickEvery);
+  servers_.resize(sc_.servers + sc_.servers_added);
+  server_incarnations_.assign(sc_.servers + sc_.servers_added, 0);
+  for (uint32_t s = 0; s < sc_.servers; ++s) StartServer(s, 0);
+  workers_.resize(sc_.workers);
+  worker_incarnations_.assign(sc_.workers + sc_.workers_added, 0);
+  for (uint32_t w = 0; w < sc_.workers; ++w) StartWorker(w, 0);
+  ScheduleFaults();
+
+  const Nanos now = RunEvents(0, options_.time_limit_ns);
   r.sim_time_ns = now;
   r.messages = delivered_;
   r.dropped = dropped_;
@@ -1409,9 +1464,133 @@ RunResult World::Run() {
   r.shards_lost = checkpoints_.shards_lost();
   r.shards_restored = checkpoints_.shards_restored();
   r.missed_reported = checkpoints_.missed_reported();
+  if (sc_.restart_from_checkpoints && sc_.checkpoint_every_ns > 0 && sc_.scale_crash_at_ns == 0) RunSecondJob(r, now);
   r.violations = violations_;
   r.digest = digest_;
   return r;
+}
+
+void World::RunSecondJob(RunResult& r, Nanos now) {
+  // The first job's processes are gone (the queue is empty: nothing of
+  // theirs runs again); the store, as a checkpoint directory, stays.
+  second_job_ = true;
+  r.second_job = true;
+  for (auto& [address, p] : procs_) p->crashed = true;
+  graveyard_.push_back(std::move(procs_[kCoordinator]));
+  procs_.erase(kCoordinator);
+  maps_.clear();  // a new job: its map epochs start again
+  job_end_at_ = 0;
+  now += kSeconds;
+  Trace(now, "a new job from the checkpoints");
+  auto coordinator = std::make_unique<CoordProc>(this, coordinator_options_, now);
+  coordinator_ = coordinator.get();
+  procs_[kCoordinator] = std::move(coordinator);
+  ScheduleTick(coordinator_, now + kTickEvery);
+  for (uint32_t s = 0; s < sc_.servers; ++s) StartServer(s, now);
+  for (uint32_t s = sc_.servers; s < servers_.size(); ++s) servers_[s] = nullptr;
+  workers_.assign(sc_.workers, nullptr);
+  for (uint32_t w = 0; w < sc_.workers; ++w) StartWorker(w, now);
+  const Nanos end = RunEvents(now, now + 120 * kSeconds);
+  const CoordinatorCore& cc = coordinator_->core();
+  r.second_job_end = cc.phase() == CoordinatorCore::Phase::kDone     ? "done"
+                     : cc.phase() == CoordinatorCore::Phase::kFailed ? "failed: " + cc.failure_reason()
+                                                                     : "still running";
+  if (cc.phase() != CoordinatorCore::Phase::kDone) {
+    Violation(absl::StrCat("the new job from the checkpoints ended ", r.second_job_end, " at ", end / kMs, " ms"));
+  }
+  for (uint32_t s = 0; s < sc_.servers; ++s) {
+    if (!second_job_started_.contains(s)) Violation(absl::StrCat("server ", s, " of the new job never started"));
+  }
+  r.held_shards = checkpoints_.held_asked();
+  r.held_restored = checkpoints_.held_restored();
+}
+
+void World::CheckHeldRestore(const std::string& address, uint32_t rank, const proto::ShardMap& map,
+                             const ServerCore& core, const std::vector<uint32_t>* asked,
+                             const CheckpointRestore* restore) {
+  second_job_started_.insert(rank);
+  auto view = ShardMapView::Create(map);
+  if (!view.ok()) return;  // (refused at Start: reported there)
+  std::vector<uint32_t> held;
+  for (uint32_t v = 0; v < view->num_vshards(); ++v)
+    if (view->Holds(rank, v)) held.push_back(v);
+  if (restore == nullptr) {
+    Violation(absl::StrCat(address, " started the new job without restoring the shards it holds"));
+    return;
+  }
+  if (*asked != held) {
+    Violation(absl::StrCat(address, " restored shards ", absl::StrJoin(*asked, ","), " at its start but holds ",
+                           absl::StrJoin(held, ",")));
+  }
+  // What the line says: shard -> the checkpoint it came from ("" for none).
+  std::map<uint32_t, std::string> said;
+  size_t said_restored = 0;
+  const std::string& line = restore->line;
+  std::vector<absl::string_view> parts = absl::StrSplit(line, "; ");
+  for (size_t i = 0; i < parts.size(); ++i) {
+    absl::string_view part = parts[i];
+    if (i == 0) {
+      const size_t at = part.find(" from checkpoints: ");
+      if (!absl::StartsWith(part, "restored ") || at == absl::string_view::npos) break;
+      std::vector<absl::string_view> head = absl::StrSplit(part.substr(9), ' ');
+      if (head.empty() || !absl::SimpleAtoi(head[0], &said_restored)) break;
+      part = part.substr(at + 19);
+    }
+    uint32_t v = 0;
+    if (absl::ConsumePrefix(&part, "shards ")) {
+      const size_t from = part.find(" from ");
+      if (from == absl::string_view::npos) continue;
+      for (absl::string_view n : absl::StrSplit(part.substr(0, from), ','))
+        if (absl::SimpleAtoi(n, &v)) said[v] = std::string(part.substr(from + 6));
+    } else if (absl::ConsumePrefix(&part, "no checkpoint holds shards ")) {
+      for (absl::string_view n : absl::StrSplit(part.substr(0, part.find(':')), ','))
+        if (absl::SimpleAtoi(n, &v)) said[v] = "";
+    }
+  }
+  size_t restorable = 0;
+  const Table* table = core.table(kTable);
+  for (uint32_t v : held) {
+    std::string name;
+    const ShardSnapshot* newest = checkpoints_.NewestHolding(v, &name);
+    restorable += newest != nullptr;
+    auto it = said.find(v);
+    if (it == said.end() || it->second != name) {
+      Violation(absl::StrCat(address, "'s start restore line says shard ", v, " came from ",
+                             it == said.end() ? "nowhere" : it->second.empty() ? "no checkpoint" : it->second,
+                             " but the newest checkpoint holding it is ", name.empty() ? "none" : name, ": ", line));
+    }
+    // The rows, bit for bit.
+    const std::vector<uint32_t> one{v};
+    TableSnapshot want, got;
+    if (newest != nullptr) {
+      for (const TableSnapshot& t : newest->tables) {
+        if (t.config.table_id() != kTable) continue;
+        const size_t w = t.keys.empty() ? 0 : t.values.size() / t.keys.size();
+        for (size_t i = 0; i < t.keys.size(); ++i) {
+          if (VirtualShardOf(kTable, t.keys[i], sc_.vshards) != v) continue;
+          want.keys.push_back(t.keys[i]);
+          want.values.insert(want.values.end(), t.values.begin() + static_cast<ptrdiff_t>(i * w),
+                             t.values.begin() + static_cast<ptrdiff_t>((i + 1) * w));
+        }
+      }
+    }
+    if (table != nullptr) got = SnapshotTable(*table, KeysOfVShards(kTable, sc_.vshards, one));
+    const bool same = want.keys == got.keys && want.values.size() == got.values.size() &&
+                      (want.values.empty() ||
+                       std::memcmp(want.values.data(), got.values.data(), want.values.size() * sizeof(float)) == 0);
+    if (!same) {
+      Violation(absl::StrCat(address, " started the new job with shard ", v, " holding ", got.keys.size(),
+                             " rows (keys ", absl::StrJoin(got.keys, ","), "; values ", absl::StrJoin(got.values, ","),
+                             ") but the newest checkpoint holding it, ", name.empty() ? "none" : name, ", has ",
+                             want.keys.size(), " (keys ", absl::StrJoin(want.keys, ","), "; values ",
+                             absl::StrJoin(want.values, ","), ")"));
+    }
+  }
+  if (said_restored != restorable || restore->restored.size() != restorable) {
+    Violation(absl::StrCat(address, "'s start restore restored ", restore->restored.size(), " shards (its line says ",
+                           said_restored, ") but checkpoints hold ", restorable, " of the ", held.size(),
+                           " it holds: ", line));
+  }
 }
 
 ScaleResult World::Scale() {
@@ -1699,6 +1878,8 @@ Scenario Scenario::FromSeed(uint64_t seed) {
   if (rng.Chance(0.25)) {
     s.checkpoint_every_ns = rng.Between(20, 100) * kMs;
     if (s.servers > s.replication && rng.Chance(0.7)) s.crash_together = s.replication;
+    // Then, in half of them, a new job from the checkpoints (drawn last, as above).
+    s.restart_from_checkpoints = rng.Chance(0.5);
   }
   return s;
 }
@@ -1724,6 +1905,7 @@ std::string Scenario::Describe() const {
                                       " ms, lost shards restored from them")
                        : "",
                    crash_together > 0 ? absl::StrCat("; ", crash_together, " servers crash together") : "",
+                   restart_from_checkpoints && checkpoint_every_ns > 0 ? "; then a new job from the checkpoints" : "",
                    breakage == Breakage::kNone ? "" : absl::StrCat("; BROKEN: ", BreakageName(breakage))));
 }
 
@@ -1764,6 +1946,7 @@ Scenario RebalanceScenario(uint64_t seed, double threshold) {
   s.server_crashes = s.pauses = s.partitions = s.worker_crashes = s.coordinator_crashes = s.moves = 0;
   s.crash_together = 0;
   s.checkpoint_every_ns = 0;
+  s.restart_from_checkpoints = false;
   s.crash_mid_move = false;
   s.servers_added = static_cast<uint32_t>(seed % 2);  // odd seeds: a fourth server joins, empty
   return s;

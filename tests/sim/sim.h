@@ -53,6 +53,15 @@
 //   I1-I4, a push a restore may have lost counts as unacknowledged for
 //   those keys (no pull must reflect it). The restore line's count of missed
 //   applications is a lower bound from heartbeats and is not checked.
+// - A new job from checkpoints (Scenario::restart_from_checkpoints): right
+//   after each of its servers' Start, every shard the server holds (primary
+//   or backup) has, bit for bit, the rows of the newest checkpoint holding
+//   it in the store (by map epoch, then sequence), and a shard no
+//   checkpoint holds has no rows; the restore was asked exactly the shards
+//   held, and its line names, for each shard, that checkpoint (or says no
+//   checkpoint holds it). The new job's maps are checked as the first's
+//   (one per epoch, epochs only increase at every node); every server
+//   starts, and the job ends well.
 // - A violation is reported with the seed; `tessera-sim --seed N --trace F`
 //   replays the run and writes every message and fault.
 #include <cstdint>
@@ -77,6 +86,7 @@ enum class Breakage {
   kReadDuringMove,        // primaries answer pulls of a moving shard without waiting for its destination
   kJoinAtZero,            // servers start a worker that joins the running job at clock 0
   kRestoreOldest,         // a server restoring lost shards gets only the oldest checkpoint each rank kept
+  kRestoreHeldOldest,     // a new job's server restoring the shards it holds gets only the oldest checkpoint each rank kept
 };
 const char* BreakageName(Breakage b);
 bool ParseBreakage(const std::string& name, Breakage* out);
@@ -168,6 +178,16 @@ struct Scenario {
   // can notice the first (its lease), so the shards whose every copy was
   // on them lose every copy. Restarted as server crashes are.
   uint32_t crash_together = 0;
+  // A new job from the checkpoints (with checkpoint_every_ns): once the
+  // first job has ended (well or not) and been checked, a second job starts
+  // in the same World, as `tessera-server --restore-from DIR` starts one:
+  // a fresh coordinator (same servers, vshards, replication; a new job's
+  // map), fresh server processes whose ServerNodeCore restores every shard
+  // it holds (primary or backup) at Start through restore_held from the
+  // World's store, and workers that only report done (after 1 s, so that
+  // every server has started). No faults but the network's; the new job
+  // writes no checkpoints.
+  bool restart_from_checkpoints = false;
   // Scale mode (RunScale): no workload; server 0 crashes at this time and
   // the run ends once every live node has the next map.
   int64_t scale_crash_at_ns = 0;
@@ -206,6 +226,11 @@ struct RunResult {
   uint64_t missed_reported = 0;      // the restore lines' "the checkpoints miss at least N push applications", summed
   uint64_t pushes_lost = 0;          // acknowledged pushes missing at a final primary, every one allowed by a restore
   uint64_t push_keys_lost = 0;       // the same as (push, key) pairs
+  // A new job from the checkpoints (Scenario::restart_from_checkpoints).
+  bool second_job = false;           // it ran
+  std::string second_job_end;        // how it ended
+  uint64_t held_shards = 0;          // shards its servers held at their start (copies: primaries and backups)
+  uint64_t held_restored = 0;        // of those, restored from a checkpoint
   // The shards' costs as the coordinator saw them last (ShardCosts), and
   // the imbalance (coordinator/rebalancer.h) they give under the first map
   // and under the last.

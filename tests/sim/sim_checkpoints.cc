@@ -50,17 +50,28 @@ CheckpointRestore CheckpointStore::Restore(ServerCore& core, const std::vector<u
     }
     restored_.push_back(std::move(r));
   }
+  CheckpointRestore r = RestoreNewestCopies(core, Copies(oldest), vshards, with_windows, last_applied);
+  shards_lost_ += vshards.size();
+  shards_restored_ += r.restored.size();
+  missed_reported_ += r.missed;
+  return r;
+}
+
+std::vector<CheckpointCopy> CheckpointStore::Copies(bool oldest) const {
   std::vector<CheckpointCopy> copies;
   for (const auto& [rank, kept] : by_rank_) {
     for (const Stored& c : kept) {
       copies.push_back(CheckpointCopy{.snapshot = &c.snapshot, .sequence = c.sequence, .name = Name(rank, c.sequence)});
-      if (oldest) break;  // the negative control: the oldest kept of each rank only
+      if (oldest) break;  // the negative controls: the oldest kept of each rank only
     }
   }
-  CheckpointRestore r = RestoreNewestCopies(core, copies, vshards, with_windows, last_applied);
-  shards_lost_ += vshards.size();
-  shards_restored_ += r.restored.size();
-  missed_reported_ += r.missed;
+  return copies;
+}
+
+CheckpointRestore CheckpointStore::RestoreHeld(ServerCore& core, const std::vector<uint32_t>& vshards, bool oldest) {
+  CheckpointRestore r = RestoreNewestCopies(core, Copies(oldest), vshards, /*with_windows=*/false, {});
+  held_asked_ += vshards.size();
+  held_restored_ += r.restored.size();
   return r;
 }
 

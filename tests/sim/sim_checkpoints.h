@@ -18,6 +18,13 @@
 //   holding it (by map epoch, then sequence) had for it: what the restore
 //   should have brought back, judged from the store and not from what the
 //   restore did.
+// - RestoreHeld restores the shards asked for as a new job's servers do at
+//   their start (ServerNodeCore's restore_held, as tessera-server
+//   --restore-from): without windows, from every stored checkpoint (with
+//   `oldest`, the negative control kRestoreHeldOldest: from the oldest one
+//   kept of each rank only). NewestHolding names the newest stored
+//   checkpoint holding a shard (by map epoch, then sequence: the rule
+//   ChooseNewestCopies follows), judged from the store, for the checks.
 // - NoteSend sees every message sent: for each sequenced push (or part of
 //   one, each with its own number) and each key it carried, when a server
 //   first sent an acknowledgement of a message of it that carried the key.
@@ -55,6 +62,13 @@ class CheckpointStore {
   std::string Write(ShardSnapshot snapshot, Nanos now);
   CheckpointRestore Restore(ServerCore& core, const std::vector<uint32_t>& vshards, bool with_windows,
                             const std::map<uint32_t, uint64_t>& last_applied, Nanos now, bool oldest);
+  CheckpointRestore RestoreHeld(ServerCore& core, const std::vector<uint32_t>& vshards, bool oldest);
+  // The newest stored checkpoint holding `vshard` and its name (null: none).
+  const ShardSnapshot* NewestHolding(uint32_t vshard, std::string* name) const {
+    const Stored* c = Newest(vshard);
+    if (c != nullptr && name != nullptr) *name = Name(c->snapshot.server_rank, c->sequence);
+    return c == nullptr ? nullptr : &c->snapshot;
+  }
   void NoteSend(const std::string& from, const std::string& to, const Message& m, Nanos now);
 
   // A push as the checkers know it: its writer and its numbers (first..last
@@ -75,6 +89,8 @@ class CheckpointStore {
   uint64_t shards_lost() const { return shards_lost_; }          // shards given to a server to restore
   uint64_t shards_restored() const { return shards_restored_; }  // of those, restored from a checkpoint
   uint64_t missed_reported() const { return missed_reported_; }  // the restore lines' "miss at least" sums
+  uint64_t held_asked() const { return held_asked_; }            // shards new jobs' servers held at their start
+  uint64_t held_restored() const { return held_restored_; }      // of those, restored from a checkpoint
 
  private:
   struct Stored {
@@ -98,6 +114,8 @@ class CheckpointStore {
   }
   // The newest stored checkpoint holding `vshard` (null: none).
   const Stored* Newest(uint32_t vshard) const;
+  // Every stored checkpoint (oldest: the oldest kept of each rank only), for RestoreNewestCopies.
+  std::vector<CheckpointCopy> Copies(bool oldest) const;
   // A push message sent: its writer, number and keys.
   struct Sent {
     uint32_t worker, incarnation;
@@ -113,6 +131,7 @@ class CheckpointStore {
   // (worker node, incarnation, seq, key) -> when a server first acknowledged it
   std::map<std::tuple<uint32_t, uint32_t, uint64_t, Key>, Nanos> first_ack_;
   uint64_t written_ = 0, shards_lost_ = 0, shards_restored_ = 0, missed_reported_ = 0;
+  uint64_t held_asked_ = 0, held_restored_ = 0;
 };
 
 }  // namespace tessera::sim

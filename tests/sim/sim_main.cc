@@ -61,7 +61,8 @@ int main(int argc, char** argv) {
   app.add_option("--trace", trace, "With --seed: write every message and fault of the run to this file");
   app.add_option("--break", breakage_name,
                  "Negative control: break one rule in the servers (apply-duplicates, ack-before-replication, "
-                 "answer-early, accept-old-epoch, switch-before-sync, read-during-move, join-at-zero, restore-oldest)");
+                 "answer-early, accept-old-epoch, switch-before-sync, read-during-move, join-at-zero, restore-oldest, "
+                 "restore-held-oldest)");
   app.add_flag("--expect-violation", expect_violation,
                "Succeed only if some run fails its checks (for negative controls); stops at the first");
   app.add_flag("--digests", digests, "Print each run's digest (for replay checks)");
@@ -98,7 +99,7 @@ int main(int argc, char** argv) {
   tessera::sim::Breakage breakage;
   if (!tessera::sim::ParseBreakage(breakage_name, &breakage)) {
     std::fprintf(stderr, "tessera-sim: unknown --break '%s' (apply-duplicates, ack-before-replication, answer-early, "
-                         "accept-old-epoch, switch-before-sync, read-during-move, join-at-zero, restore-oldest)\n",
+                         "accept-old-epoch, switch-before-sync, read-during-move, join-at-zero, restore-oldest, restore-held-oldest)\n",
                  breakage_name.c_str());
     return 2;
   }
@@ -122,6 +123,7 @@ int main(int argc, char** argv) {
   uint64_t moves_started = 0, moves_finished = 0, drained = 0, joined = 0, to_disk = 0;
   uint64_t checkpoints = 0, runs_restoring = 0, shards_lost = 0, shards_restored = 0, pushes_lost = 0,
            push_keys_lost = 0, missed_reported = 0;
+  uint64_t second_jobs = 0, second_jobs_ok = 0, held_shards = 0, held_restored = 0;
   uint64_t first_failed = 0;
   for (uint64_t s = first_seed;; ++s) {
     if (minutes > 0 ? elapsed() >= minutes * 60 : s >= first_seed + seeds) break;
@@ -161,6 +163,10 @@ int main(int argc, char** argv) {
     pushes_lost += r.pushes_lost;
     push_keys_lost += r.push_keys_lost;
     missed_reported += r.missed_reported;
+    second_jobs += r.second_job;
+    second_jobs_ok += r.second_job && r.second_job_end == "done";
+    held_shards += r.held_shards;
+    held_restored += r.held_restored;
     messages += r.messages;
     pulls += r.pulls_checked;
     acked += r.pushes_acked;
@@ -171,6 +177,12 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(r.failovers), static_cast<double>(r.sim_time_ns) / 1e6,
                   digests ? (" digest " + std::to_string(r.digest)).c_str() : "");
       if (verbose || !r.ok()) std::printf("  scenario: %s\n", sc.Describe().c_str());
+      if ((verbose || !r.ok()) && r.second_job) {
+        std::printf("  a new job from the checkpoints: %s; its servers held %llu shard copies at their start, %llu "
+                    "restored from a checkpoint\n",
+                    r.second_job_end.c_str(), static_cast<unsigned long long>(r.held_shards),
+                    static_cast<unsigned long long>(r.held_restored));
+      }
       if ((verbose || !r.ok()) && r.shards_lost > 0) {
         std::printf("  restores: %llu shards lost every copy, %llu restored from checkpoints (%llu written); "
                     "%llu acknowledged pushes lost to them (%llu push-keys), the restore lines said at least %llu "
@@ -211,6 +223,12 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(shards_lost), static_cast<unsigned long long>(shards_restored),
                 static_cast<unsigned long long>(pushes_lost), static_cast<unsigned long long>(push_keys_lost),
                 static_cast<unsigned long long>(missed_reported));
+  }
+  if (second_jobs > 0) {
+    std::printf("new jobs from the checkpoints: %llu (%llu ended well); their servers held %llu shard copies at "
+                "their start, %llu restored from the newest checkpoint holding them\n",
+                static_cast<unsigned long long>(second_jobs), static_cast<unsigned long long>(second_jobs_ok),
+                static_cast<unsigned long long>(held_shards), static_cast<unsigned long long>(held_restored));
   }
   if (expect_violation) {
     if (failed == 0) std::printf("expected a violation with --break %s and found none\n", breakage_name.c_str());
